@@ -1,0 +1,193 @@
+"""A StormService's topology request, parsed from its annotations.
+
+Volcano's own vocabulary where it has one (as KubeRay does on RayCluster):
+  volcano.sh/network-topology-mode             hard | soft
+  volcano.sh/network-topology-highest-tier     whole number >= 1  (PodGroup highestTierAllowed)
+  volcano.sh/network-topology-highest-tier-name  a HyperNode tierName (Volcano >= 1.14: highestTierName)
+and stormtopo's for what Volcano has no word for:
+  stormtopo.io/topology-scope                  RoleSet (default: one gang per replica) | StormService
+  stormtopo.io/replica-highest-tier            with scope StormService: each replica within this tier
+  stormtopo.io/replica-highest-tier-name       ... or within this tier name (needs subGroupPolicy)
+
+A StormService with none of these annotations is not opted in. Parsing is pure: the tiers a cluster
+has are passed in, so "a tier deeper than any HyperNode" is caught here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+MODE = "volcano.sh/network-topology-mode"
+HIGHEST_TIER = "volcano.sh/network-topology-highest-tier"
+HIGHEST_TIER_NAME = "volcano.sh/network-topology-highest-tier-name"
+SCOPE = "stormtopo.io/topology-scope"
+REPLICA_HIGHEST_TIER = "stormtopo.io/replica-highest-tier"
+REPLICA_HIGHEST_TIER_NAME = "stormtopo.io/replica-highest-tier-name"
+REQUEST_ANNOTATIONS = (MODE, HIGHEST_TIER, HIGHEST_TIER_NAME, SCOPE, REPLICA_HIGHEST_TIER, REPLICA_HIGHEST_TIER_NAME)
+
+
+class Mode(str, Enum):
+    HARD = "hard"
+    SOFT = "soft"
+
+
+class Scope(str, Enum):
+    ROLESET = "RoleSet"
+    STORMSERVICE = "StormService"
+
+
+@dataclass(frozen=True)
+class TierLimit:
+    """How far a gang may spread: a tier number or a tier name (exactly one, or neither for soft)."""
+
+    tier: int | None = None
+    tier_name: str | None = None
+
+    def describe(self) -> str:
+        if self.tier is not None:
+            return f"tier {self.tier}"
+        if self.tier_name is not None:
+            return f"tier {self.tier_name!r}"
+        return "any tier"
+
+
+@dataclass(frozen=True)
+class TopologyRequest:
+    mode: Mode
+    limit: TierLimit
+    scope: Scope = Scope.ROLESET
+    replica_limit: TierLimit | None = None  # nested placement: each replica within this, the service within `limit`
+
+    def network_topology(self) -> dict[str, object]:
+        """The PodGroup spec.networkTopology for the outer gang."""
+        return _network_topology(self.mode, self.limit)
+
+    def replica_network_topology(self) -> dict[str, object] | None:
+        if self.replica_limit is None:
+            return None
+        return _network_topology(self.mode, self.replica_limit)
+
+    def describe(self) -> str:
+        text = f"{self.mode.value} within {self.limit.describe()}, scope {self.scope.value}"
+        if self.replica_limit:
+            text += f", each replica within {self.replica_limit.describe()}"
+        return text
+
+
+def _network_topology(mode: Mode, limit: TierLimit) -> dict[str, object]:
+    out: dict[str, object] = {"mode": mode.value}
+    if limit.tier is not None:
+        out["highestTierAllowed"] = limit.tier
+    if limit.tier_name is not None:
+        out["highestTierName"] = limit.tier_name
+    return out
+
+
+@dataclass(frozen=True)
+class ClusterTiers:
+    """What the cluster's HyperNodes offer: tier numbers and tier names, and Volcano's PodGroup fields."""
+
+    tiers: frozenset[int] = frozenset()
+    tier_names: frozenset[str] = frozenset()
+    has_tier_name_field: bool = True  # PodGroup spec.networkTopology.highestTierName (Volcano >= 1.14)
+    has_subgroup_policy: bool = True  # PodGroup spec.subGroupPolicy (Volcano >= 1.14)
+
+
+@dataclass
+class RequestError(ValueError):
+    """Bad annotations: each problem names the annotation, the bad value and what is accepted."""
+
+    problems: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "; ".join(self.problems)
+
+
+def is_opted_in(annotations: Mapping[str, str] | None) -> bool:
+    return any(key in (annotations or {}) for key in REQUEST_ANNOTATIONS)
+
+
+def parse_request(annotations: Mapping[str, str] | None, cluster: ClusterTiers | None = None) -> TopologyRequest | None:
+    """The request these annotations state, None if not opted in; RequestError listing every problem."""
+    annotations = annotations or {}
+    if not is_opted_in(annotations):
+        return None
+    problems: list[str] = []
+
+    mode_text = annotations.get(MODE)
+    mode = Mode.HARD
+    if mode_text is None:
+        problems.append(f"annotation {MODE} is missing; accepted: hard or soft (the other network-topology annotations need it)")
+    elif mode_text.strip() not in ("hard", "soft"):
+        problems.append(f"annotation {MODE}: {mode_text!r} is not a mode; accepted: hard or soft")
+    else:
+        mode = Mode(mode_text.strip())
+
+    scope_text = annotations.get(SCOPE, Scope.ROLESET.value).strip()
+    scope = Scope.ROLESET
+    if scope_text not in (Scope.ROLESET.value, Scope.STORMSERVICE.value):
+        problems.append(f"annotation {SCOPE}: {scope_text!r} is not a scope; accepted: RoleSet (each replica one gang) or StormService")
+    else:
+        scope = Scope(scope_text)
+
+    limit = _tier_limit(annotations, HIGHEST_TIER, HIGHEST_TIER_NAME, cluster, problems)
+    if mode is Mode.HARD and limit == TierLimit() and mode_text is not None:
+        problems.append(f"annotation {MODE}: hard needs {HIGHEST_TIER} (a tier number) or {HIGHEST_TIER_NAME} (a tier name)")
+
+    replica_limit = None
+    if REPLICA_HIGHEST_TIER in annotations or REPLICA_HIGHEST_TIER_NAME in annotations:
+        replica_limit = _tier_limit(annotations, REPLICA_HIGHEST_TIER, REPLICA_HIGHEST_TIER_NAME, cluster, problems)
+        if scope is not Scope.STORMSERVICE:
+            problems.append(
+                f"annotation {REPLICA_HIGHEST_TIER}: nests replicas inside the service's domain, so it needs {SCOPE}: StormService"
+            )
+        elif limit.tier is not None and replica_limit.tier is not None and replica_limit.tier > limit.tier:
+            problems.append(
+                f"annotation {REPLICA_HIGHEST_TIER}: {replica_limit.tier} is above the service's tier {limit.tier}; "
+                f"accepted: a tier from 1 to {limit.tier}"
+            )
+        if cluster is not None and not cluster.has_subgroup_policy:
+            problems.append(
+                f"annotation {REPLICA_HIGHEST_TIER}: nested placement needs PodGroup subGroupPolicy, which this cluster's "
+                "Volcano does not have; upgrade Volcano to 1.14 or newer"
+            )
+    if problems:
+        raise RequestError(problems)
+    return TopologyRequest(mode, limit, scope, replica_limit)
+
+
+def _tier_limit(
+    annotations: Mapping[str, str], tier_key: str, name_key: str, cluster: ClusterTiers | None, problems: list[str]
+) -> TierLimit:
+    tier_text = annotations.get(tier_key)
+    name_text = annotations.get(name_key)
+    if tier_text is not None and name_text is not None:
+        problems.append(f"annotations {tier_key} and {name_key} are both set; accepted: one of them")
+        return TierLimit()
+    if tier_text is not None:
+        known = sorted(cluster.tiers) if cluster and cluster.tiers else None
+        accepted = f"a whole number from 1 to {max(known)} (the tiers of this cluster's HyperNodes)" if known else "a whole number >= 1"
+        text = tier_text.strip()
+        if not text.isdigit() or int(text) < 1:
+            problems.append(f"annotation {tier_key}: {tier_text!r} is not a tier; accepted: {accepted}")
+            return TierLimit()
+        if known is not None and int(text) > max(known):
+            problems.append(f"annotation {tier_key}: {tier_text!r} is deeper than any HyperNode; accepted: {accepted}")
+            return TierLimit()
+        return TierLimit(tier=int(text))
+    if name_text is not None:
+        name = name_text.strip()
+        if cluster is not None and not cluster.has_tier_name_field:
+            problems.append(
+                f"annotation {name_key}: tier names need PodGroup highestTierName, which this cluster's Volcano does not have; "
+                f"upgrade Volcano to 1.14 or newer, or use {tier_key}"
+            )
+            return TierLimit()
+        if not name or (cluster is not None and cluster.tier_names and name not in cluster.tier_names):
+            names = ", ".join(sorted(cluster.tier_names)) if cluster and cluster.tier_names else "the tierName of a HyperNode"
+            problems.append(f"annotation {name_key}: {name_text!r} is not a tier name of this cluster; accepted: {names}")
+            return TierLimit()
+        return TierLimit(tier_name=name)
+    return TierLimit()

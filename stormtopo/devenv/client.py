@@ -1,0 +1,121 @@
+"""A client for a cluster started by `stormtopo dev up`: what the tests, the demo and the benchmarks share."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+T = TypeVar("T")
+AIBRIX = ("orchestration.aibrix.ai", "v1alpha1")
+VOLCANO = ("scheduling.volcano.sh", "v1beta1")
+TOPOLOGY = ("topology.volcano.sh", "v1alpha1")
+
+
+class Timeout(AssertionError):
+    pass
+
+
+class DevCluster:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
+        cfg.connection_pool_maxsize = 16
+        self.api_client = client.ApiClient(cfg)
+        self.core = client.CoreV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+
+    # -- objects -------------------------------------------------------------------------------
+    def create_namespace(self, name: str) -> None:
+        self.core.create_namespace({"metadata": {"name": name, "labels": {"stormtopo.io/test": "true"}}})
+
+    def delete_namespace(self, name: str, wait: float = 60.0) -> None:
+        try:
+            self.core.delete_namespace(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        self.wait(lambda: not self._exists(lambda: self.core.read_namespace(name)), wait, f"namespace {name} to be deleted")
+
+    def _exists(self, read: Callable[[], Any]) -> bool:
+        try:
+            read()
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        kind = obj["kind"]
+        ns = obj["metadata"].get("namespace")
+        if kind == "StormService":
+            return dict(self.custom.create_namespaced_custom_object(*AIBRIX, ns, "stormservices", obj))
+        if kind == "Pod":
+            return dict(self.api_client.sanitize_for_serialization(self.core.create_namespaced_pod(ns, obj)))
+        if kind == "Node":
+            return dict(self.api_client.sanitize_for_serialization(self.core.create_node(obj)))
+        if kind == "HyperNode":
+            return dict(self.custom.create_cluster_custom_object(*TOPOLOGY, "hypernodes", obj))
+        if kind == "PodGroup":
+            return dict(self.custom.create_namespaced_custom_object(*VOLCANO, ns, "podgroups", obj))
+        raise ValueError(f"DevCluster.create does not know kind {kind}")
+
+    def stormservice(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(*AIBRIX, namespace, "stormservices", name))
+
+    def patch_stormservice(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.custom.patch_namespaced_custom_object(*AIBRIX, namespace, "stormservices", name, patch))
+
+    def delete_stormservice(self, namespace: str, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(*AIBRIX, namespace, "stormservices", name, propagation_policy="Foreground")
+
+    def rolesets(self, namespace: str, stormservice: str | None = None) -> list[dict[str, Any]]:
+        selector = f"storm-service-name={stormservice}" if stormservice else ""
+        out = self.custom.list_namespaced_custom_object(*AIBRIX, namespace, "rolesets", label_selector=selector)
+        return list(out["items"])
+
+    def podgroups(self, namespace: str) -> list[dict[str, Any]]:
+        return list(self.custom.list_namespaced_custom_object(*VOLCANO, namespace, "podgroups")["items"])
+
+    def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
+        items = self.core.list_namespaced_pod(namespace, label_selector=selector).items
+        return [self.api_client.sanitize_for_serialization(p) for p in items]
+
+    def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        items = self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+        return [self.api_client.sanitize_for_serialization(e) for e in items]
+
+    def hypernodes(self) -> list[dict[str, Any]]:
+        return list(self.custom.list_cluster_custom_object(*TOPOLOGY, "hypernodes")["items"])
+
+    # -- waiting -------------------------------------------------------------------------------
+    @staticmethod
+    def wait(check: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
+        deadline = time.monotonic() + timeout
+        while True:
+            result = check()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise Timeout(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(interval)
+
+    def bound_pods(self, namespace: str, selector: str, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """Wait until `count` pods matching `selector` are bound to nodes and Running; return them."""
+
+        def check() -> list[dict[str, Any]]:
+            pods = [p for p in self.pods(namespace, selector) if p["spec"].get("nodeName") and p["status"].get("phase") == "Running"]
+            return pods if len(pods) >= count else []
+
+        return self.wait(check, timeout, f"{count} running pods matching {selector!r} in {namespace}")
+
+
+def node_names(pods: Iterable[dict[str, Any]]) -> list[str]:
+    return sorted(p["spec"]["nodeName"] for p in pods)

@@ -1,0 +1,377 @@
+"""`stormtopo dev up/down`: a local control plane from real upstream components.
+
+etcd -> kube-apiserver -> (kube-controller-manager, Volcano scheduler, AIBrix controller manager, kwok,
+and this project's operator) all on 127.0.0.1 with free ports. The admin identity is a static token in
+group system:masters; the API server authorizes with RBAC, so the operator can run under its own role.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stormtopo.core import certificates
+from stormtopo.core.topology import Topology, hypernode_manifests, parse_topology
+from stormtopo.devenv import components, processes
+from stormtopo.devenv.crds import crd_files
+from stormtopo.devenv.nodes import node_manifests
+
+ADMIN_TOKEN_USER = "stormtopo-admin"
+SCHEDULER_CONF = """\
+actions: "enqueue, allocate, backfill"
+tiers:
+- plugins:
+  - name: priority
+  - name: gang
+    enablePreemptable: false
+  - name: conformance
+- plugins:
+  - name: drf
+    enablePreemptable: false
+  - name: predicates
+  - name: proportion
+  - name: nodeorder
+  - name: binpack
+  # Not in Volcano's default configuration; without it a hard networkTopology is not enforced.
+  - name: network-topology-aware
+    arguments:
+      weight: 10
+      hypernode.binpack.resources: nvidia.com/gpu
+      hypernode.binpack.resources.nvidia.com/gpu: 2
+"""
+KCM_CONTROLLERS = ",".join(
+    [
+        "garbage-collector-controller",  # owner references: deleting a StormService deletes its PodGroups
+        "namespace-controller",
+        "serviceaccount-controller",
+        "clusterrole-aggregation-controller",
+        "root-ca-certificate-publisher-controller",
+        "replicaset-controller",
+        "deployment-controller",
+        "pod-garbage-collector-controller",
+    ]
+)
+
+
+class ClusterError(RuntimeError):
+    """dev up/down could not do what was asked; the message says which component and why."""
+
+
+class AlreadyRunning(ClusterError):
+    pass
+
+
+@dataclass
+class Ports:
+    etcd: int
+    etcd_peer: int
+    apiserver: int
+    kcm: int
+    scheduler_metrics: int
+    scheduler_healthz: int
+    aibrix_metrics: int
+    aibrix_probe: int
+    kwok: int
+    operator_webhook: int
+    operator_metrics: int
+
+    @classmethod
+    def pick(cls) -> Ports:
+        return cls(**{name: processes.free_port() for name in cls.__dataclass_fields__})
+
+
+def _say(message: str) -> None:
+    print(f"stormtopo: {message}", flush=True)
+
+
+def live_processes(state_dir: Path) -> list[processes.Tracked]:
+    return [p for p in processes.tracked(state_dir) if p.alive()]
+
+
+def down(state_dir: Path) -> int:
+    """Stop every process a previous `up` started in `state_dir`; return how many were running."""
+    running = processes.tracked(state_dir)
+    # Reverse start order: clients first, etcd last, so nothing logs a storm of connection errors.
+    order = ["operator", "kwok", "aibrix-controller-manager", "vc-controller-manager", "vc-scheduler", "kube-controller-manager"]
+    rank = {name: i for i, name in enumerate(order)}
+    running.sort(key=lambda p: (rank.get(p.name, len(order)), p.name == "etcd"))
+    count = sum(1 for p in running if p.alive())
+    for process in running:
+        processes.stop(process)
+    return count
+
+
+def up(state_dir: Path, topology_file: Path | None = None, with_operator: bool = True, timeout: float = 120.0) -> Path:
+    """Start the control plane; return the kubeconfig path. Raises AlreadyRunning or ClusterError."""
+    state_dir = state_dir.resolve()
+    topology = parse_topology(topology_file.read_text()) if topology_file else None
+    existing = processes.tracked(state_dir)
+    if existing and all(p.alive() for p in existing):
+        pids = ", ".join(f"{p.name}={p.pid}" for p in existing)
+        raise AlreadyRunning(f"a cluster is already running in {state_dir} ({pids}); run `stormtopo dev down --state-dir {state_dir}` first")
+    if existing:
+        _say(f"cleaning up a crashed cluster in {state_dir}")
+        down(state_dir)
+    started = time.monotonic()
+    binaries = components.ensure_binaries()
+    built = time.monotonic()
+    for stale in ("etcd-data", "pki", "run"):
+        shutil.rmtree(state_dir / stale, ignore_errors=True)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    ports = Ports.pick()
+    try:
+        cluster = _Starter(state_dir, binaries, ports)
+        cluster.start_all(topology, with_operator, timeout)
+    except BaseException:
+        down(state_dir)
+        raise
+    _say(f"cluster ready in {time.monotonic() - built:.1f}s (binaries {built - started:.1f}s); kubeconfig: {state_dir / 'kubeconfig'}")
+    return state_dir / "kubeconfig"
+
+
+class _Starter:
+    def __init__(self, state_dir: Path, binaries: dict[str, Path], ports: Ports) -> None:
+        self.dir = state_dir
+        self.bin = binaries
+        self.ports = ports
+        self.pki = state_dir / "pki"
+        self.kubeconfig = state_dir / "kubeconfig"
+        self.token = ""
+
+    # -- set-up -------------------------------------------------------------------------------
+    def _write_pki(self) -> None:
+        self.pki.mkdir(parents=True)
+        ca = certificates.new_ca("stormtopo-local-ca")
+        serving = certificates.new_serving_cert(ca, "kube-apiserver", ["127.0.0.1", "localhost", "kubernetes.default.svc"])
+        sa_key, sa_pub = certificates.new_signing_key()
+        files = {"ca.crt": ca.cert_pem, "ca.key": ca.key_pem, "apiserver.crt": serving.cert_pem, "apiserver.key": serving.key_pem}
+        files |= {"sa.key": sa_key, "sa.pub": sa_pub}
+        for name, data in files.items():
+            (self.pki / name).write_bytes(data)
+            (self.pki / name).chmod(0o600)
+        self.token = secrets.token_hex(24)
+        (self.pki / "tokens.csv").write_text(f'{self.token},{ADMIN_TOKEN_USER},{ADMIN_TOKEN_USER},"system:masters"\n')
+        (self.pki / "tokens.csv").chmod(0o600)
+
+    def _write_kubeconfig(self) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "stormtopo",
+                    "cluster": {
+                        "server": f"https://127.0.0.1:{self.ports.apiserver}",
+                        "certificate-authority-data": base64.b64encode((self.pki / "ca.crt").read_bytes()).decode(),
+                    },
+                }
+            ],
+            "users": [{"name": ADMIN_TOKEN_USER, "user": {"token": self.token}}],
+            "contexts": [{"name": "stormtopo", "context": {"cluster": "stormtopo", "user": ADMIN_TOKEN_USER}}],
+            "current-context": "stormtopo",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+        self.kubeconfig.chmod(0o600)
+        bindir = self.dir / "bin"
+        bindir.mkdir(exist_ok=True)
+        wrapper = bindir / "kubectl"
+        wrapper.write_text(f'#!/bin/sh\nexec "{self.bin["kubectl"]}" --kubeconfig "{self.kubeconfig}" "$@"\n')
+        wrapper.chmod(0o755)
+        (self.dir / "cluster.json").write_text(json.dumps({"ports": self.ports.__dict__, "versions": _versions()}, indent=2))
+
+    # -- processes ----------------------------------------------------------------------------
+    def _start(self, name: str, args: list[str]) -> processes.Tracked:
+        return processes.start(self.dir, name, [str(self.bin.get(name, name)), *args])
+
+    def start_all(self, topology: Topology | None, with_operator: bool, timeout: float) -> None:
+        p = self.ports
+        self._write_pki()
+        etcd = self._start(
+            "etcd",
+            [
+                "--name=stormtopo",
+                f"--data-dir={self.dir / 'etcd-data'}",
+                f"--listen-client-urls=http://127.0.0.1:{p.etcd}",
+                f"--advertise-client-urls=http://127.0.0.1:{p.etcd}",
+                f"--listen-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+                f"--initial-cluster=stormtopo=http://127.0.0.1:{p.etcd_peer}",
+                "--unsafe-no-fsync",  # a throw-away dev cluster: durability is not worth the latency
+                "--log-level=warn",
+            ],
+        )
+        self._wait(etcd, lambda: _http_ok(f"http://127.0.0.1:{p.etcd}/health"), timeout)
+        apiserver = self._start(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{p.etcd}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={p.apiserver}",
+                f"--tls-cert-file={self.pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={self.pki / 'apiserver.key'}",
+                f"--client-ca-file={self.pki / 'ca.crt'}",
+                f"--token-auth-file={self.pki / 'tokens.csv'}",
+                f"--service-account-key-file={self.pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={self.pki / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                "--authorization-mode=RBAC",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                # Fake nodes run no kubelet: pods need no service-account token volume.
+                "--disable-admission-plugins=ServiceAccount",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._wait(apiserver, self._apiserver_ready, timeout)
+        self._write_kubeconfig()
+        self._install_crds()
+        kcm = self._start(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={self.kubeconfig}",
+                f"--controllers={KCM_CONTROLLERS}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={p.kcm}",
+                f"--cert-dir={self.pki / 'kcm'}",
+                f"--root-ca-file={self.pki / 'ca.crt'}",
+                "--concurrent-gc-syncs=10",
+                "--v=1",
+            ],
+        )
+        conf = self.dir / "volcano-scheduler.conf"
+        conf.write_text(SCHEDULER_CONF)
+        scheduler = self._start(
+            "vc-scheduler",
+            [
+                f"--kubeconfig={self.kubeconfig}",
+                f"--scheduler-conf={conf}",
+                "--leader-elect=false",
+                "--enable-healthz",
+                f"--healthz-address=127.0.0.1:{p.scheduler_healthz}",
+                "--enable-metrics",
+                f"--listen-address=127.0.0.1:{p.scheduler_metrics}",
+                "--schedule-period=200ms",
+                f"--cache-dump-dir={self.dir}",
+                "-v=2",
+            ],
+        )
+        aibrix = self._start(
+            "aibrix-controller-manager",
+            [
+                f"--kubeconfig={self.kubeconfig}",
+                "--controllers=stormservice-controller",
+                "--disable-webhook",
+                "--leader-elect=false",
+                f"--metrics-bind-address=127.0.0.1:{p.aibrix_metrics}",
+                f"--health-probe-bind-address=127.0.0.1:{p.aibrix_probe}",
+            ],
+        )
+        kwok = self._start(
+            "kwok",
+            [
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=true",
+                f"--server-address=127.0.0.1:{p.kwok}",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
+        self._wait(kcm, lambda: _http_ok(f"https://127.0.0.1:{p.kcm}/healthz", insecure=True), timeout)
+        self._wait(scheduler, lambda: _http_ok(f"http://127.0.0.1:{p.scheduler_healthz}/healthz"), timeout)
+        self._wait(aibrix, lambda: _http_ok(f"http://127.0.0.1:{p.aibrix_probe}/readyz"), timeout)
+        self._wait(kwok, lambda: _http_ok(f"http://127.0.0.1:{p.kwok}/healthz"), timeout)
+        if with_operator:
+            self._start_operator(timeout)
+        if topology is not None:
+            self._create_topology(topology, timeout)
+
+    def _start_operator(self, timeout: float) -> None:
+        p = self.ports
+        operator = processes.start(
+            self.dir,
+            "operator",
+            [
+                sys.executable,
+                "-m",
+                "stormtopo.operator",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--webhook-port={p.operator_webhook}",
+                f"--metrics-port={p.operator_metrics}",
+                "--webhook-host=127.0.0.1",
+            ],
+        )
+        self._wait(operator, lambda: _http_ok(f"http://127.0.0.1:{p.operator_metrics}/readyz"), timeout)
+
+    def _install_crds(self) -> None:
+        files = crd_files()
+        self.kubectl(["apply", "--server-side", "--force-conflicts", *[f"-f={f}" for f in files]])
+        self.kubectl(["wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"])
+
+    def _create_topology(self, topology: Topology, timeout: float) -> None:
+        self.apply(node_manifests(topology) + hypernode_manifests(topology))
+        self.kubectl(["wait", "--for=condition=Ready", f"--timeout={int(timeout)}s", "node", "--all"])
+
+    def apply(self, objects: list[dict[str, Any]]) -> None:
+        self.kubectl(["apply", "--server-side", "--field-manager=stormtopo-dev", "-f", "-"], stdin=yaml.safe_dump_all(objects))
+
+    def kubectl(self, args: list[str], stdin: str | None = None) -> str:
+        proc = subprocess.run(
+            [str(self.bin["kubectl"]), f"--kubeconfig={self.kubeconfig}", *args], input=stdin, capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args[:3])} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def _apiserver_ready(self) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        req = urllib.request.Request(f"https://127.0.0.1:{self.ports.apiserver}/readyz", headers={"Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _wait(self, process: processes.Tracked, ready: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise ClusterError(f"{process.name} exited during start-up; last log lines:\n{processes.log_tail(self.dir, process.name)}")
+            if ready():
+                return
+            time.sleep(0.1)
+        raise ClusterError(
+            f"{process.name} was not ready within {timeout:.0f}s; last log lines:\n{processes.log_tail(self.dir, process.name)}"
+        )
+
+
+def _http_ok(url: str, insecure: bool = False) -> bool:
+    ctx = None
+    if insecure:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _versions() -> dict[str, str]:
+    return {name: components.COMPONENTS[name].version for name in components.CONTROL_PLANE}

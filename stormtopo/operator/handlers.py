@@ -1,0 +1,62 @@
+"""kopf handlers: watch events feed the index and trigger reconciliation.
+
+Only raw event handlers are used: they keep no state on the watched objects, so the operator never
+writes kopf's bookkeeping annotations into a user's StormService or AIBrix's RoleSets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from stormtopo.operator.index import Index
+from stormtopo.operator.reconcile import Reconciler
+
+log = logging.getLogger("stormtopo.handlers")
+RESYNC_SECONDS = 30.0
+
+
+def report(obj: dict[str, Any], event_type: str, reason: str, message: str) -> None:
+    body = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": obj["metadata"]}
+    kopf.event(body, type=event_type, reason=reason, message=message)
+
+
+def register(registry: kopf.OperatorRegistry, index: Index, reconciler: Reconciler) -> None:
+    @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "stormservices", registry=registry)
+    async def stormservice_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+        obj = dict(body)
+        index.observe("StormService", event.get("type"), obj)
+        if event.get("type") != "DELETED":
+            await reconciler.stormservice(obj)
+
+    @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "rolesets", registry=registry)
+    async def roleset_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+        obj = dict(body)
+        index.observe("RoleSet", event.get("type"), obj)
+        if event.get("type") != "DELETED":
+            await reconciler.roleset_changed(obj)
+
+    @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"roleset-name": kopf.PRESENT}, registry=registry)
+    async def podgroup_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+        reconciler.observe_podgroup(event.get("type"), dict(body))
+
+    @kopf.on.event("topology.volcano.sh", "v1alpha1", "hypernodes", registry=registry)
+    async def hypernode_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+        index.observe("HyperNode", event.get("type"), dict(body))
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.level = logging.WARNING  # Events go to the objects they are about, not to kopf's log
+        settings.watching.server_timeout = 300
+        settings.networking.request_timeout = 30
+        asyncio.create_task(_resync_forever(reconciler))
+
+
+async def _resync_forever(reconciler: Reconciler) -> None:
+    # Catches what a dropped watch or a failed write left behind; cheap, it reads only the index.
+    while True:
+        await asyncio.sleep(RESYNC_SECONDS)
+        await reconciler.resync()

@@ -1,0 +1,98 @@
+"""What the operator knows of the cluster: StormServices, RoleSets and HyperNodes, kept from watch events.
+
+The webhook answers from here so an admission costs no API round trip; on a miss (an object created
+moments before its watch event arrives) it reads through to the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stormtopo.core.podgroup import ROLESET_LABEL, STORMSERVICE_LABEL
+from stormtopo.core.request import ClusterTiers
+from stormtopo.operator.kube import AIBRIX, Api
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+def key_of(obj: Mapping[str, Any]) -> Key:
+    meta = obj["metadata"]
+    return meta.get("namespace", ""), meta["name"]
+
+
+@dataclass
+class Index:
+    api: Api
+    stormservices: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    rolesets: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    hypernodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    has_tier_name_field: bool = True
+    has_subgroup_policy: bool = True
+    has_network_topology: bool = True
+
+    # -- watch events --------------------------------------------------------------------------
+    def observe(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        store: dict[Any, dict[str, Any]]
+        if kind == "StormService":
+            store, key = self.stormservices, key_of(obj)
+        elif kind == "RoleSet":
+            store, key = self.rolesets, key_of(obj)
+        else:
+            store, key = self.hypernodes, obj["metadata"]["name"]
+        if event_type == "DELETED":
+            store.pop(key, None)
+        else:
+            store[key] = dict(obj)
+
+    def cluster_tiers(self) -> ClusterTiers:
+        tiers = {int((h.get("spec") or {}).get("tier", 0)) for h in self.hypernodes.values()}
+        names = {str((h.get("spec") or {}).get("tierName")) for h in self.hypernodes.values() if (h.get("spec") or {}).get("tierName")}
+        return ClusterTiers(frozenset(t for t in tiers if t > 0), frozenset(names), self.has_tier_name_field, self.has_subgroup_policy)
+
+    def detect_volcano_fields(self) -> None:
+        """Which PodGroup fields the installed Volcano CRD has (networkTopology >= 1.12; names, subgroups >= 1.14)."""
+        schema = self.api.crd_schema("podgroups.scheduling.volcano.sh") or {}
+        spec = ((schema.get("properties") or {}).get("spec") or {}).get("properties") or {}
+        topology = (spec.get("networkTopology") or {}).get("properties") or {}
+        self.has_network_topology = "networkTopology" in spec
+        self.has_tier_name_field = "highestTierName" in topology
+        self.has_subgroup_policy = "subGroupPolicy" in spec
+
+    def prime(self) -> None:
+        """Load HyperNodes before the webhook serves, so the first admission knows the cluster's tiers."""
+        for hypernode in self.api.list(("topology.volcano.sh", "v1alpha1"), "hypernodes"):
+            self.observe("HyperNode", None, hypernode)
+
+    # -- lookups for admission -----------------------------------------------------------------
+    async def roleset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.rolesets.get((namespace, name))
+        if found is None:
+            found = await asyncio.to_thread(self.api.get, AIBRIX, "rolesets", namespace, name)
+            if found is not None:
+                self.rolesets[(namespace, name)] = found
+        return found
+
+    async def stormservice(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.stormservices.get((namespace, name))
+        if found is None:
+            found = await asyncio.to_thread(self.api.get, AIBRIX, "stormservices", namespace, name)
+            if found is not None:
+                self.stormservices[(namespace, name)] = found
+        return found
+
+    async def owners_of(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The RoleSet and StormService an AIBrix pod or PodGroup belongs to (by the labels AIBrix sets)."""
+        meta = obj.get("metadata") or {}
+        namespace = meta.get("namespace", "")
+        labels = meta.get("labels") or {}
+        roleset_name = labels.get(ROLESET_LABEL)
+        roleset = await self.roleset(namespace, roleset_name) if roleset_name else None
+        service_name = labels.get(STORMSERVICE_LABEL) or ((roleset or {}).get("metadata", {}).get("labels") or {}).get(STORMSERVICE_LABEL)
+        if not service_name and roleset is not None:
+            owners = roleset["metadata"].get("ownerReferences") or []
+            service_name = next((o["name"] for o in owners if o.get("kind") == "StormService"), None)
+        stormservice = await self.stormservice(namespace, service_name) if service_name else None
+        return roleset, stormservice

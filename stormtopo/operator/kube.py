@@ -1,0 +1,86 @@
+"""The operator's Kubernetes API access: a thin, synchronous layer over the official client.
+
+Async code calls these through asyncio.to_thread; each function is one API request.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+AIBRIX = ("orchestration.aibrix.ai", "v1alpha1")
+VOLCANO_SCHEDULING = ("scheduling.volcano.sh", "v1beta1")
+VOLCANO_TOPOLOGY = ("topology.volcano.sh", "v1alpha1")
+USER_AGENT = "stormtopo-operator"
+
+
+class Api:
+    def __init__(self, kubeconfig: str | None = None) -> None:
+        if kubeconfig or os.environ.get("KUBECONFIG"):
+            cfg = client.Configuration()
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            config.load_incluster_config()
+            cfg = client.Configuration.get_default_copy()
+        cfg.connection_pool_maxsize = 32
+        self.client = client.ApiClient(cfg)
+        self.client.user_agent = USER_AGENT
+        self.custom = client.CustomObjectsApi(self.client)
+        self.core = client.CoreV1Api(self.client)
+        self.admission = client.AdmissionregistrationV1Api(self.client)
+        self.extensions = client.ApiextensionsV1Api(self.client)
+
+    # -- reads ---------------------------------------------------------------------------------
+    def get(self, group_version: tuple[str, str], plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        try:
+            if namespace is None:
+                return dict(self.custom.get_cluster_custom_object(*group_version, plural, name))
+            return dict(self.custom.get_namespaced_custom_object(*group_version, namespace, plural, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(
+        self, group_version: tuple[str, str], plural: str, namespace: str | None = None, label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        if namespace is None:
+            out = self.custom.list_cluster_custom_object(*group_version, plural, label_selector=label_selector)
+        else:
+            out = self.custom.list_namespaced_custom_object(*group_version, namespace, plural, label_selector=label_selector)
+        return list(out.get("items", []))
+
+    def crd_schema(self, name: str) -> dict[str, Any] | None:
+        try:
+            crd = self.extensions.read_custom_resource_definition(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        served = [v for v in crd.spec.versions if v.served]
+        return self.client.sanitize_for_serialization(served[-1].schema.open_api_v3_schema) if served else None  # type: ignore[no-any-return]
+
+    # -- writes --------------------------------------------------------------------------------
+    def create_podgroup(self, body: dict[str, Any]) -> bool:
+        """Create a PodGroup; False if it exists already (another writer won the race)."""
+        try:
+            self.custom.create_namespaced_custom_object(*VOLCANO_SCHEDULING, body["metadata"]["namespace"], "podgroups", body)
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    def patch_podgroup(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+        self.custom.api_client.call_api(
+            f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{namespace}/podgroups/{name}",
+            "PATCH",
+            header_params={"Content-Type": "application/json-patch+json", "Accept": "application/json"},
+            body=ops,
+            auth_settings=["BearerToken"],
+            response_type="object",
+            _return_http_data_only=True,
+        )

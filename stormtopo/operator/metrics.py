@@ -1,0 +1,14 @@
+"""Prometheus metrics of the operator, served on its plain-HTTP metrics port with /readyz."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ADMISSION_SECONDS = Histogram(
+    "stormtopo_admission_seconds",
+    "Time to answer one admission review",
+    ["kind"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+PODGROUP_WRITES = Counter("stormtopo_podgroup_writes_total", "PodGroups created or patched by the operator", ["verb"])
+INVALID_REQUESTS = Gauge("stormtopo_invalid_requests", "Opted-in StormServices whose annotations are invalid")

@@ -1,0 +1,137 @@
+"""Level-triggered reconciliation of a StormService's replica PodGroups.
+
+Runs on every watch event of a StormService, RoleSet or PodGroup and on a periodic resync; it reads
+from the index and writes only when the cluster differs from what it should be, so it is idempotent
+across operator restarts (no duplicates, no orphans: owned PodGroups carry owner references).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stormtopo.core.podgroup import (
+    REQUEST_ANNOTATION,
+    desired_fields,
+    has_scheduling_strategy,
+    owned_podgroup,
+    spec_patch,
+)
+from stormtopo.core.request import RequestError, TopologyRequest, is_opted_in, parse_request
+from stormtopo.operator import metrics
+from stormtopo.operator.index import Index, Key, key_of
+
+log = logging.getLogger("stormtopo.reconcile")
+STORMSERVICE_LABEL = "storm-service-name"
+
+# The reconciler reports through this callable: (object, event type, reason, message).
+Reporter = Any
+
+
+@dataclass
+class Reconciler:
+    index: Index
+    report: Reporter
+    podgroups: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    _reported: dict[Key, str] = field(default_factory=dict)
+    _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+
+    def observe_podgroup(self, event_type: str | None, podgroup: Mapping[str, Any]) -> None:
+        if event_type == "DELETED":
+            self.podgroups.pop(key_of(podgroup), None)
+        else:
+            self.podgroups[key_of(podgroup)] = dict(podgroup)
+
+    def rolesets_of(self, stormservice: Mapping[str, Any]) -> list[dict[str, Any]]:
+        namespace, name = key_of(stormservice)
+        uid = stormservice["metadata"].get("uid")
+        out = []
+        for (ns, _), roleset in self.index.rolesets.items():
+            if ns != namespace:
+                continue
+            meta = roleset["metadata"]
+            owned = any(o.get("uid") == uid for o in meta.get("ownerReferences") or [])
+            if owned or (meta.get("labels") or {}).get(STORMSERVICE_LABEL) == name:
+                out.append(roleset)
+        return out
+
+    def request_for(self, stormservice: Mapping[str, Any]) -> TopologyRequest | RequestError | None:
+        annotations = stormservice["metadata"].get("annotations") or {}
+        try:
+            return parse_request(annotations, self.index.cluster_tiers())
+        except RequestError as exc:
+            return exc
+
+    async def stormservice(self, stormservice: Mapping[str, Any]) -> None:
+        key = key_of(stormservice)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            request = self.request_for(stormservice)
+            self._report_request(stormservice, request)
+            if isinstance(request, RequestError):
+                return  # bad input changes nothing; the Warning Event says why
+            for roleset in self.rolesets_of(stormservice):
+                await self._roleset(roleset, request)
+
+    def _report_request(self, stormservice: Mapping[str, Any], request: TopologyRequest | RequestError | None) -> None:
+        key = key_of(stormservice)
+        if isinstance(request, RequestError):
+            text = f"invalid network-topology request, nothing changed: {request}"
+            if self._reported.get(key) != text:
+                self.report(stormservice, "Warning", "InvalidTopologyRequest", text)
+                self._reported[key] = text
+        elif request is not None:
+            text = f"network-topology request accepted: {request.describe()}"
+            if self._reported.get(key) != text:
+                self.report(stormservice, "Normal", "TopologyRequest", text)
+                self._reported[key] = text
+        else:
+            self._reported.pop(key, None)
+        metrics.INVALID_REQUESTS.set(sum(1 for t in self._reported.values() if t.startswith("invalid")))
+
+    async def _roleset(self, roleset: Mapping[str, Any], request: TopologyRequest | None) -> None:
+        namespace, name = key_of(roleset)
+        current = self.podgroups.get((namespace, name))
+        spec = roleset.get("spec") or {}
+        if request is None:
+            await self._withdraw(current)
+            return
+        if current is None:
+            if not has_scheduling_strategy(spec):
+                created = await asyncio.to_thread(self.index.api.create_podgroup, owned_podgroup(roleset, request))
+                if created:
+                    metrics.PODGROUP_WRITES.labels("create").inc()
+            return  # AIBrix creates its own; the webhook gives it the constraint at creation
+        ops = spec_patch(current.get("spec"), desired_fields(request, spec))
+        if ops:
+            await asyncio.to_thread(self.index.api.patch_podgroup, namespace, name, ops)
+            metrics.PODGROUP_WRITES.labels("patch").inc()
+
+    async def _withdraw(self, podgroup: Mapping[str, Any] | None) -> None:
+        """The StormService no longer asks for a topology: take the constraint off its PodGroups."""
+        if podgroup is None:
+            return
+        annotations = podgroup["metadata"].get("annotations") or {}
+        if REQUEST_ANNOTATION not in annotations:
+            return
+        ops: list[dict[str, Any]] = [{"op": "remove", "path": "/metadata/annotations/" + REQUEST_ANNOTATION.replace("/", "~1")}]
+        if "networkTopology" in (podgroup.get("spec") or {}):
+            ops.append({"op": "remove", "path": "/spec/networkTopology"})
+        namespace, name = key_of(podgroup)
+        await asyncio.to_thread(self.index.api.patch_podgroup, namespace, name, ops)
+        metrics.PODGROUP_WRITES.labels("patch").inc()
+
+    async def roleset_changed(self, roleset: Mapping[str, Any]) -> None:
+        _, stormservice = await self.index.owners_of(roleset)
+        if stormservice is not None and (is_opted_in(stormservice["metadata"].get("annotations")) or key_of(stormservice) in self._reported):
+            await self.stormservice(stormservice)
+
+    async def resync(self) -> None:
+        for stormservice in list(self.index.stormservices.values()):
+            try:
+                await self.stormservice(stormservice)
+            except Exception:  # one broken object must not stop the others
+                log.exception("resync of StormService %s/%s failed", *key_of(stormservice))

@@ -1,0 +1,9 @@
+// Build wrapper for the AIBrix controller manager. One wrapper per AIBrix version: the version switch
+// in stormtopo/devenv/components.py picks the directory (tools/aibrix/<version>).
+module stormtopo.local/tools/aibrix
+
+go 1.22.5
+
+require github.com/vllm-project/aibrix v0.7.0
+
+replace github.com/imdario/mergo v1.0.0 => dario.cat/mergo v0.3.16
