@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stormtopo", description="Network-topology-aware scheduling for AIBrix StormService on Volcano")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    dev = sub.add_parser("dev", help="a local control plane from real upstream components").add_subparsers(dest="dev_command", required=True)
+    dev = sub.add_parser("dev", help="a local control plane from real upstream components").add_subparsers(
+        dest="dev_command", required=True
+    )
     up = dev.add_parser("up", help="start etcd, kube-apiserver, kube-controller-manager, Volcano, AIBrix, kwok and the operator")
     up.add_argument("--state-dir", required=True, help="directory for kubeconfig, bin/kubectl, logs and data")
     up.add_argument("--topology", help="switch-tree YAML: creates fake GPU nodes and HyperNodes (see examples/topology)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 MODE = "volcano.sh/network-topology-mode"
 HIGHEST_TIER = "volcano.sh/network-topology-highest-tier"
@@ -28,12 +28,12 @@ REPLICA_HIGHEST_TIER_NAME = "stormtopo.io/replica-highest-tier-name"
 REQUEST_ANNOTATIONS = (MODE, HIGHEST_TIER, HIGHEST_TIER_NAME, SCOPE, REPLICA_HIGHEST_TIER, REPLICA_HIGHEST_TIER_NAME)
 
 
-class Mode(str, Enum):
+class Mode(StrEnum):
     HARD = "hard"
     SOFT = "soft"
 
 
-class Scope(str, Enum):
+class Scope(StrEnum):
     ROLESET = "RoleSet"
     STORMSERVICE = "StormService"
 

@@ -216,7 +216,9 @@ def parse_topology(text: str) -> Topology:
     topology = Topology(builder.switches, builder.nodes, tier_names)
     extra = set(tier_names) - {s.tier for s in topology.switches.values()}
     if extra:
-        raise _fail(f"tierNames names tier(s) {sorted(extra)} that no switch has; the tree has tiers 1..{topology.tiers}", top["tierNames"][0])
+        raise _fail(
+            f"tierNames names tier(s) {sorted(extra)} that no switch has; the tree has tiers 1..{topology.tiers}", top["tierNames"][0]
+        )
     return topology
 
 

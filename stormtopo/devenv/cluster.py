@@ -122,7 +122,9 @@ def up(state_dir: Path, topology_file: Path | None = None, with_operator: bool =
     existing = processes.tracked(state_dir)
     if existing and all(p.alive() for p in existing):
         pids = ", ".join(f"{p.name}={p.pid}" for p in existing)
-        raise AlreadyRunning(f"a cluster is already running in {state_dir} ({pids}); run `stormtopo dev down --state-dir {state_dir}` first")
+        raise AlreadyRunning(
+            f"a cluster is already running in {state_dir} ({pids}); run `stormtopo dev down --state-dir {state_dir}` first"
+        )
     if existing:
         _say(f"cleaning up a crashed cluster in {state_dir}")
         down(state_dir)

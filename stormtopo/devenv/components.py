@@ -80,7 +80,9 @@ COMPONENTS: dict[str, Component] = {
     c.name: c
     for c in (
         Component("etcd", ETCD_VERSION, "etcd", "go.etcd.io/etcd/server/v3"),
-        Component("kube-apiserver", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kube-apiserver", _K8S, extra_inputs=_VOLCANO_INPUTS),
+        Component(
+            "kube-apiserver", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kube-apiserver", _K8S, extra_inputs=_VOLCANO_INPUTS
+        ),
         Component(
             "kube-controller-manager",
             KUBERNETES_VERSION,

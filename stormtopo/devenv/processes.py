@@ -6,6 +6,7 @@ mistaken for ours and `dev down` ends only processes this project started.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -102,17 +103,13 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def log_tail(state_dir: Path, name: str, lines: int = 15) -> str:

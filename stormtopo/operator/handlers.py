@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -17,34 +17,35 @@ from stormtopo.operator.reconcile import Reconciler
 
 log = logging.getLogger("stormtopo.handlers")
 RESYNC_SECONDS = 30.0
+_background: set[asyncio.Task[None]] = set()  # keeps the resync task referenced
 
 
 def report(obj: dict[str, Any], event_type: str, reason: str, message: str) -> None:
     body = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": obj["metadata"]}
-    kopf.event(body, type=event_type, reason=reason, message=message)
+    kopf.event(cast(kopf.Body, body), type=event_type, reason=reason, message=message)
 
 
 def register(registry: kopf.OperatorRegistry, index: Index, reconciler: Reconciler) -> None:
     @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "stormservices", registry=registry)
-    async def stormservice_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    async def stormservice_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         obj = dict(body)
         index.observe("StormService", event.get("type"), obj)
         if event.get("type") != "DELETED":
             await reconciler.stormservice(obj)
 
     @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "rolesets", registry=registry)
-    async def roleset_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    async def roleset_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         obj = dict(body)
         index.observe("RoleSet", event.get("type"), obj)
         if event.get("type") != "DELETED":
             await reconciler.roleset_changed(obj)
 
     @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"roleset-name": kopf.PRESENT}, registry=registry)
-    async def podgroup_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    async def podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         reconciler.observe_podgroup(event.get("type"), dict(body))
 
     @kopf.on.event("topology.volcano.sh", "v1alpha1", "hypernodes", registry=registry)
-    async def hypernode_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    async def hypernode_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         index.observe("HyperNode", event.get("type"), dict(body))
 
     @kopf.on.startup(registry=registry)
@@ -52,7 +53,7 @@ def register(registry: kopf.OperatorRegistry, index: Index, reconciler: Reconcil
         settings.posting.level = logging.WARNING  # Events go to the objects they are about, not to kopf's log
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
-        asyncio.create_task(_resync_forever(reconciler))
+        _background.add(asyncio.create_task(_resync_forever(reconciler)))
 
 
 async def _resync_forever(reconciler: Reconciler) -> None:

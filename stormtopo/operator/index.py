@@ -35,17 +35,19 @@ class Index:
 
     # -- watch events --------------------------------------------------------------------------
     def observe(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
-        store: dict[Any, dict[str, Any]]
-        if kind == "StormService":
-            store, key = self.stormservices, key_of(obj)
-        elif kind == "RoleSet":
-            store, key = self.rolesets, key_of(obj)
+        deleted = event_type == "DELETED"
+        if kind == "HyperNode":
+            name = obj["metadata"]["name"]
+            if deleted:
+                self.hypernodes.pop(name, None)
+            else:
+                self.hypernodes[name] = dict(obj)
+            return
+        store = self.stormservices if kind == "StormService" else self.rolesets
+        if deleted:
+            store.pop(key_of(obj), None)
         else:
-            store, key = self.hypernodes, obj["metadata"]["name"]
-        if event_type == "DELETED":
-            store.pop(key, None)
-        else:
-            store[key] = dict(obj)
+            store[key_of(obj)] = dict(obj)
 
     def cluster_tiers(self) -> ClusterTiers:
         tiers = {int((h.get("spec") or {}).get("tier", 0)) for h in self.hypernodes.values()}
@@ -63,7 +65,7 @@ class Index:
 
     def prime(self) -> None:
         """Load HyperNodes before the webhook serves, so the first admission knows the cluster's tiers."""
-        for hypernode in self.api.list(("topology.volcano.sh", "v1alpha1"), "hypernodes"):
+        for hypernode in self.api.list_objects(("topology.volcano.sh", "v1alpha1"), "hypernodes"):
             self.observe("HyperNode", None, hypernode)
 
     # -- lookups for admission -----------------------------------------------------------------

@@ -44,7 +44,7 @@ class Api:
                 return None
             raise
 
-    def list(
+    def list_objects(
         self, group_version: tuple[str, str], plural: str, namespace: str | None = None, label_selector: str = ""
     ) -> list[dict[str, Any]]:
         if namespace is None:
@@ -61,7 +61,7 @@ class Api:
                 return None
             raise
         served = [v for v in crd.spec.versions if v.served]
-        return self.client.sanitize_for_serialization(served[-1].schema.open_api_v3_schema) if served else None  # type: ignore[no-any-return]
+        return self.client.sanitize_for_serialization(served[-1].schema.open_api_v3_schema) if served else None
 
     # -- writes --------------------------------------------------------------------------------
     def create_podgroup(self, body: dict[str, Any]) -> bool:

@@ -126,7 +126,9 @@ class Reconciler:
 
     async def roleset_changed(self, roleset: Mapping[str, Any]) -> None:
         _, stormservice = await self.index.owners_of(roleset)
-        if stormservice is not None and (is_opted_in(stormservice["metadata"].get("annotations")) or key_of(stormservice) in self._reported):
+        if stormservice is not None and (
+            is_opted_in(stormservice["metadata"].get("annotations")) or key_of(stormservice) in self._reported
+        ):
             await self.stormservice(stormservice)
 
     async def resync(self) -> None:

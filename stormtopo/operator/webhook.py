@@ -133,5 +133,3 @@ def register(api: Api, body: dict[str, Any]) -> None:
         response_type="object",
         _return_http_data_only=True,
     )
-
-

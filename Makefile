@@ -1,0 +1,43 @@
+# The two commands of the README: `make demo` and `make test`. Each sets up what it needs:
+# a virtualenv in .venv and the upstream binaries (built once, cached in ~/.cache/stormtopo).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint unit integration bench bench-quick binaries clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,plot]'
+	touch $@
+
+binaries: $(BIN)/.installed
+	$(BIN)/stormtopo dev build
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check stormtopo tests bench
+	$(BIN)/ruff format --check stormtopo tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+unit: $(BIN)/.installed
+	$(BIN)/pytest -q tests/unit
+
+integration: binaries
+	$(BIN)/pytest -q tests/integration
+
+test: binaries lint
+	$(BIN)/pytest -q tests
+
+demo: binaries
+	$(BIN)/stormtopo demo
+
+bench-quick: binaries
+	$(BIN)/python -m bench --quick
+
+bench: binaries
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

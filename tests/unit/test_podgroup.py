@@ -1,0 +1,80 @@
+"""Desired PodGroups and admission patches (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stormtopo.core.admission import admit_pod, admit_podgroup
+from stormtopo.core.podgroup import gang_of, owned_podgroup, spec_patch
+from stormtopo.core.request import HIGHEST_TIER, MODE, ClusterTiers, parse_request
+from stormtopo.devenv.workloads import Role, stormservice
+
+CLUSTER = ClusterTiers(frozenset({1, 2, 3}))
+HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
+
+
+def roleset(roles: tuple[Role, ...] = (Role("prefill"), Role("decode"))) -> dict[str, Any]:
+    ss = stormservice("svc", "ns", roles, annotations=HARD1)
+    return {
+        "apiVersion": "orchestration.aibrix.ai/v1alpha1",
+        "kind": "RoleSet",
+        "metadata": {"name": "svc-roleset-abcde", "namespace": "ns", "uid": "u-1", "labels": {"storm-service-name": "svc"}},
+        "spec": ss["spec"]["template"]["spec"],
+    }
+
+
+def test_gang_counts_every_pod_of_every_role() -> None:
+    spec = roleset((Role("prefill", replicas=2, pod_group_size=4), Role("decode", replicas=3)))["spec"]
+    gang = gang_of(spec)
+    assert gang.min_member == 2 * 4 + 3
+    assert dict(gang.min_task_member) == {"prefill": 8, "decode": 3}
+
+
+def test_podgroup_admission_adds_constraint_and_gang_and_survives_aibrix_spec_replacement() -> None:
+    ss = stormservice("svc", "ns", annotations=HARD1)
+    aibrix_spec = {"minMember": 2, "queue": "default", "minResources": {}}
+    decision = admit_podgroup({"metadata": {"name": "svc-roleset-abcde"}, "spec": aibrix_spec}, roleset(), ss, CLUSTER)
+    ops = {op["path"]: op for op in decision.patch}
+    assert ops["/spec/networkTopology"]["value"] == {"mode": "hard", "highestTierAllowed": 1}
+    assert ops["/spec/minTaskMember"]["value"] == {"prefill": 1, "decode": 1}
+    assert "/spec/minMember" not in ops  # already right
+    assert ops["/metadata/annotations"]["value"] == {"stormtopo.io/request": "hard within tier 1, scope RoleSet"}
+
+
+def test_podgroup_of_a_service_without_annotations_or_with_bad_ones_is_left_alone() -> None:
+    pg = {"metadata": {"name": "x"}, "spec": {"minMember": 2}}
+    assert admit_podgroup(pg, roleset(), stormservice("svc", "ns"), CLUSTER).patch == []
+    bad = stormservice("svc", "ns", annotations={MODE: "hard", HIGHEST_TIER: "abc"})
+    assert admit_podgroup(pg, roleset(), bad, CLUSTER).patch == []
+
+
+def test_pod_admission_sets_task_group_and_scheduler() -> None:
+    pod = {
+        "metadata": {"labels": {"role-name": "decode", "roleset-name": "svc-roleset-abcde"}},
+        "spec": {"schedulerName": "default-scheduler"},
+    }
+    decision = admit_pod(pod, roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER)
+    assert decision.allowed
+    value = decision.patch[0]["value"]
+    assert value == {"scheduling.k8s.io/group-name": "svc-roleset-abcde", "volcano.sh/task-spec": "decode"}
+    assert decision.patch[1] == {"op": "add", "path": "/spec/schedulerName", "value": "volcano"}
+
+
+def test_pod_that_names_another_replicas_podgroup_is_denied() -> None:
+    pod = {"metadata": {"labels": {"role-name": "decode"}, "annotations": {"scheduling.k8s.io/group-name": "other"}}, "spec": {}}
+    decision = admit_pod(pod, roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER)
+    assert not decision.allowed and "'other'" in decision.message and "svc-roleset-abcde" in decision.message
+
+
+def test_owned_podgroup_is_owned_by_the_roleset() -> None:
+    request = parse_request(HARD1, CLUSTER)
+    assert request is not None
+    pg = owned_podgroup(roleset(), request)
+    assert pg["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert pg["spec"]["minMember"] == 2 and pg["spec"]["networkTopology"]["highestTierAllowed"] == 1
+
+
+def test_spec_patch_is_empty_when_nothing_differs() -> None:
+    desired = {"minMember": 2, "networkTopology": {"mode": "soft"}}
+    assert spec_patch(dict(desired), desired) == []
+    assert spec_patch(None, desired) == [{"op": "add", "path": "/spec", "value": desired}]

@@ -1,0 +1,117 @@
+"""Parsing a StormService's network-topology annotations (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stormtopo.core.request import (
+    HIGHEST_TIER,
+    HIGHEST_TIER_NAME,
+    MODE,
+    REPLICA_HIGHEST_TIER,
+    REQUEST_ANNOTATIONS,
+    SCOPE,
+    ClusterTiers,
+    Mode,
+    RequestError,
+    Scope,
+    TierLimit,
+    parse_request,
+)
+
+CLUSTER = ClusterTiers(frozenset({1, 2, 3}), frozenset({"leaf", "spine", "core"}))
+
+
+def test_no_annotations_is_not_opted_in() -> None:
+    assert parse_request({}, CLUSTER) is None
+    assert parse_request({"app": "x", "volcano.sh/queue-name": "q"}, CLUSTER) is None
+
+
+def test_hard_tier_one() -> None:
+    request = parse_request({MODE: "hard", HIGHEST_TIER: "1"}, CLUSTER)
+    assert request is not None
+    assert request.mode is Mode.HARD and request.limit == TierLimit(tier=1) and request.scope is Scope.ROLESET
+    assert request.network_topology() == {"mode": "hard", "highestTierAllowed": 1}
+
+
+def test_soft_needs_no_tier_and_tier_name_maps_to_highest_tier_name() -> None:
+    soft = parse_request({MODE: "soft"}, CLUSTER)
+    assert soft is not None and soft.network_topology() == {"mode": "soft"}
+    named = parse_request({MODE: "hard", HIGHEST_TIER_NAME: "spine"}, CLUSTER)
+    assert named is not None and named.network_topology() == {"mode": "hard", "highestTierName": "spine"}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "names"),
+    [
+        ({MODE: "strict", HIGHEST_TIER: "1"}, [MODE, "'strict'", "hard or soft"]),
+        ({MODE: "hard", HIGHEST_TIER: "0"}, [HIGHEST_TIER, "'0'", "1 to 3"]),
+        ({MODE: "hard", HIGHEST_TIER: "-1"}, [HIGHEST_TIER, "'-1'", "1 to 3"]),
+        ({MODE: "hard", HIGHEST_TIER: "abc"}, [HIGHEST_TIER, "'abc'", "1 to 3"]),
+        ({MODE: "hard", HIGHEST_TIER: "4"}, [HIGHEST_TIER, "deeper than any HyperNode", "1 to 3"]),
+        ({MODE: "hard", HIGHEST_TIER_NAME: "rack"}, [HIGHEST_TIER_NAME, "'rack'", "core, leaf, spine"]),
+        ({MODE: "hard", HIGHEST_TIER: "1", HIGHEST_TIER_NAME: "leaf"}, [HIGHEST_TIER, HIGHEST_TIER_NAME, "one of them"]),
+        ({MODE: "hard", HIGHEST_TIER: "1", SCOPE: "Cluster"}, [SCOPE, "'Cluster'", "RoleSet", "StormService"]),
+        ({HIGHEST_TIER: "1"}, [MODE, "missing"]),
+        ({MODE: "hard"}, [MODE, HIGHEST_TIER]),
+        ({MODE: "hard", HIGHEST_TIER: "2", REPLICA_HIGHEST_TIER: "1"}, [REPLICA_HIGHEST_TIER, "StormService"]),
+        ({MODE: "hard", HIGHEST_TIER: "1", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "2"}, [REPLICA_HIGHEST_TIER, "1 to 1"]),
+    ],
+)
+def test_bad_input_names_the_annotation_the_value_and_what_is_accepted(annotations: dict[str, str], names: list[str]) -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_request(annotations, CLUSTER)
+    message = str(caught.value)
+    for expected in names:
+        assert expected in message
+
+
+def test_volcano_too_old_for_tier_names_and_subgroups_is_said_plainly() -> None:
+    old = ClusterTiers(frozenset({1, 2}), frozenset(), has_tier_name_field=False, has_subgroup_policy=False)
+    with pytest.raises(RequestError, match=r"upgrade Volcano to 1\.14"):
+        parse_request({MODE: "hard", HIGHEST_TIER_NAME: "leaf"}, old)
+    with pytest.raises(RequestError, match="subGroupPolicy"):
+        parse_request({MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "1"}, old)
+
+
+def test_nested_placement() -> None:
+    request = parse_request({MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "1"}, CLUSTER)
+    assert request is not None
+    assert request.network_topology() == {"mode": "hard", "highestTierAllowed": 2}
+    assert request.replica_network_topology() == {"mode": "hard", "highestTierAllowed": 1}
+
+
+values = st.one_of(
+    st.sampled_from(["hard", "soft", "Hard", "", " hard ", "1", "2", "3", "4", "0", "-1", "abc", "leaf", "RoleSet", "StormService"]),
+    st.text(max_size=12),
+    st.integers(-5, 10).map(str),
+)
+annotation_sets = st.dictionaries(st.sampled_from([*REQUEST_ANNOTATIONS, "other/key"]), values, max_size=6)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(annotation_sets, st.booleans())
+def test_parser_either_accepts_a_consistent_request_or_explains_every_problem(annotations: dict[str, str], know_cluster: bool) -> None:
+    cluster = CLUSTER if know_cluster else None
+    try:
+        request = parse_request(annotations, cluster)
+    except RequestError as exc:
+        assert exc.problems, "an error must say what is wrong"
+        for problem in exc.problems:
+            assert ("annotation" in problem and "accepted" in problem) or "missing" in problem or "needs" in problem
+        return
+    if request is None:
+        assert not any(k in annotations for k in REQUEST_ANNOTATIONS)
+        return
+    topology = request.network_topology()
+    assert topology["mode"] in ("hard", "soft")
+    assert not ("highestTierAllowed" in topology and "highestTierName" in topology)
+    if topology["mode"] == "hard":
+        assert "highestTierAllowed" in topology or "highestTierName" in topology
+    tier = topology.get("highestTierAllowed")
+    if tier is not None:
+        assert isinstance(tier, int) and tier >= 1
+        if cluster is not None:
+            assert tier <= 3
