@@ -36,12 +36,20 @@ class DevCluster:
         self.core.create_namespace({"metadata": {"name": name, "labels": {"stormtopo.io/test": "true"}}})
 
     def delete_namespace(self, name: str, wait: float = 60.0) -> None:
+        """Delete a namespace and wait until none of its pods hold node resources any more."""
         try:
+            self.custom.delete_collection_namespaced_custom_object(*AIBRIX, name, "stormservices")
             self.core.delete_namespace(name)
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        self.wait(lambda: not self._exists(lambda: self.core.read_namespace(name)), wait, f"namespace {name} to be deleted")
+
+        def pods_gone() -> bool:
+            # Fake pods need no grace period; the namespace itself may finish deleting later.
+            self.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+            return not self.core.list_namespaced_pod(name).items
+
+        self.wait(pods_gone, wait, f"the pods of namespace {name} to be deleted", interval=0.5)
 
     def _exists(self, read: Callable[[], Any]) -> bool:
         try:

@@ -83,6 +83,8 @@ class Ports:
     kcm: int
     scheduler_metrics: int
     scheduler_healthz: int
+    vc_controller_healthz: int
+    vc_controller_metrics: int
     aibrix_metrics: int
     aibrix_probe: int
     kwok: int
@@ -115,8 +117,18 @@ def down(state_dir: Path) -> int:
     return count
 
 
-def up(state_dir: Path, topology_file: Path | None = None, with_operator: bool = True, timeout: float = 120.0) -> Path:
-    """Start the control plane; return the kubeconfig path. Raises AlreadyRunning or ClusterError."""
+def up(
+    state_dir: Path,
+    topology_file: Path | None = None,
+    with_operator: bool = True,
+    timeout: float = 120.0,
+    vc_controllers: tuple[str, ...] = ("queue-controller",),
+) -> Path:
+    """Start the control plane; return the kubeconfig path. Raises AlreadyRunning or ClusterError.
+
+    `vc_controllers` are the Volcano controllers to run; add "pg-controller" for Volcano's own
+    do-it-yourself PodGroups (the benchmarks' baseline).
+    """
     state_dir = state_dir.resolve()
     topology = parse_topology(topology_file.read_text()) if topology_file else None
     existing = processes.tracked(state_dir)
@@ -136,7 +148,7 @@ def up(state_dir: Path, topology_file: Path | None = None, with_operator: bool =
     state_dir.mkdir(parents=True, exist_ok=True)
     ports = Ports.pick()
     try:
-        cluster = _Starter(state_dir, binaries, ports)
+        cluster = _Starter(state_dir, binaries, ports, vc_controllers)
         cluster.start_all(topology, with_operator, timeout)
     except BaseException:
         down(state_dir)
@@ -146,7 +158,8 @@ def up(state_dir: Path, topology_file: Path | None = None, with_operator: bool =
 
 
 class _Starter:
-    def __init__(self, state_dir: Path, binaries: dict[str, Path], ports: Ports) -> None:
+    def __init__(self, state_dir: Path, binaries: dict[str, Path], ports: Ports, vc_controllers: tuple[str, ...]) -> None:
+        self.vc_controllers = vc_controllers
         self.dir = state_dir
         self.bin = binaries
         self.ports = ports
@@ -233,8 +246,9 @@ class _Starter:
                 "--service-account-issuer=https://kubernetes.default.svc",
                 "--authorization-mode=RBAC",
                 "--service-cluster-ip-range=10.96.0.0/16",
-                # Fake nodes run no kubelet: pods need no service-account token volume.
-                "--disable-admission-plugins=ServiceAccount",
+                # Fake nodes run no kubelet: pods need no service-account token volume, and with no
+                # node-lifecycle controller nothing would lift the not-ready taint set at registration.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
@@ -274,6 +288,18 @@ class _Starter:
                 "-v=2",
             ],
         )
+        # Only the queue controller: it opens Volcano queues, without which nothing is allocated.
+        vc_controllers = self._start(
+            "vc-controller-manager",
+            [
+                f"--kubeconfig={self.kubeconfig}",
+                f"--controllers={','.join(self.vc_controllers)}",
+                "--leader-elect=false",
+                "--enable-healthz",
+                f"--healthz-address=127.0.0.1:{p.vc_controller_healthz}",
+                f"--listen-address=127.0.0.1:{p.vc_controller_metrics}",
+            ],
+        )
         aibrix = self._start(
             "aibrix-controller-manager",
             [
@@ -285,9 +311,12 @@ class _Starter:
                 f"--health-probe-bind-address=127.0.0.1:{p.aibrix_probe}",
             ],
         )
+        kwok_config = self.dir / "kwok.yaml"
+        kwok_config.write_text(kwok_stages())
         kwok = self._start(
             "kwok",
             [
+                f"--config={kwok_config}",
                 f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=true",
                 f"--server-address=127.0.0.1:{p.kwok}",
@@ -296,6 +325,7 @@ class _Starter:
         )
         self._wait(kcm, lambda: _http_ok(f"https://127.0.0.1:{p.kcm}/healthz", insecure=True), timeout)
         self._wait(scheduler, lambda: _http_ok(f"http://127.0.0.1:{p.scheduler_healthz}/healthz"), timeout)
+        self._wait(vc_controllers, lambda: _http_ok(f"http://127.0.0.1:{p.vc_controller_healthz}/healthz"), timeout)
         self._wait(aibrix, lambda: _http_ok(f"http://127.0.0.1:{p.aibrix_probe}/readyz"), timeout)
         self._wait(kwok, lambda: _http_ok(f"http://127.0.0.1:{p.kwok}/healthz"), timeout)
         if with_operator:
@@ -373,6 +403,21 @@ def _http_ok(url: str, insecure: bool = False) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+# kwok's own stage definitions: nodes become Ready and keep a lease; pods become Running and Ready.
+KWOK_STAGES = (
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-complete.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+)
+
+
+def kwok_stages() -> str:
+    root = components.module_dir_of("kwok", "sigs.k8s.io/kwok", components.KWOK_VERSION)
+    return "\n---\n".join((root / stage).read_text() for stage in KWOK_STAGES)
 
 
 def _versions() -> dict[str, str]:

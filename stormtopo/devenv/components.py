@@ -116,7 +116,16 @@ COMPONENTS: dict[str, Component] = {
 }
 
 # What `dev up` runs; helm is only built for the chart tests.
-CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "vc-scheduler", "aibrix-controller-manager", "kwok")
+CONTROL_PLANE = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kubectl",
+    "vc-scheduler",
+    "vc-controller-manager",
+    "aibrix-controller-manager",
+    "kwok",
+)
 
 
 def cache_root() -> Path:

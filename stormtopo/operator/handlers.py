@@ -48,6 +48,22 @@ def register(registry: kopf.OperatorRegistry, index: Index, reconciler: Reconcil
     async def hypernode_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         index.observe("HyperNode", event.get("type"), dict(body))
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A custom registry has none of kopf's default login handlers: log in as the API client does.
+        if index.api.in_cluster:
+            return kopf.login_with_service_account(**kwargs)
+        cfg = index.api.client.configuration
+        token = str(cfg.api_key.get("authorization", "")).removeprefix("Bearer ").strip()
+        return kopf.ConnectionInfo(
+            server=cfg.host,
+            ca_path=cfg.ssl_ca_cert,
+            insecure=not cfg.verify_ssl,
+            token=token or None,
+            certificate_path=cfg.cert_file,
+            private_key_path=cfg.key_file,
+        )
+
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.level = logging.WARNING  # Events go to the objects they are about, not to kopf's log

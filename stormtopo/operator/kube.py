@@ -19,9 +19,10 @@ USER_AGENT = "stormtopo-operator"
 
 class Api:
     def __init__(self, kubeconfig: str | None = None) -> None:
-        if kubeconfig or os.environ.get("KUBECONFIG"):
+        self.in_cluster = not (kubeconfig or os.environ.get("KUBECONFIG"))
+        if not self.in_cluster:
             cfg = client.Configuration()
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+            config.load_kube_config(config_file=kubeconfig or os.environ["KUBECONFIG"], client_configuration=cfg)
         else:
             config.load_incluster_config()
             cfg = client.Configuration.get_default_copy()
@@ -61,7 +62,7 @@ class Api:
                 return None
             raise
         served = [v for v in crd.spec.versions if v.served]
-        return self.client.sanitize_for_serialization(served[-1].schema.open_api_v3_schema) if served else None
+        return self.client.sanitize_for_serialization(served[-1].schema.open_apiv3_schema) if served else None
 
     # -- writes --------------------------------------------------------------------------------
     def create_podgroup(self, body: dict[str, Any]) -> bool:
