@@ -1,0 +1,121 @@
+"""A StormService's topology request reaches Volcano and holds (issue 3), on the real control plane.
+
+The cluster is the feature request's: 8 nodes x 8 GPUs, leaves s0..s3 (tier 1), s4/s5 (tier 2), s6.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stormtopo.core.request import HIGHEST_TIER, HIGHEST_TIER_NAME, MODE, SCOPE
+from stormtopo.core.topology import Topology
+from stormtopo.devenv.client import DevCluster, node_names
+from stormtopo.devenv.workloads import Role, filler_pod, stormservice
+
+HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
+BIG_PD = (Role("prefill", gpus=6), Role("decode", gpus=6))  # two pods that cannot share a node
+
+
+def fill(cluster: DevCluster, namespace: str, used: dict[str, int]) -> None:
+    for node, gpus in used.items():
+        cluster.create(filler_pod(f"busy-{node}", namespace, node, gpus))
+    cluster.bound_pods(namespace, "stormtopo.io/filler=true", len(used))
+
+
+def placement(cluster: DevCluster, topology: Topology, namespace: str, name: str, pods: int) -> tuple[list[str], Any]:
+    bound = cluster.bound_pods(namespace, f"storm-service-name={name}", pods, timeout=60)
+    nodes = node_names(bound)
+    return nodes, topology.lowest_common_switch(nodes)
+
+
+def replicas_placement(cluster: DevCluster, topology: Topology, namespace: str, name: str) -> dict[str, Any]:
+    by_replica: dict[str, list[str]] = {}
+    for pod in cluster.pods(namespace, f"storm-service-name={name}"):
+        by_replica.setdefault(pod["metadata"]["labels"]["roleset-name"], []).append(pod["spec"]["nodeName"])
+    return {rs: topology.lowest_common_switch(nodes) for rs, nodes in by_replica.items()}
+
+
+def test_user_scenario_hard_tier1_keeps_prefill_and_decode_under_one_leaf(
+    cluster: DevCluster, topology: Topology, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Free GPUs: node0 1, node2 1, node5 2; everything else is busy. A topology-unaware placement packs
+    # onto the fullest nodes (node0 + node2, across s4); only s2 (node5) holds the whole pair.
+    fill(cluster, namespace, {"node0": 7, "node1": 8, "node2": 7, "node3": 8, "node4": 8, "node5": 6, "node6": 8, "node7": 8})
+
+    cluster.create(stormservice("pd-hard", namespace, annotations=HARD_LEAF))
+    nodes, domain = placement(cluster, topology, namespace, "pd-hard", 2)
+    assert domain is not None and domain.tier == 1, f"hard/tier 1 split prefill and decode: {nodes}"
+    group = cluster.podgroups(namespace)[0]
+    assert group["spec"]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
+    assert group["spec"]["minTaskMember"] == {"prefill": 1, "decode": 1}
+
+    cluster.create(stormservice("pd-plain", namespace))
+    plain_nodes, plain_domain = placement(cluster, topology, namespace, "pd-plain", 2)
+    with capsys.disabled():
+        print(f"\n  with hard/tier 1: {nodes} under {domain.name} (tier {domain.tier})")
+        print(f"  without annotations: {plain_nodes} under {plain_domain.name} (tier {plain_domain.tier})")  # type: ignore[union-attr]
+    assert plain_domain is not None and plain_domain.tier > 1  # the contrast: it had to cross the spine
+
+
+def test_without_scheduling_strategy_the_operator_owns_the_podgroup(cluster: DevCluster, topology: Topology, namespace: str) -> None:
+    cluster.create(stormservice("pd-own", namespace, roles=BIG_PD, annotations=HARD_LEAF, volcano_strategy=False))
+    nodes, domain = placement(cluster, topology, namespace, "pd-own", 2)
+    assert domain is not None and domain.tier == 1, nodes
+    [group] = cluster.podgroups(namespace)
+    [roleset] = cluster.rolesets(namespace, "pd-own")
+    assert group["metadata"]["ownerReferences"][0]["uid"] == roleset["metadata"]["uid"]
+    assert group["spec"]["minMember"] == 2 and group["spec"]["networkTopology"]["highestTierAllowed"] == 1
+    for pod in cluster.pods(namespace, "storm-service-name=pd-own"):
+        annotations = pod["metadata"]["annotations"]
+        assert annotations["scheduling.k8s.io/group-name"] == roleset["metadata"]["name"]
+        assert annotations["volcano.sh/task-spec"] == pod["metadata"]["labels"]["role-name"]
+
+
+def test_three_replicas_each_in_one_leaf_then_scale_to_four_then_delete(cluster: DevCluster, topology: Topology, namespace: str) -> None:
+    cluster.create(stormservice("pd3", namespace, roles=BIG_PD, replicas=3, annotations=HARD_LEAF))
+    cluster.bound_pods(namespace, "storm-service-name=pd3", 6, timeout=90)
+    domains = replicas_placement(cluster, topology, namespace, "pd3")
+    assert len(domains) == 3 and all(d is not None and d.tier == 1 for d in domains.values()), domains
+
+    cluster.patch_stormservice(namespace, "pd3", {"spec": {"replicas": 4}})
+    cluster.bound_pods(namespace, "storm-service-name=pd3", 8, timeout=90)
+    domains = replicas_placement(cluster, topology, namespace, "pd3")
+    assert len(domains) == 4 and all(d is not None and d.tier == 1 for d in domains.values()), domains
+    assert len({d.name for d in domains.values()}) == 4  # 6+6 GPUs per replica: one replica per leaf
+
+    cluster.delete_stormservice(namespace, "pd3")
+    cluster.wait(lambda: not cluster.podgroups(namespace), 60, "every PodGroup to be deleted with the StormService")
+
+
+@pytest.mark.parametrize(
+    ("annotations", "bad_key"),
+    [
+        ({MODE: "strict", HIGHEST_TIER: "1"}, MODE),
+        ({MODE: "hard", HIGHEST_TIER: "0"}, HIGHEST_TIER),
+        ({MODE: "hard", HIGHEST_TIER: "-1"}, HIGHEST_TIER),
+        ({MODE: "hard", HIGHEST_TIER: "abc"}, HIGHEST_TIER),
+        ({MODE: "hard", HIGHEST_TIER: "4"}, HIGHEST_TIER),  # deeper than any HyperNode
+        ({MODE: "hard", HIGHEST_TIER_NAME: "rack"}, HIGHEST_TIER_NAME),
+        ({MODE: "hard", HIGHEST_TIER: "1", HIGHEST_TIER_NAME: "leaf"}, HIGHEST_TIER_NAME),
+        ({MODE: "hard", HIGHEST_TIER: "1", SCOPE: "Zone"}, SCOPE),
+    ],
+)
+def test_bad_annotations_get_a_warning_event_and_change_nothing(
+    cluster: DevCluster, namespace: str, annotations: dict[str, str], bad_key: str
+) -> None:
+    cluster.create(stormservice("bad", namespace, annotations=annotations))
+
+    def warning() -> str:
+        messages = [e["message"] for e in cluster.events(namespace, "bad") if e["reason"] == "InvalidTopologyRequest"]
+        return messages[0] if messages else ""
+
+    message = cluster.wait(warning, 30, "a Warning Event on the StormService")
+    assert bad_key in message and "accepted" in message
+    assert "nothing changed" in message
+    [group] = cluster.wait(lambda: cluster.podgroups(namespace), 30, "AIBrix's own PodGroup")
+    assert "networkTopology" not in group["spec"] and group["spec"]["minMember"] == 2  # exactly what AIBrix wrote
+    # The operator still serves everyone else: a good StormService next to it gets its constraint.
+    cluster.create(stormservice("good", namespace, annotations=HARD_LEAF))
+    cluster.bound_pods(namespace, "storm-service-name=good", 2)
