@@ -243,3 +243,39 @@ def hypernode_manifests(topology: Topology) -> list[dict[str, Any]]:
     # Lowest tier first, so a parent never names a child that does not exist yet.
     ordered = sorted(topology.switches.values(), key=lambda s: (s.tier, s.name))
     return [hypernode_manifest(topology, s) for s in ordered]
+
+
+def topology_from_hypernodes(hypernodes: Iterable[Mapping[str, Any]], node_names: Iterable[str] = ()) -> Topology:
+    """The tree a cluster's HyperNodes describe. Node members by exactMatch or regexMatch (against
+    `node_names`); HyperNode members by exactMatch only, as Volcano resolves them."""
+    hypernodes = list(hypernodes)
+    names = sorted(node_names)
+    switches: dict[str, Switch] = {}
+    parents: dict[str, str] = {}
+    nodes: dict[str, NodeSpec] = {}
+    for hn in hypernodes:
+        name = hn["metadata"]["name"]
+        spec = hn.get("spec") or {}
+        members_nodes: list[str] = []
+        children: list[str] = []
+        for member in spec.get("members") or []:
+            selector = member.get("selector") or {}
+            exact = (selector.get("exactMatch") or {}).get("name")
+            if member.get("type") == "HyperNode":
+                if exact:
+                    children.append(exact)
+                    parents.setdefault(exact, name)
+            elif exact:
+                members_nodes.append(exact)
+            elif (selector.get("regexMatch") or {}).get("pattern"):
+                pattern = re.compile(selector["regexMatch"]["pattern"])
+                members_nodes += [n for n in names if pattern.match(n)]
+        switches[name] = Switch(name, int(spec.get("tier", 1)), None, tuple(children), tuple(sorted(set(members_nodes))))
+        for node in members_nodes:
+            nodes.setdefault(node, NodeSpec(node, name, 0, "0", "0"))
+    linked = {
+        name: Switch(s.name, s.tier, parents.get(name), tuple(c for c in s.children if c in switches), s.nodes)
+        for name, s in switches.items()
+    }
+    tier_names = {int(h["spec"].get("tier", 1)): str(h["spec"]["tierName"]) for h in hypernodes if (h.get("spec") or {}).get("tierName")}
+    return Topology(linked, nodes, tier_names)

@@ -17,6 +17,7 @@ from stormtopo.core import certificates
 from stormtopo.operator import handlers, webhook
 from stormtopo.operator.index import Index
 from stormtopo.operator.kube import Api
+from stormtopo.operator.placement_report import PlacementReporter
 from stormtopo.operator.reconcile import Reconciler
 
 log = logging.getLogger("stormtopo.operator")
@@ -62,7 +63,7 @@ async def run(args: argparse.Namespace) -> None:
     await asyncio.to_thread(index.prime)
     reconciler = Reconciler(index, handlers.report)
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, index, reconciler)
+    handlers.register(registry, index, reconciler, PlacementReporter(index, handlers.report))
 
     cert, key, ca = _certificates(args)
     runner = web.AppRunner(webhook.build_app(index), access_log=None)

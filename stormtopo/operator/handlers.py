@@ -13,6 +13,7 @@ from typing import Any, cast
 import kopf
 
 from stormtopo.operator.index import Index
+from stormtopo.operator.placement_report import PlacementReporter
 from stormtopo.operator.reconcile import Reconciler
 
 log = logging.getLogger("stormtopo.handlers")
@@ -25,7 +26,7 @@ def report(obj: dict[str, Any], event_type: str, reason: str, message: str) -> N
     kopf.event(cast(kopf.Body, body), type=event_type, reason=reason, message=message)
 
 
-def register(registry: kopf.OperatorRegistry, index: Index, reconciler: Reconciler) -> None:
+def register(registry: kopf.OperatorRegistry, index: Index, reconciler: Reconciler, reporter: PlacementReporter) -> None:
     @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "stormservices", registry=registry)
     async def stormservice_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         obj = dict(body)
@@ -43,6 +44,8 @@ def register(registry: kopf.OperatorRegistry, index: Index, reconciler: Reconcil
     @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"roleset-name": kopf.PRESENT}, registry=registry)
     async def podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         reconciler.observe_podgroup(event.get("type"), dict(body))
+        if event.get("type") != "DELETED":
+            await reporter.podgroup_changed(dict(body))
 
     @kopf.on.event("topology.volcano.sh", "v1alpha1", "hypernodes", registry=registry)
     async def hypernode_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

@@ -64,6 +64,22 @@ class Api:
         served = [v for v in crd.spec.versions if v.served]
         return self.client.sanitize_for_serialization(served[-1].schema.open_apiv3_schema) if served else None
 
+    def free_gpus(self, resource: str = "nvidia.com/gpu") -> dict[str, int]:
+        """Free GPUs per node: allocatable minus what bound, unfinished pods request."""
+        free = {}
+        for node in self.core.list_node().items:
+            free[node.metadata.name] = _quantity((node.status.allocatable or {}).get(resource, "0"))
+        for pod in self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items:
+            if pod.status.phase in ("Succeeded", "Failed") or pod.spec.node_name not in free:
+                continue
+            for c in pod.spec.containers:
+                requests = (c.resources.requests or {}) if c.resources else {}
+                free[pod.spec.node_name] -= _quantity(requests.get(resource, "0"))
+        return free
+
+    def pods_of_group(self, namespace: str, roleset: str) -> list[Any]:
+        return list(self.core.list_namespaced_pod(namespace, label_selector=f"roleset-name={roleset}").items)
+
     # -- writes --------------------------------------------------------------------------------
     def create_podgroup(self, body: dict[str, Any]) -> bool:
         """Create a PodGroup; False if it exists already (another writer won the race)."""
@@ -85,3 +101,7 @@ class Api:
             response_type="object",
             _return_http_data_only=True,
         )
+
+
+def _quantity(text: str) -> int:
+    return int(float(str(text)))  # GPU counts are whole numbers

@@ -12,3 +12,5 @@ ADMISSION_SECONDS = Histogram(
 )
 PODGROUP_WRITES = Counter("stormtopo_podgroup_writes_total", "PodGroups created or patched by the operator", ["verb"])
 INVALID_REQUESTS = Gauge("stormtopo_invalid_requests", "Opted-in StormServices whose annotations are invalid")
+PENDING_GANGS = Gauge("stormtopo_pending_gangs", "Replicas whose hard request no domain can hold right now")
+REPLICAS_BY_TIER = Counter("stormtopo_replicas_placed_total", "Replicas placed, by the tier of their lowest common HyperNode", ["tier"])

@@ -119,3 +119,29 @@ def test_bad_annotations_get_a_warning_event_and_change_nothing(
     # The operator still serves everyone else: a good StormService next to it gets its constraint.
     cluster.create(stormservice("good", namespace, annotations=HARD_LEAF))
     cluster.bound_pods(namespace, "storm-service-name=good", 2)
+
+
+def test_infeasible_hard_request_stays_pending_whole_and_says_why(cluster: DevCluster, namespace: str) -> None:
+    # Each leaf has one node with 8 free GPUs and one with 4: no leaf holds 6 + 6, but s4 (tier 2) does.
+    fill(cluster, namespace, {"node0": 4, "node2": 4, "node4": 4, "node6": 4})
+    cluster.create(stormservice("pd-tight", namespace, roles=BIG_PD, annotations=HARD_LEAF))
+
+    def unsatisfiable() -> str:
+        found = [e["message"] for e in cluster.events(namespace, "pd-tight") if e["reason"] == "TopologyUnsatisfiable"]
+        return found[0] if found else ""
+
+    message = cluster.wait(unsatisfiable, 60, "a TopologyUnsatisfiable Event")
+    assert "stays Pending" in message and "tier 1" in message and "would fit within tier 2" in message
+    assert not [p for p in cluster.pods(namespace, "storm-service-name=pd-tight") if p["spec"].get("nodeName")]  # never split
+
+
+def test_placed_replica_gets_an_event_naming_its_domain(cluster: DevCluster, topology: Topology, namespace: str) -> None:
+    cluster.create(stormservice("pd-seen", namespace, roles=BIG_PD, annotations=HARD_LEAF))
+    _, domain = placement(cluster, topology, namespace, "pd-seen", 2)
+
+    def placed() -> str:
+        found = [e["message"] for e in cluster.events(namespace, "pd-seen") if e["reason"] == "ReplicaPlaced"]
+        return found[0] if found else ""
+
+    message = cluster.wait(placed, 30, "a ReplicaPlaced Event")
+    assert f"placed in {domain.name}, tier 1" in message

@@ -1,0 +1,102 @@
+"""Placement maths: does a gang fit in a network domain, which tier is the best achievable, and why not.
+
+GPUs are the resource that decides placement for inference replicas, so free capacity is counted in
+GPUs per node. Fitting pods onto nodes is bin packing: exact by search for the small gangs of a
+StormService replica, first-fit-decreasing beyond that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from stormtopo.core.topology import Switch, Topology
+
+EXACT_LIMIT = 12  # pods; beyond this, first-fit-decreasing
+
+
+def fits(free: Sequence[int], pods: Sequence[int]) -> bool:
+    """Can pods with these GPU requests be placed on nodes with these free GPUs (one pod per slot)?"""
+    demand = sorted((p for p in pods if p > 0), reverse=True)
+    if sum(demand) > sum(free):
+        return False
+    if len(demand) > EXACT_LIMIT:
+        return _first_fit_decreasing(list(free), demand)
+    return _search(tuple(sorted(free, reverse=True)), demand, 0)
+
+
+def _first_fit_decreasing(free: list[int], demand: list[int]) -> bool:
+    free.sort(reverse=True)
+    for pod in demand:
+        for i, room in enumerate(free):
+            if room >= pod:
+                free[i] -= pod
+                break
+        else:
+            return False
+    return True
+
+
+def _search(free: tuple[int, ...], demand: list[int], i: int) -> bool:
+    if i == len(demand):
+        return True
+    tried = set()
+    for n, room in enumerate(free):
+        if room >= demand[i] and room not in tried:  # nodes with equal room are interchangeable
+            tried.add(room)
+            rest = (*free[:n], room - demand[i], *free[n + 1 :])
+            if _search(rest, demand, i + 1):
+                return True
+    return False
+
+
+@dataclass(frozen=True)
+class DomainFit:
+    switch: Switch
+    free_gpus: int
+    free_per_node: Mapping[str, int]
+    fits: bool
+
+
+def domains_at_tier(topology: Topology, free: Mapping[str, int], pods: Sequence[int], tier: int) -> list[DomainFit]:
+    """Every HyperNode of `tier` with its free GPUs and whether the gang fits, best first."""
+    out = []
+    for switch in topology.switches.values():
+        if switch.tier != tier:
+            continue
+        per_node = {n: max(0, free.get(n, 0)) for n in topology.nodes_under(switch.name)}
+        out.append(DomainFit(switch, sum(per_node.values()), per_node, fits(list(per_node.values()), pods)))
+    return sorted(out, key=lambda d: (not d.fits, -d.free_gpus, d.switch.name))
+
+
+def best_tier(topology: Topology, free: Mapping[str, int], pods: Sequence[int]) -> int | None:
+    """The lowest tier at which some HyperNode holds the whole gang (the offline optimum); None if none."""
+    for tier in range(1, topology.tiers + 1):
+        if any(d.fits for d in domains_at_tier(topology, free, pods, tier)):
+            return tier
+    return None
+
+
+def explain(topology: Topology, free: Mapping[str, int], pods: Sequence[int], highest_tier: int) -> tuple[bool, str]:
+    """(fits, text): for each allowed tier, the best HyperNode's free GPUs against what the gang needs."""
+    need = sum(pods)
+    shape = " + ".join(str(p) for p in sorted(pods, reverse=True))
+    lines = [f"the gang needs {len(pods)} pods with {shape} GPUs ({need} GPUs) within tier {highest_tier}"]
+    for tier in range(1, min(highest_tier, topology.tiers) + 1):
+        domains = domains_at_tier(topology, free, pods, tier)
+        if not domains:
+            continue
+        best = domains[0]
+        nodes = ", ".join(f"{n}: {g}" for n, g in sorted(best.free_per_node.items()) if g > 0) or "none"
+        if best.fits:
+            lines.append(f"tier {tier}: {best.switch.name} fits it (free GPUs {nodes})")
+            return True, "; ".join(lines)
+        short = max(0, need - best.free_gpus)
+        why = f"{short} GPUs short" if short else "free GPUs are spread too thin across its nodes"
+        lines.append(f"tier {tier}: best is {best.switch.name} with {best.free_gpus} free GPUs ({nodes}), {why}")
+    wider = best_tier(topology, free, pods)
+    if wider is not None and wider > highest_tier:
+        lines.append(f"it would fit within tier {wider}; or free capacity in one tier-{highest_tier} domain")
+    else:
+        lines.append("no domain of the cluster has room now; it fits once enough GPUs in one domain are freed")
+    return False, "; ".join(lines)
