@@ -51,6 +51,26 @@ def _dev_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from stormtopo import demo
+    from stormtopo.core.kvtransfer import KVConfigError
+    from stormtopo.devenv import cluster
+
+    try:
+        return demo.run(
+            Path(args.state_dir) if args.state_dir else None,
+            Path(args.kv_config) if args.kv_config else demo.DEFAULT_KV_CONFIG,
+            Path(args.picture) if args.picture else None,
+            keep=args.keep,
+        )
+    except KVConfigError as exc:
+        print(f"stormtopo: {args.kv_config}: {exc}", file=sys.stderr)
+        return 2
+    except cluster.ClusterError as exc:
+        print(f"stormtopo: demo failed: {exc}", file=sys.stderr)
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stormtopo", description="Network-topology-aware scheduling for AIBrix StormService on Volcano")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     build = dev.add_parser("build", help="build (or find cached) upstream binaries and print their paths")
     build.add_argument("component", nargs="*")
     build.set_defaults(func=_dev_build)
+    demo = sub.add_parser("demo", help="the feature request's 1P1D scenario with and without stormtopo, as trees and a PNG")
+    demo.add_argument("--state-dir", help="where to run the demo cluster (default: a new temporary directory)")
+    demo.add_argument("--kv-config", help="KV-transfer model: per-tier bandwidth and latency (default: the packaged one)")
+    demo.add_argument("--picture", help="PNG to write (default: build/demo/placement.png)")
+    demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    demo.set_defaults(func=_demo)
     return parser
 
 

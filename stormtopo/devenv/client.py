@@ -103,6 +103,17 @@ class DevCluster:
     def hypernodes(self) -> list[dict[str, Any]]:
         return list(self.custom.list_cluster_custom_object(*TOPOLOGY, "hypernodes")["items"])
 
+    def gpu_capacity(self, resource: str = "nvidia.com/gpu") -> tuple[dict[str, int], dict[str, int]]:
+        """(free, total) GPUs per node, from node allocatable and the requests of bound, unfinished pods."""
+        total = {n.metadata.name: int((n.status.allocatable or {}).get(resource, "0")) for n in self.core.list_node().items}
+        free = dict(total)
+        for pod in self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items:
+            if pod.status.phase in ("Succeeded", "Failed") or pod.spec.node_name not in free:
+                continue
+            for c in pod.spec.containers:
+                free[pod.spec.node_name] -= int(((c.resources.requests or {}) if c.resources else {}).get(resource, "0"))
+        return free, total
+
     # -- waiting -------------------------------------------------------------------------------
     @staticmethod
     def wait(check: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
