@@ -31,7 +31,7 @@ DEFAULT_KV_CONFIG = Path(__file__).resolve().parent / "data" / "kv_transfer.yaml
 NAMESPACE = "demo"
 # A busy cluster: most GPUs are taken; what is free is scattered, as after hours of churn.
 BUSY = {"node0": 7, "node1": 8, "node2": 7, "node3": 8, "node4": 8, "node5": 6, "node6": 8, "node7": 8}
-SCENARIOS = (
+SCENARIOS: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("pd-plain", "without stormtopo", {}),
     ("pd-hard", "with stormtopo: hard, tier 1", {MODE: "hard", HIGHEST_TIER: "1"}),
 )
