@@ -1,0 +1,118 @@
+"""`python -m bench [--quick]`: stormtopo's benchmarks on the local control plane.
+
+Every number is a ratio against a baseline measured in the same run (the machine is shared and noisy).
+--quick (make bench-quick) runs small versions in about two minutes and prints one JSON object last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import critical_path, placement_quality
+from bench.fabric import fabric_yaml, fragmentation
+from bench.workload import stream
+from stormtopo.core.kvtransfer import parse_kv_model
+from stormtopo.core.topology import parse_topology
+from stormtopo.demo import DEFAULT_KV_CONFIG
+from stormtopo.devenv import cluster, components
+from stormtopo.devenv.client import DevCluster
+from stormtopo.devenv.workloads import filler_pod, stormservice
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line), "?")
+    mem = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")), "0")
+    return {
+        "cpu": cpu,
+        "cores": len([line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("processor")]),
+        "memory_gib": round(int(mem) / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "go": subprocess.run(["go", "version"], capture_output=True, text=True).stdout.strip(),
+        "components": {name: components.COMPONENTS[name].version for name in components.CONTROL_PLANE},
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    kv = parse_kv_model(yaml.safe_load(DEFAULT_KV_CONFIG.read_text()))
+    shape = (2, 2, 4) if quick else (4, 8, 8)  # spines x leaves per spine x nodes per leaf: 16 or 256 nodes
+    count = 10 if quick else 60
+    description = fabric_yaml(*shape)
+    topology = parse_topology(description)
+    state = Path(tempfile.mkdtemp(prefix="stormtopo-bench-"))
+    topo_file = state / "fabric.yaml"
+    topo_file.write_text(description)
+    started = time.monotonic()
+    cluster.up(state, topo_file)
+    out: dict[str, Any] = {"machine": machine(), "quick": quick, "nodes": len(topology.nodes)}
+    try:
+        client = DevCluster(state)
+        client.create_namespace("bench-fill")
+        used = fragmentation(sorted(topology.nodes), seed=7)
+        for node, gpus in used.items():
+            client.create(filler_pod(f"busy-{node}", "bench-fill", node, gpus))
+        client.bound_pods("bench-fill", "stormtopo.io/filler=true", len(used), timeout=120)
+        requests = stream(count, seed=11)
+        quality: dict[str, Any] = {}
+        for mode in ("baseline", "hard") if quick else ("baseline", "hard", "soft"):
+            ns = f"bench-{mode}"
+            client.create_namespace(ns)
+            results = placement_quality.run_mode(client, topology, requests, mode, ns, wait=4.0 if quick else 8.0)
+            quality[mode] = placement_quality.summarize(results, kv)
+            quality[mode]["replicas_detail"] = [r.__dict__ for r in results]
+            client.delete_namespace(ns, wait=120)
+        out["placement"] = quality
+
+        client.create_namespace("bench-cp")
+        out["critical_path"] = critical_path.podgroup_vs_first_pod(client, "bench-cp", samples=3 if quick else 10)
+        client.create(stormservice("lat-svc", "bench-cp", annotations=critical_path.HARD))
+        roleset = client.wait(lambda: client.rolesets("bench-cp", "lat-svc"), 30, "the latency StormService's RoleSet")[0]
+        out["webhook"] = critical_path.webhook_latency(client, "bench-cp", "lat-svc", roleset["metadata"]["name"], 150 if quick else 1000)
+    finally:
+        cluster.down(state)
+    out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def headline(out: dict[str, Any]) -> dict[str, Any]:
+    p = out["placement"]
+    return {
+        "hard_tier1_fraction": p["hard"]["tier1_fraction"],
+        "baseline_tier1_fraction": p["baseline"]["tier1_fraction"],
+        "hard_kv_time_vs_optimal": p["hard"]["kv_time_vs_optimal"],
+        "baseline_kv_time_vs_optimal": p["baseline"]["kv_time_vs_optimal"],
+        "hard_kv_time_vs_node_optimal": p["hard"]["kv_time_vs_node_optimal"],
+        "podgroup_ready_vs_first_pod": out["critical_path"]["ratio_median"],
+        "webhook_p99_ratio": out["webhook"]["p99_ratio"],
+        "webhook_p50_ratio": out["webhook"]["p50_ratio"],
+        "nodes": out["nodes"],
+        "seconds": out["seconds"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--quick", action="store_true", help="small versions, about two minutes")
+    args = parser.parse_args(argv)
+    out = run(args.quick)
+    RESULTS.mkdir(exist_ok=True)
+    name = "quick.json" if args.quick else f"full-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    (RESULTS / name).write_text(json.dumps(out, indent=2, default=str))
+    print(f"results: {RESULTS / name}", file=sys.stderr)
+    print(json.dumps(headline(out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
