@@ -113,6 +113,12 @@ def _show(console: Console, topology: Topology, free: dict[str, int], total: dic
             f"{o.kv_seconds * 1000:.1f} ms",
         )
     console.print(table)
+    for o in outcomes:
+        console.print(
+            f"{o.name}: prefill on {o.prefill}, decode on {o.decode}, crosses {o.domain} (tier {o.tier}), "
+            f"KV transfer {o.kv_seconds * 1000:.1f} ms",
+            soft_wrap=True,
+        )
     if len(outcomes) == 2 and outcomes[1].kv_seconds > 0:
         console.print(
             f"stormtopo's placement moves the KV cache {outcomes[0].kv_seconds / outcomes[1].kv_seconds:.1f}x faster per request."

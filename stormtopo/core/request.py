@@ -91,6 +91,7 @@ class ClusterTiers:
 
     tiers: frozenset[int] = frozenset()
     tier_names: frozenset[str] = frozenset()
+    has_network_topology: bool = True  # PodGroup spec.networkTopology (Volcano >= 1.12)
     has_tier_name_field: bool = True  # PodGroup spec.networkTopology.highestTierName (Volcano >= 1.14)
     has_subgroup_policy: bool = True  # PodGroup spec.subGroupPolicy (Volcano >= 1.14)
 
@@ -153,6 +154,10 @@ def parse_request(annotations: Mapping[str, str] | None, cluster: ClusterTiers |
                 f"annotation {REPLICA_HIGHEST_TIER}: nested placement needs PodGroup subGroupPolicy, which this cluster's "
                 "Volcano does not have; upgrade Volcano to 1.14 or newer"
             )
+    if cluster is not None and not cluster.has_network_topology:
+        problems.append(
+            f"annotation {MODE}: this cluster's Volcano PodGroup has no networkTopology field; upgrade Volcano to 1.12 or newer"
+        )
     if problems:
         raise RequestError(problems)
     return TopologyRequest(mode, limit, scope, replica_limit)

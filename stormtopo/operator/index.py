@@ -52,7 +52,13 @@ class Index:
     def cluster_tiers(self) -> ClusterTiers:
         tiers = {int((h.get("spec") or {}).get("tier", 0)) for h in self.hypernodes.values()}
         names = {str((h.get("spec") or {}).get("tierName")) for h in self.hypernodes.values() if (h.get("spec") or {}).get("tierName")}
-        return ClusterTiers(frozenset(t for t in tiers if t > 0), frozenset(names), self.has_tier_name_field, self.has_subgroup_policy)
+        return ClusterTiers(
+            frozenset(t for t in tiers if t > 0),
+            frozenset(names),
+            has_network_topology=self.has_network_topology,
+            has_tier_name_field=self.has_tier_name_field,
+            has_subgroup_policy=self.has_subgroup_policy,
+        )
 
     def detect_volcano_fields(self) -> None:
         """Which PodGroup fields the installed Volcano CRD has (networkTopology >= 1.12; names, subgroups >= 1.14)."""

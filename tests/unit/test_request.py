@@ -76,6 +76,12 @@ def test_volcano_too_old_for_tier_names_and_subgroups_is_said_plainly() -> None:
         parse_request({MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "1"}, old)
 
 
+def test_volcano_without_network_topology_is_named() -> None:
+    ancient = ClusterTiers(frozenset({1}), has_network_topology=False)
+    with pytest.raises(RequestError, match=r"upgrade Volcano to 1\.12"):
+        parse_request({MODE: "hard", HIGHEST_TIER: "1"}, ancient)
+
+
 def test_nested_placement() -> None:
     request = parse_request({MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "1"}, CLUSTER)
     assert request is not None
