@@ -17,9 +17,10 @@ from stormtopo.core.podgroup import (
     ROLE_LABEL,
     TASK_SPEC_ANNOTATION,
     desired_fields,
+    service_group_name,
     spec_patch,
 )
-from stormtopo.core.request import ClusterTiers, RequestError, TopologyRequest, parse_request
+from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, parse_request
 
 VOLCANO = "volcano"
 _DEFAULT_SCHEDULERS = (None, "", "default-scheduler")
@@ -69,8 +70,8 @@ def admit_podgroup(
     create and update this way means its writes can never strip the constraint.
     """
     request = request_of(stormservice, cluster)
-    if request is None or roleset is None:
-        return Decision()
+    if request is None or roleset is None or request.scope is Scope.STORMSERVICE:
+        return Decision()  # with scope StormService the replicas' pods join the service's own PodGroup
     desired = desired_fields(request, roleset.get("spec") or {})
     patch = spec_patch(podgroup.get("spec"), desired)
     patch += set_annotation_ops(podgroup, {REQUEST_ANNOTATION: request.describe()})
@@ -85,9 +86,12 @@ def admit_pod(
     if request is None or roleset is None:
         return Decision()
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    group = roleset["metadata"]["name"]
+    replica_group = roleset["metadata"]["name"]
+    group = replica_group
+    if request.scope is Scope.STORMSERVICE and stormservice is not None:
+        group = service_group_name(stormservice["metadata"]["name"])
     named = _annotations(pod).get(GROUP_NAME_ANNOTATION)
-    if named and named != group:
+    if named and named not in (group, replica_group):
         return Decision(
             allowed=False,
             message=(

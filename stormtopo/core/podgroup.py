@@ -115,6 +115,62 @@ def owned_podgroup(
     }
 
 
+def service_group_name(stormservice_name: str) -> str:
+    """With scope StormService all replicas share one gang, named after the StormService."""
+    return stormservice_name
+
+
+def service_fields(request: TopologyRequest, template_spec: Mapping[str, Any], replicas: int) -> dict[str, Any]:
+    """Spec fields of the one PodGroup of a StormService-scoped request: every pod of every replica,
+    within the outer tier; with a replica tier, each replica (pods sharing a roleset-name) a subgroup."""
+    gang = gang_of(template_spec)
+    fields: dict[str, Any] = {"minMember": gang.min_member * replicas, "networkTopology": request.network_topology()}
+    replica_topology = request.replica_network_topology()
+    if replica_topology is None:
+        fields["minTaskMember"] = {role: n * replicas for role, n in gang.min_task_member.items()}
+    else:
+        # Volcano advises against minTaskMember together with subGroupPolicy; the subgroups carry the gang.
+        fields["subGroupPolicy"] = [
+            {
+                "name": "replica",
+                "matchLabelKeys": [ROLESET_LABEL],
+                "subGroupSize": gang.min_member,
+                "minSubGroups": replicas,
+                "networkTopology": replica_topology,
+            }
+        ]
+    return fields
+
+
+def service_podgroup(stormservice: Mapping[str, Any], request: TopologyRequest, queue: str = "default") -> dict[str, Any]:
+    """The PodGroup stormtopo owns for a StormService-scoped request; deleting the StormService deletes it."""
+    meta = stormservice["metadata"]
+    spec = stormservice.get("spec") or {}
+    template_spec = (spec.get("template") or {}).get("spec") or {}
+    replicas = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
+    return {
+        "apiVersion": PODGROUP_API,
+        "kind": "PodGroup",
+        "metadata": {
+            "name": service_group_name(meta["name"]),
+            "namespace": meta["namespace"],
+            "labels": {STORMSERVICE_LABEL: meta["name"], MANAGED_BY_LABEL: OPERATOR_NAME},
+            "annotations": {REQUEST_ANNOTATION: request.describe()},
+            "ownerReferences": [
+                {
+                    "apiVersion": stormservice.get("apiVersion", "orchestration.aibrix.ai/v1alpha1"),
+                    "kind": "StormService",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "blockOwnerDeletion": True,
+                    "controller": False,
+                }
+            ],
+        },
+        "spec": {"queue": queue, **service_fields(request, template_spec, replicas)},
+    }
+
+
 def has_scheduling_strategy(roleset_spec: Mapping[str, Any]) -> bool:
     """True when AIBrix itself creates the replica's PodGroup (volcanoSchedulingStrategy)."""
     strategy = roleset_spec.get("schedulingStrategy") or {}

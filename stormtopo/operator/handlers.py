@@ -47,6 +47,11 @@ def register(registry: kopf.OperatorRegistry, index: Index, reconciler: Reconcil
         if event.get("type") != "DELETED":
             await reporter.podgroup_changed(dict(body))
 
+    # The PodGroups stormtopo owns for StormService-scoped requests carry no roleset-name label.
+    @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"app.kubernetes.io/managed-by": "stormtopo"}, registry=registry)
+    async def owned_podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        reconciler.observe_podgroup(event.get("type"), dict(body))
+
     @kopf.on.event("topology.volcano.sh", "v1alpha1", "hypernodes", registry=registry)
     async def hypernode_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         index.observe("HyperNode", event.get("type"), dict(body))

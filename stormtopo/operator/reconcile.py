@@ -18,9 +18,11 @@ from stormtopo.core.podgroup import (
     desired_fields,
     has_scheduling_strategy,
     owned_podgroup,
+    service_group_name,
+    service_podgroup,
     spec_patch,
 )
-from stormtopo.core.request import RequestError, TopologyRequest, is_opted_in, parse_request
+from stormtopo.core.request import RequestError, Scope, TopologyRequest, is_opted_in, parse_request
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index, Key, key_of
 
@@ -73,6 +75,10 @@ class Reconciler:
             self._report_request(stormservice, request)
             if isinstance(request, RequestError):
                 return  # bad input changes nothing; the Warning Event says why
+            if request is not None and request.scope is Scope.STORMSERVICE:
+                await self._service_group(stormservice, request)
+                return
+            await self._withdraw(self.podgroups.get((key[0], service_group_name(key[1]))))
             for roleset in self.rolesets_of(stormservice):
                 await self._roleset(roleset, request)
 
@@ -91,6 +97,19 @@ class Reconciler:
         else:
             self._reported.pop(key, None)
         metrics.INVALID_REQUESTS.set(sum(1 for t in self._reported.values() if t.startswith("invalid")))
+
+    async def _service_group(self, stormservice: Mapping[str, Any], request: TopologyRequest) -> None:
+        desired = service_podgroup(stormservice, request)
+        namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+        current = self.podgroups.get((namespace, name))
+        if current is None:
+            if await asyncio.to_thread(self.index.api.create_podgroup, desired):
+                metrics.PODGROUP_WRITES.labels("create").inc()
+            return
+        ops = spec_patch(current.get("spec"), {k: v for k, v in desired["spec"].items() if k != "queue"})
+        if ops:
+            await asyncio.to_thread(self.index.api.patch_podgroup, namespace, name, ops)
+            metrics.PODGROUP_WRITES.labels("patch").inc()
 
     async def _roleset(self, roleset: Mapping[str, Any], request: TopologyRequest | None) -> None:
         namespace, name = key_of(roleset)

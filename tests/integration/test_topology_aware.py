@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from stormtopo.core.request import HIGHEST_TIER, HIGHEST_TIER_NAME, MODE, SCOPE
+from stormtopo.core.request import HIGHEST_TIER, HIGHEST_TIER_NAME, MODE, REPLICA_HIGHEST_TIER, SCOPE
 from stormtopo.core.topology import Topology
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice
@@ -145,3 +145,17 @@ def test_placed_replica_gets_an_event_naming_its_domain(cluster: DevCluster, top
 
     message = cluster.wait(placed, 30, "a ReplicaPlaced Event")
     assert f"placed in {domain.name}, tier 1" in message
+
+
+def test_stormservice_scope_with_nested_replica_tier(cluster: DevCluster, topology: Topology, namespace: str) -> None:
+    annotations = {MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "1"}
+    cluster.create(stormservice("pd-svc", namespace, roles=BIG_PD, replicas=2, annotations=annotations))
+    pods = cluster.bound_pods(namespace, "storm-service-name=pd-svc", 4, timeout=90)
+    assert {p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] for p in pods} == {"pd-svc"}  # one gang
+    service_domain = topology.lowest_common_switch(node_names(pods))
+    assert service_domain is not None and service_domain.tier <= 2, node_names(pods)
+    domains = replicas_placement(cluster, topology, namespace, "pd-svc")
+    assert len(domains) == 2 and all(d is not None and d.tier == 1 for d in domains.values()), domains
+    group = next(g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == "pd-svc")
+    assert group["spec"]["minMember"] == 4
+    assert group["spec"]["subGroupPolicy"][0]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}

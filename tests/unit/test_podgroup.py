@@ -78,3 +78,25 @@ def test_spec_patch_is_empty_when_nothing_differs() -> None:
     desired = {"minMember": 2, "networkTopology": {"mode": "soft"}}
     assert spec_patch(dict(desired), desired) == []
     assert spec_patch(None, desired) == [{"op": "add", "path": "/spec", "value": desired}]
+
+
+def test_stormservice_scope_makes_one_gang_of_all_replicas_with_replica_subgroups() -> None:
+    from stormtopo.core.podgroup import service_podgroup
+    from stormtopo.core.request import REPLICA_HIGHEST_TIER, SCOPE
+
+    annotations = {MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "1"}
+    ss = stormservice("svc", "ns", replicas=3, annotations=annotations)
+    ss["metadata"]["uid"] = "ss-uid"
+    request = parse_request(annotations, CLUSTER)
+    assert request is not None
+    pg = service_podgroup(ss, request)
+    assert pg["metadata"]["name"] == "svc" and pg["metadata"]["ownerReferences"][0]["uid"] == "ss-uid"
+    assert pg["spec"]["minMember"] == 6 and pg["spec"]["networkTopology"]["highestTierAllowed"] == 2
+    [policy] = pg["spec"]["subGroupPolicy"]
+    assert policy["matchLabelKeys"] == ["roleset-name"] and policy["subGroupSize"] == 2 and policy["minSubGroups"] == 3
+    assert "minTaskMember" not in pg["spec"]
+    # Pods of every replica join the service's group; AIBrix's per-replica groups are left as they are.
+    pod = {"metadata": {"labels": {"role-name": "decode"}, "annotations": {"scheduling.k8s.io/group-name": "svc-roleset-abcde"}}}
+    decision = admit_pod(pod, roleset(), ss, CLUSTER)
+    assert decision.allowed and decision.patch[0]["value"] == "svc"
+    assert admit_podgroup({"metadata": {}, "spec": {"minMember": 2}}, roleset(), ss, CLUSTER).patch == []
