@@ -157,6 +157,46 @@ def up(
     return state_dir / "kubeconfig"
 
 
+def start_operator(state_dir: Path, timeout: float = 60.0) -> processes.Tracked:
+    """Start stormtopo's operator and webhook for the cluster in `state_dir` (also used to restart it)."""
+    ports = json.loads((state_dir / "cluster.json").read_text())["ports"]
+    operator = processes.start(
+        state_dir,
+        "operator",
+        [
+            sys.executable,
+            "-m",
+            "stormtopo.operator",
+            f"--kubeconfig={state_dir / 'kubeconfig'}",
+            f"--webhook-port={ports['operator_webhook']}",
+            f"--metrics-port={ports['operator_metrics']}",
+            "--webhook-host=127.0.0.1",
+        ],
+    )
+    _wait_ready(state_dir, operator, lambda: _http_ok(f"http://127.0.0.1:{ports['operator_metrics']}/readyz"), timeout)
+    return operator
+
+
+def stop_component(state_dir: Path, name: str, kill: bool = False) -> None:
+    """Stop one component of a running cluster (SIGKILL with `kill`): for fault-injection tests."""
+    for process in processes.tracked(state_dir):
+        if process.name == name:
+            processes.stop(process, kill=kill)
+
+
+def _wait_ready(state_dir: Path, process: processes.Tracked, ready: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not process.alive():
+            raise ClusterError(f"{process.name} exited during start-up; last log lines:\n{processes.log_tail(state_dir, process.name)}")
+        if ready():
+            return
+        time.sleep(0.1)
+    raise ClusterError(
+        f"{process.name} was not ready within {timeout:.0f}s; last log lines:\n{processes.log_tail(state_dir, process.name)}"
+    )
+
+
 class _Starter:
     def __init__(self, state_dir: Path, binaries: dict[str, Path], ports: Ports, vc_controllers: tuple[str, ...]) -> None:
         self.vc_controllers = vc_controllers
@@ -334,21 +374,7 @@ class _Starter:
             self._create_topology(topology, timeout)
 
     def _start_operator(self, timeout: float) -> None:
-        p = self.ports
-        operator = processes.start(
-            self.dir,
-            "operator",
-            [
-                sys.executable,
-                "-m",
-                "stormtopo.operator",
-                f"--kubeconfig={self.kubeconfig}",
-                f"--webhook-port={p.operator_webhook}",
-                f"--metrics-port={p.operator_metrics}",
-                "--webhook-host=127.0.0.1",
-            ],
-        )
-        self._wait(operator, lambda: _http_ok(f"http://127.0.0.1:{p.operator_metrics}/readyz"), timeout)
+        start_operator(self.dir, timeout)
 
     def _install_crds(self) -> None:
         files = crd_files()
@@ -380,16 +406,7 @@ class _Starter:
             return False
 
     def _wait(self, process: processes.Tracked, ready: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not process.alive():
-                raise ClusterError(f"{process.name} exited during start-up; last log lines:\n{processes.log_tail(self.dir, process.name)}")
-            if ready():
-                return
-            time.sleep(0.1)
-        raise ClusterError(
-            f"{process.name} was not ready within {timeout:.0f}s; last log lines:\n{processes.log_tail(self.dir, process.name)}"
-        )
+        _wait_ready(self.dir, process, ready, timeout)
 
 
 def _http_ok(url: str, insecure: bool = False) -> bool:

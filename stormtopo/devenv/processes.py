@@ -82,8 +82,10 @@ def tracked(state_dir: Path) -> list[Tracked]:
     return out
 
 
-def stop(process: Tracked, grace: float = 10.0) -> None:
-    """SIGTERM the process group, SIGKILL after `grace` seconds, then forget the pid file."""
+def stop(process: Tracked, grace: float = 10.0, kill: bool = False) -> None:
+    """SIGTERM the process group (SIGKILL at once with `kill`, or after `grace` seconds), then forget it."""
+    if kill and process.alive():
+        _signal_group(process.pid, signal.SIGKILL)
     if process.alive():
         _signal_group(process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace

@@ -1,0 +1,104 @@
+"""Lifecycle of a topology-aware StormService on the real control plane (issue 3): annotations changing
+on a live service, role replica changes and rolling updates, and the operator going away and back."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+from stormtopo.core.request import HIGHEST_TIER, MODE
+from stormtopo.devenv import cluster as dev
+from stormtopo.devenv.client import DevCluster, node_names
+from stormtopo.devenv.workloads import stormservice
+
+HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
+
+
+def only_group(cluster: DevCluster, namespace: str) -> dict:  # type: ignore[type-arg]
+    groups = cluster.podgroups(namespace)
+    assert len(groups) == 1, [g["metadata"]["name"] for g in groups]
+    return groups[0]
+
+
+def test_annotations_added_changed_and_removed_on_a_live_service_never_evict(cluster: DevCluster, namespace: str) -> None:
+    cluster.create(stormservice("live", namespace))
+    before = node_names(cluster.bound_pods(namespace, "storm-service-name=live", 2))
+    assert "networkTopology" not in only_group(cluster, namespace)["spec"]
+
+    cluster.patch_stormservice(namespace, "live", {"metadata": {"annotations": HARD_LEAF}})
+    cluster.wait(lambda: only_group(cluster, namespace)["spec"].get("networkTopology", {}).get("highestTierAllowed") == 1, 30, "tier 1")
+    cluster.patch_stormservice(namespace, "live", {"metadata": {"annotations": {HIGHEST_TIER: "2"}}})
+    cluster.wait(lambda: only_group(cluster, namespace)["spec"].get("networkTopology", {}).get("highestTierAllowed") == 2, 30, "tier 2")
+    cluster.patch_stormservice(namespace, "live", {"metadata": {"annotations": {MODE: None, HIGHEST_TIER: None}}})
+    cluster.wait(lambda: "networkTopology" not in only_group(cluster, namespace)["spec"], 30, "the constraint to be withdrawn")
+    assert "stormtopo.io/request" not in (only_group(cluster, namespace)["metadata"].get("annotations") or {})
+
+    after = cluster.pods(namespace, "storm-service-name=live")
+    assert node_names(after) == before and all(p["status"]["phase"] == "Running" for p in after)  # nobody was evicted
+
+
+def test_role_replica_change_rolls_out_replicas_whose_gang_follows(cluster: DevCluster, topology, namespace: str) -> None:  # type: ignore[no-untyped-def]
+    cluster.create(stormservice("grow", namespace, annotations=HARD_LEAF))
+    cluster.bound_pods(namespace, "storm-service-name=grow", 2)
+    template = cluster.stormservice(namespace, "grow")["spec"]["template"]
+    template["spec"]["roles"][1]["replicas"] = 2  # decode 1 -> 2
+    template["spec"]["schedulingStrategy"]["volcanoSchedulingStrategy"]["minMember"] = 3
+    cluster.patch_stormservice(namespace, "grow", {"spec": {"template": template}})
+
+    def settled() -> bool:
+        rolesets = cluster.rolesets(namespace, "grow")
+        groups = {g["metadata"]["name"]: g for g in cluster.podgroups(namespace)}
+        pods = [p for p in cluster.pods(namespace, "storm-service-name=grow") if p["status"].get("phase") == "Running"]
+        return (
+            len(rolesets) == 1
+            and rolesets[0]["metadata"]["name"] in groups
+            and groups[rolesets[0]["metadata"]["name"]]["spec"].get("minTaskMember") == {"prefill": 1, "decode": 2}
+            and len(pods) == 3
+        )
+
+    cluster.wait(settled, 90, "the new replica with 1 prefill + 2 decode and a gang of 3")
+    [roleset] = cluster.rolesets(namespace, "grow")
+    group = next(g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == roleset["metadata"]["name"])
+    assert group["spec"]["minMember"] == 3 and group["spec"]["networkTopology"]["highestTierAllowed"] == 1
+    nodes = node_names(cluster.pods(namespace, f"roleset-name={roleset['metadata']['name']}"))
+    domain = topology.lowest_common_switch(nodes)
+    assert domain is not None and domain.tier == 1, nodes
+
+
+def test_operator_down_blocks_only_opted_in_pods_and_restart_converges_without_duplicates(
+    cluster: DevCluster, cluster_dir: Path, namespace: str
+) -> None:
+    dev.stop_component(cluster_dir, "operator", kill=True)
+    try:
+        # An unrelated pod is not blocked by the webhook outage.
+        cluster.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "unrelated", "namespace": namespace},
+                "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            }
+        )
+        cluster.create(stormservice("during", namespace, annotations=HARD_LEAF))
+        cluster.wait(lambda: cluster.rolesets(namespace, "during"), 30, "AIBrix to create the RoleSet")
+        time.sleep(3)  # AIBrix keeps trying; the webhook (failurePolicy Fail) rejects its PodGroup and pods
+        assert not cluster.pods(namespace, "storm-service-name=during")
+        assert not cluster.podgroups(namespace)
+    finally:
+        dev.start_operator(cluster_dir)
+    pods = cluster.bound_pods(namespace, "storm-service-name=during", 2, timeout=90)
+    group = only_group(cluster, namespace)
+    assert group["spec"]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
+    assert all(p["metadata"]["annotations"]["volcano.sh/task-spec"] for p in pods)
+    # Restart once more: still one PodGroup, and the new operator finds nothing to write (idempotent).
+    dev.stop_component(cluster_dir, "operator", kill=True)
+    dev.start_operator(cluster_dir)
+    time.sleep(3)
+    again = only_group(cluster, namespace)
+    assert again["spec"] == group["spec"]
+    port = json.loads((cluster_dir / "cluster.json").read_text())["ports"]["operator_metrics"]
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    writes = [line for line in metrics.splitlines() if line.startswith("stormtopo_podgroup_writes_total{")]
+    assert all(line.endswith(" 0.0") for line in writes), writes
