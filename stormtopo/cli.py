@@ -71,6 +71,50 @@ def _demo(args: argparse.Namespace) -> int:
         return 1
 
 
+def _api(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from stormtopo.operator.kube import Api
+
+    return Api(args.kubeconfig)
+
+
+def _topology(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from stormtopo.commands import topology
+
+    console = Console()
+    try:
+        if args.topology_command == "apply":
+            return topology.apply_file(_api(args), Path(args.file), args.dry_run, console)
+        if args.topology_command == "from-labels":
+            levels = [level.strip() for level in args.levels.split(",") if level.strip()]
+            return topology.apply_labels(_api(args), levels, args.dry_run, console)
+        return topology.show(_api(args), args.output, console)
+    except TopologyError as exc:
+        source = f"{args.file}: " if getattr(args, "file", None) else ""
+        print(f"stormtopo: {source}{exc}; nothing was changed", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"stormtopo: {exc}", file=sys.stderr)
+        return 2
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from stormtopo.commands import explain
+
+    namespace, sep, name = args.target.partition("/")
+    if not sep or not namespace or not name:
+        print(f"stormtopo: explain takes NAMESPACE/STORMSERVICE, got {args.target!r}", file=sys.stderr)
+        return 2
+    try:
+        return explain.run(_api(args), namespace, name, Console())
+    except explain.NotFound as exc:
+        print(f"stormtopo: {exc}", file=sys.stderr)
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stormtopo", description="Network-topology-aware scheduling for AIBrix StormService on Volcano")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +133,23 @@ def build_parser() -> argparse.ArgumentParser:
     build = dev.add_parser("build", help="build (or find cached) upstream binaries and print their paths")
     build.add_argument("component", nargs="*")
     build.set_defaults(func=_dev_build)
+    kube = argparse.ArgumentParser(add_help=False)
+    kube.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+    topo = sub.add_parser("topology", help="declare HyperNodes and see the tree").add_subparsers(dest="topology_command", required=True)
+    apply = topo.add_parser("apply", parents=[kube], help="create, update and prune HyperNodes from a switch-tree file")
+    apply.add_argument("-f", "--file", required=True)
+    apply.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
+    labels = topo.add_parser("from-labels", parents=[kube], help="HyperNodes from node labels (Volcano's label discovery semantics)")
+    labels.add_argument("--levels", required=True, help="node labels naming each switch level, top tier first, comma-separated")
+    labels.add_argument("--dry-run", action="store_true")
+    show = topo.add_parser("show", parents=[kube], help="the HyperNode tree with free/total GPUs and the replicas on each node")
+    show.add_argument("--output", choices=("tree", "json"), default="tree")
+    for p in (apply, labels, show):
+        p.set_defaults(func=_topology)
+    explain = sub.add_parser("explain", parents=[kube], help="where each replica of a StormService landed, or why it is Pending")
+    explain.add_argument("target", metavar="NAMESPACE/STORMSERVICE")
+    explain.set_defaults(func=_explain)
+
     demo = sub.add_parser("demo", help="the feature request's 1P1D scenario with and without stormtopo, as trees and a PNG")
     demo.add_argument("--state-dir", help="where to run the demo cluster (default: a new temporary directory)")
     demo.add_argument("--kv-config", help="KV-transfer model: per-tier bandwidth and latency (default: the packaged one)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from stormtopo.core.request import TopologyRequest
 from stormtopo.core.topology import Switch, Topology
 
 EXACT_LIMIT = 12  # pods; beyond this, first-fit-decreasing
@@ -100,3 +101,11 @@ def explain(topology: Topology, free: Mapping[str, int], pods: Sequence[int], hi
     else:
         lines.append("no domain of the cluster has room now; it fits once enough GPUs in one domain are freed")
     return False, "; ".join(lines)
+
+
+def allowed_tier(request: TopologyRequest, topology: Topology) -> int | None:
+    """The tier number a request allows, resolving a tier name through the HyperNodes' tierNames."""
+    if request.limit.tier is not None:
+        return request.limit.tier
+    names = {name: tier for tier, name in topology.tier_names.items()}
+    return names.get(request.limit.tier_name or "")

@@ -56,6 +56,12 @@ def gpus_of(roleset_spec: Mapping[str, Any], resource: str = "nvidia.com/gpu") -
     return out
 
 
+def replica_pods(roleset_spec: Mapping[str, Any]) -> list[int]:
+    """GPU requests of every pod of one replica."""
+    gpus = gpus_of(roleset_spec)
+    return [gpus.get(role, 0) for role, count in gang_of(roleset_spec).min_task_member.items() for _ in range(count)]
+
+
 def desired_fields(request: TopologyRequest, roleset_spec: Mapping[str, Any]) -> dict[str, Any]:
     """The spec fields stormtopo owns on a replica's PodGroup."""
     gang = gang_of(roleset_spec)

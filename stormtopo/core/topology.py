@@ -19,7 +19,7 @@ names, duplicates and that all children of a switch sit on the same tier. Errors
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,7 @@ class Topology:
     switches: Mapping[str, Switch]
     nodes: Mapping[str, NodeSpec]
     tier_names: Mapping[int, str] = field(default_factory=dict)
+    lines: Mapping[str, int] = field(default_factory=dict)  # where each switch and node was described
 
     @property
     def tiers(self) -> int:
@@ -213,7 +214,7 @@ def parse_topology(text: str) -> Topology:
         raise _fail("'switches' is empty", top["switches"][1])
     for name, key, body in roots:
         builder.switch(name, key, body, None)
-    topology = Topology(builder.switches, builder.nodes, tier_names)
+    topology = Topology(builder.switches, builder.nodes, tier_names, builder.seen)
     extra = set(tier_names) - {s.tier for s in topology.switches.values()}
     if extra:
         raise _fail(
@@ -279,3 +280,95 @@ def topology_from_hypernodes(hypernodes: Iterable[Mapping[str, Any]], node_names
     }
     tier_names = {int(h["spec"].get("tier", 1)): str(h["spec"]["tierName"]) for h in hypernodes if (h.get("spec") or {}).get("tierName")}
     return Topology(linked, nodes, tier_names)
+
+
+def topology_from_labels(
+    node_labels: Mapping[str, Mapping[str, str]], levels: list[str], gpus: Mapping[str, int] | None = None
+) -> Topology:
+    """The tree node labels describe, as Volcano's label discovery reads them: `levels` top-down, the last
+    label naming a node's leaf switch (tier 1). Nodes without every label are left out, as Volcano does."""
+    if not levels:
+        raise TopologyError("--levels needs at least one node label, top tier first")
+    if len(set(levels)) != len(levels):
+        raise TopologyError(f"--levels names a label twice: {levels}")
+    depth = len(levels)
+    parent_of: dict[str, tuple[str | None, str]] = {}  # switch -> (parent, the node that showed it)
+    tier_of: dict[str, int] = {}
+    members: dict[str, list[str]] = {}
+    nodes: dict[str, NodeSpec] = {}
+    for node in sorted(node_labels):
+        labels = node_labels[node]
+        if any(level not in labels for level in levels):
+            continue
+        chain = [labels[level] for level in levels]  # top first
+        for i, value in enumerate(chain):
+            tier = depth - i
+            if len(value) > 253 or not _NAME.match(value):
+                raise TopologyError(
+                    f"node {node}: label {levels[i]}={value!r} cannot name a HyperNode (lowercase letters, digits, '-', '.')"
+                )
+            if tier_of.setdefault(value, tier) != tier:
+                raise TopologyError(
+                    f"node {node}: {value!r} is a value of {levels[i]} and of another level; HyperNode names must be unique"
+                )
+            parent = chain[i - 1] if i else None
+            seen_parent, witness = parent_of.setdefault(value, (parent, node))
+            if seen_parent != parent:
+                raise TopologyError(
+                    f"{levels[i]}={value!r} has two parents: {seen_parent!r} (node {witness}) and {parent!r} (node {node}); "
+                    "a HyperNode has one parent"
+                )
+        members.setdefault(chain[-1], []).append(node)
+        nodes[node] = NodeSpec(node, chain[-1], (gpus or {}).get(node, 0), "0", "0")
+    if not nodes:
+        raise TopologyError(f"no node has all of the labels {levels}; nothing to build")
+    children: dict[str, list[str]] = {}
+    for switch, (parent, _) in parent_of.items():
+        if parent is not None:
+            children.setdefault(parent, []).append(switch)
+    switches = {
+        name: Switch(name, tier_of[name], parent_of[name][0], tuple(sorted(children.get(name, []))), tuple(members.get(name, [])))
+        for name in parent_of
+    }
+    return Topology(switches, nodes)
+
+
+@dataclass(frozen=True)
+class HyperNodeDiff:
+    create: list[dict[str, Any]]
+    update: list[dict[str, Any]]
+    delete: list[str]
+
+    def empty(self) -> bool:
+        return not (self.create or self.update or self.delete)
+
+    def lines(self) -> list[str]:
+        out = [f"+ create HyperNode {m['metadata']['name']} (tier {m['spec']['tier']})" for m in self.create]
+        out += [f"~ update HyperNode {m['metadata']['name']} (tier {m['spec']['tier']})" for m in self.update]
+        out += [f"- delete HyperNode {name}" for name in self.delete]
+        return out or ["no changes"]
+
+
+def hypernode_diff(desired: list[dict[str, Any]], existing: Sequence[Mapping[str, Any]]) -> HyperNodeDiff:
+    """What to create, update and prune so the cluster's HyperNodes match `desired`. Only HyperNodes
+    stormtopo manages are pruned; one someone else made with a wanted name is an error, not overwritten."""
+    current = {h["metadata"]["name"]: h for h in existing}
+    create, update = [], []
+    for manifest in desired:
+        name = manifest["metadata"]["name"]
+        have = current.get(name)
+        if have is None:
+            create.append(manifest)
+            continue
+        labels = (have.get("metadata") or {}).get("labels") or {}
+        if labels.get("app.kubernetes.io/managed-by") != MANAGED_BY["app.kubernetes.io/managed-by"]:
+            raise TopologyError(f"HyperNode {name} exists and is not managed by stormtopo; rename the switch or delete it first")
+        if have.get("spec") != manifest["spec"]:
+            update.append(manifest)
+    wanted = {m["metadata"]["name"] for m in desired}
+    delete = sorted(
+        name
+        for name, h in current.items()
+        if name not in wanted and ((h.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == "stormtopo"
+    )
+    return HyperNodeDiff(create, update, delete)

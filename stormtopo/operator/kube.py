@@ -80,6 +80,9 @@ class Api:
     def pods_of_group(self, namespace: str, roleset: str) -> list[Any]:
         return list(self.core.list_namespaced_pod(namespace, label_selector=f"roleset-name={roleset}").items)
 
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        return {n.metadata.name: dict(n.metadata.labels or {}) for n in self.core.list_node().items}
+
     # -- writes --------------------------------------------------------------------------------
     def create_podgroup(self, body: dict[str, Any]) -> bool:
         """Create a PodGroup; False if it exists already (another writer won the race)."""
@@ -90,6 +93,26 @@ class Api:
             if exc.status == 409:
                 return False
             raise
+
+    def apply_hypernode(self, body: dict[str, Any]) -> None:
+        """Create or replace a HyperNode by server-side apply (stormtopo owns the fields it sets)."""
+        self.client.call_api(
+            f"/apis/topology.volcano.sh/v1alpha1/hypernodes/{body['metadata']['name']}",
+            "PATCH",
+            query_params=[("fieldManager", "stormtopo"), ("force", "true")],
+            header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            response_type="object",
+            _return_http_data_only=True,
+        )
+
+    def delete_hypernode(self, name: str) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(*VOLCANO_TOPOLOGY, "hypernodes", name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def patch_podgroup(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
         self.custom.api_client.call_api(

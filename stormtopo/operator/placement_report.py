@@ -12,27 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.placement import explain
-from stormtopo.core.podgroup import REQUEST_ANNOTATION, gang_of, gpus_of
+from stormtopo.core.placement import allowed_tier, explain
+from stormtopo.core.podgroup import REQUEST_ANNOTATION, replica_pods
 from stormtopo.core.request import Mode, RequestError, TopologyRequest, parse_request
-from stormtopo.core.topology import Topology, topology_from_hypernodes
+from stormtopo.core.topology import topology_from_hypernodes
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index, Key, key_of
 
 EXPLAIN_INTERVAL = 10.0  # seconds between two capacity checks of one pending gang
-
-
-def replica_pods(roleset_spec: Mapping[str, Any]) -> list[int]:
-    """GPU requests of every pod of one replica."""
-    gpus = gpus_of(roleset_spec)
-    return [gpus.get(role, 0) for role, count in gang_of(roleset_spec).min_task_member.items() for _ in range(count)]
-
-
-def allowed_tier(request: TopologyRequest, topology: Topology) -> int | None:
-    if request.limit.tier is not None:
-        return request.limit.tier
-    names = {name: tier for tier, name in topology.tier_names.items()}
-    return names.get(request.limit.tier_name or "")
 
 
 def _is_unschedulable(podgroup: Mapping[str, Any]) -> bool:

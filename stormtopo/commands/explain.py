@@ -1,0 +1,56 @@
+"""`stormtopo explain NAMESPACE/STORMSERVICE`: where each replica landed, or why it is Pending."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from stormtopo.core.placement import allowed_tier, explain
+from stormtopo.core.podgroup import ROLESET_LABEL, STORMSERVICE_LABEL, replica_pods, service_group_name
+from stormtopo.core.request import ClusterTiers, RequestError, Scope, parse_request
+from stormtopo.core.topology import topology_from_hypernodes
+from stormtopo.operator.kube import AIBRIX, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY, Api
+
+
+class NotFound(LookupError):
+    pass
+
+
+def run(api: Api, namespace: str, name: str, console: Console) -> int:
+    stormservice = api.get(AIBRIX, "stormservices", namespace, name)
+    if stormservice is None:
+        raise NotFound(f"StormService {namespace}/{name} not found")
+    hypernodes = api.list_objects(VOLCANO_TOPOLOGY, "hypernodes")
+    free = api.free_gpus()
+    topology = topology_from_hypernodes(hypernodes, free)
+    tiers = ClusterTiers(frozenset(s.tier for s in topology.switches.values()), frozenset(topology.tier_names.values()))
+    try:
+        request = parse_request(stormservice["metadata"].get("annotations"), tiers)
+    except RequestError as exc:
+        console.print(f"{namespace}/{name}: invalid network-topology request, nothing is applied: {exc}", highlight=False)
+        return 1
+    console.print(f"{namespace}/{name}: {request.describe() if request else 'no network-topology request'}", highlight=False)
+    rolesets = api.list_objects(AIBRIX, "rolesets", namespace, label_selector=f"{STORMSERVICE_LABEL}={name}")
+    if not rolesets:
+        console.print("  no replicas (RoleSets) yet")
+    for roleset in sorted(rolesets, key=lambda r: r["metadata"]["name"]):
+        replica = roleset["metadata"]["name"]
+        group = service_group_name(name) if request and request.scope is Scope.STORMSERVICE else replica
+        podgroup = api.get(VOLCANO_SCHEDULING, "podgroups", namespace, group) or {}
+        phase = (podgroup.get("status") or {}).get("phase", "no PodGroup")
+        pods = api.core.list_namespaced_pod(namespace, label_selector=f"{ROLESET_LABEL}={replica}").items
+        wanted = replica_pods(roleset.get("spec") or {})
+        nodes = sorted(p.spec.node_name for p in pods if p.spec.node_name)
+        if pods and len(nodes) == len(pods) >= len(wanted):
+            known = all(n in topology.nodes for n in nodes)
+            domain = topology.lowest_common_switch(nodes) if known else None
+            where = f"{domain.name} (tier {domain.tier})" if domain else "no common HyperNode"
+            console.print(f"  replica {replica}: placed in {where} on {', '.join(nodes)}; PodGroup {group} {phase}", highlight=False)
+            continue
+        console.print(f"  replica {replica}: {len(nodes)}/{len(wanted)} pods bound; PodGroup {group} {phase}", highlight=False)
+        tier = allowed_tier(request, topology) if request else None
+        if tier is None:
+            continue
+        fits, text = explain(topology, free, wanted, tier)
+        verdict = "capacity exists; Volcano should place it in its next cycles" if fits else "it cannot be placed now"
+        console.print(f"    {verdict}: {text}", highlight=False)
+    return 0
