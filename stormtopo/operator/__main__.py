@@ -17,6 +17,7 @@ from stormtopo.core import certificates
 from stormtopo.operator import handlers, webhook
 from stormtopo.operator.index import Index
 from stormtopo.operator.kube import Api
+from stormtopo.operator.leader import Leadership
 from stormtopo.operator.placement_report import PlacementReporter
 from stormtopo.operator.reconcile import Reconciler
 
@@ -34,6 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--metrics-port", type=int, default=8080)
     p.add_argument("--no-register-webhook", action="store_true", help="the webhook configuration is managed elsewhere (Helm)")
+    p.add_argument("--leader-elect", action="store_true", help="several replicas: all serve the webhook, the Lease holder reconciles")
+    p.add_argument("--leader-election-namespace", default="default", help="namespace of the Lease")
+    p.add_argument("--lease-duration", type=int, default=15, help="seconds without renewal before another replica takes over")
+    p.add_argument("--identity", default="", help="this replica's name in the Lease (default: $POD_NAME or host-pid)")
     return p.parse_args(argv)
 
 
@@ -63,12 +68,14 @@ async def run(args: argparse.Namespace) -> None:
     await asyncio.to_thread(index.prime)
     reconciler = Reconciler(index, handlers.report)
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, index, reconciler, PlacementReporter(index, handlers.report))
+    leadership = Leadership(api if args.leader_elect else None, args.leader_election_namespace, args.identity, args.lease_duration)
+    handlers.register(registry, index, reconciler, PlacementReporter(index, handlers.report), leadership)
 
     cert, key, ca = _certificates(args)
     runner = web.AppRunner(webhook.build_app(index), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, args.webhook_host, args.webhook_port, ssl_context=webhook.tls_context(cert, key)).start()
+    # reuse_port: replicas on one host can share the webhook port, as endpoints behind one Service do.
+    await web.TCPSite(runner, args.webhook_host, args.webhook_port, ssl_context=webhook.tls_context(cert, key), reuse_port=True).start()
 
     ready = asyncio.Event()
 

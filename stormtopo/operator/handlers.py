@@ -13,6 +13,7 @@ from typing import Any, cast
 import kopf
 
 from stormtopo.operator.index import Index
+from stormtopo.operator.leader import Leadership
 from stormtopo.operator.placement_report import PlacementReporter
 from stormtopo.operator.reconcile import Reconciler
 
@@ -26,25 +27,29 @@ def report(obj: dict[str, Any], event_type: str, reason: str, message: str) -> N
     kopf.event(cast(kopf.Body, body), type=event_type, reason=reason, message=message)
 
 
-def register(registry: kopf.OperatorRegistry, index: Index, reconciler: Reconciler, reporter: PlacementReporter) -> None:
+def register(
+    registry: kopf.OperatorRegistry, index: Index, reconciler: Reconciler, reporter: PlacementReporter, leadership: Leadership
+) -> None:
+    """Every replica keeps its index warm (the webhook answers from it); only the leader writes."""
+
     @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "stormservices", registry=registry)
     async def stormservice_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         obj = dict(body)
         index.observe("StormService", event.get("type"), obj)
-        if event.get("type") != "DELETED":
+        if event.get("type") != "DELETED" and leadership.is_leader:
             await reconciler.stormservice(obj)
 
     @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "rolesets", registry=registry)
     async def roleset_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         obj = dict(body)
         index.observe("RoleSet", event.get("type"), obj)
-        if event.get("type") != "DELETED":
+        if event.get("type") != "DELETED" and leadership.is_leader:
             await reconciler.roleset_changed(obj)
 
     @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"roleset-name": kopf.PRESENT}, registry=registry)
     async def podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         reconciler.observe_podgroup(event.get("type"), dict(body))
-        if event.get("type") != "DELETED":
+        if event.get("type") != "DELETED" and leadership.is_leader:
             await reporter.podgroup_changed(dict(body))
 
     # The PodGroups stormtopo owns for StormService-scoped requests carry no roleset-name label.
@@ -77,11 +82,14 @@ def register(registry: kopf.OperatorRegistry, index: Index, reconciler: Reconcil
         settings.posting.level = logging.WARNING  # Events go to the objects they are about, not to kopf's log
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
-        _background.add(asyncio.create_task(_resync_forever(reconciler)))
+        leadership.on_elected = reconciler.resync  # a new leader catches up at once
+        _background.add(asyncio.create_task(_resync_forever(reconciler, leadership)))
+        _background.add(asyncio.create_task(leadership.run()))
 
 
-async def _resync_forever(reconciler: Reconciler) -> None:
+async def _resync_forever(reconciler: Reconciler, leadership: Leadership) -> None:
     # Catches what a dropped watch or a failed write left behind; cheap, it reads only the index.
     while True:
         await asyncio.sleep(RESYNC_SECONDS)
-        await reconciler.resync()
+        if leadership.is_leader:
+            await reconciler.resync()

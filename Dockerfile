@@ -1,0 +1,15 @@
+# The operator image: multi-stage, non-root, pinned base. (Images cannot be built on the development
+# machine, which has no container engine; CI systems with one build it with `docker build .`.)
+FROM python:3.11.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY stormtopo ./stormtopo
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11.11-slim-bookworm
+RUN useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin stormtopo
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+USER 65532:65532
+EXPOSE 9443 8080
+ENTRYPOINT ["python", "-m", "stormtopo.operator"]
