@@ -54,7 +54,7 @@ def run(quick: bool) -> dict[str, Any]:
     topo_file = state / "fabric.yaml"
     topo_file.write_text(description)
     started = time.monotonic()
-    cluster.up(state, topo_file)
+    cluster.up(state, topo_file, vc_controllers=("queue-controller", "pg-controller"))
     out: dict[str, Any] = {"machine": machine(), "quick": quick, "nodes": len(topology.nodes)}
     try:
         client = DevCluster(state)
@@ -65,7 +65,7 @@ def run(quick: bool) -> dict[str, Any]:
         client.bound_pods("bench-fill", "stormtopo.io/filler=true", len(used), timeout=120)
         requests = stream(count, seed=11)
         quality: dict[str, Any] = {}
-        for mode in ("baseline", "hard") if quick else ("baseline", "hard", "soft"):
+        for mode in ("baseline", "hard") if quick else ("baseline", "hard", "soft", "diy"):
             ns = f"bench-{mode}"
             client.create_namespace(ns)
             results = placement_quality.run_mode(client, topology, requests, mode, ns, wait=4.0 if quick else 8.0)

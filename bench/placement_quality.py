@@ -18,7 +18,9 @@ MODES: dict[str, dict[str, str]] = {
     "baseline": {},
     "hard": {MODE: "hard", HIGHEST_TIER: "1"},
     "soft": {MODE: "soft"},
+    "diy": {},  # Volcano's own pod annotations, read by vc-controller-manager's PodGroup controller
 }
+DIY_POD_ANNOTATIONS = {MODE: "hard", HIGHEST_TIER: "1"}
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,11 @@ def run_mode(
         free, _ = client.gpu_capacity()
         optimum = best_tier(topology, free, req.pod_gpus)
         optimum = 0 if optimum is not None and _fits_one_node(free, req.pod_gpus) else optimum
-        client.create(stormservice(req.name, namespace, req.roles, annotations=MODES[mode]))
+        if mode == "diy":  # no gang strategy: the PodGroup controller makes one PodGroup per pod from its annotations
+            manifest = stormservice(req.name, namespace, req.roles, volcano_strategy=False, pod_annotations=DIY_POD_ANNOTATIONS)
+        else:
+            manifest = stormservice(req.name, namespace, req.roles, annotations=MODES[mode])
+        client.create(manifest)
         try:
             pods = client.bound_pods(namespace, f"storm-service-name={req.name}", len(req.pod_gpus), timeout=wait)
             achieved: int | None = replica_tier(topology, [p["spec"]["nodeName"] for p in pods])

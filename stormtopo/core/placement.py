@@ -7,7 +7,8 @@ StormService replica, first-fit-decreasing beyond that.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from stormtopo.core.request import TopologyRequest
@@ -109,3 +110,36 @@ def allowed_tier(request: TopologyRequest, topology: Topology) -> int | None:
         return request.limit.tier
     names = {name: tier for tier, name in topology.tier_names.items()}
     return names.get(request.limit.tier_name or "")
+
+
+PLACEMENT_ANNOTATION = "stormtopo.io/placement"  # on the StormService: where each replica landed
+DOMAIN_LABEL_PREFIX = "stormtopo.io/hypernode-tier-"  # on bound pods: the HyperNode of each tier
+
+
+def domain_labels(topology: Topology, node: str) -> dict[str, str]:
+    """One label per tier naming the HyperNode above `node`, so a router can pair prefill and decode
+    within a domain (as llm-d's and Dynamo's topology-aware routing read such labels)."""
+    if node not in topology.nodes:
+        return {}
+    return {f"{DOMAIN_LABEL_PREFIX}{topology.switches[s].tier}": s for s in topology.ancestors(node)}
+
+
+def placement_record(topology: Topology, nodes: Sequence[str]) -> dict[str, object]:
+    """Where one replica landed: its lowest common HyperNode, that tier, and its nodes."""
+    known = bool(nodes) and all(n in topology.nodes for n in nodes)
+    domain = topology.lowest_common_switch(nodes) if known else None
+    return {"hyperNode": domain.name if domain else None, "tier": domain.tier if domain else None, "nodes": sorted(set(nodes))}
+
+
+def merge_placements(current: str | None, replica: str, record: Mapping[str, object], live: Iterable[str]) -> str:
+    """The placement annotation with `replica`'s record set and replicas that no longer exist dropped."""
+    try:
+        table = json.loads(current) if current else {}
+        if not isinstance(table, dict):
+            table = {}
+    except ValueError:
+        table = {}
+    keep = set(live) | {replica}
+    table = {k: v for k, v in table.items() if k in keep}
+    table[replica] = dict(record)
+    return json.dumps(table, sort_keys=True, separators=(",", ":"))

@@ -111,7 +111,9 @@ COMPONENTS: dict[str, Component] = {
             tags=("nozmq",),
         ),
         Component("kwok", KWOK_VERSION, "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
-        Component("helm", HELM_VERSION, "helm", "helm.sh/helm/v3/cmd/helm", (f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",)),
+        Component(
+            "helm", HELM_VERSION, "helm", "helm.sh/helm/v3/cmd/helm", (f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",)
+        ),
     )
 }
 

@@ -30,6 +30,7 @@ def stormservice(
     annotations: Mapping[str, str] | None = None,
     volcano_strategy: bool = True,
     scheduler_name: str | None = "volcano",
+    pod_annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A prefill/decode StormService; `volcano_strategy` selects AIBrix's own Volcano PodGroups."""
     role_specs = []
@@ -49,7 +50,10 @@ def stormservice(
             "name": role.name,
             "replicas": role.replicas,
             "stateful": True,
-            "template": {"metadata": {"labels": {"app": name, "role": role.name}}, "spec": pod_spec},
+            "template": {
+                "metadata": {"labels": {"app": name, "role": role.name}, "annotations": dict(pod_annotations or {})},
+                "spec": pod_spec,
+            },
         }
         if role.pod_group_size > 1:
             spec["podGroupSize"] = role.pod_group_size

@@ -114,6 +114,13 @@ class Api:
             if exc.status != 404:
                 raise
 
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+        self.core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": labels}})
+
+    def annotate_stormservice(self, namespace: str, name: str, key: str, value: str) -> None:
+        """Merge-patch one annotation: stormtopo's own key, nothing else of the StormService."""
+        self.custom.patch_namespaced_custom_object(*AIBRIX, namespace, "stormservices", name, {"metadata": {"annotations": {key: value}}})
+
     def patch_podgroup(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
         self.custom.api_client.call_api(
             f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{namespace}/podgroups/{name}",

@@ -14,3 +14,8 @@ PODGROUP_WRITES = Counter("stormtopo_podgroup_writes_total", "PodGroups created 
 INVALID_REQUESTS = Gauge("stormtopo_invalid_requests", "Opted-in StormServices whose annotations are invalid")
 PENDING_GANGS = Gauge("stormtopo_pending_gangs", "Replicas whose hard request no domain can hold right now")
 REPLICAS_BY_TIER = Counter("stormtopo_replicas_placed_total", "Replicas placed, by the tier of their lowest common HyperNode", ["tier"])
+PLACEMENT_SECONDS = Histogram(
+    "stormtopo_placement_seconds",
+    "From a replica's first pod creation to its last pod's binding",
+    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
+)

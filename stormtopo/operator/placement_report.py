@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.placement import allowed_tier, explain
+from stormtopo.core.placement import PLACEMENT_ANNOTATION, allowed_tier, domain_labels, explain, merge_placements, placement_record
 from stormtopo.core.podgroup import REQUEST_ANNOTATION, replica_pods
 from stormtopo.core.request import Mode, RequestError, TopologyRequest, parse_request
 from stormtopo.core.topology import topology_from_hypernodes
@@ -100,12 +100,38 @@ class PlacementReporter:
         _roleset, stormservice, _ = context
         namespace, name = key
         pods = await asyncio.to_thread(self.index.api.pods_of_group, namespace, name)
-        nodes = sorted({p.spec.node_name for p in pods if p.spec.node_name})
+        nodes = sorted(p.spec.node_name for p in pods if p.spec.node_name)
         if not nodes:
             return
         topology = topology_from_hypernodes(self.index.hypernodes.values(), nodes)
-        domain = topology.lowest_common_switch(nodes) if all(n in topology.nodes for n in nodes) else None
-        where = f"{domain.name}, tier {domain.tier}" if domain else "no common HyperNode"
-        self._say_once(key, stormservice, "Normal", "ReplicaPlaced", f"replica {name} placed in {where} on {', '.join(nodes)}")
-        if domain:
-            metrics.REPLICAS_BY_TIER.labels(str(domain.tier)).inc()
+        record = placement_record(topology, nodes)
+        where = f"{record['hyperNode']}, tier {record['tier']}" if record["hyperNode"] else "no common HyperNode"
+        self._say_once(key, stormservice, "Normal", "ReplicaPlaced", f"replica {name} placed in {where} on {', '.join(sorted(set(nodes)))}")
+        if record["tier"] is not None:
+            metrics.REPLICAS_BY_TIER.labels(str(record["tier"])).inc()
+        seconds = _placement_seconds(pods)
+        if seconds is not None:
+            metrics.PLACEMENT_SECONDS.observe(seconds)
+        for pod in pods:  # domain labels, so a router can pair prefill and decode within a domain
+            wanted = domain_labels(topology, pod.spec.node_name or "")
+            if wanted and any((pod.metadata.labels or {}).get(k) != v for k, v in wanted.items()):
+                await asyncio.to_thread(self.index.api.label_pod, namespace, pod.metadata.name, wanted)
+        ss_meta = stormservice["metadata"]
+        live = [k[1] for k in self.index.rolesets if k[0] == namespace]
+        value = merge_placements((ss_meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION), name, record, live)
+        if value != (ss_meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION):
+            await asyncio.to_thread(self.index.api.annotate_stormservice, namespace, ss_meta["name"], PLACEMENT_ANNOTATION, value)
+
+
+def _placement_seconds(pods: list[Any]) -> float | None:
+    """From the first pod's creation to the last pod's binding (PodScheduled), in seconds."""
+    created = [p.metadata.creation_timestamp for p in pods if p.metadata.creation_timestamp]
+    bound = [
+        c.last_transition_time
+        for p in pods
+        for c in (p.status.conditions or [])
+        if c.type == "PodScheduled" and c.status == "True" and c.last_transition_time
+    ]
+    if not created or len(bound) < len(pods):
+        return None
+    return max(0.0, float((max(bound) - min(created)).total_seconds()))

@@ -159,3 +159,35 @@ def test_stormservice_scope_with_nested_replica_tier(cluster: DevCluster, topolo
     group = next(g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == "pd-svc")
     assert group["spec"]["minMember"] == 4
     assert group["spec"]["subGroupPolicy"][0]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
+
+
+def test_placement_is_recorded_on_the_stormservice_labels_and_metrics(cluster: DevCluster, cluster_dir, namespace: str) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import urllib.request
+
+    cluster.create(stormservice("pd-rec", namespace, roles=BIG_PD, annotations=HARD_LEAF))
+    pods = cluster.bound_pods(namespace, "storm-service-name=pd-rec", 2)
+    [roleset] = cluster.rolesets(namespace, "pd-rec")
+    name = roleset["metadata"]["name"]
+
+    def recorded() -> dict:  # type: ignore[type-arg]
+        raw = (cluster.stormservice(namespace, "pd-rec")["metadata"].get("annotations") or {}).get("stormtopo.io/placement")
+        return json.loads(raw) if raw else {}
+
+    table = cluster.wait(recorded, 30, "the placement annotation")
+    leaf = table[name]["hyperNode"]
+    assert table[name]["tier"] == 1 and sorted(table[name]["nodes"]) == node_names(pods)
+
+    def labelled() -> bool:
+        return all(
+            p["metadata"]["labels"].get("stormtopo.io/hypernode-tier-1") == leaf
+            for p in cluster.pods(namespace, "storm-service-name=pd-rec")
+        )
+
+    cluster.wait(labelled, 30, "domain labels on the pods")
+    spine = cluster.pods(namespace, "storm-service-name=pd-rec")[0]["metadata"]["labels"]["stormtopo.io/hypernode-tier-2"]
+    assert spine in ("s4", "s5")
+    port = json.loads((cluster_dir / "cluster.json").read_text())["ports"]["operator_metrics"]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    assert 'stormtopo_replicas_placed_total{tier="1"}' in text
+    assert "stormtopo_placement_seconds_count" in text and "stormtopo_pending_gangs" in text

@@ -48,3 +48,18 @@ def test_tree_read_back_from_hypernodes_matches_the_description() -> None:
     assert {n: s.tier for n, s in back.switches.items()} == {n: s.tier for n, s in EXAMPLE.switches.items()}
     assert back.lowest_common_switch(["node0", "node3"]).name == "s4"  # type: ignore[union-attr]
     assert back.tier_names == {1: "leaf", 2: "spine", 3: "core"}
+
+
+def test_domain_labels_and_placement_record() -> None:
+    from stormtopo.core.placement import domain_labels, merge_placements, placement_record
+
+    assert domain_labels(EXAMPLE, "node5") == {
+        "stormtopo.io/hypernode-tier-1": "s2",
+        "stormtopo.io/hypernode-tier-2": "s5",
+        "stormtopo.io/hypernode-tier-3": "s6",
+    }
+    assert domain_labels(EXAMPLE, "elsewhere") == {}
+    assert placement_record(EXAMPLE, ["node4", "node5"]) == {"hyperNode": "s2", "tier": 1, "nodes": ["node4", "node5"]}
+    merged = merge_placements('{"gone": {"tier": 3}, "a": {"tier": 2}}', "b", {"tier": 1}, live=["a"])
+    assert merged == '{"a":{"tier":2},"b":{"tier":1}}'
+    assert merge_placements("not json", "b", {"tier": 1}, live=[]) == '{"b":{"tier":1}}'
