@@ -184,6 +184,15 @@ def stop_component(state_dir: Path, name: str, kill: bool = False) -> None:
             processes.stop(process, kill=kill)
 
 
+def restart_component(state_dir: Path, name: str, kill: bool = False, down_for: float = 0.0) -> processes.Tracked:
+    """Stop one component and start it again with the same command line (fault-injection tests)."""
+    [process] = [p for p in processes.tracked(state_dir) if p.name == name]
+    argv = json.loads(process.pidfile.read_text())["argv"]
+    processes.stop(process, kill=kill)
+    time.sleep(down_for)
+    return processes.start(state_dir, name, argv)
+
+
 def _wait_ready(state_dir: Path, process: processes.Tracked, ready: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
