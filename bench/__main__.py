@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from bench import critical_path, placement_quality
+from bench import critical_path, placement_quality, report
 from bench.fabric import fabric_yaml, fragmentation
 from bench.workload import stream
 from stormtopo.core.kvtransfer import parse_kv_model
@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     name = "quick.json" if args.quick else f"full-{time.strftime('%Y%m%d-%H%M%S')}.json"
     (RESULTS / name).write_text(json.dumps(out, indent=2, default=str))
     print(f"results: {RESULTS / name}", file=sys.stderr)
+    if not args.quick:
+        report.plot(out, RESULTS / "placement.png")
+        report.write_markdown(Path(__file__).resolve().parents[1] / "BENCHMARKS.md", out, f"bench/results/{name}")
     print(json.dumps(headline(out)))
     return 0
 

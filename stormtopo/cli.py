@@ -37,7 +37,7 @@ def _dev_down(args: argparse.Namespace) -> int:
 def _dev_build(args: argparse.Namespace) -> int:
     from stormtopo.devenv import components
 
-    names = tuple(args.component) or (*components.CONTROL_PLANE, "vc-controller-manager")
+    names = tuple(args.component) or tuple(components.COMPONENTS)
     unknown = [n for n in names if n not in components.COMPONENTS]
     if unknown:
         print(f"stormtopo: unknown component(s) {unknown}; known: {sorted(components.COMPONENTS)}", file=sys.stderr)
