@@ -104,7 +104,16 @@ def headline(out: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="small versions, about two minutes")
+    parser.add_argument("--scale", type=int, metavar="N", help="only the scale run: N StormServices on 1,024 nodes")
     args = parser.parse_args(argv)
+    if args.scale:
+        from bench import scale
+
+        result = {"machine": machine(), "scale": scale.run(args.scale)}
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"scale-{args.scale}.json").write_text(json.dumps(result, indent=2))
+        print(json.dumps(result["scale"]))
+        return 0
     out = run(args.quick)
     RESULTS.mkdir(exist_ok=True)
     name = "quick.json" if args.quick else f"full-{time.strftime('%Y%m%d-%H%M%S')}.json"
