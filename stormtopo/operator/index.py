@@ -76,19 +76,17 @@ class Index:
 
     # -- lookups for admission -----------------------------------------------------------------
     async def roleset(self, namespace: str, name: str) -> dict[str, Any] | None:
-        found = self.rolesets.get((namespace, name))
-        if found is None:
-            found = await asyncio.to_thread(self.api.get, AIBRIX, "rolesets", namespace, name)
-            if found is not None:
-                self.rolesets[(namespace, name)] = found
-        return found
+        return await self._read_through(self.rolesets, "rolesets", namespace, name)
 
     async def stormservice(self, namespace: str, name: str) -> dict[str, Any] | None:
-        found = self.stormservices.get((namespace, name))
+        return await self._read_through(self.stormservices, "stormservices", namespace, name)
+
+    async def _read_through(self, store: dict[Key, dict[str, Any]], plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        found = store.get((namespace, name))
         if found is None:
-            found = await asyncio.to_thread(self.api.get, AIBRIX, "stormservices", namespace, name)
+            found = await asyncio.to_thread(self.api.get, AIBRIX, plural, namespace, name)
             if found is not None:
-                self.stormservices[(namespace, name)] = found
+                store[(namespace, name)] = found
         return found
 
     async def owners_of(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

@@ -94,18 +94,21 @@ class Api:
                 return False
             raise
 
-    def apply_hypernode(self, body: dict[str, Any]) -> None:
-        """Create or replace a HyperNode by server-side apply (stormtopo owns the fields it sets)."""
+    def server_side_apply(self, path: str, body: dict[str, Any], field_manager: str = "stormtopo") -> None:
+        """Create or update an object by server-side apply: stormtopo owns exactly the fields it sets."""
         self.client.call_api(
-            f"/apis/topology.volcano.sh/v1alpha1/hypernodes/{body['metadata']['name']}",
+            path,
             "PATCH",
-            query_params=[("fieldManager", "stormtopo"), ("force", "true")],
+            query_params=[("fieldManager", field_manager), ("force", "true")],
             header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
             body=body,
             auth_settings=["BearerToken"],
             response_type="object",
             _return_http_data_only=True,
         )
+
+    def apply_hypernode(self, body: dict[str, Any]) -> None:
+        self.server_side_apply(f"/apis/topology.volcano.sh/v1alpha1/hypernodes/{body['metadata']['name']}", body)
 
     def delete_hypernode(self, name: str) -> None:
         try:

@@ -123,13 +123,5 @@ def configuration(ca_bundle: bytes, url_base: str | None = None, service: tuple[
 
 def register(api: Api, body: dict[str, Any]) -> None:
     """Create or replace the MutatingWebhookConfiguration (server-side apply keeps it idempotent)."""
-    api.client.call_api(
-        f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIGURATION_NAME}",
-        "PATCH",
-        query_params=[("fieldManager", "stormtopo-operator"), ("force", "true")],
-        header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
-        body=body,
-        auth_settings=["BearerToken"],
-        response_type="object",
-        _return_http_data_only=True,
-    )
+    path = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIGURATION_NAME}"
+    api.server_side_apply(path, body, field_manager="stormtopo-operator")
