@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from bench import critical_path, placement_quality, report
+from bench import critical_path, expressions, placement_quality, report
 from bench.fabric import fabric_yaml, fragmentation
 from bench.workload import stream
 from stormtopo.core.kvtransfer import parse_kv_model
@@ -78,6 +78,9 @@ def run(quick: bool) -> dict[str, Any]:
         out["critical_path"] = critical_path.podgroup_vs_first_pod(client, "bench-cp", samples=3 if quick else 10)
         client.create(stormservice("lat-svc", "bench-cp", annotations=critical_path.HARD))
         roleset = client.wait(lambda: client.rolesets("bench-cp", "lat-svc"), 30, "the latency StormService's RoleSet")[0]
+        if not quick:
+            client.create_namespace("bench-expr")
+            out["expressions"] = expressions.compare(client, "bench-expr", replicas=16, rounds=3)
         out["webhook"] = critical_path.webhook_latency(client, "bench-cp", "lat-svc", roleset["metadata"]["name"], 150 if quick else 1000)
     finally:
         cluster.down(state)

@@ -47,6 +47,15 @@ def table(out: dict[str, Any], results_name: str) -> str:
         f"| pod admission with / without the webhook, p99 | {wh['with_webhook_ms']['p99']} / "
         f"{wh['without_webhook_ms']['p99']} ms = {wh['p99_ratio']}x |",
     ]
+    if "expressions" in out:
+        ex = out["expressions"]
+        lines += [
+            "",
+            f"| the same request as ({ex['replicas']} replicas, each within one leaf) | all pods bound, median of {ex['rounds']} |",
+            "|---|---|",
+            *[f"| {k.replace('_', ' ')} | {v} s |" for k, v in ex["bound_s_median"].items()],
+            f"| ratio subgroups / per replica | {ex['subgroups_vs_per_replica']}x |",
+        ]
     return "\n".join(lines)
 
 
