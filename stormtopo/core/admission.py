@@ -15,6 +15,7 @@ from stormtopo.core.podgroup import (
     GROUP_NAME_ANNOTATION,
     REQUEST_ANNOTATION,
     ROLE_LABEL,
+    STORMSERVICE_LABEL,
     TASK_SPEC_ANNOTATION,
     desired_fields,
     service_group_name,
@@ -79,18 +80,35 @@ def admit_podgroup(
 
 
 def admit_pod(
-    pod: Mapping[str, Any], roleset: Mapping[str, Any] | None, stormservice: Mapping[str, Any] | None, cluster: ClusterTiers | None
+    pod: Mapping[str, Any],
+    roleset: Mapping[str, Any] | None,
+    stormservice: Mapping[str, Any] | None,
+    cluster: ClusterTiers | None,
+    named_group_service: str | None = None,
 ) -> Decision:
-    """Point an opted-in replica's pod at its gang: group name, Volcano task (its role) and scheduler."""
+    """Point an opted-in replica's pod at its gang: group name, Volcano task (its role) and scheduler.
+
+    `named_group_service` is the StormService owning the PodGroup the pod names, if known: a pod of
+    one StormService may not join another's gang, whether or not either asks for a topology.
+    """
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    own_service = labels.get(STORMSERVICE_LABEL)
+    named = _annotations(pod).get(GROUP_NAME_ANNOTATION)
+    if named and named_group_service and own_service and named_group_service != own_service:
+        return Decision(
+            allowed=False,
+            message=(
+                f"pod of StormService {own_service!r} names PodGroup {named!r} in {GROUP_NAME_ANNOTATION}, which belongs to "
+                f"StormService {named_group_service!r}; a pod may only join its own StormService's PodGroups"
+            ),
+        )
     request = request_of(stormservice, cluster)
     if request is None or roleset is None:
         return Decision()
-    labels = (pod.get("metadata") or {}).get("labels") or {}
     replica_group = roleset["metadata"]["name"]
     group = replica_group
     if request.scope is Scope.STORMSERVICE and stormservice is not None:
         group = service_group_name(stormservice["metadata"]["name"])
-    named = _annotations(pod).get(GROUP_NAME_ANNOTATION)
     if named and named not in (group, replica_group):
         return Decision(
             allowed=False,

@@ -48,14 +48,14 @@ def register(
 
     @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"roleset-name": kopf.PRESENT}, registry=registry)
     async def podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        reconciler.observe_podgroup(event.get("type"), dict(body))
+        index.observe("PodGroup", event.get("type"), dict(body))
         if event.get("type") != "DELETED" and leadership.is_leader:
             await reporter.podgroup_changed(dict(body))
 
     # The PodGroups stormtopo owns for StormService-scoped requests carry no roleset-name label.
     @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"app.kubernetes.io/managed-by": "stormtopo"}, registry=registry)
     async def owned_podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        reconciler.observe_podgroup(event.get("type"), dict(body))
+        index.observe("PodGroup", event.get("type"), dict(body))
 
     @kopf.on.event("topology.volcano.sh", "v1alpha1", "hypernodes", registry=registry)
     async def hypernode_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

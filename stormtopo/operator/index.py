@@ -29,6 +29,7 @@ class Index:
     stormservices: dict[Key, dict[str, Any]] = field(default_factory=dict)
     rolesets: dict[Key, dict[str, Any]] = field(default_factory=dict)
     hypernodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    podgroups: dict[Key, dict[str, Any]] = field(default_factory=dict)  # replica and stormtopo-owned ones
     has_tier_name_field: bool = True
     has_subgroup_policy: bool = True
     has_network_topology: bool = True
@@ -43,7 +44,7 @@ class Index:
             else:
                 self.hypernodes[name] = dict(obj)
             return
-        store = self.stormservices if kind == "StormService" else self.rolesets
+        store = {"StormService": self.stormservices, "RoleSet": self.rolesets, "PodGroup": self.podgroups}[kind]
         if deleted:
             store.pop(key_of(obj), None)
         else:
@@ -88,6 +89,18 @@ class Index:
             if found is not None:
                 store[(namespace, name)] = found
         return found
+
+    async def service_of_group(self, namespace: str, group: str) -> str | None:
+        """The StormService a PodGroup belongs to, by its labels or its RoleSet's; None if unknown."""
+        podgroup = self.podgroups.get((namespace, group))
+        if podgroup is None:
+            return None
+        labels = podgroup["metadata"].get("labels") or {}
+        if labels.get(STORMSERVICE_LABEL):
+            return str(labels[STORMSERVICE_LABEL])
+        roleset = await self.roleset(namespace, labels.get(ROLESET_LABEL, "")) if labels.get(ROLESET_LABEL) else None
+        service = ((roleset or {}).get("metadata", {}).get("labels") or {}).get(STORMSERVICE_LABEL)
+        return str(service) if service else None
 
     async def owners_of(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """The RoleSet and StormService an AIBrix pod or PodGroup belongs to (by the labels AIBrix sets)."""

@@ -37,15 +37,12 @@ Reporter = Any
 class Reconciler:
     index: Index
     report: Reporter
-    podgroups: dict[Key, dict[str, Any]] = field(default_factory=dict)
     _reported: dict[Key, str] = field(default_factory=dict)
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
 
-    def observe_podgroup(self, event_type: str | None, podgroup: Mapping[str, Any]) -> None:
-        if event_type == "DELETED":
-            self.podgroups.pop(key_of(podgroup), None)
-        else:
-            self.podgroups[key_of(podgroup)] = dict(podgroup)
+    @property
+    def podgroups(self) -> dict[Key, dict[str, Any]]:
+        return self.index.podgroups
 
     def rolesets_of(self, stormservice: Mapping[str, Any]) -> list[dict[str, Any]]:
         namespace, name = key_of(stormservice)

@@ -11,13 +11,13 @@ import base64
 import json
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from stormtopo.core.admission import Decision, admit_pod, admit_podgroup
-from stormtopo.core.podgroup import ROLESET_LABEL, STORMSERVICE_LABEL
+from stormtopo.core.podgroup import GROUP_NAME_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index
 from stormtopo.operator.kube import Api
@@ -38,23 +38,32 @@ def review_response(uid: str, decision: Decision) -> dict[str, Any]:
 
 
 def build_app(index: Index) -> web.Application:
-    async def handle(request: web.Request, kind: str, admit: Callable[..., Decision]) -> web.Response:
+    async def handle(request: web.Request, kind: str, admit: Callable[..., Awaitable[Decision]]) -> web.Response:
         started = time.perf_counter()
         review = await request.json()
         req = review.get("request") or {}
         obj = req.get("object") or {}
         try:
             roleset, stormservice = await index.owners_of(obj)
-            decision = admit(obj, roleset, stormservice, index.cluster_tiers())
+            decision = await admit(obj, roleset, stormservice, index.cluster_tiers())
         finally:
             metrics.ADMISSION_SECONDS.labels(kind).observe(time.perf_counter() - started)
         return web.json_response(review_response(str(req.get("uid", "")), decision))
 
     async def pods(request: web.Request) -> web.Response:
-        return await handle(request, "pod", admit_pod)
+        async def admit(pod: dict[str, Any], roleset: Any, stormservice: Any, tiers: Any) -> Decision:
+            meta = pod.get("metadata") or {}
+            named = (meta.get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
+            owner = await index.service_of_group(meta.get("namespace", ""), named) if named else None
+            return admit_pod(pod, roleset, stormservice, tiers, owner)
+
+        return await handle(request, "pod", admit)
 
     async def podgroups(request: web.Request) -> web.Response:
-        return await handle(request, "podgroup", admit_podgroup)
+        async def admit(podgroup: dict[str, Any], roleset: Any, stormservice: Any, tiers: Any) -> Decision:
+            return admit_podgroup(podgroup, roleset, stormservice, tiers)
+
+        return await handle(request, "podgroup", admit)
 
     app = web.Application()
     app.router.add_post(PODS_PATH, pods)

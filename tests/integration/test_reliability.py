@@ -206,3 +206,29 @@ def _retry(call, attempts: int = 20) -> None:  # type: ignore[no-untyped-def]
             if attempt == attempts - 1:
                 raise
             time.sleep(0.5)
+
+
+def test_a_pod_may_not_join_another_stormservices_podgroup(cluster: DevCluster, namespace: str) -> None:
+    """Proves: a pod of one StormService that names another StormService's PodGroup is rejected by the
+    webhook, whether or not its own StormService asks for a topology."""
+    from kubernetes.client.exceptions import ApiException
+
+    cluster.create(stormservice("owner", namespace, annotations=HARD_LEAF))
+    cluster.bound_pods(namespace, "storm-service-name=owner", 2)
+    [group] = cluster.podgroups(namespace)
+    cluster.create(stormservice("intruder", namespace, scheduler_name="nobody"))  # not opted in
+    roleset = cluster.wait(lambda: cluster.rolesets(namespace, "intruder"), 30, "the intruder's RoleSet")[0]["metadata"]["name"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "sneaky",
+            "namespace": namespace,
+            "labels": {"storm-service-name": "intruder", "roleset-name": roleset, "role-name": "decode"},
+            "annotations": {"scheduling.k8s.io/group-name": group["metadata"]["name"]},
+        },
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+    with pytest.raises(ApiException) as denied:
+        cluster.core.create_namespaced_pod(namespace, pod)
+    assert denied.value.status == 403 and "belongs to StormService 'owner'" in str(denied.value.body)

@@ -100,3 +100,10 @@ def test_stormservice_scope_makes_one_gang_of_all_replicas_with_replica_subgroup
     decision = admit_pod(pod, roleset(), ss, CLUSTER)
     assert decision.allowed and decision.patch[0]["value"] == "svc"
     assert admit_podgroup({"metadata": {}, "spec": {"minMember": 2}}, roleset(), ss, CLUSTER).patch == []
+
+
+def test_pod_of_one_stormservice_cannot_join_anothers_group_even_without_a_request() -> None:
+    pod = {"metadata": {"labels": {"storm-service-name": "b"}, "annotations": {"scheduling.k8s.io/group-name": "a-roleset-x"}}}
+    decision = admit_pod(pod, None, stormservice("b", "ns"), CLUSTER, named_group_service="a")
+    assert not decision.allowed and "belongs to StormService 'a'" in decision.message
+    assert admit_pod(pod, None, stormservice("b", "ns"), CLUSTER, named_group_service="b").allowed
