@@ -12,6 +12,7 @@ from stormtopo.core.request import HIGHEST_TIER, MODE
 from stormtopo.devenv import cluster as dev
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import stormservice
+from tests.integration.watching import PodGroupVersions
 
 HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
 
@@ -107,33 +108,14 @@ def test_operator_down_blocks_only_opted_in_pods_and_restart_converges_without_d
 def test_no_version_of_an_opted_in_podgroup_ever_lacks_its_constraint(cluster: DevCluster, namespace: str) -> None:
     """Every PodGroup version the API server ever stored for an opted-in StormService, from its creation
     through AIBrix's rewrites on scale and rollout, carries networkTopology (a watch sees them all)."""
-    import threading
-
-    from kubernetes import watch
-
-    seen: list[tuple[str, str, bool]] = []
-    w = watch.Watch()
-
-    def record() -> None:
-        for event in w.stream(
-            cluster.custom.list_namespaced_custom_object, "scheduling.volcano.sh", "v1beta1", namespace, "podgroups", timeout_seconds=120
-        ):
-            obj = event["object"]
-            seen.append((event["type"], obj["metadata"]["name"], "networkTopology" in obj.get("spec", {})))
-
-    watcher = threading.Thread(target=record, daemon=True)
-    watcher.start()
-    time.sleep(0.5)
-    cluster.create(stormservice("watched", namespace, annotations=HARD_LEAF))
-    cluster.bound_pods(namespace, "storm-service-name=watched", 2)
-    cluster.patch_stormservice(namespace, "watched", {"spec": {"replicas": 2}})
-    cluster.bound_pods(namespace, "storm-service-name=watched", 4)
-    template = cluster.stormservice(namespace, "watched")["spec"]["template"]
-    template["spec"]["roles"][0]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v0.9.1"  # a rollout
-    cluster.patch_stormservice(namespace, "watched", {"spec": {"template": template}})
-    time.sleep(5)
-    w.stop()
-    watcher.join(10)
-    stored = [(t, name) for t, name, has in seen if t != "DELETED"]
-    assert len(stored) >= 4
-    assert all(has for t, _, has in seen if t != "DELETED"), [s for s in seen if not s[2]]
+    with PodGroupVersions(cluster, namespace) as versions:
+        cluster.create(stormservice("watched", namespace, annotations=HARD_LEAF))
+        cluster.bound_pods(namespace, "storm-service-name=watched", 2)
+        cluster.patch_stormservice(namespace, "watched", {"spec": {"replicas": 2}})
+        cluster.bound_pods(namespace, "storm-service-name=watched", 4)
+        template = cluster.stormservice(namespace, "watched")["spec"]["template"]
+        template["spec"]["roles"][0]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v0.9.1"  # a rollout
+        cluster.patch_stormservice(namespace, "watched", {"spec": {"template": template}})
+        time.sleep(5)
+    assert len(versions.stored()) >= 4
+    assert not versions.without_constraint()

@@ -232,3 +232,20 @@ def test_a_pod_may_not_join_another_stormservices_podgroup(cluster: DevCluster, 
     with pytest.raises(ApiException) as denied:
         cluster.core.create_namespaced_pod(namespace, pod)
     assert denied.value.status == 403 and "belongs to StormService 'owner'" in str(denied.value.body)
+
+
+@pytest.mark.timeout(300)
+def test_aibrix_controller_restart_never_strips_the_constraint(cluster: DevCluster, cluster_dir: Path, namespace: str) -> None:
+    """Proves: when AIBrix's controller restarts (and resyncs every PodGroup from scratch) while a
+    service scales, no stored PodGroup version lacks its constraint."""
+    from tests.integration.watching import PodGroupVersions
+
+    with PodGroupVersions(cluster, namespace) as versions:
+        cluster.create(stormservice("steady", namespace, annotations=HARD_LEAF))
+        cluster.bound_pods(namespace, "storm-service-name=steady", 2)
+        dev.restart_component(cluster_dir, "aibrix-controller-manager", kill=True, down_for=1.0)
+        cluster.patch_stormservice(namespace, "steady", {"spec": {"replicas": 3}})
+        cluster.bound_pods(namespace, "storm-service-name=steady", 6, timeout=120)
+        time.sleep(3)
+    assert len({name for _, name, _ in versions.stored()}) == 3
+    assert not versions.without_constraint()
