@@ -116,7 +116,7 @@ def test_operator_under_the_charts_service_account_with_leader_election(chart_cl
     for verb, resource in (
         ("get", "secrets"),
         ("list", "secrets"),
-        ("patch", "stormservices.orchestration.aibrix.ai"),
+        ("delete", "stormservices.orchestration.aibrix.ai"),
         ("delete", "pods"),
         ("patch", "nodes"),
         ("create", "hypernodes.topology.volcano.sh"),
