@@ -88,6 +88,18 @@ def run(quick: bool) -> dict[str, Any]:
     return out
 
 
+def expressions_at_scale(shape: tuple[int, int, int] = (8, 8, 16), replicas: int = 32, rounds: int = 3) -> dict[str, Any]:
+    state = Path(tempfile.mkdtemp(prefix="stormtopo-expr-"))
+    (state / "fabric.yaml").write_text(fabric_yaml(*shape))
+    cluster.up(state, state / "fabric.yaml", timeout=300)
+    try:
+        client = DevCluster(state)
+        client.create_namespace("expr")
+        return {"nodes": shape[0] * shape[1] * shape[2], **expressions.compare(client, "expr", replicas=replicas, rounds=rounds)}
+    finally:
+        cluster.down(state)
+
+
 def headline(out: dict[str, Any]) -> dict[str, Any]:
     p = out["placement"]
     return {
@@ -108,7 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="small versions, about two minutes")
     parser.add_argument("--scale", type=int, metavar="N", help="only the scale run: N StormServices on 1,024 nodes")
+    parser.add_argument("--expressions", action="store_true", help="only per-replica PodGroups vs one with subgroups, 1,024 nodes")
     args = parser.parse_args(argv)
+    if args.expressions:
+        result = {"machine": machine(), "expressions": expressions_at_scale()}
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "expressions-1024.json").write_text(json.dumps(result, indent=2))
+        print(json.dumps(result["expressions"]))
+        return 0
     if args.scale:
         from bench import scale
 
