@@ -89,6 +89,11 @@ class DevCluster:
         out = self.custom.list_namespaced_custom_object(*AIBRIX, namespace, "rolesets", label_selector=selector)
         return list(out["items"])
 
+    def only(self, listing: Callable[[], list[dict[str, Any]]], what: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait until `listing` returns exactly one object and return it. AIBrix sometimes makes a
+        replica's RoleSet twice and deletes the first; its PodGroup then goes by garbage collection."""
+        return self.wait(lambda: (lambda items: items[0] if len(items) == 1 else None)(listing()), timeout, f"exactly one {what}")
+
     def podgroups(self, namespace: str) -> list[dict[str, Any]]:
         return list(self.custom.list_namespaced_custom_object(*VOLCANO, namespace, "podgroups")["items"])
 

@@ -18,6 +18,24 @@ from stormtopo.operator.kube import AIBRIX, Api
 Key = tuple[str, str]  # (namespace, name)
 
 
+def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the index keeps of an object: no managedFields and no status (it reads neither), which
+    are most of an object's size and would dominate the operator's memory at scale."""
+    out = {k: v for k, v in obj.items() if k != "status"}
+    meta = dict(obj.get("metadata") or {})
+    meta.pop("managedFields", None)
+    out["metadata"] = meta
+    return out
+
+
+def _service_name(roleset: Mapping[str, Any]) -> str:
+    meta = roleset["metadata"]
+    labelled = (meta.get("labels") or {}).get(STORMSERVICE_LABEL)
+    if labelled:
+        return str(labelled)
+    return next((str(o["name"]) for o in meta.get("ownerReferences") or [] if o.get("kind") == "StormService"), "")
+
+
 def key_of(obj: Mapping[str, Any]) -> Key:
     meta = obj["metadata"]
     return meta.get("namespace", ""), meta["name"]
@@ -30,6 +48,8 @@ class Index:
     rolesets: dict[Key, dict[str, Any]] = field(default_factory=dict)
     hypernodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     podgroups: dict[Key, dict[str, Any]] = field(default_factory=dict)  # replica and stormtopo-owned ones
+    # (namespace, StormService) -> names of its RoleSets: reconciling one service must not scan them all.
+    _rolesets_by_service: dict[Key, set[str]] = field(default_factory=dict)
     has_tier_name_field: bool = True
     has_subgroup_policy: bool = True
     has_network_topology: bool = True
@@ -42,13 +62,24 @@ class Index:
             if deleted:
                 self.hypernodes.pop(name, None)
             else:
-                self.hypernodes[name] = dict(obj)
+                self.hypernodes[name] = slim(obj)
             return
         store = {"StormService": self.stormservices, "RoleSet": self.rolesets, "PodGroup": self.podgroups}[kind]
+        key = key_of(obj)
+        if kind == "RoleSet":
+            service = (key[0], _service_name(obj))
+            if deleted:
+                self._rolesets_by_service.get(service, set()).discard(key[1])
+            else:
+                self._rolesets_by_service.setdefault(service, set()).add(key[1])
         if deleted:
-            store.pop(key_of(obj), None)
+            store.pop(key, None)
         else:
-            store[key_of(obj)] = dict(obj)
+            store[key] = slim(obj)
+
+    def rolesets_of(self, namespace: str, stormservice: str) -> list[dict[str, Any]]:
+        names = self._rolesets_by_service.get((namespace, stormservice), set())
+        return [self.rolesets[(namespace, n)] for n in sorted(names) if (namespace, n) in self.rolesets]
 
     def cluster_tiers(self) -> ClusterTiers:
         tiers = {int((h.get("spec") or {}).get("tier", 0)) for h in self.hypernodes.values()}

@@ -117,7 +117,7 @@ class PlacementReporter:
             if wanted and any((pod.metadata.labels or {}).get(k) != v for k, v in wanted.items()):
                 await asyncio.to_thread(self.index.api.label_pod, namespace, pod.metadata.name, wanted)
         ss_meta = stormservice["metadata"]
-        live = [k[1] for k in self.index.rolesets if k[0] == namespace]
+        live = [r["metadata"]["name"] for r in self.index.rolesets_of(namespace, ss_meta["name"])]
         value = merge_placements((ss_meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION), name, record, live)
         if value != (ss_meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION):
             await asyncio.to_thread(self.index.api.annotate_stormservice, namespace, ss_meta["name"], PLACEMENT_ANNOTATION, value)

@@ -27,7 +27,6 @@ from stormtopo.operator import metrics
 from stormtopo.operator.index import Index, Key, key_of
 
 log = logging.getLogger("stormtopo.reconcile")
-STORMSERVICE_LABEL = "storm-service-name"
 
 # The reconciler reports through this callable: (object, event type, reason, message).
 Reporter = Any
@@ -45,17 +44,7 @@ class Reconciler:
         return self.index.podgroups
 
     def rolesets_of(self, stormservice: Mapping[str, Any]) -> list[dict[str, Any]]:
-        namespace, name = key_of(stormservice)
-        uid = stormservice["metadata"].get("uid")
-        out = []
-        for (ns, _), roleset in self.index.rolesets.items():
-            if ns != namespace:
-                continue
-            meta = roleset["metadata"]
-            owned = any(o.get("uid") == uid for o in meta.get("ownerReferences") or [])
-            if owned or (meta.get("labels") or {}).get(STORMSERVICE_LABEL) == name:
-                out.append(roleset)
-        return out
+        return self.index.rolesets_of(*key_of(stormservice))
 
     def request_for(self, stormservice: Mapping[str, Any]) -> TopologyRequest | RequestError | None:
         annotations = stormservice["metadata"].get("annotations") or {}

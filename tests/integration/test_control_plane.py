@@ -19,9 +19,7 @@ def test_stormservice_pods_are_created_by_aibrix_bound_by_volcano_and_run_on_kwo
     cluster.create(stormservice("smoke", namespace))
 
     pods = cluster.bound_pods(namespace, "storm-service-name=smoke", 2, timeout=60)
-    rolesets = cluster.rolesets(namespace, "smoke")
-    assert len(rolesets) == 1  # AIBrix made one replica
-    roleset = rolesets[0]["metadata"]["name"]
+    roleset = cluster.only(lambda: cluster.rolesets(namespace, "smoke"), "RoleSet")["metadata"]["name"]  # one replica
     assert [g["metadata"]["name"] for g in cluster.podgroups(namespace)] == [roleset]  # ... and its PodGroup
     assert sorted(p["metadata"]["labels"]["role-name"] for p in pods) == ["decode", "prefill"]
     for pod in pods:

@@ -166,7 +166,7 @@ def test_operator_under_the_charts_service_account_with_leader_election(chart_cl
         pods = admin.bound_pods("chart-ns", "storm-service-name=sa-svc", 2, timeout=90)
         leaf = topology.lowest_common_switch([p["spec"]["nodeName"] for p in pods])
         assert leaf is not None and leaf.tier == 1  # w0+w1 or w2+w3: one leaf
-        [group] = admin.podgroups("chart-ns")
+        group = admin.only(lambda: admin.podgroups("chart-ns"), "PodGroup")
         assert group["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "stormtopo"  # created by the SA-run leader
 
         processes.stop(first, kill=True)  # the leader dies; the follower takes over within a lease duration

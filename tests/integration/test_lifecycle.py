@@ -18,9 +18,7 @@ HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
 
 
 def only_group(cluster: DevCluster, namespace: str) -> dict:  # type: ignore[type-arg]
-    groups = cluster.podgroups(namespace)
-    assert len(groups) == 1, [g["metadata"]["name"] for g in groups]
-    return groups[0]
+    return cluster.only(lambda: cluster.podgroups(namespace), "PodGroup")
 
 
 def test_annotations_added_changed_and_removed_on_a_live_service_never_evict(cluster: DevCluster, namespace: str) -> None:
@@ -60,7 +58,7 @@ def test_role_replica_change_rolls_out_replicas_whose_gang_follows(cluster: DevC
         )
 
     cluster.wait(settled, 90, "the new replica with 1 prefill + 2 decode and a gang of 3")
-    [roleset] = cluster.rolesets(namespace, "grow")
+    roleset = cluster.only(lambda: cluster.rolesets(namespace, "grow"), "RoleSet")
     group = next(g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == roleset["metadata"]["name"])
     assert group["spec"]["minMember"] == 3 and group["spec"]["networkTopology"]["highestTierAllowed"] == 1
     nodes = node_names(cluster.pods(namespace, f"roleset-name={roleset['metadata']['name']}"))

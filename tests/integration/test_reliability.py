@@ -106,7 +106,7 @@ def test_operator_watches_resume_after_a_control_plane_restart(
     api_back = time.monotonic() - started
     cluster.create(stormservice("after-restart", namespace, annotations=HARD_LEAF, volcano_strategy=False))
     cluster.bound_pods(namespace, "storm-service-name=after-restart", 2, timeout=120)
-    [group] = cluster.podgroups(namespace)
+    group = cluster.only(lambda: cluster.podgroups(namespace), "PodGroup")
     assert group["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "stormtopo"  # the operator saw the new RoleSet
     print(f"\n  {component} restart: API back in {api_back:.1f}s, a new replica placed {time.monotonic() - started:.1f}s after the kill")
 
@@ -215,7 +215,7 @@ def test_a_pod_may_not_join_another_stormservices_podgroup(cluster: DevCluster, 
 
     cluster.create(stormservice("owner", namespace, annotations=HARD_LEAF))
     cluster.bound_pods(namespace, "storm-service-name=owner", 2)
-    [group] = cluster.podgroups(namespace)
+    group = cluster.only(lambda: cluster.podgroups(namespace), "PodGroup")
     cluster.create(stormservice("intruder", namespace, scheduler_name="nobody"))  # not opted in
     roleset = cluster.wait(lambda: cluster.rolesets(namespace, "intruder"), 30, "the intruder's RoleSet")[0]["metadata"]["name"]
     pod = {

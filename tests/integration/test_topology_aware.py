@@ -63,8 +63,8 @@ def test_without_scheduling_strategy_the_operator_owns_the_podgroup(cluster: Dev
     cluster.create(stormservice("pd-own", namespace, roles=BIG_PD, annotations=HARD_LEAF, volcano_strategy=False))
     nodes, domain = placement(cluster, topology, namespace, "pd-own", 2)
     assert domain is not None and domain.tier == 1, nodes
-    [group] = cluster.podgroups(namespace)
-    [roleset] = cluster.rolesets(namespace, "pd-own")
+    group = cluster.only(lambda: cluster.podgroups(namespace), "PodGroup")
+    roleset = cluster.only(lambda: cluster.rolesets(namespace, "pd-own"), "RoleSet")
     assert group["metadata"]["ownerReferences"][0]["uid"] == roleset["metadata"]["uid"]
     assert group["spec"]["minMember"] == 2 and group["spec"]["networkTopology"]["highestTierAllowed"] == 1
     for pod in cluster.pods(namespace, "storm-service-name=pd-own"):
@@ -114,7 +114,7 @@ def test_bad_annotations_get_a_warning_event_and_change_nothing(
     message = cluster.wait(warning, 30, "a Warning Event on the StormService")
     assert bad_key in message and "accepted" in message
     assert "nothing changed" in message
-    [group] = cluster.wait(lambda: cluster.podgroups(namespace), 30, "AIBrix's own PodGroup")
+    group = cluster.only(lambda: cluster.podgroups(namespace), "PodGroup of AIBrix")
     assert "networkTopology" not in group["spec"] and group["spec"]["minMember"] == 2  # exactly what AIBrix wrote
     # The operator still serves everyone else: a good StormService next to it gets its constraint.
     cluster.create(stormservice("good", namespace, annotations=HARD_LEAF))
@@ -167,7 +167,7 @@ def test_placement_is_recorded_on_the_stormservice_labels_and_metrics(cluster: D
 
     cluster.create(stormservice("pd-rec", namespace, roles=BIG_PD, annotations=HARD_LEAF))
     pods = cluster.bound_pods(namespace, "storm-service-name=pd-rec", 2)
-    [roleset] = cluster.rolesets(namespace, "pd-rec")
+    roleset = cluster.only(lambda: cluster.rolesets(namespace, "pd-rec"), "RoleSet")
     name = roleset["metadata"]["name"]
 
     def recorded() -> dict:  # type: ignore[type-arg]
