@@ -92,7 +92,12 @@ class DevCluster:
     def only(self, listing: Callable[[], list[dict[str, Any]]], what: str, timeout: float = 60.0) -> dict[str, Any]:
         """Wait until `listing` returns exactly one object and return it. AIBrix sometimes makes a
         replica's RoleSet twice and deletes the first; its PodGroup then goes by garbage collection."""
-        return self.wait(lambda: (lambda items: items[0] if len(items) == 1 else None)(listing()), timeout, f"exactly one {what}")
+
+        def single() -> list[dict[str, Any]]:
+            items = listing()
+            return items if len(items) == 1 else []
+
+        return self.wait(single, timeout, f"exactly one {what}")[0]
 
     def podgroups(self, namespace: str) -> list[dict[str, Any]]:
         return list(self.custom.list_namespaced_custom_object(*VOLCANO, namespace, "podgroups")["items"])
