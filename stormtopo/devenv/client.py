@@ -93,11 +93,17 @@ class DevCluster:
         """Wait until `listing` returns exactly one object and return it. AIBrix sometimes makes a
         replica's RoleSet twice and deletes the first; its PodGroup then goes by garbage collection."""
 
+        last: list[str] = []
+
         def single() -> list[dict[str, Any]]:
             items = listing()
+            last[:] = [i["metadata"]["name"] for i in items]
             return items if len(items) == 1 else []
 
-        return self.wait(single, timeout, f"exactly one {what}")[0]
+        try:
+            return self.wait(single, timeout, f"exactly one {what}")[0]
+        except Timeout as exc:
+            raise Timeout(f"{exc}; last seen: {last}") from None
 
     def podgroups(self, namespace: str) -> list[dict[str, Any]]:
         return list(self.custom.list_namespaced_custom_object(*VOLCANO, namespace, "podgroups")["items"])

@@ -5,6 +5,7 @@ Async code calls these through asyncio.to_thread; each function is one API reque
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -64,21 +65,34 @@ class Api:
         served = [v for v in crd.spec.versions if v.served]
         return self.client.sanitize_for_serialization(served[-1].schema.open_apiv3_schema) if served else None
 
+    def raw_list(self, path: str, **query: str) -> list[dict[str, Any]]:
+        """A list as plain JSON: the client's typed models cost several times the memory and CPU,
+        which matters when the operator reads every pod of a large cluster."""
+        response = self.client.call_api(
+            path,
+            "GET",
+            query_params=list(query.items()),
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+        )
+        return list(json.loads(response.data).get("items", []))
+
     def free_gpus(self, resource: str = "nvidia.com/gpu") -> dict[str, int]:
         """Free GPUs per node: allocatable minus what bound, unfinished pods request."""
-        free = {}
-        for node in self.core.list_node().items:
-            free[node.metadata.name] = _quantity((node.status.allocatable or {}).get(resource, "0"))
-        for pod in self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items:
-            if pod.status.phase in ("Succeeded", "Failed") or pod.spec.node_name not in free:
-                continue
-            for c in pod.spec.containers:
-                requests = (c.resources.requests or {}) if c.resources else {}
-                free[pod.spec.node_name] -= _quantity(requests.get(resource, "0"))
+        free = {
+            n["metadata"]["name"]: _quantity((n.get("status", {}).get("allocatable") or {}).get(resource, "0"))
+            for n in self.raw_list("/api/v1/nodes")
+        }
+        for pod in self.raw_list("/api/v1/pods", fieldSelector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"):
+            node = pod["spec"].get("nodeName")
+            if node in free:
+                for c in pod["spec"].get("containers") or []:
+                    free[node] -= _quantity(((c.get("resources") or {}).get("requests") or {}).get(resource, "0"))
         return free
 
-    def pods_of_group(self, namespace: str, roleset: str) -> list[Any]:
-        return list(self.core.list_namespaced_pod(namespace, label_selector=f"roleset-name={roleset}").items)
+    def pods_of_group(self, namespace: str, roleset: str) -> list[dict[str, Any]]:
+        return self.raw_list(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"roleset-name={roleset}")
 
     def node_labels(self) -> dict[str, dict[str, str]]:
         return {n.metadata.name: dict(n.metadata.labels or {}) for n in self.core.list_node().items}

@@ -7,6 +7,7 @@ this reads the cluster (HyperNodes, free GPUs, the replica's pods) and says it i
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from stormtopo.operator import metrics
 from stormtopo.operator.index import Index, Key, key_of
 
 EXPLAIN_INTERVAL = 10.0  # seconds between two capacity checks of one pending gang
+FREE_GPUS_TTL = 5.0  # seconds a reading of every node's free GPUs is reused
 
 
 def _is_unschedulable(podgroup: Mapping[str, Any]) -> bool:
@@ -36,6 +38,15 @@ class PlacementReporter:
     _checked: dict[Key, float] = field(default_factory=dict)
     _said: dict[Key, str] = field(default_factory=dict)
     _unsatisfiable: set[Key] = field(default_factory=set)
+    _free: tuple[float, dict[str, int]] = (0.0, {})
+
+    async def _free_gpus(self) -> dict[str, int]:
+        """Free GPUs per node, read at most every few seconds however many gangs are pending."""
+        read_at, free = self._free
+        if time.monotonic() - read_at > FREE_GPUS_TTL:
+            free = await asyncio.to_thread(self.index.api.free_gpus)
+            self._free = (time.monotonic(), free)
+        return free
 
     async def podgroup_changed(self, podgroup: Mapping[str, Any]) -> None:
         if REQUEST_ANNOTATION not in (podgroup["metadata"].get("annotations") or {}):
@@ -73,12 +84,15 @@ class PlacementReporter:
         roleset, stormservice, request = context
         if request.mode is not Mode.HARD:
             return  # a soft request never holds a gang back
-        free = await asyncio.to_thread(self.index.api.free_gpus)
+        wanted = replica_pods(roleset.get("spec") or {})
+        if len(await asyncio.to_thread(self.index.api.pods_of_group, *key)) < len(wanted):
+            return  # Volcano reports a gang unschedulable while AIBrix is still creating its pods
+        free = await self._free_gpus()
         topology = topology_from_hypernodes(self.index.hypernodes.values(), free)
         tier = allowed_tier(request, topology)
         if tier is None:
             return
-        ok, text = explain(topology, free, replica_pods(roleset.get("spec") or {}), tier)
+        ok, text = explain(topology, free, wanted, tier)
         if not ok:
             self._unsatisfiable.add(key)
             metrics.PENDING_GANGS.set(len(self._unsatisfiable))
@@ -100,7 +114,7 @@ class PlacementReporter:
         _roleset, stormservice, _ = context
         namespace, name = key
         pods = await asyncio.to_thread(self.index.api.pods_of_group, namespace, name)
-        nodes = sorted(p.spec.node_name for p in pods if p.spec.node_name)
+        nodes = sorted(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
         if not nodes:
             return
         topology = topology_from_hypernodes(self.index.hypernodes.values(), nodes)
@@ -113,9 +127,9 @@ class PlacementReporter:
         if seconds is not None:
             metrics.PLACEMENT_SECONDS.observe(seconds)
         for pod in pods:  # domain labels, so a router can pair prefill and decode within a domain
-            wanted = domain_labels(topology, pod.spec.node_name or "")
-            if wanted and any((pod.metadata.labels or {}).get(k) != v for k, v in wanted.items()):
-                await asyncio.to_thread(self.index.api.label_pod, namespace, pod.metadata.name, wanted)
+            wanted = domain_labels(topology, pod["spec"].get("nodeName") or "")
+            if wanted and any((pod["metadata"].get("labels") or {}).get(k) != v for k, v in wanted.items()):
+                await asyncio.to_thread(self.index.api.label_pod, namespace, pod["metadata"]["name"], wanted)
         ss_meta = stormservice["metadata"]
         live = [r["metadata"]["name"] for r in self.index.rolesets_of(namespace, ss_meta["name"])]
         value = merge_placements((ss_meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION), name, record, live)
@@ -123,15 +137,19 @@ class PlacementReporter:
             await asyncio.to_thread(self.index.api.annotate_stormservice, namespace, ss_meta["name"], PLACEMENT_ANNOTATION, value)
 
 
-def _placement_seconds(pods: list[Any]) -> float | None:
+def _placement_seconds(pods: list[dict[str, Any]]) -> float | None:
     """From the first pod's creation to the last pod's binding (PodScheduled), in seconds."""
-    created = [p.metadata.creation_timestamp for p in pods if p.metadata.creation_timestamp]
+    created = [_time(p["metadata"].get("creationTimestamp")) for p in pods]
     bound = [
-        c.last_transition_time
+        _time(c.get("lastTransitionTime"))
         for p in pods
-        for c in (p.status.conditions or [])
-        if c.type == "PodScheduled" and c.status == "True" and c.last_transition_time
+        for c in (p.get("status") or {}).get("conditions") or []
+        if c.get("type") == "PodScheduled" and c.get("status") == "True"
     ]
-    if not created or len(bound) < len(pods):
+    if None in created or None in bound or len(bound) < len(pods) or not pods:
         return None
-    return max(0.0, float((max(bound) - min(created)).total_seconds()))
+    return max(0.0, (max(bound) - min(created)).total_seconds())  # type: ignore[type-var,operator]
+
+
+def _time(text: str | None) -> datetime.datetime | None:
+    return datetime.datetime.fromisoformat(text) if text else None
