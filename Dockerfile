@@ -10,6 +10,8 @@ FROM python:3.11.11-slim-bookworm
 RUN useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin stormtopo
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+# Few malloc arenas: API calls run on worker threads; one arena each fragments memory.
+ENV MALLOC_ARENA_MAX=2 PYTHONDONTWRITEBYTECODE=1
 USER 65532:65532
 EXPOSE 9443 8080
 ENTRYPOINT ["python", "-m", "stormtopo.operator"]

@@ -19,13 +19,31 @@ Key = tuple[str, str]  # (namespace, name)
 
 
 def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What the index keeps of an object: no managedFields and no status (it reads neither), which
-    are most of an object's size and would dominate the operator's memory at scale."""
-    out = {k: v for k, v in obj.items() if k != "status"}
-    meta = dict(obj.get("metadata") or {})
-    meta.pop("managedFields", None)
+    """What the index keeps of an object: its metadata without managedFields, and of StormService and
+    RoleSet specs only what the gang is made of. No status. Full objects would dominate the operator's
+    memory at a thousand StormServices."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    out = {k: v for k, v in obj.items() if k not in ("status", "metadata", "spec")}
     out["metadata"] = meta
+    if "spec" in obj:
+        out["spec"] = _slim_spec(obj["spec"] or {}) if obj.get("kind") in ("StormService", "RoleSet") else obj["spec"]
     return out
+
+
+def _slim_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in spec.items() if k not in ("roles", "template", "selector")}
+    if "roles" in spec:
+        out["roles"] = [_slim_role(role) for role in spec["roles"] or []]
+    if "template" in spec:
+        out["template"] = {"spec": _slim_spec((spec["template"] or {}).get("spec") or {})}
+    return out
+
+
+def _slim_role(role: Mapping[str, Any]) -> dict[str, Any]:
+    containers = ((role.get("template") or {}).get("spec") or {}).get("containers") or []
+    kept = {k: role[k] for k in ("name", "replicas", "podGroupSize") if k in role}
+    kept["template"] = {"spec": {"containers": [{"resources": c.get("resources") or {}} for c in containers]}}
+    return kept
 
 
 def _service_name(roleset: Mapping[str, Any]) -> str:
