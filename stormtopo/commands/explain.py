@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from stormtopo.core.placement import allowed_tier, explain
-from stormtopo.core.podgroup import ROLESET_LABEL, STORMSERVICE_LABEL, replica_pods, service_group_name
+from stormtopo.core.podgroup import STORMSERVICE_LABEL, replica_pods, service_group_name
 from stormtopo.core.request import ClusterTiers, RequestError, Scope, parse_request
 from stormtopo.core.topology import topology_from_hypernodes
 from stormtopo.operator.kube import AIBRIX, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY, Api
@@ -37,9 +37,9 @@ def run(api: Api, namespace: str, name: str, console: Console) -> int:
         group = service_group_name(name) if request and request.scope is Scope.STORMSERVICE else replica
         podgroup = api.get(VOLCANO_SCHEDULING, "podgroups", namespace, group) or {}
         phase = (podgroup.get("status") or {}).get("phase", "no PodGroup")
-        pods = api.core.list_namespaced_pod(namespace, label_selector=f"{ROLESET_LABEL}={replica}").items
+        pods = api.pods_of_group(namespace, replica)
         wanted = replica_pods(roleset.get("spec") or {})
-        nodes = sorted(p.spec.node_name for p in pods if p.spec.node_name)
+        nodes = sorted(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
         if pods and len(nodes) == len(pods) >= len(wanted):
             known = all(n in topology.nodes for n in nodes)
             domain = topology.lowest_common_switch(nodes) if known else None

@@ -55,16 +55,17 @@ def apply_labels(api: Api, levels: list[str], dry_run: bool, console: Console) -
 def _replicas_by_node(api: Api) -> dict[str, list[str]]:
     """Labels like "P ns/svc:roleset" per node, for every bound pod of a StormService."""
     marks: dict[str, list[str]] = {}
-    for pod in api.core.list_pod_for_all_namespaces(label_selector="storm-service-name", field_selector="spec.nodeName!=").items:
-        labels = pod.metadata.labels or {}
+    for pod in api.raw_list("/api/v1/pods", labelSelector="storm-service-name", fieldSelector="spec.nodeName!="):
+        labels = pod["metadata"].get("labels") or {}
         role = labels.get("role-name", "?")
-        marks.setdefault(pod.spec.node_name, []).append(f"{role[:1].upper()} {pod.metadata.namespace}/{labels.get('roleset-name', '?')}")
+        where = f"{pod['metadata']['namespace']}/{labels.get('roleset-name', '?')}"
+        marks.setdefault(pod["spec"]["nodeName"], []).append(f"{role[:1].upper()} {where}")
     return marks
 
 
 def show(api: Api, output: str, console: Console) -> int:
     free = api.free_gpus()
-    totals = {n.metadata.name: int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) for n in api.core.list_node().items}
+    totals = api.gpu_totals()
     topology = topology_from_hypernodes(api.list_objects(VOLCANO_TOPOLOGY, "hypernodes"), totals)
     marks = _replicas_by_node(api)
     if output == "json":

@@ -66,15 +66,14 @@ def register(
         # A custom registry has none of kopf's default login handlers: log in as the API client does.
         if index.api.in_cluster:
             return kopf.login_with_service_account(**kwargs)
-        cfg = index.api.client.configuration
-        token = str(cfg.api_key.get("authorization", "")).removeprefix("Bearer ").strip()
+        creds = index.api.credentials
         return kopf.ConnectionInfo(
-            server=cfg.host,
-            ca_path=cfg.ssl_ca_cert,
-            insecure=not cfg.verify_ssl,
-            token=token or None,
-            certificate_path=cfg.cert_file,
-            private_key_path=cfg.key_file,
+            server=creds.server,
+            ca_path=creds.ca_path,
+            insecure=creds.insecure,
+            token=creds.bearer(),
+            certificate_path=creds.cert_path,
+            private_key_path=creds.key_path,
         )
 
     @kopf.on.startup(registry=registry)

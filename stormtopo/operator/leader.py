@@ -14,10 +14,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
-from stormtopo.operator.kube import Api
+from stormtopo.operator.kube import Api, ApiError, micro_time
 
 log = logging.getLogger("stormtopo.leader")
 LEASE_NAME = "stormtopo-operator"
@@ -58,46 +55,43 @@ class Leadership:
 
     def _try_acquire_or_renew(self) -> bool:
         assert self.api is not None
-        leases = client.CoordinationV1Api(self.api.client)
         now = datetime.datetime.now(datetime.UTC)
-        try:
-            lease = leases.read_namespaced_lease(LEASE_NAME, self.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            body = client.V1Lease(
-                metadata=client.V1ObjectMeta(name=LEASE_NAME, namespace=self.namespace),
-                spec=client.V1LeaseSpec(
-                    holder_identity=self.identity,
-                    lease_duration_seconds=self.duration,
-                    acquire_time=now,
-                    renew_time=now,
-                    lease_transitions=0,
-                ),
-            )
+        stamp = micro_time(now.timestamp())
+        lease = self.api.get_lease(self.namespace, LEASE_NAME)
+        if lease is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": LEASE_NAME, "namespace": self.namespace},
+                "spec": {
+                    "holderIdentity": self.identity,
+                    "leaseDurationSeconds": self.duration,
+                    "acquireTime": stamp,
+                    "renewTime": stamp,
+                    "leaseTransitions": 0,
+                },
+            }
             try:
-                leases.create_namespaced_lease(self.namespace, body)
+                self.api.create_lease(body)
                 return True
-            except ApiException as race:
+            except ApiError as race:
                 if race.status == 409:
                     return False
                 raise
-        spec = lease.spec
-        holder = spec.holder_identity
-        renewed = spec.renew_time or spec.acquire_time
-        expired = renewed is None or (now - renewed).total_seconds() > (spec.lease_duration_seconds or self.duration)
-        if holder != self.identity and not expired:
+        spec = lease.setdefault("spec", {})
+        renewed = spec.get("renewTime") or spec.get("acquireTime")
+        age = (now - datetime.datetime.fromisoformat(renewed)).total_seconds() if renewed else None
+        expired = age is None or age > (spec.get("leaseDurationSeconds") or self.duration)
+        if spec.get("holderIdentity") != self.identity and not expired:
             return False
-        if holder != self.identity:
-            spec.acquire_time = now
-            spec.lease_transitions = (spec.lease_transitions or 0) + 1
-        spec.holder_identity = self.identity
-        spec.renew_time = now
-        spec.lease_duration_seconds = self.duration
+        if spec.get("holderIdentity") != self.identity:
+            spec["acquireTime"] = stamp
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        spec.update(holderIdentity=self.identity, renewTime=stamp, leaseDurationSeconds=self.duration)
         try:
-            leases.replace_namespaced_lease(LEASE_NAME, self.namespace, lease)  # carries resourceVersion
+            self.api.replace_lease(lease)  # carries resourceVersion
             return True
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 409:  # someone else renewed or took it first
                 return False
             raise

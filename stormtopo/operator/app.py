@@ -1,0 +1,124 @@
+"""The operator process: kopf handlers, the admission webhook and the metrics endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import kopf
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from stormtopo.core import certificates
+from stormtopo.operator import handlers, webhook
+from stormtopo.operator.index import Index
+from stormtopo.operator.kube import Api
+from stormtopo.operator.leader import Leadership
+from stormtopo.operator.placement_report import PlacementReporter
+from stormtopo.operator.reconcile import Reconciler
+
+log = logging.getLogger("stormtopo.operator")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m stormtopo.operator")
+    p.add_argument("--kubeconfig", help="kubeconfig file; in-cluster configuration when omitted")
+    p.add_argument("--webhook-host", default="0.0.0.0", help="address the webhook listens on")
+    p.add_argument("--webhook-port", type=int, default=9443)
+    p.add_argument("--webhook-url-host", help="host the API server calls (default: --webhook-host); for a local cluster")
+    p.add_argument("--webhook-service", help="NAMESPACE/NAME[:PORT] of the webhook Service, when running in a cluster")
+    p.add_argument("--cert-dir", help="directory with tls.crt, tls.key and ca.crt; a certificate is generated when omitted")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--metrics-port", type=int, default=8080)
+    p.add_argument("--no-register-webhook", action="store_true", help="the webhook configuration is managed elsewhere (Helm)")
+    p.add_argument("--leader-elect", action="store_true", help="several replicas: all serve the webhook, the Lease holder reconciles")
+    p.add_argument("--leader-election-namespace", default="default", help="namespace of the Lease")
+    p.add_argument("--lease-duration", type=int, default=15, help="seconds without renewal before another replica takes over")
+    p.add_argument("--identity", default="", help="this replica's name in the Lease (default: $POD_NAME or host-pid)")
+    return p.parse_args(argv)
+
+
+def _certificates(args: argparse.Namespace) -> tuple[str, str, bytes]:
+    if args.cert_dir:
+        d = Path(args.cert_dir)
+        return str(d / "tls.crt"), str(d / "tls.key"), (d / "ca.crt").read_bytes()
+    hosts = [args.webhook_url_host or args.webhook_host, "localhost"]
+    if args.webhook_service:
+        namespace, name = args.webhook_service.split(":")[0].split("/")
+        hosts += [f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"]
+    ca = certificates.new_ca("stormtopo-webhook-ca")
+    serving = certificates.new_serving_cert(ca, "stormtopo-webhook", hosts)
+    d = Path(tempfile.mkdtemp(prefix="stormtopo-webhook-"))
+    (d / "tls.crt").write_bytes(serving.cert_pem)
+    (d / "tls.key").write_bytes(serving.key_pem)
+    (d / "tls.key").chmod(0o600)
+    return str(d / "tls.crt"), str(d / "tls.key"), ca.cert_pem
+
+
+async def run(args: argparse.Namespace) -> None:
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
+    api = Api(args.kubeconfig)
+    index = Index(api)
+    await asyncio.to_thread(index.detect_volcano_fields)
+    await asyncio.to_thread(index.prime)
+    reconciler = Reconciler(index, handlers.report)
+    registry = kopf.OperatorRegistry()
+    leadership = Leadership(api if args.leader_elect else None, args.leader_election_namespace, args.identity, args.lease_duration)
+    handlers.register(registry, index, reconciler, PlacementReporter(index, handlers.report), leadership)
+
+    cert, key, ca = _certificates(args)
+    runner = web.AppRunner(webhook.build_app(index), access_log=None)
+    await runner.setup()
+    # reuse_port: replicas on one host can share the webhook port, as endpoints behind one Service do.
+    await web.TCPSite(runner, args.webhook_host, args.webhook_port, ssl_context=webhook.tls_context(cert, key), reuse_port=True).start()
+
+    ready = asyncio.Event()
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok") if ready.is_set() else web.Response(status=503, text="starting")
+
+    async def prometheus(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), content_type="text/plain")
+
+    side = web.Application()
+    side.router.add_get("/readyz", readyz)
+    side.router.add_get("/healthz", lambda _: web.Response(text="ok"))  # type: ignore[arg-type,return-value]
+    side.router.add_get("/metrics", prometheus)
+    side_runner = web.AppRunner(side, access_log=None)
+    await side_runner.setup()
+    await web.TCPSite(side_runner, args.metrics_host, args.metrics_port).start()
+
+    kopf_ready = asyncio.Event()
+
+    async def register_when_watching() -> None:
+        await kopf_ready.wait()
+        if not args.no_register_webhook:
+            service = None
+            if args.webhook_service:
+                ref, _, port = args.webhook_service.partition(":")
+                namespace, name = ref.split("/")
+                service = (namespace, name, int(port or 443))
+            url_base = f"https://{args.webhook_url_host or args.webhook_host}:{args.webhook_port}"
+            await asyncio.to_thread(webhook.register, api, webhook.configuration(ca, url_base=url_base, service=service))
+        ready.set()
+        log.info("stormtopo operator ready; webhook on %s:%s", args.webhook_host, args.webhook_port)
+
+    registration = asyncio.create_task(register_when_watching())
+    try:
+        await kopf.operator(registry=registry, clusterwide=True, standalone=True, ready_flag=kopf_ready)
+    finally:
+        registration.cancel()
+        await runner.cleanup()
+        await side_runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # kopf logs every handler run at INFO; at thousands of events that is most of the operator's CPU.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    asyncio.run(run(parse_args(argv)))
