@@ -81,6 +81,10 @@ def register(
         settings.posting.level = logging.WARNING  # Events go to the objects they are about, not to kopf's log
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
+        # Per-object workers: a bounded number, gone soon after the last event. Each holds a task, a
+        # queue and a body; thousands of them at once were most of the operator's peak memory.
+        settings.queueing.worker_limit = 64
+        settings.queueing.idle_timeout = 0.5
         leadership.on_elected = reconciler.resync  # a new leader catches up at once
         _background.add(asyncio.create_task(_resync_forever(reconciler, leadership)))
         _background.add(asyncio.create_task(leadership.run()))
