@@ -101,10 +101,6 @@ def _say(message: str) -> None:
     print(f"stormtopo: {message}", flush=True)
 
 
-def live_processes(state_dir: Path) -> list[processes.Tracked]:
-    return [p for p in processes.tracked(state_dir) if p.alive()]
-
-
 def down(state_dir: Path) -> int:
     """Stop every process a previous `up` started in `state_dir`; return how many were running."""
     running = processes.tracked(state_dir)
