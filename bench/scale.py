@@ -3,6 +3,7 @@ StormService, how long until every PodGroup is correct, and the errors it logged
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -34,14 +35,27 @@ def _metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
 
 
+def _audited_requests(audit_log: Path) -> dict[str, int]:
+    """The operator's API requests by verb, from the API server's audit log (user agents
+    stormtopo-operator and kopf/...): the server's count, not the client's."""
+    counts: dict[str, int] = {}
+    with audit_log.open() as f:
+        for line in f:
+            entry = json.loads(line)
+            agent = entry.get("userAgent", "")
+            if agent.startswith(("stormtopo-operator", "kopf/")):
+                counts[entry["verb"]] = counts.get(entry["verb"], 0) + 1
+    return counts
+
+
 def run(services: int, shape: tuple[int, int, int] = (8, 8, 16)) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="stormtopo-scale-"))
     (state / "fabric.yaml").write_text(fabric_yaml(*shape))
-    cluster.up(state, state / "fabric.yaml", timeout=300)
+    cluster.up(state, state / "fabric.yaml", timeout=300, audit=True)
     try:
         client = DevCluster(state)
         operator = next(p for p in processes.tracked(state) if p.name == "operator")
-        ports = __import__("json").loads((state / "cluster.json").read_text())["ports"]
+        ports = json.loads((state / "cluster.json").read_text())["ports"]
         client.create_namespace("scale")
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -71,6 +85,7 @@ def run(services: int, shape: tuple[int, int, int] = (8, 8, 16)) -> dict[str, An
         peak_mb, cpu_s = _proc(operator.pid)
         log = (state / "logs" / "operator.log").read_text(errors="replace")
         writes = _metric(metrics, "stormtopo_podgroup_writes_total")
+        requests = _audited_requests(state / "logs" / "audit.log")
         return {
             "services": services,
             "nodes": shape[0] * shape[1] * shape[2],
@@ -82,6 +97,7 @@ def run(services: int, shape: tuple[int, int, int] = (8, 8, 16)) -> dict[str, An
             "operator_cpu_s": round(cpu_s, 1),
             "operator_podgroup_writes": writes,
             "operator_podgroup_writes_per_service": round(writes / services, 2),
+            "operator_api_requests_per_service": {verb: round(n / services, 2) for verb, n in sorted(requests.items())},
             "operator_log_errors": len(re.findall(r" ERROR ", log)),
             "operator_409": log.count("(409)"),
             "operator_429": log.count("(429)"),

@@ -120,11 +120,13 @@ def up(
     with_operator: bool = True,
     timeout: float = 120.0,
     vc_controllers: tuple[str, ...] = ("queue-controller",),
+    audit: bool = False,
 ) -> Path:
     """Start the control plane; return the kubeconfig path. Raises AlreadyRunning or ClusterError.
 
     `vc_controllers` are the Volcano controllers to run; add "pg-controller" for Volcano's own
-    do-it-yourself PodGroups (the benchmarks' baseline).
+    do-it-yourself PodGroups (the benchmarks' baseline). `audit` writes the API server's audit log
+    (request metadata, with user agents) to DIR/logs/audit.log, for counting requests per client.
     """
     state_dir = state_dir.resolve()
     topology = parse_topology(topology_file.read_text()) if topology_file else None
@@ -145,7 +147,7 @@ def up(
     state_dir.mkdir(parents=True, exist_ok=True)
     ports = Ports.pick()
     try:
-        cluster = _Starter(state_dir, binaries, ports, vc_controllers)
+        cluster = _Starter(state_dir, binaries, ports, vc_controllers, audit)
         cluster.start_all(topology, with_operator, timeout)
     except BaseException:
         down(state_dir)
@@ -207,8 +209,9 @@ def _wait_ready(state_dir: Path, process: processes.Tracked, ready: Callable[[],
 
 
 class _Starter:
-    def __init__(self, state_dir: Path, binaries: dict[str, Path], ports: Ports, vc_controllers: tuple[str, ...]) -> None:
+    def __init__(self, state_dir: Path, binaries: dict[str, Path], ports: Ports, vc_controllers: tuple[str, ...], audit: bool) -> None:
         self.vc_controllers = vc_controllers
+        self.audit = audit
         self.dir = state_dir
         self.bin = binaries
         self.ports = ports
@@ -257,6 +260,17 @@ class _Starter:
         wrapper.chmod(0o755)
         (self.dir / "cluster.json").write_text(json.dumps({"ports": self.ports.__dict__, "versions": _versions()}, indent=2))
 
+    def _audit_flags(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.dir / "audit-policy.yaml"
+        # Metadata of every request that changes or reads objects, once (at ResponseComplete).
+        policy.write_text(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived, ResponseStarted]\nrules:\n- level: Metadata\n"
+        )
+        (self.dir / "logs").mkdir(exist_ok=True)
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.dir / 'logs' / 'audit.log'}", "--audit-log-format=json"]
+
     # -- processes ----------------------------------------------------------------------------
     def _start(self, name: str, args: list[str]) -> processes.Tracked:
         return processes.start(self.dir, name, [str(self.bin.get(name, name)), *args])
@@ -300,6 +314,7 @@ class _Starter:
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
                 "--allow-privileged=true",
                 "--profiling=false",
+                *self._audit_flags(),
                 "--v=1",
             ],
         )
