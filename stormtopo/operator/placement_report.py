@@ -39,6 +39,9 @@ class PlacementReporter:
     _said: dict[Key, str] = field(default_factory=dict)
     _unsatisfiable: set[Key] = field(default_factory=set)
     _free: tuple[float, dict[str, int]] = (0.0, {})
+    # A burst of replicas becoming Running at once is reported a few at a time: each report reads
+    # pods and writes labels, and a thousand in flight together were the operator's memory peak.
+    _reporting: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(4))
 
     async def _free_gpus(self) -> dict[str, int]:
         """Free GPUs per node, read at most every few seconds however many gangs are pending."""
@@ -53,9 +56,13 @@ class PlacementReporter:
             return
         phase = (podgroup.get("status") or {}).get("phase")
         if phase == "Running":
-            await self._placed(podgroup)
+            if " placed in " in self._said.get(key_of(podgroup), ""):
+                return  # said already: no API reads for the status updates that follow
+            async with self._reporting:
+                await self._placed(podgroup)
         elif _is_unschedulable(podgroup):
-            await self._pending(podgroup)
+            async with self._reporting:
+                await self._pending(podgroup)
 
     async def _context(self, podgroup: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], TopologyRequest] | None:
         roleset, stormservice = await self.index.owners_of(podgroup)
