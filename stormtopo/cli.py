@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stormtopo.core.topology import TopologyError
+
+if TYPE_CHECKING:
+    from stormtopo.operator.kube import Api
 
 
 def _dev_up(args: argparse.Namespace) -> int:
@@ -71,7 +75,7 @@ def _demo(args: argparse.Namespace) -> int:
         return 1
 
 
-def _api(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _api(args: argparse.Namespace) -> Api:
     from stormtopo.operator.kube import Api
 
     return Api(args.kubeconfig)

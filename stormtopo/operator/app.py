@@ -87,7 +87,11 @@ async def run(args: argparse.Namespace) -> None:
 
     side = web.Application()
     side.router.add_get("/readyz", readyz)
-    side.router.add_get("/healthz", lambda _: web.Response(text="ok"))  # type: ignore[arg-type,return-value]
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    side.router.add_get("/healthz", healthz)
     side.router.add_get("/metrics", prometheus)
     side_runner = web.AppRunner(side, access_log=None)
     await side_runner.setup()

@@ -146,16 +146,16 @@ class PlacementReporter:
 
 def _placement_seconds(pods: list[dict[str, Any]]) -> float | None:
     """From the first pod's creation to the last pod's binding (PodScheduled), in seconds."""
-    created = [_time(p["metadata"].get("creationTimestamp")) for p in pods]
+    created = [t for p in pods if (t := _time(p["metadata"].get("creationTimestamp")))]
     bound = [
-        _time(c.get("lastTransitionTime"))
+        t
         for p in pods
         for c in (p.get("status") or {}).get("conditions") or []
-        if c.get("type") == "PodScheduled" and c.get("status") == "True"
+        if c.get("type") == "PodScheduled" and c.get("status") == "True" and (t := _time(c.get("lastTransitionTime")))
     ]
-    if None in created or None in bound or len(bound) < len(pods) or not pods:
+    if not pods or len(created) < len(pods) or len(bound) < len(pods):
         return None
-    return max(0.0, (max(bound) - min(created)).total_seconds())  # type: ignore[type-var,operator]
+    return max(0.0, (max(bound) - min(created)).total_seconds())
 
 
 def _time(text: str | None) -> datetime.datetime | None:
