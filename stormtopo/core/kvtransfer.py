@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stormtopo.core.tier import tier_number
+
 
 class KVConfigError(ValueError):
     """A KV-transfer model file is invalid; the message names the field."""
@@ -42,7 +44,8 @@ def parse_kv_model(data: Mapping[str, Any]) -> KVModel:
         raise KVConfigError("'tiers' must map tier numbers (0 = same node) to {bandwidth_gbps, latency_us}")
     links = {}
     for key, value in tiers.items():
-        if not str(key).isdigit():
+        tier = tier_number(key, lowest=0)
+        if tier is None:
             raise KVConfigError(f"tiers: {key!r} is not a tier number (0 = same node, 1 = one leaf switch, ...)")
         try:
             link = Link(float(value["bandwidth_gbps"]), float(value["latency_us"]))
@@ -50,7 +53,7 @@ def parse_kv_model(data: Mapping[str, Any]) -> KVModel:
             raise KVConfigError(f"tiers.{key}: needs numbers bandwidth_gbps and latency_us ({exc})") from exc
         if link.bandwidth_gbps <= 0 or link.latency_us < 0:
             raise KVConfigError(f"tiers.{key}: bandwidth_gbps must be > 0 and latency_us >= 0")
-        links[int(key)] = link
+        links[tier] = link
     try:
         per_token, tokens = int(data["kv_bytes_per_token"]), int(data["prompt_tokens"])
     except (KeyError, TypeError, ValueError) as exc:

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from stormtopo.core.tier import tier_number
+
 MODE = "volcano.sh/network-topology-mode"
 HIGHEST_TIER = "volcano.sh/network-topology-highest-tier"
 HIGHEST_TIER_NAME = "volcano.sh/network-topology-highest-tier-name"
@@ -174,14 +176,14 @@ def _tier_limit(
     if tier_text is not None:
         known = sorted(cluster.tiers) if cluster and cluster.tiers else None
         accepted = f"a whole number from 1 to {max(known)} (the tiers of this cluster's HyperNodes)" if known else "a whole number >= 1"
-        text = tier_text.strip()
-        if not text.isdigit() or int(text) < 1:
+        tier = tier_number(tier_text)
+        if tier is None:
             problems.append(f"annotation {tier_key}: {tier_text!r} is not a tier; accepted: {accepted}")
             return TierLimit()
-        if known is not None and int(text) > max(known):
+        if known is not None and tier > max(known):
             problems.append(f"annotation {tier_key}: {tier_text!r} is deeper than any HyperNode; accepted: {accepted}")
             return TierLimit()
-        return TierLimit(tier=int(text))
+        return TierLimit(tier=tier)
     if name_text is not None:
         name = name_text.strip()
         if cluster is not None and not cluster.has_tier_name_field:

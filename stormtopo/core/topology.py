@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from stormtopo.core.tier import tier_number
+
 HYPERNODE_API = "topology.volcano.sh/v1alpha1"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "stormtopo"}
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -205,9 +207,10 @@ def parse_topology(text: str) -> Topology:
     tier_names: dict[int, str] = {}
     if "tierNames" in top:
         for tier_text, key, value in _mapping(top["tierNames"][1], "tierNames"):
-            if not tier_text.isdigit() or int(tier_text) < 1:
+            tier = tier_number(tier_text)
+            if tier is None:
                 raise _fail(f"tierNames key {tier_text!r} must be a tier number >= 1", key)
-            tier_names[int(tier_text)] = _scalar(value, f"tierNames[{tier_text}]")
+            tier_names[tier] = _scalar(value, f"tierNames[{tier_text}]")
     builder = _Builder(defaults)
     roots = _mapping(top["switches"][1], "switches")
     if not roots:

@@ -89,9 +89,18 @@ def test_nested_placement() -> None:
     assert request.replica_network_topology() == {"mode": "hard", "highestTierAllowed": 1}
 
 
+@pytest.mark.parametrize("text", ["\u00b9", "\u0663", "\u00b22", "1.0", "+1", " ", "0"])
+def test_a_tier_that_only_looks_like_a_number_is_explained_not_crashed_on(text: str) -> None:
+    # str.isdigit() accepts superscripts and other scripts' digits, which int() refuses (found by hypothesis in CI).
+    with pytest.raises(RequestError) as error:
+        parse_request({MODE: "hard", HIGHEST_TIER: text}, None)
+    assert any(HIGHEST_TIER in p and "accepted" in p for p in error.value.problems)
+
+
 values = st.one_of(
     st.sampled_from(["hard", "soft", "Hard", "", " hard ", "1", "2", "3", "4", "0", "-1", "abc", "leaf", "RoleSet", "StormService"]),
     st.text(max_size=12),
+    st.sampled_from(["\u00b9", "\u0663", "\uff11", "2\u200b"]),
     st.integers(-5, 10).map(str),
 )
 annotation_sets = st.dictionaries(st.sampled_from([*REQUEST_ANNOTATIONS, "other/key"]), values, max_size=6)

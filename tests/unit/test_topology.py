@@ -45,6 +45,7 @@ def test_hypernodes_use_exact_match_members_and_come_leaves_first() -> None:
         ("switch:\n  s0: [n]\n", "line 1: unknown top-level key(s) ['switch']"),
         ("switches: [a, b]\n", "line 1: switches must be a mapping"),
         ("switches:\n  s0: [a]\ntierNames: {2: spine}\n", "tierNames names tier(s) [2] that no switch has"),
+        ('switches:\n  s0: [a]\ntierNames: {"\u00b9": leaf}\n', "line 3: tierNames key '\u00b9' must be a tier number >= 1"),
         ("", "empty"),
         ("switches:\n  s0: [a\n", "not valid YAML"),
     ],

@@ -1,0 +1,17 @@
+"""Tier numbers as users write them: in annotations, topology files and the KV-transfer config."""
+
+from __future__ import annotations
+
+import re
+
+# ASCII digits only: str.isdigit() also accepts '¹' or '٣', which int() then refuses.
+_WHOLE_NUMBER = re.compile(r"[0-9]+")
+
+
+def tier_number(text: object, lowest: int = 1) -> int | None:
+    """The tier a text names (1 = the switches closest to the nodes), or None when it names none."""
+    value = str(text).strip()
+    if not _WHOLE_NUMBER.fullmatch(value):
+        return None
+    tier = int(value)
+    return tier if tier >= lowest else None
