@@ -131,6 +131,16 @@ def placement_record(topology: Topology, nodes: Sequence[str]) -> dict[str, obje
     return {"hyperNode": domain.name if domain else None, "tier": domain.tier if domain else None, "nodes": sorted(set(nodes))}
 
 
+def recorded_placement(current: str | None, replica: str) -> Mapping[str, object] | None:
+    """`replica`'s record in the placement annotation, if it has one."""
+    try:
+        table = json.loads(current) if current else {}
+    except ValueError:
+        return None
+    record = table.get(replica) if isinstance(table, dict) else None
+    return record if isinstance(record, dict) else None
+
+
 def merge_placements(current: str | None, replica: str, record: Mapping[str, object], live: Iterable[str]) -> str:
     """The placement annotation with `replica`'s record set and replicas that no longer exist dropped."""
     try:

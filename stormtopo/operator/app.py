@@ -15,6 +15,7 @@ from prometheus_client import generate_latest
 
 from stormtopo.core import certificates
 from stormtopo.operator import handlers, webhook
+from stormtopo.operator.events import EventRecorder
 from stormtopo.operator.index import Index
 from stormtopo.operator.kube import Api
 from stormtopo.operator.leader import Leadership
@@ -66,10 +67,12 @@ async def run(args: argparse.Namespace) -> None:
     index = Index(api)
     await asyncio.to_thread(index.detect_volcano_fields)
     await asyncio.to_thread(index.prime)
-    reconciler = Reconciler(index, handlers.report)
     registry = kopf.OperatorRegistry()
     leadership = Leadership(api if args.leader_elect else None, args.leader_election_namespace, args.identity, args.lease_duration)
-    handlers.register(registry, index, reconciler, PlacementReporter(index, handlers.report), leadership)
+    events = EventRecorder(api, leadership.identity)
+    reconciler = Reconciler(index, events)
+    handlers.register(registry, index, reconciler, PlacementReporter(index, events), leadership)
+    posting = asyncio.create_task(events.run())
 
     cert, key, ca = _certificates(args)
     runner = web.AppRunner(webhook.build_app(index), access_log=None)
@@ -117,6 +120,7 @@ async def run(args: argparse.Namespace) -> None:
         await kopf.operator(registry=registry, clusterwide=True, standalone=True, ready_flag=kopf_ready)
     finally:
         registration.cancel()
+        posting.cancel()
         await runner.cleanup()
         await side_runner.cleanup()
 

@@ -8,58 +8,81 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import kopf
 
-from stormtopo.operator.index import Index
+from stormtopo.operator.index import Index, Key, key_of, service_key_of
 from stormtopo.operator.leader import Leadership
 from stormtopo.operator.placement_report import PlacementReporter
 from stormtopo.operator.reconcile import Reconciler
+from stormtopo.operator.workqueue import WorkQueue
 
 log = logging.getLogger("stormtopo.handlers")
 RESYNC_SECONDS = 30.0
 _background: set[asyncio.Task[None]] = set()  # keeps the resync task referenced
 
 
-def report(obj: dict[str, Any], event_type: str, reason: str, message: str) -> None:
-    body = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": obj["metadata"]}
-    kopf.event(cast(kopf.Body, body), type=event_type, reason=reason, message=message)
-
-
 def register(
     registry: kopf.OperatorRegistry, index: Index, reconciler: Reconciler, reporter: PlacementReporter, leadership: Leadership
 ) -> None:
-    """Every replica keeps its index warm (the webhook answers from it); only the leader writes."""
+    """Every replica keeps its index warm (the webhook answers from it); only the leader writes.
+
+    A handler only records the object and queues a key: the work happens in the queues' few workers,
+    so kopf's per-object workers end at once and never pile up event bodies during a burst. Handlers
+    are coroutines that never await: kopf would run plain functions on threads, and the index and
+    queues belong to the event loop."""
+
+    async def reconcile_stormservice(key: Key) -> None:
+        stormservice = index.stormservices.get(key)
+        if stormservice is not None and leadership.is_leader:  # None: deleted, or its own event is on the way
+            await reconciler.stormservice(stormservice)
+
+    async def report_placement(key: Key) -> None:
+        podgroup = index.podgroups.get(key)
+        if podgroup is not None and leadership.is_leader:
+            await reporter.podgroup_changed(podgroup)
+
+    stormservices: WorkQueue[Key] = WorkQueue("stormservices", reconcile_stormservice, workers=4)
+    placements: WorkQueue[Key] = WorkQueue("placements", report_placement, workers=4)
+
+    async def resync() -> None:
+        for key in list(index.stormservices):
+            stormservices.add(key)
+        for key in list(index.podgroups):  # placements a former leader did not report; pending gangs re-explained
+            placements.add(key)
 
     @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "stormservices", registry=registry)
     async def stormservice_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        obj = dict(body)
-        index.observe("StormService", event.get("type"), obj)
-        if event.get("type") != "DELETED" and leadership.is_leader:
-            await reconciler.stormservice(obj)
+        index.observe("StormService", event.get("type"), body)
+        if event.get("type") == "DELETED":
+            reconciler.forget(key_of(body))
+        elif leadership.is_leader:
+            stormservices.add(key_of(body))
 
     @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "rolesets", registry=registry)
     async def roleset_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        obj = dict(body)
-        index.observe("RoleSet", event.get("type"), obj)
+        index.observe("RoleSet", event.get("type"), body)
         if event.get("type") != "DELETED" and leadership.is_leader:
-            await reconciler.roleset_changed(obj)
+            stormservices.add(service_key_of(body))
 
     @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"roleset-name": kopf.PRESENT}, registry=registry)
     async def podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        index.observe("PodGroup", event.get("type"), dict(body))
-        if event.get("type") != "DELETED" and leadership.is_leader:
-            await reporter.podgroup_changed(dict(body))
+        index.observe("PodGroup", event.get("type"), body)
+        if event.get("type") == "DELETED":
+            reporter.forget(key_of(body))
+        elif leadership.is_leader:
+            placements.add(key_of(body))
 
     # The PodGroups stormtopo owns for StormService-scoped requests carry no roleset-name label.
     @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"app.kubernetes.io/managed-by": "stormtopo"}, registry=registry)
     async def owned_podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        index.observe("PodGroup", event.get("type"), dict(body))
+        index.observe("PodGroup", event.get("type"), body)
 
     @kopf.on.event("topology.volcano.sh", "v1alpha1", "hypernodes", registry=registry)
     async def hypernode_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        index.observe("HyperNode", event.get("type"), dict(body))
+        index.observe("HyperNode", event.get("type"), body)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -79,20 +102,24 @@ def register(
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.level = logging.WARNING  # Events go to the objects they are about, not to kopf's log
+        # Events are posted a few at a time: kopf's client opens one TLS connection per post in flight,
+        # and a burst of a thousand at once cost tens of MB of connection buffers.
+        settings.posting.worker_limit = 4
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
-        # Per-object workers: a bounded number, gone soon after the last event. Each holds a task, a
-        # queue and a body; thousands of them at once were most of the operator's peak memory.
+        # Per-object workers: a bounded number, gone soon after the last event.
         settings.queueing.worker_limit = 64
         settings.queueing.idle_timeout = 0.5
-        leadership.on_elected = reconciler.resync  # a new leader catches up at once
-        _background.add(asyncio.create_task(_resync_forever(reconciler, leadership)))
+        stormservices.start()
+        placements.start()
+        leadership.on_elected = resync  # a new leader catches up at once
+        _background.add(asyncio.create_task(_resync_forever(resync, leadership)))
         _background.add(asyncio.create_task(leadership.run()))
 
 
-async def _resync_forever(reconciler: Reconciler, leadership: Leadership) -> None:
+async def _resync_forever(resync: Callable[[], Awaitable[None]], leadership: Leadership) -> None:
     # Catches what a dropped watch or a failed write left behind; cheap, it reads only the index.
     while True:
         await asyncio.sleep(RESYNC_SECONDS)
         if leadership.is_leader:
-            await reconciler.resync()
+            await resync()

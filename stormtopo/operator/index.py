@@ -18,13 +18,20 @@ from stormtopo.operator.kube import AIBRIX, Api
 Key = tuple[str, str]  # (namespace, name)
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # a whole copy of the object
+
+
 def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What the index keeps of an object: its metadata without managedFields, and of StormService and
-    RoleSet specs only what the gang is made of. No status. Full objects would dominate the operator's
-    memory at a thousand StormServices."""
+    """What the index keeps of an object: its metadata without managedFields, of StormService and
+    RoleSet specs only what the gang is made of, and of a status only a PodGroup's phase and
+    conditions. Full objects would dominate the operator's memory at a thousand StormServices."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    if LAST_APPLIED in (meta.get("annotations") or {}):
+        meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != LAST_APPLIED}
     out = {k: v for k, v in obj.items() if k not in ("status", "metadata", "spec")}
     out["metadata"] = meta
+    if obj.get("kind") == "PodGroup" and obj.get("status"):
+        out["status"] = {k: v for k, v in obj["status"].items() if k in ("phase", "conditions")}
     if "spec" in obj:
         out["spec"] = _slim_spec(obj["spec"] or {}) if obj.get("kind") in ("StormService", "RoleSet") else obj["spec"]
     return out
@@ -44,6 +51,11 @@ def _slim_role(role: Mapping[str, Any]) -> dict[str, Any]:
     kept = {k: role[k] for k in ("name", "replicas", "podGroupSize") if k in role}
     kept["template"] = {"spec": {"containers": [{"resources": c.get("resources") or {}} for c in containers]}}
     return kept
+
+
+def service_key_of(roleset: Mapping[str, Any]) -> Key:
+    """The StormService a RoleSet belongs to, by AIBrix's label or its owner reference."""
+    return roleset["metadata"].get("namespace", ""), _service_name(roleset)
 
 
 def _service_name(roleset: Mapping[str, Any]) -> str:
@@ -85,9 +97,12 @@ class Index:
         store = {"StormService": self.stormservices, "RoleSet": self.rolesets, "PodGroup": self.podgroups}[kind]
         key = key_of(obj)
         if kind == "RoleSet":
-            service = (key[0], _service_name(obj))
+            service = service_key_of(obj)
             if deleted:
-                self._rolesets_by_service.get(service, set()).discard(key[1])
+                names = self._rolesets_by_service.get(service, set())
+                names.discard(key[1])
+                if not names:
+                    self._rolesets_by_service.pop(service, None)
             else:
                 self._rolesets_by_service.setdefault(service, set()).add(key[1])
         if deleted:
@@ -134,9 +149,9 @@ class Index:
     async def _read_through(self, store: dict[Key, dict[str, Any]], plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         found = store.get((namespace, name))
         if found is None:
-            found = await asyncio.to_thread(self.api.get, AIBRIX, plural, namespace, name)
-            if found is not None:
-                store[(namespace, name)] = found
+            read = await asyncio.to_thread(self.api.get, AIBRIX, plural, namespace, name)
+            if read is not None:
+                found = store[(namespace, name)] = slim(read)
         return found
 
     async def service_of_group(self, namespace: str, group: str) -> str | None:

@@ -13,6 +13,7 @@ import os
 import ssl
 import tempfile
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ class ApiError(RuntimeError):
         super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
         self.status = status
         self.body = body
+
+
+PAGE_SIZE = 250  # objects per list request
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,18 @@ class Api:
         return self.raw_list(self.path(group_version, plural, namespace), **query)
 
     def raw_list(self, path: str, **query: str) -> list[dict[str, Any]]:
-        return list((self.request("GET", path, **query) or {}).get("items", []))
+        return [item for page in self.pages(path, **query) for item in page]
+
+    def pages(self, path: str, **query: str) -> Iterator[list[dict[str, Any]]]:
+        """A list, a page at a time: a caller that reduces each page never holds every pod or node of
+        a large cluster at once (a full pod list of 4,000 pods is tens of MB once parsed)."""
+        token = ""
+        while True:
+            page = self.request("GET", path, **query, limit=str(PAGE_SIZE), **({"continue": token} if token else {})) or {}
+            yield list(page.get("items", []))
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return
 
     def crd_schema(self, name: str) -> dict[str, Any] | None:
         crd = self.get(("apiextensions.k8s.io", "v1"), "customresourcedefinitions", None, name)
@@ -154,19 +169,21 @@ class Api:
 
     def free_gpus(self, resource: str = "nvidia.com/gpu") -> dict[str, int]:
         """Free GPUs per node: allocatable minus what bound, unfinished pods request."""
-        nodes = self.raw_list("/api/v1/nodes")
-        free = {n["metadata"]["name"]: _quantity((n.get("status", {}).get("allocatable") or {}).get(resource, "0")) for n in nodes}
-        for pod in self.raw_list("/api/v1/pods", fieldSelector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"):
-            node = pod["spec"].get("nodeName")
-            if node in free:
-                for c in pod["spec"].get("containers") or []:
-                    free[node] -= _quantity(((c.get("resources") or {}).get("requests") or {}).get(resource, "0"))
+        free = self.gpu_totals(resource)
+        bound = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+        for page in self.pages("/api/v1/pods", fieldSelector=bound):
+            for pod in page:
+                node = pod["spec"].get("nodeName")
+                if node in free:
+                    for c in pod["spec"].get("containers") or []:
+                        free[node] -= _quantity(((c.get("resources") or {}).get("requests") or {}).get(resource, "0"))
         return free
 
     def gpu_totals(self, resource: str = "nvidia.com/gpu") -> dict[str, int]:
         return {
             n["metadata"]["name"]: _quantity((n.get("status", {}).get("allocatable") or {}).get(resource, "0"))
-            for n in self.raw_list("/api/v1/nodes")
+            for page in self.pages("/api/v1/nodes")
+            for n in page
         }
 
     def pods_of_group(self, namespace: str, roleset: str) -> list[dict[str, Any]]:
@@ -206,9 +223,31 @@ class Api:
     def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
         self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"labels": labels}}, MERGE_PATCH)
 
-    def annotate_stormservice(self, namespace: str, name: str, key: str, value: str) -> None:
-        """Merge-patch one annotation: stormtopo's own key, nothing else of the StormService."""
-        self.request("PATCH", self.path(AIBRIX, "stormservices", namespace, name), {"metadata": {"annotations": {key: value}}}, MERGE_PATCH)
+    def annotate_stormservice(self, namespace: str, name: str, key: str, value: str, resource_version: str | None = None) -> None:
+        """Merge-patch one annotation: stormtopo's own key, nothing else of the StormService. With a
+        resourceVersion the patch applies only to that version (409 otherwise): a read-modify-write."""
+        meta: dict[str, Any] = {"annotations": {key: value}}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        self.request("PATCH", self.path(AIBRIX, "stormservices", namespace, name), {"metadata": meta}, MERGE_PATCH)
+
+    def create_event(self, event: Mapping[str, Any], instance: str) -> None:
+        """A core/v1 Event: `event` has involvedObject, type, reason and message."""
+        involved = event["involvedObject"]
+        now = micro_time()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": involved["namespace"] or "default"},
+            **event,
+            "source": {"component": "stormtopo"},
+            "reportingComponent": "stormtopo",
+            "reportingInstance": instance,
+            "firstTimestamp": now[:19] + "Z",
+            "lastTimestamp": now[:19] + "Z",
+            "count": 1,
+        }
+        self.request("POST", f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)
 
     # -- leases --------------------------------------------------------------------------------
     def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -19,3 +19,4 @@ PLACEMENT_SECONDS = Histogram(
     "From a replica's first pod creation to its last pod's binding",
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
 )
+QUEUE_DEPTH = Gauge("stormtopo_workqueue_depth", "Keys waiting to be reconciled", ["queue"])

@@ -13,12 +13,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.placement import PLACEMENT_ANNOTATION, allowed_tier, domain_labels, explain, merge_placements, placement_record
+from stormtopo.core.placement import (
+    PLACEMENT_ANNOTATION,
+    allowed_tier,
+    domain_labels,
+    explain,
+    merge_placements,
+    placement_record,
+    recorded_placement,
+)
 from stormtopo.core.podgroup import REQUEST_ANNOTATION, replica_pods
 from stormtopo.core.request import Mode, RequestError, TopologyRequest, parse_request
 from stormtopo.core.topology import topology_from_hypernodes
 from stormtopo.operator import metrics
+from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key, key_of
+from stormtopo.operator.kube import AIBRIX, ApiError
 
 EXPLAIN_INTERVAL = 10.0  # seconds between two capacity checks of one pending gang
 FREE_GPUS_TTL = 5.0  # seconds a reading of every node's free GPUs is reused
@@ -34,35 +44,43 @@ def _is_unschedulable(podgroup: Mapping[str, Any]) -> bool:
 @dataclass
 class PlacementReporter:
     index: Index
-    report: Any  # (object, event type, reason, message)
+    report: Report
     _checked: dict[Key, float] = field(default_factory=dict)
     _said: dict[Key, str] = field(default_factory=dict)
+    _reported_placed: set[Key] = field(default_factory=set)  # replicas whose placement is reported or was recorded before
     _unsatisfiable: set[Key] = field(default_factory=set)
     _free: tuple[float, dict[str, int]] = (0.0, {})
-    # A burst of replicas becoming Running at once is reported a few at a time: each report reads
-    # pods and writes labels, and a thousand in flight together were the operator's memory peak.
-    _reporting: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(4))
+    _free_read: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reading shared by the gangs waiting for it
 
     async def _free_gpus(self) -> dict[str, int]:
         """Free GPUs per node, read at most every few seconds however many gangs are pending."""
-        read_at, free = self._free
-        if time.monotonic() - read_at > FREE_GPUS_TTL:
-            free = await asyncio.to_thread(self.index.api.free_gpus)
-            self._free = (time.monotonic(), free)
-        return free
+        async with self._free_read:
+            read_at, free = self._free
+            if time.monotonic() - read_at > FREE_GPUS_TTL:
+                free = await asyncio.to_thread(self.index.api.free_gpus)
+                self._free = (time.monotonic(), free)
+            return free
 
     async def podgroup_changed(self, podgroup: Mapping[str, Any]) -> None:
+        """Called from the placement work queue, a few PodGroups at a time (each reads pods and writes labels)."""
         if REQUEST_ANNOTATION not in (podgroup["metadata"].get("annotations") or {}):
             return
         phase = (podgroup.get("status") or {}).get("phase")
         if phase == "Running":
-            if " placed in " in self._said.get(key_of(podgroup), ""):
+            if key_of(podgroup) in self._reported_placed:
                 return  # said already: no API reads for the status updates that follow
-            async with self._reporting:
-                await self._placed(podgroup)
+            await self._placed(podgroup)
         elif _is_unschedulable(podgroup):
-            async with self._reporting:
-                await self._pending(podgroup)
+            await self._pending(podgroup)
+
+    def forget(self, key: Key) -> None:
+        """A PodGroup was deleted: drop what was said and checked about it."""
+        self._said.pop(key, None)
+        self._reported_placed.discard(key)
+        self._checked.pop(key, None)
+        if key in self._unsatisfiable:
+            self._unsatisfiable.discard(key)
+            metrics.PENDING_GANGS.set(len(self._unsatisfiable))
 
     async def _context(self, podgroup: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], TopologyRequest] | None:
         roleset, stormservice = await self.index.owners_of(podgroup)
@@ -113,13 +131,16 @@ class PlacementReporter:
         key = key_of(podgroup)
         self._unsatisfiable.discard(key)
         metrics.PENDING_GANGS.set(len(self._unsatisfiable))
-        if " placed in " in self._said.get(key, ""):
+        if key in self._reported_placed:
             return
         context = await self._context(podgroup)
         if context is None:
             return
         _roleset, stormservice, _ = context
         namespace, name = key
+        if recorded_placement((stormservice["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION), name) is not None:
+            self._reported_placed.add(key)  # reported before a restart or a change of leader: bound pods never move
+            return
         pods = await asyncio.to_thread(self.index.api.pods_of_group, namespace, name)
         nodes = sorted(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
         if not nodes:
@@ -137,11 +158,31 @@ class PlacementReporter:
             wanted = domain_labels(topology, pod["spec"].get("nodeName") or "")
             if wanted and any((pod["metadata"].get("labels") or {}).get(k) != v for k, v in wanted.items()):
                 await asyncio.to_thread(self.index.api.label_pod, namespace, pod["metadata"]["name"], wanted)
-        ss_meta = stormservice["metadata"]
-        live = [r["metadata"]["name"] for r in self.index.rolesets_of(namespace, ss_meta["name"])]
-        value = merge_placements((ss_meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION), name, record, live)
-        if value != (ss_meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION):
-            await asyncio.to_thread(self.index.api.annotate_stormservice, namespace, ss_meta["name"], PLACEMENT_ANNOTATION, value)
+        await asyncio.to_thread(self._record, stormservice, name, record)
+        self._reported_placed.add(key)
+
+    def _record(self, stormservice: Mapping[str, Any], replica: str, record: Mapping[str, object]) -> None:
+        """Set the replica's record in the StormService's placement annotation. Two replicas of one
+        StormService are placed concurrently: each write is conditional on the version it merged
+        into, and a conflict re-reads and merges again, so neither record overwrites the other."""
+        namespace, name = key_of(stormservice)
+        live = [r["metadata"]["name"] for r in self.index.rolesets_of(namespace, name)]
+        current: Mapping[str, Any] | None = stormservice
+        for _ in range(5):
+            if current is None:
+                return  # deleted meanwhile
+            meta = current["metadata"]
+            recorded = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+            value = merge_placements(recorded, replica, record, live)
+            if value == recorded:
+                return
+            try:
+                self.index.api.annotate_stormservice(namespace, name, PLACEMENT_ANNOTATION, value, meta.get("resourceVersion"))
+                return
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+            current = self.index.api.get(AIBRIX, "stormservices", namespace, name)
 
 
 def _placement_seconds(pods: list[dict[str, Any]]) -> float | None:

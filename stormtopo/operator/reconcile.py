@@ -1,14 +1,14 @@
 """Level-triggered reconciliation of a StormService's replica PodGroups.
 
-Runs on every watch event of a StormService, RoleSet or PodGroup and on a periodic resync; it reads
-from the index and writes only when the cluster differs from what it should be, so it is idempotent
-across operator restarts (no duplicates, no orphans: owned PodGroups carry owner references).
+Runs from the work queue for every watch event of a StormService or its RoleSets and on a periodic
+resync; it reads from the index and writes only when the cluster differs from what it should be, so
+it is idempotent across operator restarts (no duplicates, no orphans: owned PodGroups carry owner
+references). The queue never hands one StormService to two workers at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,22 +22,17 @@ from stormtopo.core.podgroup import (
     service_podgroup,
     spec_patch,
 )
-from stormtopo.core.request import RequestError, Scope, TopologyRequest, is_opted_in, parse_request
+from stormtopo.core.request import RequestError, Scope, TopologyRequest, parse_request
 from stormtopo.operator import metrics
+from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key, key_of
-
-log = logging.getLogger("stormtopo.reconcile")
-
-# The reconciler reports through this callable: (object, event type, reason, message).
-Reporter = Any
 
 
 @dataclass
 class Reconciler:
     index: Index
-    report: Reporter
+    report: Report
     _reported: dict[Key, str] = field(default_factory=dict)
-    _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
 
     @property
     def podgroups(self) -> dict[Key, dict[str, Any]]:
@@ -55,18 +50,21 @@ class Reconciler:
 
     async def stormservice(self, stormservice: Mapping[str, Any]) -> None:
         key = key_of(stormservice)
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            request = self.request_for(stormservice)
-            self._report_request(stormservice, request)
-            if isinstance(request, RequestError):
-                return  # bad input changes nothing; the Warning Event says why
-            if request is not None and request.scope is Scope.STORMSERVICE:
-                await self._service_group(stormservice, request)
-                return
-            await self._withdraw(self.podgroups.get((key[0], service_group_name(key[1]))))
-            for roleset in self.rolesets_of(stormservice):
-                await self._roleset(roleset, request)
+        request = self.request_for(stormservice)
+        self._report_request(stormservice, request)
+        if isinstance(request, RequestError):
+            return  # bad input changes nothing; the Warning Event says why
+        if request is not None and request.scope is Scope.STORMSERVICE:
+            await self._service_group(stormservice, request)
+            return
+        await self._withdraw(self.podgroups.get((key[0], service_group_name(key[1]))))
+        for roleset in self.rolesets_of(stormservice):
+            await self._roleset(roleset, request)
+
+    def forget(self, key: Key) -> None:
+        """A StormService was deleted: drop what was said about it."""
+        self._reported.pop(key, None)
+        metrics.INVALID_REQUESTS.set(sum(1 for t in self._reported.values() if t.startswith("invalid")))
 
     def _report_request(self, stormservice: Mapping[str, Any], request: TopologyRequest | RequestError | None) -> None:
         key = key_of(stormservice)
@@ -128,17 +126,3 @@ class Reconciler:
         namespace, name = key_of(podgroup)
         await asyncio.to_thread(self.index.api.patch_podgroup, namespace, name, ops)
         metrics.PODGROUP_WRITES.labels("patch").inc()
-
-    async def roleset_changed(self, roleset: Mapping[str, Any]) -> None:
-        _, stormservice = await self.index.owners_of(roleset)
-        if stormservice is not None and (
-            is_opted_in(stormservice["metadata"].get("annotations")) or key_of(stormservice) in self._reported
-        ):
-            await self.stormservice(stormservice)
-
-    async def resync(self) -> None:
-        for stormservice in list(self.index.stormservices.values()):
-            try:
-                await self.stormservice(stormservice)
-            except Exception:  # one broken object must not stop the others
-                log.exception("resync of StormService %s/%s failed", *key_of(stormservice))
