@@ -44,18 +44,23 @@ def machine() -> dict[str, Any]:
     }
 
 
-def run(quick: bool) -> dict[str, Any]:
+LARGE = (8, 8, 16)  # 1,024 nodes
+
+
+def run(quick: bool, large: bool = False) -> dict[str, Any]:
+    """Every benchmark on 256 nodes (16 with `quick`); with `large`, placement quality only, on 1,024."""
     kv = parse_kv_model(yaml.safe_load(DEFAULT_KV_CONFIG.read_text()))
-    shape = (2, 2, 4) if quick else (4, 8, 8)  # spines x leaves per spine x nodes per leaf: 16 or 256 nodes
-    count = 10 if quick else 60
+    # spines x leaves per spine x nodes per leaf
+    shape = LARGE if large else (2, 2, 4) if quick else (4, 8, 8)
+    count = 10 if quick else 120 if large else 60
     description = fabric_yaml(*shape)
     topology = parse_topology(description)
     state = Path(tempfile.mkdtemp(prefix="stormtopo-bench-"))
     topo_file = state / "fabric.yaml"
     topo_file.write_text(description)
     started = time.monotonic()
-    cluster.up(state, topo_file, vc_controllers=("queue-controller", "pg-controller"))
-    out: dict[str, Any] = {"machine": machine(), "quick": quick, "nodes": len(topology.nodes)}
+    cluster.up(state, topo_file, vc_controllers=("queue-controller", "pg-controller"), timeout=300 if large else 120)
+    out: dict[str, Any] = {"machine": machine(), "quick": quick, "large": large, "nodes": len(topology.nodes)}
     try:
         client = DevCluster(state)
         client.create_namespace("bench-fill")
@@ -73,6 +78,8 @@ def run(quick: bool) -> dict[str, Any]:
             quality[mode]["replicas_detail"] = [r.__dict__ for r in results]
             client.delete_namespace(ns, wait=120)
         out["placement"] = quality
+        if large:
+            return out
 
         client.create_namespace("bench-cp")
         out["critical_path"] = critical_path.podgroup_vs_first_pod(client, "bench-cp", samples=3 if quick else 10)
@@ -84,7 +91,7 @@ def run(quick: bool) -> dict[str, Any]:
         out["webhook"] = critical_path.webhook_latency(client, "bench-cp", "lat-svc", roleset["metadata"]["name"], 150 if quick else 1000)
     finally:
         cluster.down(state)
-    out["seconds"] = round(time.monotonic() - started, 1)
+        out["seconds"] = round(time.monotonic() - started, 1)
     return out
 
 
@@ -121,7 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small versions, about two minutes")
     parser.add_argument("--scale", type=int, metavar="N", help="only the scale run: N StormServices on 1,024 nodes")
     parser.add_argument("--expressions", action="store_true", help="only per-replica PodGroups vs one with subgroups, 1,024 nodes")
+    parser.add_argument("--large", action="store_true", help="only placement quality, on 1,024 nodes with 120 StormServices per mode")
     args = parser.parse_args(argv)
+    if args.large:
+        out = run(quick=False, large=True)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "placement-1024.json").write_text(json.dumps(out, indent=2, default=str))
+        report.plot(out, RESULTS / "placement-1024.png")
+        report.write_markdown(Path(__file__).resolve().parents[1] / "BENCHMARKS.md", out, "bench/results/placement-1024.json", "large")
+        print(json.dumps({mode: {k: v for k, v in s.items() if k != "replicas_detail"} for mode, s in out["placement"].items()}))
+        return 0
     if args.expressions:
         result = {"machine": machine(), "expressions": expressions_at_scale()}
         RESULTS.mkdir(exist_ok=True)

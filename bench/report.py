@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 MODE_TITLES = {
     "baseline": "no topology (AIBrix + Volcano gang)",
     "hard": "stormtopo hard, tier 1",
@@ -16,8 +15,9 @@ MODE_TITLES = {
 
 def table(out: dict[str, Any], results_name: str) -> str:
     m = out["machine"]
+    flag = " --quick" if out["quick"] else " --large" if out.get("large") else ""
     lines = [
-        f"Run of `python -m bench{' --quick' if out['quick'] else ''}` ({results_name}): {out['nodes']} fake GPU nodes "
+        f"Run of `python -m bench{flag}` ({results_name}): {out['nodes']} fake GPU nodes "
         f"(8 GPUs each, 3 tiers), {out['placement']['baseline']['replicas']} StormServices per mode, {out['seconds']} s in all.",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}; {m['go']}.",
@@ -33,6 +33,8 @@ def table(out: dict[str, Any], results_name: str) -> str:
             f"| {MODE_TITLES.get(mode, mode)} | {s['tier1_fraction']} | {dist} | {s['kv_time_vs_optimal']}x "
             f"(node-level {s['kv_time_vs_node_optimal']}x) | {s['at_optimum_fraction']} | {pending} |"
         )
+    if "critical_path" not in out:
+        return "\n".join(lines)
     cp, wh = out["critical_path"], out["webhook"]
     lines += [
         "",
@@ -59,13 +61,15 @@ def table(out: dict[str, Any], results_name: str) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(path: Path, out: dict[str, Any], results_name: str) -> None:
-    text = path.read_text() if path.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in text:
-        text += f"\n{BEGIN}\n{END}\n"
-    head, rest = text.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1] if END in rest else ""
-    path.write_text(f"{head}{BEGIN}\n{table(out, results_name)}\n{END}{tail}")
+def write_markdown(path: Path, out: dict[str, Any], results_name: str, section: str = "bench") -> None:
+    """Replace the generated section between `<!-- {section}:begin -->` and its end marker."""
+    begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if begin not in text:
+        text += f"\n{begin}\n{end}\n"
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1] if end in rest else ""
+    path.write_text(f"{head}{begin}\n{table(out, results_name)}\n{end}{tail}")
 
 
 def plot(out: dict[str, Any], path: Path) -> None:

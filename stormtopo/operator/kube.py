@@ -39,6 +39,11 @@ class ApiError(RuntimeError):
         self.status = status
         self.body = body
 
+    @property
+    def namespace_terminating(self) -> bool:
+        """Nothing can be created in a namespace being deleted; whatever needed it goes with it."""
+        return self.status == 403 and "NamespaceTerminating" in self.body
+
 
 PAGE_SIZE = 250  # objects per list request
 
@@ -194,12 +199,13 @@ class Api:
 
     # -- writes --------------------------------------------------------------------------------
     def create_podgroup(self, body: dict[str, Any]) -> bool:
-        """Create a PodGroup; False if it exists already (another writer won the race)."""
+        """Create a PodGroup; False if it exists already (another writer won the race) or its
+        namespace is being deleted."""
         try:
             self.request("POST", self.path(VOLCANO_SCHEDULING, "podgroups", body["metadata"]["namespace"]), body)
             return True
         except ApiError as exc:
-            if exc.status == 409:
+            if exc.status == 409 or exc.namespace_terminating:
                 return False
             raise
 
