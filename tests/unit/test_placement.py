@@ -63,3 +63,15 @@ def test_domain_labels_and_placement_record() -> None:
     merged = merge_placements('{"gone": {"tier": 3}, "a": {"tier": 2}}', "b", {"tier": 1}, live=["a"])
     assert merged == '{"a":{"tier":2},"b":{"tier":1}}'
     assert merge_placements("not json", "b", {"tier": 1}, live=[]) == '{"b":{"tier":1}}'
+
+
+def test_a_recorded_placement_is_found_only_when_the_replica_has_a_record() -> None:
+    from stormtopo.core.placement import recorded_placement
+
+    table = '{"a":{"hyperNode":"s2","tier":1,"nodes":["node4"]}}'
+    assert recorded_placement(table, "a") == {"hyperNode": "s2", "tier": 1, "nodes": ["node4"]}
+    assert recorded_placement(table, "b") is None
+    assert recorded_placement(None, "a") is None
+    assert recorded_placement("not json", "a") is None
+    assert recorded_placement('["a"]', "a") is None
+    assert recorded_placement('{"a": "s2"}', "a") is None

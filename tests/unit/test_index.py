@@ -1,0 +1,59 @@
+"""What the operator's index keeps of an object (pure: no API calls)."""
+
+from __future__ import annotations
+
+from stormtopo.operator.index import LAST_APPLIED, service_key_of, slim
+
+
+def test_slim_keeps_what_reconciliation_reads_and_drops_the_bulk() -> None:
+    roleset = {
+        "apiVersion": "orchestration.aibrix.ai/v1alpha1",
+        "kind": "RoleSet",
+        "metadata": {
+            "name": "svc-roleset-abc",
+            "namespace": "ns",
+            "labels": {"storm-service-name": "svc"},
+            "annotations": {LAST_APPLIED: "{...the whole object...}", "keep": "me"},
+            "managedFields": [{"manager": "aibrix"}],
+        },
+        "spec": {
+            "schedulingStrategy": {"volcanoSchedulingStrategy": {}},
+            "roles": [
+                {
+                    "name": "prefill",
+                    "replicas": 2,
+                    "podGroupSize": 2,
+                    "template": {
+                        "metadata": {"labels": {"a": "b"}},
+                        "spec": {"containers": [{"name": "c", "image": "x", "env": [{"name": "E"}], "resources": {"limits": {"g": "1"}}}]},
+                    },
+                }
+            ],
+        },
+        "status": {"replicas": 1},
+    }
+    kept = slim(roleset)
+    assert kept["metadata"]["annotations"] == {"keep": "me"}
+    assert "managedFields" not in kept["metadata"] and "status" not in kept
+    assert kept["spec"]["schedulingStrategy"] == {"volcanoSchedulingStrategy": {}}
+    assert kept["spec"]["roles"] == [
+        {"name": "prefill", "replicas": 2, "podGroupSize": 2, "template": {"spec": {"containers": [{"resources": {"limits": {"g": "1"}}}]}}}
+    ]
+    assert roleset["metadata"]["annotations"][LAST_APPLIED]  # the watched object itself is not changed
+    assert service_key_of(roleset) == ("ns", "svc")
+
+
+def test_slim_keeps_a_podgroups_phase_and_conditions_for_placement_reports() -> None:
+    podgroup = {
+        "kind": "PodGroup",
+        "metadata": {"name": "g", "namespace": "ns"},
+        "spec": {"minMember": 2},
+        "status": {"phase": "Pending", "conditions": [{"type": "Unschedulable", "status": "True"}], "running": 0},
+    }
+    assert slim(podgroup)["status"] == {"phase": "Pending", "conditions": [{"type": "Unschedulable", "status": "True"}]}
+    assert slim(podgroup)["spec"] == {"minMember": 2}
+
+
+def test_service_of_a_roleset_without_the_label_comes_from_its_owner() -> None:
+    roleset = {"metadata": {"name": "r", "namespace": "ns", "ownerReferences": [{"kind": "StormService", "name": "svc"}]}}
+    assert service_key_of(roleset) == ("ns", "svc")
