@@ -158,15 +158,15 @@ class PlacementReporter:
             wanted = domain_labels(topology, pod["spec"].get("nodeName") or "")
             if wanted and any((pod["metadata"].get("labels") or {}).get(k) != v for k, v in wanted.items()):
                 await asyncio.to_thread(self.index.api.label_pod, namespace, pod["metadata"]["name"], wanted)
-        await asyncio.to_thread(self._record, stormservice, name, record)
+        live = [r["metadata"]["name"] for r in self.index.rolesets_of(*key_of(stormservice))]  # read on the loop, not the thread
+        await asyncio.to_thread(self._record, stormservice, name, record, live)
         self._reported_placed.add(key)
 
-    def _record(self, stormservice: Mapping[str, Any], replica: str, record: Mapping[str, object]) -> None:
+    def _record(self, stormservice: Mapping[str, Any], replica: str, record: Mapping[str, object], live: list[str]) -> None:
         """Set the replica's record in the StormService's placement annotation. Two replicas of one
         StormService are placed concurrently: each write is conditional on the version it merged
         into, and a conflict re-reads and merges again, so neither record overwrites the other."""
         namespace, name = key_of(stormservice)
-        live = [r["metadata"]["name"] for r in self.index.rolesets_of(namespace, name)]
         current: Mapping[str, Any] | None = stormservice
         for _ in range(5):
             if current is None:

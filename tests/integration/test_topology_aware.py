@@ -5,6 +5,7 @@ The cluster is the feature request's: 8 nodes x 8 GPUs, leaves s0..s3 (tier 1), 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -35,6 +36,17 @@ def replicas_placement(cluster: DevCluster, topology: Topology, namespace: str, 
     for pod in cluster.pods(namespace, f"storm-service-name={name}"):
         by_replica.setdefault(pod["metadata"]["labels"]["roleset-name"], []).append(pod["spec"]["nodeName"])
     return {rs: topology.lowest_common_switch(nodes) for rs, nodes in by_replica.items()}
+
+
+def placement_table(cluster: DevCluster, namespace: str, name: str, replicas: int) -> dict[str, str]:
+    """The StormService's placement annotation, once it has `replicas` records: replica -> HyperNode."""
+
+    def table() -> dict[str, str]:
+        raw = (cluster.stormservice(namespace, name)["metadata"].get("annotations") or {}).get("stormtopo.io/placement")
+        records = json.loads(raw) if raw else {}
+        return {replica: record["hyperNode"] for replica, record in records.items()} if len(records) == replicas else {}
+
+    return cluster.wait(table, 30, f"{replicas} records in the placement annotation")
 
 
 def test_user_scenario_hard_tier1_keeps_prefill_and_decode_under_one_leaf(
@@ -78,12 +90,15 @@ def test_three_replicas_each_in_one_leaf_then_scale_to_four_then_delete(cluster:
     cluster.bound_pods(namespace, "storm-service-name=pd3", 6, timeout=90)
     domains = replicas_placement(cluster, topology, namespace, "pd3")
     assert len(domains) == 3 and all(d is not None and d.tier == 1 for d in domains.values()), domains
+    # Replicas placed at the same moment each keep their record: no write overwrites another's.
+    assert placement_table(cluster, namespace, "pd3", 3) == {r: d.name for r, d in domains.items() if d is not None}
 
     cluster.patch_stormservice(namespace, "pd3", {"spec": {"replicas": 4}})
     cluster.bound_pods(namespace, "storm-service-name=pd3", 8, timeout=90)
     domains = replicas_placement(cluster, topology, namespace, "pd3")
     assert len(domains) == 4 and all(d is not None and d.tier == 1 for d in domains.values()), domains
     assert len({d.name for d in domains.values()}) == 4  # 6+6 GPUs per replica: one replica per leaf
+    assert placement_table(cluster, namespace, "pd3", 4) == {r: d.name for r, d in domains.items() if d is not None}
 
     cluster.delete_stormservice(namespace, "pd3")
     cluster.wait(lambda: not cluster.podgroups(namespace), 60, "every PodGroup to be deleted with the StormService")
