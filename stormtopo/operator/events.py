@@ -48,7 +48,3 @@ class EventRecorder:
                 await asyncio.to_thread(self.api.create_event, event, self.instance)
             except (ApiError, OSError) as exc:  # e.g. the namespace is being deleted
                 log.warning("could not post %s event on %s: %s", event["reason"], event["involvedObject"]["name"], exc)
-
-    async def drained(self) -> None:
-        while not self._queue.empty():
-            await asyncio.sleep(0.05)

@@ -53,13 +53,17 @@ def register(
         for key in list(index.podgroups):  # placements a former leader did not report; pending gangs re-explained
             placements.add(key)
 
+    def follow(kind: str, event: kopf.RawEvent, body: kopf.Body, queue: WorkQueue[Key], forget: Callable[[Key], None]) -> None:
+        """Record the object; queue its key if this replica leads, or forget what was said of it once deleted."""
+        index.observe(kind, event.get("type"), body)
+        if event.get("type") == "DELETED":
+            forget(key_of(body))
+        elif leadership.is_leader:
+            queue.add(key_of(body))
+
     @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "stormservices", registry=registry)
     async def stormservice_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        index.observe("StormService", event.get("type"), body)
-        if event.get("type") == "DELETED":
-            reconciler.forget(key_of(body))
-        elif leadership.is_leader:
-            stormservices.add(key_of(body))
+        follow("StormService", event, body, stormservices, reconciler.forget)
 
     @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "rolesets", registry=registry)
     async def roleset_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
@@ -69,11 +73,7 @@ def register(
 
     @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"roleset-name": kopf.PRESENT}, registry=registry)
     async def podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        index.observe("PodGroup", event.get("type"), body)
-        if event.get("type") == "DELETED":
-            reporter.forget(key_of(body))
-        elif leadership.is_leader:
-            placements.add(key_of(body))
+        follow("PodGroup", event, body, placements, reporter.forget)
 
     # The PodGroups stormtopo owns for StormService-scoped requests carry no roleset-name label.
     @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"app.kubernetes.io/managed-by": "stormtopo"}, registry=registry)

@@ -45,7 +45,7 @@ class WorkQueue(Generic[K]):
         self._tasks = [asyncio.create_task(self._work(), name=f"{self.name} worker {i}") for i in range(self._workers)]
 
     async def drained(self) -> None:
-        """Wait until nothing is waiting or being handled (tests and shutdown)."""
+        """Wait until nothing is waiting or being handled (for tests)."""
         while len(self):
             await asyncio.sleep(0.05)
 
