@@ -21,12 +21,12 @@ import yaml
 from bench import critical_path, expressions, placement_quality, report
 from bench.fabric import fabric_yaml, fragmentation
 from bench.workload import stream
-from stormtopo.core.kvtransfer import parse_kv_model
 from stormtopo.core.topology import parse_topology
 from stormtopo.demo import DEFAULT_KV_CONFIG
 from stormtopo.devenv import cluster, components
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import filler_pod, stormservice
+from stormtopo.kvtransfer import parse_kv_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from kubernetes import watch
 
-from stormtopo.core.request import HIGHEST_TIER, MODE
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import stormservice
 

@@ -7,7 +7,7 @@ import statistics
 import time
 from typing import Any
 
-from stormtopo.core.request import HIGHEST_TIER, MODE, REPLICA_HIGHEST_TIER, SCOPE
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REPLICA_HIGHEST_TIER, SCOPE
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import Role, stormservice
 

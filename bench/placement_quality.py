@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.workload import Request
-from stormtopo.core.kvtransfer import KVModel
 from stormtopo.core.placement import best_tier
-from stormtopo.core.request import HIGHEST_TIER, MODE
 from stormtopo.core.topology import Topology
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv.client import DevCluster, Timeout
 from stormtopo.devenv.workloads import stormservice
+from stormtopo.kvtransfer import KVModel
 
 MODES: dict[str, dict[str, str]] = {
     "baseline": {},

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fabric import fabric_yaml
-from stormtopo.core.request import HIGHEST_TIER, MODE
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv import cluster, processes
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import stormservice

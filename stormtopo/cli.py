@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from stormtopo.core.topology import TopologyError
 
 if TYPE_CHECKING:
-    from stormtopo.operator.kube import Api
+    from stormtopo.kube.client import Api
 
 
 def _dev_up(args: argparse.Namespace) -> int:
@@ -57,8 +57,8 @@ def _dev_build(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from stormtopo import demo
-    from stormtopo.core.kvtransfer import KVConfigError
     from stormtopo.devenv import cluster
+    from stormtopo.kvtransfer import KVConfigError
 
     try:
         return demo.run(
@@ -76,7 +76,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _api(args: argparse.Namespace) -> Api:
-    from stormtopo.operator.kube import Api
+    from stormtopo.kube.client import Api
 
     return Api(args.kubeconfig)
 

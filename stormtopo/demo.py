@@ -16,13 +16,13 @@ from rich.columns import Columns
 from rich.console import Console
 from rich.table import Table
 
-from stormtopo.core.kvtransfer import KVModel, pair_tier, parse_kv_model
-from stormtopo.core.request import HIGHEST_TIER, MODE
 from stormtopo.core.topology import Topology, parse_topology
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv import cluster
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.components import REPO_ROOT
 from stormtopo.devenv.workloads import filler_pod, stormservice
+from stormtopo.kvtransfer import KVModel, pair_tier, parse_kv_model
 from stormtopo.view.picture import PairPlacement, draw
 from stormtopo.view.tree import topology_tree
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from rich.console import Console
 
 from stormtopo.core.placement import allowed_tier, explain
-from stormtopo.core.podgroup import STORMSERVICE_LABEL, replica_pods, service_group_name
+from stormtopo.core.podgroup import replica_pods, service_group_name
 from stormtopo.core.request import ClusterTiers, RequestError, Scope, parse_request
 from stormtopo.core.topology import topology_from_hypernodes
-from stormtopo.operator.kube import AIBRIX, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY, Api
+from stormtopo.core.vocabulary import AIBRIX, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+from stormtopo.kube.client import Api
 
 
 class NotFound(LookupError):

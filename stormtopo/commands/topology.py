@@ -18,7 +18,8 @@ from stormtopo.core.topology import (
     topology_from_hypernodes,
     topology_from_labels,
 )
-from stormtopo.operator.kube import VOLCANO_TOPOLOGY, Api
+from stormtopo.core.vocabulary import ROLE_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
+from stormtopo.kube.client import Api
 from stormtopo.view.tree import topology_tree
 
 
@@ -55,9 +56,9 @@ def apply_labels(api: Api, levels: list[str], dry_run: bool, console: Console) -
 def _replicas_by_node(api: Api) -> dict[str, list[str]]:
     """Labels like "P ns/svc:roleset" per node, for every bound pod of a StormService."""
     marks: dict[str, list[str]] = {}
-    for pod in api.raw_list("/api/v1/pods", labelSelector="storm-service-name", fieldSelector="spec.nodeName!="):
+    for pod in api.raw_list("/api/v1/pods", labelSelector=STORMSERVICE_LABEL, fieldSelector="spec.nodeName!="):
         labels = pod["metadata"].get("labels") or {}
-        role = labels.get("role-name", "?")
+        role = labels.get(ROLE_LABEL, "?")
         where = f"{pod['metadata']['namespace']}/{labels.get('roleset-name', '?')}"
         marks.setdefault(pod["spec"]["nodeName"], []).append(f"{role[:1].upper()} {where}")
     return marks

@@ -11,20 +11,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.podgroup import (
+from stormtopo.core.podgroup import desired_fields, service_group_name, spec_patch
+from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, parse_request
+from stormtopo.core.vocabulary import (
+    DEFAULT_SCHEDULERS,
     GROUP_NAME_ANNOTATION,
     REQUEST_ANNOTATION,
     ROLE_LABEL,
     STORMSERVICE_LABEL,
     TASK_SPEC_ANNOTATION,
-    desired_fields,
-    service_group_name,
-    spec_patch,
+    VOLCANO_SCHEDULER,
 )
-from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, parse_request
-
-VOLCANO = "volcano"
-_DEFAULT_SCHEDULERS = (None, "", "default-scheduler")
 
 
 @dataclass
@@ -123,6 +120,6 @@ def admit_pod(
         values[TASK_SPEC_ANNOTATION] = role
     patch = set_annotation_ops(pod, values)
     spec = pod.get("spec") or {}
-    if spec.get("schedulerName") in _DEFAULT_SCHEDULERS:
-        patch.append({"op": "add", "path": "/spec/schedulerName", "value": VOLCANO})
+    if spec.get("schedulerName") in DEFAULT_SCHEDULERS:
+        patch.append({"op": "add", "path": "/spec/schedulerName", "value": VOLCANO_SCHEDULER})
     return Decision(patch=patch)

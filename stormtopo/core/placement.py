@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from stormtopo.core.request import TopologyRequest
 from stormtopo.core.topology import Switch, Topology
+from stormtopo.core.vocabulary import DOMAIN_LABEL_PREFIX
 
 EXACT_LIMIT = 12  # pods; beyond this, first-fit-decreasing
 
@@ -110,10 +111,6 @@ def allowed_tier(request: TopologyRequest, topology: Topology) -> int | None:
         return request.limit.tier
     names = {name: tier for tier, name in topology.tier_names.items()}
     return names.get(request.limit.tier_name or "")
-
-
-PLACEMENT_ANNOTATION = "stormtopo.io/placement"  # on the StormService: where each replica landed
-DOMAIN_LABEL_PREFIX = "stormtopo.io/hypernode-tier-"  # on bound pods: the HyperNode of each tier
 
 
 def domain_labels(topology: Topology, node: str) -> dict[str, str]:

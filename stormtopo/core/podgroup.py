@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from stormtopo.core.request import TopologyRequest
-
-PODGROUP_API = "scheduling.volcano.sh/v1beta1"
-GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"
-TASK_SPEC_ANNOTATION = "volcano.sh/task-spec"
-ROLESET_LABEL = "roleset-name"  # set by AIBrix on its PodGroups, RoleSets' pods
-STORMSERVICE_LABEL = "storm-service-name"
-ROLE_LABEL = "role-name"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-OPERATOR_NAME = "stormtopo"
-REQUEST_ANNOTATION = "stormtopo.io/request"  # on PodGroups: the request they carry, for humans and `explain`
+from stormtopo.core.vocabulary import (
+    GPU,
+    MANAGED_BY_LABEL,
+    OPERATOR_NAME,
+    PODGROUP_API,
+    REQUEST_ANNOTATION,
+    ROLESET_LABEL,
+    STORMSERVICE_API,
+    STORMSERVICE_LABEL,
+)
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def gang_of(roleset_spec: Mapping[str, Any]) -> Gang:
     return Gang(sum(per_role.values()), per_role)
 
 
-def gpus_of(roleset_spec: Mapping[str, Any], resource: str = "nvidia.com/gpu") -> dict[str, int]:
+def gpus_of(roleset_spec: Mapping[str, Any], resource: str = GPU) -> dict[str, int]:
     """GPUs one pod of each role requests (requests, else limits, summed over containers)."""
     out = {}
     for role in roleset_spec.get("roles") or []:
@@ -108,7 +108,7 @@ def owned_podgroup(
             "annotations": {REQUEST_ANNOTATION: request.describe()},
             "ownerReferences": [
                 {
-                    "apiVersion": roleset.get("apiVersion", "orchestration.aibrix.ai/v1alpha1"),
+                    "apiVersion": roleset.get("apiVersion", STORMSERVICE_API),
                     "kind": "RoleSet",
                     "name": meta["name"],
                     "uid": meta["uid"],
@@ -164,7 +164,7 @@ def service_podgroup(stormservice: Mapping[str, Any], request: TopologyRequest, 
             "annotations": {REQUEST_ANNOTATION: request.describe()},
             "ownerReferences": [
                 {
-                    "apiVersion": stormservice.get("apiVersion", "orchestration.aibrix.ai/v1alpha1"),
+                    "apiVersion": stormservice.get("apiVersion", STORMSERVICE_API),
                     "kind": "StormService",
                     "name": meta["name"],
                     "uid": meta["uid"],

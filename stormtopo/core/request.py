@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from stormtopo.core.tier import tier_number
-
-MODE = "volcano.sh/network-topology-mode"
-HIGHEST_TIER = "volcano.sh/network-topology-highest-tier"
-HIGHEST_TIER_NAME = "volcano.sh/network-topology-highest-tier-name"
-SCOPE = "stormtopo.io/topology-scope"
-REPLICA_HIGHEST_TIER = "stormtopo.io/replica-highest-tier"
-REPLICA_HIGHEST_TIER_NAME = "stormtopo.io/replica-highest-tier-name"
-REQUEST_ANNOTATIONS = (MODE, HIGHEST_TIER, HIGHEST_TIER_NAME, SCOPE, REPLICA_HIGHEST_TIER, REPLICA_HIGHEST_TIER_NAME)
+from stormtopo.core.vocabulary import (
+    HIGHEST_TIER,
+    HIGHEST_TIER_NAME,
+    MODE,
+    REPLICA_HIGHEST_TIER,
+    REPLICA_HIGHEST_TIER_NAME,
+    REQUEST_ANNOTATIONS,
+    SCOPE,
+)
 
 
 class Mode(StrEnum):

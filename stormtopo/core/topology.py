@@ -26,9 +26,8 @@ from typing import Any
 import yaml
 
 from stormtopo.core.tier import tier_number
+from stormtopo.core.vocabulary import HYPERNODE_API, MANAGED_BY, MANAGED_BY_LABEL, OPERATOR_NAME
 
-HYPERNODE_API = "topology.volcano.sh/v1alpha1"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "stormtopo"}
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _DEFAULTS = {"gpus": 8, "cpu": "96", "memory": "1Ti"}
 
@@ -364,7 +363,7 @@ def hypernode_diff(desired: list[dict[str, Any]], existing: Sequence[Mapping[str
             create.append(manifest)
             continue
         labels = (have.get("metadata") or {}).get("labels") or {}
-        if labels.get("app.kubernetes.io/managed-by") != MANAGED_BY["app.kubernetes.io/managed-by"]:
+        if labels.get(MANAGED_BY_LABEL) != OPERATOR_NAME:
             raise TopologyError(f"HyperNode {name} exists and is not managed by stormtopo; rename the switch or delete it first")
         if have.get("spec") != manifest["spec"]:
             update.append(manifest)
@@ -372,6 +371,6 @@ def hypernode_diff(desired: list[dict[str, Any]], existing: Sequence[Mapping[str
     delete = sorted(
         name
         for name, h in current.items()
-        if name not in wanted and ((h.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == "stormtopo"
+        if name not in wanted and ((h.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == OPERATOR_NAME
     )
     return HyperNodeDiff(create, update, delete)

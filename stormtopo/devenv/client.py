@@ -10,10 +10,9 @@ from typing import Any, TypeVar
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from stormtopo.core.vocabulary import AIBRIX, GPU, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+
 T = TypeVar("T")
-AIBRIX = ("orchestration.aibrix.ai", "v1alpha1")
-VOLCANO = ("scheduling.volcano.sh", "v1beta1")
-TOPOLOGY = ("topology.volcano.sh", "v1alpha1")
 
 
 class Timeout(AssertionError):
@@ -70,9 +69,9 @@ class DevCluster:
         if kind == "Node":
             return dict(self.api_client.sanitize_for_serialization(self.core.create_node(obj)))
         if kind == "HyperNode":
-            return dict(self.custom.create_cluster_custom_object(*TOPOLOGY, "hypernodes", obj))
+            return dict(self.custom.create_cluster_custom_object(*VOLCANO_TOPOLOGY, "hypernodes", obj))
         if kind == "PodGroup":
-            return dict(self.custom.create_namespaced_custom_object(*VOLCANO, ns, "podgroups", obj))
+            return dict(self.custom.create_namespaced_custom_object(*VOLCANO_SCHEDULING, ns, "podgroups", obj))
         raise ValueError(f"DevCluster.create does not know kind {kind}")
 
     def stormservice(self, namespace: str, name: str) -> dict[str, Any]:
@@ -85,7 +84,7 @@ class DevCluster:
         self.custom.delete_namespaced_custom_object(*AIBRIX, namespace, "stormservices", name, propagation_policy="Foreground")
 
     def rolesets(self, namespace: str, stormservice: str | None = None) -> list[dict[str, Any]]:
-        selector = f"storm-service-name={stormservice}" if stormservice else ""
+        selector = f"{STORMSERVICE_LABEL}={stormservice}" if stormservice else ""
         out = self.custom.list_namespaced_custom_object(*AIBRIX, namespace, "rolesets", label_selector=selector)
         return list(out["items"])
 
@@ -106,7 +105,7 @@ class DevCluster:
             raise Timeout(f"{exc}; last seen: {last}") from None
 
     def podgroups(self, namespace: str) -> list[dict[str, Any]]:
-        return list(self.custom.list_namespaced_custom_object(*VOLCANO, namespace, "podgroups")["items"])
+        return list(self.custom.list_namespaced_custom_object(*VOLCANO_SCHEDULING, namespace, "podgroups")["items"])
 
     def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
         items = self.core.list_namespaced_pod(namespace, label_selector=selector).items
@@ -117,9 +116,9 @@ class DevCluster:
         return [self.api_client.sanitize_for_serialization(e) for e in items]
 
     def hypernodes(self) -> list[dict[str, Any]]:
-        return list(self.custom.list_cluster_custom_object(*TOPOLOGY, "hypernodes")["items"])
+        return list(self.custom.list_cluster_custom_object(*VOLCANO_TOPOLOGY, "hypernodes")["items"])
 
-    def gpu_capacity(self, resource: str = "nvidia.com/gpu") -> tuple[dict[str, int], dict[str, int]]:
+    def gpu_capacity(self, resource: str = GPU) -> tuple[dict[str, int], dict[str, int]]:
         """(free, total) GPUs per node, from node allocatable and the requests of bound, unfinished pods."""
         total = {n.metadata.name: int((n.status.allocatable or {}).get(resource, "0")) for n in self.core.list_node().items}
         free = dict(total)

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from stormtopo.core import certificates
+from stormtopo import certificates
 from stormtopo.core.topology import Topology, hypernode_manifests, parse_topology
 from stormtopo.devenv import components, processes
 from stormtopo.devenv.crds import crd_files

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stormtopo.core.topology import NodeSpec, Topology
-
-GPU = "nvidia.com/gpu"
+from stormtopo.core.vocabulary import GPU
 
 
 def node_manifest(spec: NodeSpec) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stormtopo.devenv.nodes import GPU
+from stormtopo.core.vocabulary import GPU, STORMSERVICE_API
 
 IMAGE = "vllm/vllm-openai:v0.9.0"  # never pulled: kwok runs no containers
 
@@ -63,7 +63,7 @@ def stormservice(
         pods = sum(r.replicas * r.pod_group_size for r in roles)
         roleset_spec["schedulingStrategy"] = {"volcanoSchedulingStrategy": {"minMember": pods, "queue": "default"}}
     return {
-        "apiVersion": "orchestration.aibrix.ai/v1alpha1",
+        "apiVersion": STORMSERVICE_API,
         "kind": "StormService",
         "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
         "spec": {

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stormtopo.operator.kube import Api, ApiError
+from stormtopo.kube.client import Api, ApiError
 
 log = logging.getLogger("stormtopo.events")
 # What the reconciler and the placement reporter call: (object, Normal|Warning, reason, message).

@@ -13,6 +13,7 @@ from typing import Any
 
 import kopf
 
+from stormtopo.core.vocabulary import AIBRIX, MANAGED_BY, ROLESET_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.operator.index import Index, Key, key_of, service_key_of
 from stormtopo.operator.leader import Leadership
 from stormtopo.operator.placement_report import PlacementReporter
@@ -61,26 +62,26 @@ def register(
         elif leadership.is_leader:
             queue.add(key_of(body))
 
-    @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "stormservices", registry=registry)
+    @kopf.on.event(*AIBRIX, "stormservices", registry=registry)
     async def stormservice_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         follow("StormService", event, body, stormservices, reconciler.forget)
 
-    @kopf.on.event("orchestration.aibrix.ai", "v1alpha1", "rolesets", registry=registry)
+    @kopf.on.event(*AIBRIX, "rolesets", registry=registry)
     async def roleset_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         index.observe("RoleSet", event.get("type"), body)
         if event.get("type") != "DELETED" and leadership.is_leader:
             stormservices.add(service_key_of(body))
 
-    @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"roleset-name": kopf.PRESENT}, registry=registry)
+    @kopf.on.event(*VOLCANO_SCHEDULING, "podgroups", labels={ROLESET_LABEL: kopf.PRESENT}, registry=registry)
     async def podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         follow("PodGroup", event, body, placements, reporter.forget)
 
     # The PodGroups stormtopo owns for StormService-scoped requests carry no roleset-name label.
-    @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels={"app.kubernetes.io/managed-by": "stormtopo"}, registry=registry)
+    @kopf.on.event(*VOLCANO_SCHEDULING, "podgroups", labels=dict(MANAGED_BY), registry=registry)
     async def owned_podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         index.observe("PodGroup", event.get("type"), body)
 
-    @kopf.on.event("topology.volcano.sh", "v1alpha1", "hypernodes", registry=registry)
+    @kopf.on.event(*VOLCANO_TOPOLOGY, "hypernodes", registry=registry)
     async def hypernode_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         index.observe("HyperNode", event.get("type"), body)
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.podgroup import ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.request import ClusterTiers
-from stormtopo.operator.kube import AIBRIX, Api
+from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
+from stormtopo.kube.client import Api
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -127,7 +127,7 @@ class Index:
 
     def detect_volcano_fields(self) -> None:
         """Which PodGroup fields the installed Volcano CRD has (networkTopology >= 1.12; names, subgroups >= 1.14)."""
-        schema = self.api.crd_schema("podgroups.scheduling.volcano.sh") or {}
+        schema = self.api.crd_schema(PODGROUP_CRD) or {}
         spec = ((schema.get("properties") or {}).get("spec") or {}).get("properties") or {}
         topology = (spec.get("networkTopology") or {}).get("properties") or {}
         self.has_network_topology = "networkTopology" in spec
@@ -136,7 +136,7 @@ class Index:
 
     def prime(self) -> None:
         """Load HyperNodes before the webhook serves, so the first admission knows the cluster's tiers."""
-        for hypernode in self.api.list_objects(("topology.volcano.sh", "v1alpha1"), "hypernodes"):
+        for hypernode in self.api.list_objects(VOLCANO_TOPOLOGY, "hypernodes"):
             self.observe("HyperNode", None, hypernode)
 
     # -- lookups for admission -----------------------------------------------------------------

@@ -14,7 +14,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 
-from stormtopo.operator.kube import Api, ApiError, micro_time
+from stormtopo.kube.client import Api, ApiError, micro_time
 
 log = logging.getLogger("stormtopo.leader")
 LEASE_NAME = "stormtopo-operator"

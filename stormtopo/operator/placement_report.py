@@ -13,22 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.placement import (
-    PLACEMENT_ANNOTATION,
-    allowed_tier,
-    domain_labels,
-    explain,
-    merge_placements,
-    placement_record,
-    recorded_placement,
-)
-from stormtopo.core.podgroup import REQUEST_ANNOTATION, replica_pods
+from stormtopo.core.placement import allowed_tier, domain_labels, explain, merge_placements, placement_record, recorded_placement
+from stormtopo.core.podgroup import replica_pods
 from stormtopo.core.request import Mode, RequestError, TopologyRequest, parse_request
 from stormtopo.core.topology import topology_from_hypernodes
+from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION, REQUEST_ANNOTATION
+from stormtopo.kube.client import ApiError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key, key_of
-from stormtopo.operator.kube import AIBRIX, ApiError
 
 EXPLAIN_INTERVAL = 10.0  # seconds between two capacity checks of one pending gang
 FREE_GPUS_TTL = 5.0  # seconds a reading of every node's free GPUs is reused

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stormtopo.core.podgroup import (
-    REQUEST_ANNOTATION,
     desired_fields,
     has_scheduling_strategy,
     owned_podgroup,
@@ -23,6 +22,7 @@ from stormtopo.core.podgroup import (
     spec_patch,
 )
 from stormtopo.core.request import RequestError, Scope, TopologyRequest, parse_request
+from stormtopo.core.vocabulary import REQUEST_ANNOTATION
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key, key_of

@@ -17,10 +17,10 @@ from typing import Any
 from aiohttp import web
 
 from stormtopo.core.admission import Decision, admit_pod, admit_podgroup
-from stormtopo.core.podgroup import GROUP_NAME_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
+from stormtopo.core.vocabulary import GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
+from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index
-from stormtopo.operator.kube import Api
 
 CONFIGURATION_NAME = "stormtopo"
 PODS_PATH = "/mutate/pods"
@@ -106,7 +106,7 @@ def configuration(ca_bundle: bytes, url_base: str | None = None, service: tuple[
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": CONFIGURATION_NAME, "labels": {"app.kubernetes.io/managed-by": "stormtopo"}},
+        "metadata": {"name": CONFIGURATION_NAME, "labels": dict(MANAGED_BY)},
         "webhooks": [
             webhook(
                 "pods.stormtopo.io",
@@ -118,8 +118,8 @@ def configuration(ca_bundle: bytes, url_base: str | None = None, service: tuple[
                 "podgroups.stormtopo.io",
                 PODGROUPS_PATH,
                 {
-                    "apiGroups": ["scheduling.volcano.sh"],
-                    "apiVersions": ["v1beta1"],
+                    "apiGroups": [VOLCANO_SCHEDULING[0]],
+                    "apiVersions": [VOLCANO_SCHEDULING[1]],
                     "operations": ["CREATE", "UPDATE"],
                     "resources": ["podgroups"],
                     "scope": "Namespaced",

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from stormtopo.core import certificates
-from stormtopo.core.request import HIGHEST_TIER, MODE
+from stormtopo import certificates
 from stormtopo.core.topology import hypernode_manifests, parse_topology
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv import components, processes
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.nodes import node_manifests

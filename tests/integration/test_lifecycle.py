@@ -8,7 +8,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from stormtopo.core.request import HIGHEST_TIER, MODE
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv import cluster as dev
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import stormservice

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stormtopo.core.request import HIGHEST_TIER, HIGHEST_TIER_NAME, MODE, SCOPE, ClusterTiers, RequestError, parse_request
+from stormtopo.core.request import ClusterTiers, RequestError, parse_request
+from stormtopo.core.vocabulary import HIGHEST_TIER, HIGHEST_TIER_NAME, MODE, SCOPE
 from stormtopo.devenv import cluster as dev
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import stormservice

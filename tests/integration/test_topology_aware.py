@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from stormtopo.core.request import HIGHEST_TIER, HIGHEST_TIER_NAME, MODE, REPLICA_HIGHEST_TIER, SCOPE
 from stormtopo.core.topology import Topology
+from stormtopo.core.vocabulary import HIGHEST_TIER, HIGHEST_TIER_NAME, MODE, REPLICA_HIGHEST_TIER, SCOPE
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice
 

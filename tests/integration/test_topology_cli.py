@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stormtopo.core.request import HIGHEST_TIER, MODE
 from stormtopo.core.topology import NodeSpec
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.nodes import node_manifest
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice

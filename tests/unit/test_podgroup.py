@@ -6,7 +6,8 @@ from typing import Any
 
 from stormtopo.core.admission import admit_pod, admit_podgroup
 from stormtopo.core.podgroup import gang_of, owned_podgroup, spec_patch
-from stormtopo.core.request import HIGHEST_TIER, MODE, ClusterTiers, parse_request
+from stormtopo.core.request import ClusterTiers, parse_request
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv.workloads import Role, stormservice
 
 CLUSTER = ClusterTiers(frozenset({1, 2, 3}))
@@ -82,7 +83,7 @@ def test_spec_patch_is_empty_when_nothing_differs() -> None:
 
 def test_stormservice_scope_makes_one_gang_of_all_replicas_with_replica_subgroups() -> None:
     from stormtopo.core.podgroup import service_podgroup
-    from stormtopo.core.request import REPLICA_HIGHEST_TIER, SCOPE
+    from stormtopo.core.vocabulary import REPLICA_HIGHEST_TIER, SCOPE
 
     annotations = {MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "1"}
     ss = stormservice("svc", "ns", replicas=3, annotations=annotations)

@@ -6,20 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stormtopo.core.request import (
-    HIGHEST_TIER,
-    HIGHEST_TIER_NAME,
-    MODE,
-    REPLICA_HIGHEST_TIER,
-    REQUEST_ANNOTATIONS,
-    SCOPE,
-    ClusterTiers,
-    Mode,
-    RequestError,
-    Scope,
-    TierLimit,
-    parse_request,
-)
+from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TierLimit, parse_request
+from stormtopo.core.vocabulary import HIGHEST_TIER, HIGHEST_TIER_NAME, MODE, REPLICA_HIGHEST_TIER, REQUEST_ANNOTATIONS, SCOPE
 
 CLUSTER = ClusterTiers(frozenset({1, 2, 3}), frozenset({"leaf", "spine", "core"}))
 

@@ -22,9 +22,8 @@ from urllib.parse import urlencode
 import urllib3
 import yaml
 
-AIBRIX = ("orchestration.aibrix.ai", "v1alpha1")
-VOLCANO_SCHEDULING = ("scheduling.volcano.sh", "v1beta1")
-VOLCANO_TOPOLOGY = ("topology.volcano.sh", "v1alpha1")
+from stormtopo.core.vocabulary import AIBRIX, GPU, ROLESET_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+
 USER_AGENT = "stormtopo-operator"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 JSON = "application/json"
@@ -172,7 +171,7 @@ class Api:
         served = [v for v in crd["spec"]["versions"] if v.get("served")]
         return dict(served[-1].get("schema", {}).get("openAPIV3Schema") or {}) if served else None
 
-    def free_gpus(self, resource: str = "nvidia.com/gpu") -> dict[str, int]:
+    def free_gpus(self, resource: str = GPU) -> dict[str, int]:
         """Free GPUs per node: allocatable minus what bound, unfinished pods request."""
         free = self.gpu_totals(resource)
         bound = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
@@ -184,7 +183,7 @@ class Api:
                         free[node] -= _quantity(((c.get("resources") or {}).get("requests") or {}).get(resource, "0"))
         return free
 
-    def gpu_totals(self, resource: str = "nvidia.com/gpu") -> dict[str, int]:
+    def gpu_totals(self, resource: str = GPU) -> dict[str, int]:
         return {
             n["metadata"]["name"]: _quantity((n.get("status", {}).get("allocatable") or {}).get(resource, "0"))
             for page in self.pages("/api/v1/nodes")
@@ -192,7 +191,7 @@ class Api:
         }
 
     def pods_of_group(self, namespace: str, roleset: str) -> list[dict[str, Any]]:
-        return self.raw_list(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"roleset-name={roleset}")
+        return self.raw_list(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"{ROLESET_LABEL}={roleset}")
 
     def node_labels(self) -> dict[str, dict[str, str]]:
         return {n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in self.raw_list("/api/v1/nodes")}

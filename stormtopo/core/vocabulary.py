@@ -1,0 +1,45 @@
+"""The words stormtopo shares with AIBrix, Volcano and its users: API groups, labels, annotations.
+
+Written once here; every other module names them from this one.
+"""
+
+from __future__ import annotations
+
+# API groups and versions, as (group, version).
+AIBRIX = ("orchestration.aibrix.ai", "v1alpha1")
+VOLCANO_SCHEDULING = ("scheduling.volcano.sh", "v1beta1")
+VOLCANO_TOPOLOGY = ("topology.volcano.sh", "v1alpha1")
+PODGROUP_API = "/".join(VOLCANO_SCHEDULING)
+HYPERNODE_API = "/".join(VOLCANO_TOPOLOGY)
+STORMSERVICE_API = "/".join(AIBRIX)
+PODGROUP_CRD = "podgroups.scheduling.volcano.sh"
+
+# Labels AIBrix sets on RoleSets, their pods and its PodGroups.
+STORMSERVICE_LABEL = "storm-service-name"
+ROLESET_LABEL = "roleset-name"
+ROLE_LABEL = "role-name"
+
+# Volcano's pod annotations: the gang a pod joins, and its task (role) within the gang.
+GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"
+TASK_SPEC_ANNOTATION = "volcano.sh/task-spec"
+VOLCANO_SCHEDULER = "volcano"
+DEFAULT_SCHEDULERS = (None, "", "default-scheduler")  # a pod template that names no scheduler of its own
+
+# The request, on the StormService. Volcano's keys where Volcano has a word for the thing.
+MODE = "volcano.sh/network-topology-mode"
+HIGHEST_TIER = "volcano.sh/network-topology-highest-tier"
+HIGHEST_TIER_NAME = "volcano.sh/network-topology-highest-tier-name"
+SCOPE = "stormtopo.io/topology-scope"
+REPLICA_HIGHEST_TIER = "stormtopo.io/replica-highest-tier"
+REPLICA_HIGHEST_TIER_NAME = "stormtopo.io/replica-highest-tier-name"
+REQUEST_ANNOTATIONS = (MODE, HIGHEST_TIER, HIGHEST_TIER_NAME, SCOPE, REPLICA_HIGHEST_TIER, REPLICA_HIGHEST_TIER_NAME)
+
+# What stormtopo writes.
+REQUEST_ANNOTATION = "stormtopo.io/request"  # on PodGroups: the request they carry, for humans and `explain`
+PLACEMENT_ANNOTATION = "stormtopo.io/placement"  # on the StormService: where each replica landed
+DOMAIN_LABEL_PREFIX = "stormtopo.io/hypernode-tier-"  # on bound pods: the HyperNode of each tier
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+OPERATOR_NAME = "stormtopo"
+MANAGED_BY = {MANAGED_BY_LABEL: OPERATOR_NAME}
+
+GPU = "nvidia.com/gpu"  # the resource that decides where an inference replica fits
