@@ -21,7 +21,7 @@ import yaml
 from bench import critical_path, expressions, placement_quality, report
 from bench.fabric import fabric_yaml, fragmentation
 from bench.workload import stream
-from stormtopo.core.topology import parse_topology
+from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.demo import DEFAULT_KV_CONFIG
 from stormtopo.devenv import cluster, components
 from stormtopo.devenv.client import DevCluster

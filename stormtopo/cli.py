@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stormtopo.core.topology import TopologyError
+from stormtopo.core.topology.tree import TopologyError
 
 if TYPE_CHECKING:
     from stormtopo.kube.client import Api

@@ -16,7 +16,8 @@ from rich.columns import Columns
 from rich.console import Console
 from rich.table import Table
 
-from stormtopo.core.topology import Topology, parse_topology
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv import cluster
 from stormtopo.devenv.client import DevCluster

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from stormtopo.core.topology import Topology, parse_topology
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.tree import Topology
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY_FILE = REPO / "examples" / "topology" / "aibrix-1730.yaml"

@@ -7,7 +7,7 @@ from rich.console import Console
 from stormtopo.core.placement import allowed_tier, explain
 from stormtopo.core.podgroup import replica_pods, service_group_name
 from stormtopo.core.request import ClusterTiers, RequestError, Scope, parse_request
-from stormtopo.core.topology import topology_from_hypernodes
+from stormtopo.core.topology.hypernodes import topology_from_hypernodes
 from stormtopo.core.vocabulary import AIBRIX, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api
 

@@ -9,15 +9,10 @@ from typing import Any
 
 from rich.console import Console
 
-from stormtopo.core.topology import (
-    Topology,
-    TopologyError,
-    hypernode_diff,
-    hypernode_manifests,
-    parse_topology,
-    topology_from_hypernodes,
-    topology_from_labels,
-)
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.hypernodes import hypernode_diff, hypernode_manifests, topology_from_hypernodes
+from stormtopo.core.topology.labels import topology_from_labels
+from stormtopo.core.topology.tree import Topology, TopologyError
 from stormtopo.core.vocabulary import ROLE_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api
 from stormtopo.view.tree import topology_tree

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from stormtopo.core.request import TopologyRequest
-from stormtopo.core.topology import Switch, Topology
+from stormtopo.core.topology.tree import Switch, Topology
 from stormtopo.core.vocabulary import DOMAIN_LABEL_PREFIX
 
 EXACT_LIMIT = 12  # pods; beyond this, first-fit-decreasing

@@ -26,7 +26,9 @@ from typing import Any
 import yaml
 
 from stormtopo import certificates
-from stormtopo.core.topology import Topology, hypernode_manifests, parse_topology
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.hypernodes import hypernode_manifests
+from stormtopo.core.topology.tree import Topology
 from stormtopo.devenv import components, processes
 from stormtopo.devenv.crds import crd_files
 from stormtopo.devenv.nodes import node_manifests

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stormtopo.core.topology import NodeSpec, Topology
+from stormtopo.core.topology.tree import NodeSpec, Topology
 from stormtopo.core.vocabulary import GPU
 
 

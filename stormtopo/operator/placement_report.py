@@ -16,7 +16,7 @@ from typing import Any
 from stormtopo.core.placement import allowed_tier, domain_labels, explain, merge_placements, placement_record, recorded_placement
 from stormtopo.core.podgroup import replica_pods
 from stormtopo.core.request import Mode, RequestError, TopologyRequest, parse_request
-from stormtopo.core.topology import topology_from_hypernodes
+from stormtopo.core.topology.hypernodes import topology_from_hypernodes
 from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION, REQUEST_ANNOTATION
 from stormtopo.kube.client import ApiError
 from stormtopo.operator import metrics

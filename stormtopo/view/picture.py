@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stormtopo.core.topology import Topology
+from stormtopo.core.topology.tree import Topology
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from rich.text import Text
 from rich.tree import Tree
 
-from stormtopo.core.topology import Topology
+from stormtopo.core.topology.tree import Topology
 
 
 def _gpus(free: int, total: int) -> str:

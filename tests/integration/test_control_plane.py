@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stormtopo.core.topology import NodeSpec, Topology
+from stormtopo.core.topology.tree import NodeSpec, Topology
 from stormtopo.devenv import processes
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.nodes import node_manifest

@@ -15,7 +15,8 @@ import yaml
 from kubernetes import client
 
 from stormtopo import certificates
-from stormtopo.core.topology import hypernode_manifests, parse_topology
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv import components, processes
 from stormtopo.devenv.client import DevCluster

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stormtopo.core.topology import Topology
+from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, HIGHEST_TIER_NAME, MODE, REPLICA_HIGHEST_TIER, SCOPE
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice

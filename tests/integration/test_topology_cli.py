@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stormtopo.core.topology import NodeSpec
+from stormtopo.core.topology.tree import NodeSpec
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.nodes import node_manifest

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stormtopo.core.placement import _first_fit_decreasing, best_tier, explain, fits
-from stormtopo.core.topology import hypernode_manifests, parse_topology, topology_from_hypernodes
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.hypernodes import hypernode_manifests, topology_from_hypernodes
 
 EXAMPLE = parse_topology((Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml").read_text())
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stormtopo.core.topology import TopologyError, hypernode_manifests, parse_topology
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.hypernodes import hypernode_manifests
+from stormtopo.core.topology.tree import TopologyError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml"
 

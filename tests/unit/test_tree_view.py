@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from stormtopo.core.topology import parse_topology
+from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.view.tree import topology_tree
 
 HERE = Path(__file__).resolve().parent

@@ -1,0 +1,111 @@
+"""Volcano HyperNodes: rendered from the tree, read back into one, and the diff that syncs a cluster's."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stormtopo.core.topology.tree import NodeSpec, Switch, Topology, TopologyError
+from stormtopo.core.vocabulary import HYPERNODE_API, MANAGED_BY, MANAGED_BY_LABEL, OPERATOR_NAME
+
+
+def hypernode_manifest(topology: Topology, switch: Switch) -> dict[str, Any]:
+    """The Volcano HyperNode for one switch. Members are exactMatch: Volcano drops regex HyperNode members."""
+    if switch.nodes:
+        members = [{"type": "Node", "selector": {"exactMatch": {"name": n}}} for n in switch.nodes]
+    else:
+        members = [{"type": "HyperNode", "selector": {"exactMatch": {"name": c}}} for c in switch.children]
+    spec: dict[str, Any] = {"tier": switch.tier, "members": members}
+    if switch.tier in topology.tier_names:
+        spec["tierName"] = topology.tier_names[switch.tier]
+    return {
+        "apiVersion": HYPERNODE_API,
+        "kind": "HyperNode",
+        "metadata": {"name": switch.name, "labels": dict(MANAGED_BY)},
+        "spec": spec,
+    }
+
+
+def hypernode_manifests(topology: Topology) -> list[dict[str, Any]]:
+    # Lowest tier first, so a parent never names a child that does not exist yet.
+    ordered = sorted(topology.switches.values(), key=lambda s: (s.tier, s.name))
+    return [hypernode_manifest(topology, s) for s in ordered]
+
+
+def topology_from_hypernodes(hypernodes: Iterable[Mapping[str, Any]], node_names: Iterable[str] = ()) -> Topology:
+    """The tree a cluster's HyperNodes describe. Node members by exactMatch or regexMatch (against
+    `node_names`); HyperNode members by exactMatch only, as Volcano resolves them."""
+    hypernodes = list(hypernodes)
+    names = sorted(node_names)
+    switches: dict[str, Switch] = {}
+    parents: dict[str, str] = {}
+    nodes: dict[str, NodeSpec] = {}
+    for hn in hypernodes:
+        name = hn["metadata"]["name"]
+        spec = hn.get("spec") or {}
+        members_nodes: list[str] = []
+        children: list[str] = []
+        for member in spec.get("members") or []:
+            selector = member.get("selector") or {}
+            exact = (selector.get("exactMatch") or {}).get("name")
+            if member.get("type") == "HyperNode":
+                if exact:
+                    children.append(exact)
+                    parents.setdefault(exact, name)
+            elif exact:
+                members_nodes.append(exact)
+            elif (selector.get("regexMatch") or {}).get("pattern"):
+                pattern = re.compile(selector["regexMatch"]["pattern"])
+                members_nodes += [n for n in names if pattern.match(n)]
+        switches[name] = Switch(name, int(spec.get("tier", 1)), None, tuple(children), tuple(sorted(set(members_nodes))))
+        for node in members_nodes:
+            nodes.setdefault(node, NodeSpec(node, name, 0, "0", "0"))
+    linked = {
+        name: Switch(s.name, s.tier, parents.get(name), tuple(c for c in s.children if c in switches), s.nodes)
+        for name, s in switches.items()
+    }
+    tier_names = {int(h["spec"].get("tier", 1)): str(h["spec"]["tierName"]) for h in hypernodes if (h.get("spec") or {}).get("tierName")}
+    return Topology(linked, nodes, tier_names)
+
+
+@dataclass(frozen=True)
+class HyperNodeDiff:
+    create: list[dict[str, Any]]
+    update: list[dict[str, Any]]
+    delete: list[str]
+
+    def empty(self) -> bool:
+        return not (self.create or self.update or self.delete)
+
+    def lines(self) -> list[str]:
+        out = [f"+ create HyperNode {m['metadata']['name']} (tier {m['spec']['tier']})" for m in self.create]
+        out += [f"~ update HyperNode {m['metadata']['name']} (tier {m['spec']['tier']})" for m in self.update]
+        out += [f"- delete HyperNode {name}" for name in self.delete]
+        return out or ["no changes"]
+
+
+def hypernode_diff(desired: list[dict[str, Any]], existing: Sequence[Mapping[str, Any]]) -> HyperNodeDiff:
+    """What to create, update and prune so the cluster's HyperNodes match `desired`. Only HyperNodes
+    stormtopo manages are pruned; one someone else made with a wanted name is an error, not overwritten."""
+    current = {h["metadata"]["name"]: h for h in existing}
+    create, update = [], []
+    for manifest in desired:
+        name = manifest["metadata"]["name"]
+        have = current.get(name)
+        if have is None:
+            create.append(manifest)
+            continue
+        labels = (have.get("metadata") or {}).get("labels") or {}
+        if labels.get(MANAGED_BY_LABEL) != OPERATOR_NAME:
+            raise TopologyError(f"HyperNode {name} exists and is not managed by stormtopo; rename the switch or delete it first")
+        if have.get("spec") != manifest["spec"]:
+            update.append(manifest)
+    wanted = {m["metadata"]["name"] for m in desired}
+    delete = sorted(
+        name
+        for name, h in current.items()
+        if name not in wanted and ((h.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == OPERATOR_NAME
+    )
+    return HyperNodeDiff(create, update, delete)

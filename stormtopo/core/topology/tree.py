@@ -1,0 +1,69 @@
+"""The switch tree: switches by tier (1 = closest to the nodes), each with one parent, and the nodes under them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a Kubernetes object name (RFC 1123 subdomain)
+
+
+class TopologyError(ValueError):
+    """A switch-tree description is invalid; the message names the item and, where known, its line."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    switch: str
+    gpus: int
+    cpu: str
+    memory: str
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    tier: int
+    parent: str | None
+    children: tuple[str, ...] = ()  # child switches
+    nodes: tuple[str, ...] = ()  # member nodes (tier-1 switches only)
+
+
+@dataclass(frozen=True)
+class Topology:
+    switches: Mapping[str, Switch]
+    nodes: Mapping[str, NodeSpec]
+    tier_names: Mapping[int, str] = field(default_factory=dict)
+    lines: Mapping[str, int] = field(default_factory=dict)  # where each switch and node was described
+
+    @property
+    def tiers(self) -> int:
+        return max((s.tier for s in self.switches.values()), default=0)
+
+    def ancestors(self, node: str) -> list[str]:
+        """Switches above a node, closest first."""
+        chain: list[str] = []
+        current: str | None = self.nodes[node].switch
+        while current is not None:
+            chain.append(current)
+            current = self.switches[current].parent
+        return chain
+
+    def lowest_common_switch(self, nodes: Iterable[str]) -> Switch | None:
+        """The closest switch that holds every one of `nodes`; None if they share none (a forest)."""
+        names = list(nodes)
+        if not names:
+            return None
+        common = self.ancestors(names[0])
+        for other in names[1:]:
+            theirs = set(self.ancestors(other))
+            common = [s for s in common if s in theirs]
+        return self.switches[common[0]] if common else None
+
+    def nodes_under(self, switch: str) -> list[str]:
+        s = self.switches[switch]
+        if s.nodes:
+            return list(s.nodes)
+        return [n for child in s.children for n in self.nodes_under(child)]
