@@ -12,7 +12,7 @@ from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv.client import DevCluster, Timeout
 from stormtopo.devenv.workloads import stormservice
-from stormtopo.kvtransfer import KVModel
+from stormtopo.kvtransfer import KVModel, crossed_tier
 
 MODES: dict[str, dict[str, str]] = {
     "baseline": {},
@@ -32,10 +32,7 @@ class ReplicaResult:
 
 
 def replica_tier(topology: Topology, nodes: list[str]) -> int:
-    if len(set(nodes)) == 1:
-        return 0
-    common = topology.lowest_common_switch(nodes)
-    return common.tier if common else topology.tiers + 1
+    return crossed_tier(topology.span(nodes), topology.tiers)
 
 
 def run_mode(

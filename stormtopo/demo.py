@@ -23,7 +23,7 @@ from stormtopo.devenv import cluster
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.components import REPO_ROOT
 from stormtopo.devenv.workloads import filler_pod, stormservice
-from stormtopo.kvtransfer import KVModel, pair_tier, parse_kv_model
+from stormtopo.kvtransfer import KVModel, crossed_tier, parse_kv_model
 from stormtopo.view.picture import PairPlacement, draw
 from stormtopo.view.tree import topology_tree
 
@@ -86,9 +86,9 @@ def _deploy(client: DevCluster, topology: Topology, kv: KVModel, name: str, titl
     client.create(stormservice(name, NAMESPACE, annotations=annotations))
     pods = client.bound_pods(NAMESPACE, f"storm-service-name={name}", 2, timeout=60)
     node = {p["metadata"]["labels"]["role-name"]: p["spec"]["nodeName"] for p in pods}
-    common = topology.lowest_common_switch([node["prefill"], node["decode"]])
-    tier = pair_tier(node["prefill"], node["decode"], common.tier if common else None, topology.tiers)
-    domain = "one node" if tier == 0 else (common.name if common else "no common switch")
+    span = topology.span([node["prefill"], node["decode"]])
+    tier = crossed_tier(span, topology.tiers)
+    domain = "one node" if span.tier == 0 else (span.hypernode or "no common switch")
     return Outcome(name, title, node["prefill"], node["decode"], tier, domain, kv.seconds(tier))
 
 

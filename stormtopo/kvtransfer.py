@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stormtopo.core.tier import tier_number
+from stormtopo.core.topology.tree import Span
 
 
 class KVConfigError(ValueError):
@@ -61,8 +62,7 @@ def parse_kv_model(data: Mapping[str, Any]) -> KVModel:
     return KVModel(links, per_token, tokens)
 
 
-def pair_tier(prefill_node: str, decode_node: str, common_switch_tier: int | None, deepest: int) -> int:
-    """The tier a prefill/decode pair crosses: 0 on one node, else its lowest common switch's tier."""
-    if prefill_node == decode_node:
-        return 0
-    return common_switch_tier if common_switch_tier is not None else deepest + 1
+def crossed_tier(span: Span, deepest: int) -> int:
+    """The tier whose links a pair's KV cache crosses: the tier the pair spans (0 on one node), or one
+    above the deepest tier when the nodes share no switch (or one is not in the tree)."""
+    return span.tier if span.tier is not None else deepest + 1

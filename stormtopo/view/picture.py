@@ -76,12 +76,15 @@ def draw(topology: Topology, placements: Sequence[PairPlacement], path: Path) ->
 
 
 def _path(topology: Topology, a: str, b: str) -> list[str]:
+    """The nodes and switches the KV cache passes from `a` to `b`: up to their lowest common switch and down."""
+    span = topology.span([a, b])
+    if span.tier == 0:
+        return [a]
     up_a = [a, *topology.ancestors(a)]
     up_b = [b, *topology.ancestors(b)]
-    common = next((s for s in up_a if s in up_b), None)
-    if common is None:
+    if span.hypernode is None:
         return up_a + up_b
-    return up_a[: up_a.index(common) + 1] + up_b[: up_b.index(common)]
+    return up_a[: up_a.index(span.hypernode) + 1] + up_b[: up_b.index(span.hypernode)]
 
 
 def _edges(topology: Topology, on_path: set[str]) -> list[tuple[str, str]]:

@@ -32,6 +32,14 @@ class Switch:
 
 
 @dataclass(frozen=True)
+class Span:
+    """Where a set of nodes sits in the tree: their lowest common HyperNode and the tier they span."""
+
+    hypernode: str | None  # the closest HyperNode holding every node (for one node: its leaf)
+    tier: int | None  # 0: all on one node; else `hypernode`'s tier; None: a node unknown, or no common HyperNode
+
+
+@dataclass(frozen=True)
 class Topology:
     switches: Mapping[str, Switch]
     nodes: Mapping[str, NodeSpec]
@@ -50,6 +58,17 @@ class Topology:
             chain.append(current)
             current = self.switches[current].parent
         return chain
+
+    def span(self, nodes: Iterable[str]) -> Span:
+        """Which tier `nodes` span: 0 when they are all one node, else the tier of their lowest common
+        HyperNode; tier and HyperNode are None when a node is not in the tree or they share no HyperNode."""
+        names = set(nodes)
+        if not names or not names <= self.nodes.keys():
+            return Span(None, None)
+        common = self.lowest_common_switch(names)
+        if common is None:
+            return Span(None, None)
+        return Span(common.name, 0 if len(names) == 1 else common.tier)
 
     def lowest_common_switch(self, nodes: Iterable[str]) -> Switch | None:
         """The closest switch that holds every one of `nodes`; None if they share none (a forest)."""
