@@ -210,6 +210,14 @@ def _wait_ready(state_dir: Path, process: processes.Tracked, ready: Callable[[],
     )
 
 
+@dataclass(frozen=True)
+class _Launched:
+    """A started process and how to tell that it is ready."""
+
+    process: processes.Tracked
+    ready: Callable[[], bool]
+
+
 class _Starter:
     def __init__(self, state_dir: Path, binaries: dict[str, Path], ports: Ports, vc_controllers: tuple[str, ...], audit: bool) -> None:
         self.vc_controllers = vc_controllers
@@ -278,8 +286,32 @@ class _Starter:
         return processes.start(self.dir, name, [str(self.bin.get(name, name)), *args])
 
     def start_all(self, topology: Topology | None, with_operator: bool, timeout: float) -> None:
-        p = self.ports
         self._write_pki()
+        self._await(timeout, self._start_etcd())
+        self._await(timeout, self._start_apiserver())
+        self._write_kubeconfig()
+        self._install_crds()
+        # The controllers and schedulers only need the API server: start them all, then wait, so
+        # their start-ups overlap.
+        self._await(
+            timeout,
+            self._start_kube_controller_manager(),
+            self._start_volcano_scheduler(),
+            self._start_volcano_controllers(),
+            self._start_aibrix(),
+            self._start_kwok(),
+        )
+        if with_operator:
+            self._start_operator(timeout)
+        if topology is not None:
+            self._create_topology(topology, timeout)
+
+    def _await(self, timeout: float, *launched: _Launched) -> None:
+        for each in launched:
+            self._wait(each.process, each.ready, timeout)
+
+    def _start_etcd(self) -> _Launched:
+        p = self.ports
         etcd = self._start(
             "etcd",
             [
@@ -294,14 +326,16 @@ class _Starter:
                 "--log-level=warn",
             ],
         )
-        self._wait(etcd, lambda: _http_ok(f"http://127.0.0.1:{p.etcd}/health"), timeout)
+        return _Launched(etcd, lambda: _http_ok(f"http://127.0.0.1:{p.etcd}/health"))
+
+    def _start_apiserver(self) -> _Launched:
         apiserver = self._start(
             "kube-apiserver",
             [
-                f"--etcd-servers=http://127.0.0.1:{p.etcd}",
+                f"--etcd-servers=http://127.0.0.1:{self.ports.etcd}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
-                f"--secure-port={p.apiserver}",
+                f"--secure-port={self.ports.apiserver}",
                 f"--tls-cert-file={self.pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={self.pki / 'apiserver.key'}",
                 f"--client-ca-file={self.pki / 'ca.crt'}",
@@ -320,9 +354,10 @@ class _Starter:
                 "--v=1",
             ],
         )
-        self._wait(apiserver, self._apiserver_ready, timeout)
-        self._write_kubeconfig()
-        self._install_crds()
+        return _Launched(apiserver, self._apiserver_ready)
+
+    def _start_kube_controller_manager(self) -> _Launched:
+        port = self.ports.kcm
         kcm = self._start(
             "kube-controller-manager",
             [
@@ -330,13 +365,17 @@ class _Starter:
                 f"--controllers={KCM_CONTROLLERS}",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
-                f"--secure-port={p.kcm}",
+                f"--secure-port={port}",
                 f"--cert-dir={self.pki / 'kcm'}",
                 f"--root-ca-file={self.pki / 'ca.crt'}",
                 "--concurrent-gc-syncs=10",
                 "--v=1",
             ],
         )
+        return _Launched(kcm, lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", insecure=True))
+
+    def _start_volcano_scheduler(self) -> _Launched:
+        p = self.ports
         conf = self.dir / "volcano-scheduler.conf"
         conf.write_text(SCHEDULER_CONF)
         scheduler = self._start(
@@ -354,8 +393,12 @@ class _Starter:
                 "-v=2",
             ],
         )
-        # Only the queue controller: it opens Volcano queues, without which nothing is allocated.
-        vc_controllers = self._start(
+        return _Launched(scheduler, lambda: _http_ok(f"http://127.0.0.1:{p.scheduler_healthz}/healthz"))
+
+    def _start_volcano_controllers(self) -> _Launched:
+        p = self.ports
+        # By default only the queue controller: it opens Volcano queues, without which nothing is allocated.
+        controllers = self._start(
             "vc-controller-manager",
             [
                 f"--kubeconfig={self.kubeconfig}",
@@ -366,6 +409,10 @@ class _Starter:
                 f"--listen-address=127.0.0.1:{p.vc_controller_metrics}",
             ],
         )
+        return _Launched(controllers, lambda: _http_ok(f"http://127.0.0.1:{p.vc_controller_healthz}/healthz"))
+
+    def _start_aibrix(self) -> _Launched:
+        p = self.ports
         aibrix = self._start(
             "aibrix-controller-manager",
             [
@@ -377,6 +424,10 @@ class _Starter:
                 f"--health-probe-bind-address=127.0.0.1:{p.aibrix_probe}",
             ],
         )
+        return _Launched(aibrix, lambda: _http_ok(f"http://127.0.0.1:{p.aibrix_probe}/readyz"))
+
+    def _start_kwok(self) -> _Launched:
+        port = self.ports.kwok
         kwok_config = self.dir / "kwok.yaml"
         kwok_config.write_text(kwok_stages())
         kwok = self._start(
@@ -385,19 +436,11 @@ class _Starter:
                 f"--config={kwok_config}",
                 f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=true",
-                f"--server-address=127.0.0.1:{p.kwok}",
+                f"--server-address=127.0.0.1:{port}",
                 "--node-lease-duration-seconds=40",
             ],
         )
-        self._wait(kcm, lambda: _http_ok(f"https://127.0.0.1:{p.kcm}/healthz", insecure=True), timeout)
-        self._wait(scheduler, lambda: _http_ok(f"http://127.0.0.1:{p.scheduler_healthz}/healthz"), timeout)
-        self._wait(vc_controllers, lambda: _http_ok(f"http://127.0.0.1:{p.vc_controller_healthz}/healthz"), timeout)
-        self._wait(aibrix, lambda: _http_ok(f"http://127.0.0.1:{p.aibrix_probe}/readyz"), timeout)
-        self._wait(kwok, lambda: _http_ok(f"http://127.0.0.1:{p.kwok}/healthz"), timeout)
-        if with_operator:
-            self._start_operator(timeout)
-        if topology is not None:
-            self._create_topology(topology, timeout)
+        return _Launched(kwok, lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"))
 
     def _start_operator(self, timeout: float) -> None:
         start_operator(self.dir, timeout)
