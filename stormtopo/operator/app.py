@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import logging
 import os
+import ssl
 import tempfile
 from pathlib import Path
 
@@ -63,6 +65,48 @@ def _certificates(args: argparse.Namespace) -> tuple[str, str, bytes]:
     return str(d / "tls.crt"), str(d / "tls.key"), ca.cert_pem
 
 
+class CertificateReloader:
+    """Keeps a serving SSLContext on the certificate files as they change on disk.
+
+    A mounted Secret (helm upgrade, cert-manager renewal) changes under a running pod. Loading the new
+    pair into the same SSLContext takes effect at the next handshake: no restart, no dropped listener.
+    Files are compared by content, not mtime: kubelet swaps a symlink, which can keep old mtimes."""
+
+    def __init__(self, context: ssl.SSLContext, cert_file: str, key_file: str, interval: float = 5.0) -> None:
+        self.context = context
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.interval = interval
+        self.loaded = self._digest()
+        self.reloads = 0
+
+    def _digest(self) -> str:
+        digest = hashlib.sha256()
+        for name in (self.cert_file, self.key_file):
+            digest.update(Path(name).read_bytes())
+        return digest.hexdigest()
+
+    def reload_if_changed(self) -> bool:
+        """Load the files if they differ from what is loaded; a half-written pair is retried next time."""
+        try:
+            current = self._digest()
+            if current == self.loaded:
+                return False
+            self.context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:  # e.g. the certificate replaced but not yet its key
+            log.warning("webhook certificate %s not reloaded yet: %s", self.cert_file, exc)
+            return False
+        self.loaded = current
+        self.reloads += 1
+        log.info("webhook certificate reloaded from %s", self.cert_file)
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await asyncio.to_thread(self.reload_if_changed)
+
+
 async def run(args: argparse.Namespace) -> None:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
@@ -78,10 +122,12 @@ async def run(args: argparse.Namespace) -> None:
     posting = asyncio.create_task(events.run())
 
     cert, key, ca = _certificates(args)
+    tls = webhook.tls_context(cert, key)
+    reloading = asyncio.create_task(CertificateReloader(tls, cert, key).run())
     runner = web.AppRunner(webhook.build_app(index), access_log=None)
     await runner.setup()
     # reuse_port: replicas on one host can share the webhook port, as endpoints behind one Service do.
-    await web.TCPSite(runner, args.webhook_host, args.webhook_port, ssl_context=webhook.tls_context(cert, key), reuse_port=True).start()
+    await web.TCPSite(runner, args.webhook_host, args.webhook_port, ssl_context=tls, reuse_port=True).start()
 
     ready = asyncio.Event()
 
@@ -124,6 +170,7 @@ async def run(args: argparse.Namespace) -> None:
     finally:
         registration.cancel()
         posting.cancel()
+        reloading.cancel()
         await runner.cleanup()
         await side_runner.cleanup()
 
