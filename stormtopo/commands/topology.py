@@ -62,7 +62,7 @@ def _replicas_by_node(api: Api) -> dict[str, list[str]]:
 def show(api: Api, output: str, console: Console) -> int:
     free = api.free_gpus()
     totals = api.gpu_totals()
-    topology = topology_from_hypernodes(api.list_objects(VOLCANO_TOPOLOGY, "hypernodes"), totals)
+    topology = topology_from_hypernodes(api.list_objects(VOLCANO_TOPOLOGY, "hypernodes"), api.node_labels())  # labelMatch needs labels
     marks = _replicas_by_node(api)
     if output == "json":
         console.print_json(json.dumps(_as_json(topology, free, totals, marks)))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stormtopo.core.topology.selectors import selected_nodes
 from stormtopo.core.topology.tree import NodeSpec, Switch, Topology, TopologyError
 from stormtopo.core.vocabulary import HYPERNODE_API, MANAGED_BY, MANAGED_BY_LABEL, OPERATOR_NAME
 
@@ -34,40 +34,47 @@ def hypernode_manifests(topology: Topology) -> list[dict[str, Any]]:
     return [hypernode_manifest(topology, s) for s in ordered]
 
 
-def topology_from_hypernodes(hypernodes: Iterable[Mapping[str, Any]], node_names: Iterable[str] = ()) -> Topology:
-    """The tree a cluster's HyperNodes describe. Node members by exactMatch or regexMatch (against
-    `node_names`); HyperNode members by exactMatch only, as Volcano resolves them."""
+def _labels_by_node(nodes: Mapping[str, Mapping[str, str]] | Iterable[str]) -> dict[str, Mapping[str, str]]:
+    # A mapping to anything but labels (free GPUs per node, say) gives the names alone.
+    if isinstance(nodes, Mapping):
+        return {str(n): (labels if isinstance(labels, Mapping) else {}) for n, labels in nodes.items()}
+    return {str(n): {} for n in nodes}
+
+
+def topology_from_hypernodes(
+    hypernodes: Iterable[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, str]] | Iterable[str] = ()
+) -> Topology:
+    """The tree a cluster's HyperNodes describe, resolved as Volcano does. Node members by exactMatch,
+    regexMatch (a search in the names of `nodes`) or labelMatch (against the labels of `nodes`, node name
+    -> labels; given names alone, labelMatch selects nothing). HyperNode members by exactMatch only."""
     hypernodes = list(hypernodes)
-    names = sorted(node_names)
+    labels = _labels_by_node(nodes)
     switches: dict[str, Switch] = {}
     parents: dict[str, str] = {}
-    nodes: dict[str, NodeSpec] = {}
+    members: dict[str, NodeSpec] = {}
     for hn in hypernodes:
         name = hn["metadata"]["name"]
         spec = hn.get("spec") or {}
-        members_nodes: list[str] = []
+        member_nodes: set[str] = set()
         children: list[str] = []
         for member in spec.get("members") or []:
             selector = member.get("selector") or {}
-            exact = (selector.get("exactMatch") or {}).get("name")
             if member.get("type") == "HyperNode":
-                if exact:
-                    children.append(exact)
-                    parents.setdefault(exact, name)
-            elif exact:
-                members_nodes.append(exact)
-            elif (selector.get("regexMatch") or {}).get("pattern"):
-                pattern = re.compile(selector["regexMatch"]["pattern"])
-                members_nodes += [n for n in names if pattern.match(n)]
-        switches[name] = Switch(name, int(spec.get("tier", 1)), None, tuple(children), tuple(sorted(set(members_nodes))))
-        for node in members_nodes:
-            nodes.setdefault(node, NodeSpec(node, name, 0, "0", "0"))
+                child = (selector.get("exactMatch") or {}).get("name")
+                if child:
+                    children.append(child)
+                    parents.setdefault(child, name)
+            elif member.get("type") == "Node":
+                member_nodes |= selected_nodes(selector, labels)
+        switches[name] = Switch(name, int(spec.get("tier", 1)), None, tuple(children), tuple(sorted(member_nodes)))
+        for node in sorted(member_nodes):
+            members.setdefault(node, NodeSpec(node, name, 0, "0", "0"))
     linked = {
         name: Switch(s.name, s.tier, parents.get(name), tuple(c for c in s.children if c in switches), s.nodes)
         for name, s in switches.items()
     }
     tier_names = {int(h["spec"].get("tier", 1)): str(h["spec"]["tierName"]) for h in hypernodes if (h.get("spec") or {}).get("tierName")}
-    return Topology(linked, nodes, tier_names)
+    return Topology(linked, members, tier_names)
 
 
 @dataclass(frozen=True)

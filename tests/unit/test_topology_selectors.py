@@ -1,0 +1,80 @@
+"""HyperNode members resolved as Volcano v1.15.1 resolves them: exactMatch, regexMatch (a search), labelMatch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stormtopo.core.topology.hypernodes import topology_from_hypernodes
+from stormtopo.core.topology.selectors import selected_nodes
+
+NODES = {
+    "gpu-a-01": {"rack": "r1", "zone": "z1", "accel": "h100"},
+    "gpu-a-02": {"rack": "r1", "zone": "z1"},
+    "gpu-b-01": {"rack": "r2", "zone": "z1", "accel": "h100"},
+    "cpu-b-01": {"rack": "r2", "zone": "z2"},
+}
+
+
+def hypernode(name: str, tier: int, *members: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"tier": tier, "members": [{"type": t, "selector": s} for t, s in members]}}
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ({"exactMatch": {"name": "gpu-a-01"}}, {"gpu-a-01"}),
+        ({"exactMatch": {"name": "not-listed"}}, {"not-listed"}),  # Volcano takes the name as given
+        ({"exactMatch": {"name": ""}}, set()),
+        ({"regexMatch": {"pattern": "^gpu-a-"}}, {"gpu-a-01", "gpu-a-02"}),
+        ({"regexMatch": {"pattern": "-b-"}}, {"gpu-b-01", "cpu-b-01"}),  # only in the middle: Go's MatchString searches
+        ({"regexMatch": {"pattern": "01$"}}, {"gpu-a-01", "gpu-b-01", "cpu-b-01"}),
+        ({"regexMatch": {"pattern": "gpu-(a"}}, set()),  # does not compile: nothing
+        ({"labelMatch": {"matchLabels": {"rack": "r1"}}}, {"gpu-a-01", "gpu-a-02"}),
+        ({"labelMatch": {"matchLabels": {"rack": "r2", "accel": "h100"}}}, {"gpu-b-01"}),  # requirements are ANDed
+        ({"labelMatch": {"matchExpressions": [{"key": "rack", "operator": "In", "values": ["r2", "r9"]}]}}, {"gpu-b-01", "cpu-b-01"}),
+        # NotIn also holds where the label is missing
+        ({"labelMatch": {"matchExpressions": [{"key": "accel", "operator": "NotIn", "values": ["h100"]}]}}, {"gpu-a-02", "cpu-b-01"}),
+        ({"labelMatch": {"matchExpressions": [{"key": "accel", "operator": "Exists"}]}}, {"gpu-a-01", "gpu-b-01"}),
+        ({"labelMatch": {"matchExpressions": [{"key": "accel", "operator": "DoesNotExist"}]}}, {"gpu-a-02", "cpu-b-01"}),
+        (
+            {"labelMatch": {"matchLabels": {"zone": "z1"}, "matchExpressions": [{"key": "accel", "operator": "DoesNotExist"}]}},
+            {"gpu-a-02"},
+        ),
+        ({"labelMatch": {}}, set()),  # empty: Volcano selects nothing rather than everything
+        ({"labelMatch": {"matchExpressions": [{"key": "rack", "operator": "Gt", "values": ["1"]}]}}, set()),
+        ({"labelMatch": {"matchExpressions": [{"key": "rack", "operator": "In", "values": []}]}}, set()),
+        ({"labelMatch": {"matchExpressions": [{"key": "accel", "operator": "Exists", "values": ["h100"]}]}}, set()),
+        ({"labelMatch": {"matchExpressions": [{"key": "bad key", "operator": "DoesNotExist"}]}}, set()),  # invalid key
+    ],
+)
+def test_a_node_member_selects_what_volcano_selects(selector: dict[str, Any], expected: set[str]) -> None:
+    assert selected_nodes(selector, NODES) == expected
+
+
+def test_the_tree_resolves_every_selector_kind_and_links_hypernodes_by_exact_match() -> None:
+    hypernodes = [
+        hypernode("leaf-a", 1, ("Node", {"regexMatch": {"pattern": "-a-"}})),
+        hypernode("leaf-b", 1, ("Node", {"labelMatch": {"matchLabels": {"rack": "r2"}}})),
+        hypernode("spine", 2, ("HyperNode", {"exactMatch": {"name": "leaf-a"}}), ("HyperNode", {"exactMatch": {"name": "leaf-b"}})),
+        # Volcano ignores HyperNode members chosen by regex or labels: this one has no children
+        hypernode("lonely", 2, ("HyperNode", {"regexMatch": {"pattern": "leaf"}})),
+    ]
+    topology = topology_from_hypernodes(hypernodes, NODES)
+    assert topology.switches["leaf-a"].nodes == ("gpu-a-01", "gpu-a-02")
+    assert topology.switches["leaf-b"].nodes == ("cpu-b-01", "gpu-b-01")
+    assert topology.switches["spine"].children == ("leaf-a", "leaf-b")
+    assert topology.switches["leaf-a"].parent == "spine" and topology.switches["lonely"].children == ()
+    assert topology.span(["gpu-a-02", "cpu-b-01"]).hypernode == "spine"
+
+
+def test_names_alone_still_work_and_label_members_then_select_nothing() -> None:
+    hypernodes = [
+        hypernode("leaf-a", 1, ("Node", {"regexMatch": {"pattern": "-a-"}})),
+        hypernode("leaf-b", 1, ("Node", {"labelMatch": {"matchLabels": {"rack": "r2"}}})),
+    ]
+    for names in (list(NODES), {n: 8 for n in NODES}):  # a list of names, or names mapped to free GPUs
+        topology = topology_from_hypernodes(hypernodes, names)
+        assert topology.switches["leaf-a"].nodes == ("gpu-a-01", "gpu-a-02")
+        assert topology.switches["leaf-b"].nodes == ()
