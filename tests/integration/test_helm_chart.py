@@ -4,6 +4,7 @@ no more than enough, for the operator: run under that identity, with two replica
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -46,14 +47,36 @@ def kubectl(state: Path, *args: str, stdin: str | None = None, kubeconfig: Path 
     return subprocess.run(cmd, input=stdin, capture_output=True, text=True)
 
 
-def render(*sets: str) -> str:
+def render(*sets: str, cluster: Path | None = None) -> str:
+    """`helm template`; with `cluster` (a state dir) against it, as an install or upgrade renders: `lookup`
+    sees the installed objects."""
     helm = components.ensure_binary("helm")
     cmd = [str(helm), "template", RELEASE, str(REPO / "deploy/helm/stormtopo"), "--namespace", NAMESPACE, "--kube-version", "1.35.3"]
+    if cluster is not None:
+        cmd += ["--dry-run=server", f"--kubeconfig={cluster / 'kubeconfig'}"]
     for s in sets:
         cmd += ["--set-string" if not s.startswith("@") else "--set-file", s.lstrip("@")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def install(state: Path, rendered: str) -> None:
+    """Apply a rendered chart as Helm would (server-side validation), its namespace first."""
+    kubectl(state, "create", "namespace", NAMESPACE)  # may exist: the cluster is shared by this module
+    applied = kubectl(state, "apply", "--server-side", "--force-conflicts", "--field-manager=helm", "-f", "-", stdin=rendered)
+    assert applied.returncode == 0, applied.stderr
+
+
+def service_account_kubeconfig(state: Path, directory: Path) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount, with a token from TokenRequest."""
+    token = kubectl(state, "create", "token", SA, "-n", NAMESPACE, "--duration=1h").stdout.strip()
+    assert token
+    config = yaml.safe_load((state / "kubeconfig").read_text())
+    config["users"][0]["user"] = {"token": token}
+    path = directory / "sa-kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> None:
@@ -65,6 +88,8 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
             "ClusterRoleBinding",
             "Deployment",
             "MutatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "Role",
             "RoleBinding",
             "Secret",
@@ -103,15 +128,9 @@ def test_operator_under_the_charts_service_account_with_leader_election(chart_cl
         f"@webhook.provided.caCrt={certs / 'ca.crt'}",
         f"webhook.url=https://127.0.0.1:{port}",
     )
-    assert kubectl(state, "create", "namespace", NAMESPACE).returncode == 0
-    applied = kubectl(state, "apply", "--server-side", "--field-manager=helm", "-f", "-", stdin=rendered)
-    assert applied.returncode == 0, applied.stderr
+    install(state, rendered)
 
-    token = kubectl(state, "create", "token", SA, "-n", NAMESPACE, "--duration=1h").stdout.strip()
-    config = yaml.safe_load((state / "kubeconfig").read_text())
-    config["users"][0]["user"] = {"token": token}
-    sa_kubeconfig = tmp_path / "sa-kubeconfig"
-    sa_kubeconfig.write_text(yaml.safe_dump(config))
+    sa_kubeconfig = service_account_kubeconfig(state, tmp_path)
     # Least privilege, negatively: no Secrets, no writes to what others own.
     who = f"system:serviceaccount:{NAMESPACE}:{SA}"
     for verb, resource in (
@@ -186,3 +205,82 @@ def _holder(read) -> str:  # type: ignore[no-untyped-def]
         return str(read()["spec"]["holderIdentity"])
     except Exception:
         return ""
+
+
+def _of_kind(rendered: str, kind: str) -> dict:  # type: ignore[type-arg]
+    return next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == kind)
+
+
+def test_generated_ca_is_kept_when_the_chart_is_rendered_again(chart_cluster: tuple[Path, DevCluster]) -> None:
+    """Proves: an upgrade (a render against a cluster with the release's Secret) keeps the CA, the serving
+    pair and the caBundle; without the Secret every render makes a new CA (so this test could fail)."""
+    state, _ = chart_cluster
+    kubectl(state, "delete", "secret", f"{SA}-webhook-tls", "-n", NAMESPACE, "--ignore-not-found")
+    first, second = render(cluster=state), render(cluster=state)
+    assert _of_kind(first, "Secret")["data"]["ca.crt"] != _of_kind(second, "Secret")["data"]["ca.crt"]  # nothing installed yet
+
+    install(state, first)
+    installed = _of_kind(first, "Secret")["data"]
+    for again in (render(cluster=state), render(cluster=state)):
+        assert _of_kind(again, "Secret")["data"] == installed
+        for hook in _of_kind(again, "MutatingWebhookConfiguration")["webhooks"]:
+            assert hook["clientConfig"]["caBundle"] == installed["ca.crt"]
+
+
+def _refused(result: subprocess.CompletedProcess[str]) -> bool:
+    return result.returncode != 0 and ("forbidden" in result.stderr.lower() or "denied" in result.stderr.lower())
+
+
+def test_service_account_may_change_only_stormtopo_keys(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
+    """Proves the limit RBAC cannot express (issue 14, item 4): as the chart's ServiceAccount, a pod's
+    image and command, a StormService's replicas and a label not under stormtopo.io/ cannot be changed;
+    the domain label on a pod and the placement annotation on a StormService can."""
+    state, admin = chart_cluster
+    install(state, render())
+    sa = service_account_kubeconfig(state, tmp_path)
+    ns = "vap-ns"
+    admin.create_namespace(ns)
+    admin.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": ns, "labels": {"app": "x"}},
+            "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "registry.example/a:1", "command": ["serve"]}]},
+        }
+    )
+    admin.create(stormservice("svc", ns, scheduler_name="nobody"))
+
+    def patch(kind: str, name: str, body: dict, patch_type: str = "merge") -> subprocess.CompletedProcess[str]:  # type: ignore[type-arg]
+        return kubectl(state, "patch", kind, name, "-n", ns, f"--type={patch_type}", "-p", json.dumps(body), kubeconfig=sa)
+
+    # The policy takes effect once the API server has loaded it: probe with a harmless annotation
+    # (a new value each time, so that an accepted probe is never a no-op) until it is refused.
+    probes = iter(range(1000))
+
+    def probe_refused() -> bool:
+        return _refused(patch("pod", "p", {"metadata": {"annotations": {"example.com/probe": str(next(probes))}}}))
+
+    admin.wait(probe_refused, 30, "the policy to be in force")
+    image = {"spec": {"containers": [{"name": "c", "image": "evil.example/miner:1"}]}}
+    denied = patch("pod", "p", image, "strategic")
+    assert _refused(denied) and "own-keys-only" in denied.stderr and "spec" in denied.stderr, denied.stderr
+    command = {"spec": {"containers": [{"name": "c", "command": ["sh", "-c", "id"]}]}}
+    assert _refused(patch("pod", "p", command, "strategic"))
+    assert _refused(patch("pod", "p", {"metadata": {"labels": {"app": "y"}}}))
+    assert _refused(patch("pod", "p", {"metadata": {"labels": {"team": "z"}}}))
+    assert _refused(patch("pod", "p", {"metadata": {"annotations": {"example.com/x": "1"}}}))
+    replicas = patch("stormservice", "svc", {"spec": {"replicas": 5}})
+    assert _refused(replicas) and "own-keys-only" in replicas.stderr, replicas.stderr
+    assert _refused(patch("stormservice", "svc", {"metadata": {"labels": {"team": "z"}}}))
+
+    allowed = patch("pod", "p", {"metadata": {"labels": {"stormtopo.io/hypernode-tier-1": "s0"}}})
+    assert allowed.returncode == 0, allowed.stderr
+    placed = patch("stormservice", "svc", {"metadata": {"annotations": {"stormtopo.io/placement": "{}"}}})
+    assert placed.returncode == 0, placed.stderr
+    pod = admin.core.read_namespaced_pod("p", ns)
+    assert pod.spec.containers[0].image == "registry.example/a:1" and pod.spec.containers[0].command == ["serve"]
+    assert pod.metadata.labels == {"app": "x", "stormtopo.io/hypernode-tier-1": "s0"}
+    svc = admin.stormservice(ns, "svc")
+    assert svc["spec"]["replicas"] == 1 and svc["metadata"]["annotations"]["stormtopo.io/placement"] == "{}"
+    # The admin, whom the policy does not match, still may.
+    assert kubectl(state, "label", "pod", "p", "-n", ns, "team=z").returncode == 0
