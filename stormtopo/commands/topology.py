@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.fabric import check_size, parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_diff, hypernode_manifests, topology_from_hypernodes
 from stormtopo.core.topology.labels import topology_from_labels
 from stormtopo.core.topology.tree import Topology, TopologyError
@@ -35,7 +35,12 @@ def _apply(api: Api, topology: Topology, dry_run: bool, console: Console) -> int
 
 def apply_file(api: Api, path: Path, dry_run: bool, console: Console) -> int:
     """Validate a description (and that its nodes exist) before writing anything."""
-    topology = parse_topology(path.read_text())
+    check_size(path.stat().st_size)  # before reading: a huge file is refused without loading it
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise TopologyError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    topology = parse_topology(text)
     present = set(api.node_labels())
     missing = sorted(set(topology.nodes) - present, key=lambda n: topology.lines.get(n, 0))
     if missing:

@@ -14,6 +14,9 @@ The description nests switches; a switch maps either to child switches or to a l
 A switch's tier is its height: switches holding nodes are tier 1 (closest), their parents tier 2, ...
 Nesting gives every HyperNode one parent and no cycles by construction; what remains to check is
 names, duplicates and that all children of a switch sit on the same tier. Errors name the line.
+
+The file is someone's input, so it is bounded: at most MAX_BYTES, and no YAML anchors or aliases, which
+would let a few hundred bytes expand to gigabytes (and a fabric has nothing to repeat by reference).
 """
 
 from __future__ import annotations
@@ -23,9 +26,24 @@ from typing import Any
 import yaml
 
 from stormtopo.core.tier import tier_number
-from stormtopo.core.topology.tree import NAME, NodeSpec, Switch, Topology, TopologyError
+from stormtopo.core.topology.tree import NAME_MAX, NAME_RULE, NodeSpec, Switch, Topology, TopologyError, is_name
 
 _DEFAULTS = {"gpus": 8, "cpu": "96", "memory": "1Ti"}
+MAX_BYTES = 4 * 1024 * 1024  # about 200,000 nodes; a real fabric is far smaller
+
+
+class _NoAliases(yaml.SafeLoader):
+    """Composes the document as written and refuses anchors and aliases before anything expands."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            kind = "alias *" if isinstance(event, yaml.AliasEvent) else "anchor &"
+            raise TopologyError(
+                f"line {event.start_mark.line + 1}: YAML anchors and aliases are not accepted in a fabric file "
+                f"(found {kind}{event.anchor}); write each switch and node out in full"
+            )
+        return super().compose_node(parent, index)
 
 
 def _fail(message: str, node: yaml.Node | None = None) -> TopologyError:
@@ -40,12 +58,9 @@ def _scalar(node: yaml.Node, what: str) -> str:
 
 
 def _check_name(name: str, what: str, node: yaml.Node) -> None:
-    if len(name) > 253 or not NAME.match(name):
-        raise _fail(
-            f"{what} {name!r} is not a valid Kubernetes object name: use lowercase letters, digits, '-' and '.', "
-            "starting and ending with a letter or digit",
-            node,
-        )
+    if not is_name(name):
+        shown = repr(name) if len(name) <= 80 else f"{name[:60]!r}... ({len(name)} characters)"
+        raise _fail(f"{what} {shown} is not a valid Kubernetes object name; accepted: {NAME_RULE}", node)
 
 
 def _mapping(node: yaml.Node, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
@@ -118,10 +133,17 @@ class _Builder:
         return name
 
 
+def check_size(size: int) -> None:
+    """Refuse a fabric file of `size` bytes if it is over the limit (before reading it, where possible)."""
+    if size > MAX_BYTES:
+        raise TopologyError(f"the fabric file is {size:,} bytes; accepted: at most {MAX_BYTES:,} bytes (4 MiB)")
+
+
 def parse_topology(text: str) -> Topology:
     """Parse and validate a switch-tree description. Raises TopologyError naming the offending line."""
+    check_size(len(text.encode()))
     try:
-        root = yaml.compose(text)
+        root = yaml.compose(text, Loader=_NoAliases)
     except yaml.YAMLError as exc:
         raise TopologyError(f"not valid YAML: {exc}") from exc
     if root is None:
@@ -146,6 +168,8 @@ def parse_topology(text: str) -> Topology:
             if tier is None:
                 raise _fail(f"tierNames key {tier_text!r} must be a tier number >= 1", key)
             tier_names[tier] = _scalar(value, f"tierNames[{tier_text}]")
+            if len(tier_names[tier]) > NAME_MAX:  # HyperNode spec.tierName is at most 253 characters
+                raise _fail(f"tierNames[{tier_text}] is {len(tier_names[tier])} characters long; accepted: at most {NAME_MAX}", value)
     builder = _Builder(defaults)
     roots = _mapping(top["switches"][1], "switches")
     if not roots:

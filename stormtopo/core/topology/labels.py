@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from stormtopo.core.topology.tree import NAME, NodeSpec, Switch, Topology, TopologyError
+from stormtopo.core.topology.tree import NAME_RULE, NodeSpec, Switch, Topology, TopologyError, is_name
 
 
 def topology_from_labels(
@@ -28,10 +28,8 @@ def topology_from_labels(
         chain = [labels[level] for level in levels]  # top first
         for i, value in enumerate(chain):
             tier = depth - i
-            if len(value) > 253 or not NAME.match(value):
-                raise TopologyError(
-                    f"node {node}: label {levels[i]}={value!r} cannot name a HyperNode (lowercase letters, digits, '-', '.')"
-                )
+            if not is_name(value):
+                raise TopologyError(f"node {node}: label {levels[i]}={value!r} cannot name a HyperNode; accepted: {NAME_RULE}")
             if tier_of.setdefault(value, tier) != tier:
                 raise TopologyError(
                     f"node {node}: {value!r} is a value of {levels[i]} and of another level; HyperNode names must be unique"

@@ -6,7 +6,20 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a Kubernetes object name (RFC 1123 subdomain)
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+# A Kubernetes object name (DNS-1123 subdomain) as the API server checks it: dot-separated labels, at most
+# 253 characters in all. Use with fullmatch: `$` would also accept a trailing newline.
+NAME = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+NAME_MAX = 253
+NAME_RULE = (
+    f"at most {NAME_MAX} characters: lowercase letters, digits and '-', in parts separated by single dots, "
+    "each part starting and ending with a letter or digit"
+)
+
+
+def is_name(text: str) -> bool:
+    """Whether `text` can name a HyperNode or a node (Kubernetes' IsDNS1123Subdomain)."""
+    return len(text) <= NAME_MAX and NAME.fullmatch(text) is not None
 
 
 class TopologyError(ValueError):
