@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING
 from stormtopo.core.topology.tree import TopologyError
 
 if TYPE_CHECKING:
-    from stormtopo.kube.client import Api
+    from stormtopo.kube.client import Api, ApiError
+
+# What to do about an API error, by HTTP status: the one line the user reads instead of a traceback.
+_API_ADVICE = {
+    401: "the API server did not accept your credentials: log in again or check the kubeconfig's user",
+    403: "your user is not allowed to do this: ask for the RBAC permission, or use a kubeconfig that has it",
+    404: "not found: check the name and namespace, and that Volcano's and AIBrix's CRDs are installed",
+    409: "someone else changed it at the same time: run the command again",
+    422: "the API server rejected the object as invalid",
+    429: "the API server is overloaded: retry in a moment",
+}
 
 
 def _dev_up(args: argparse.Namespace) -> int:
@@ -163,9 +173,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def describe_api_error(exc: ApiError) -> str:
+    """One line: the request that failed, the API server's own message, and what to do."""
+    import json
+
+    try:
+        message = str(json.loads(exc.body).get("message") or "").strip()
+    except (ValueError, AttributeError):
+        message = exc.body.strip()[:200]
+    advice = _API_ADVICE.get(exc.status, "the API server may be unhealthy: retry, or check its logs" if exc.status >= 500 else "")
+    return "; ".join(part for part in (f"{exc.request} failed (HTTP {exc.status})", message, advice) if part)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import ssl
+
+    import urllib3
+
+    from stormtopo.kube.client import ApiError, CredentialsError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ApiError as exc:
+        print(f"stormtopo: {describe_api_error(exc)}", file=sys.stderr)
+    except CredentialsError as exc:
+        print(f"stormtopo: {exc}", file=sys.stderr)
+    except (urllib3.exceptions.HTTPError, ssl.SSLError, ConnectionError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        print(f"stormtopo: cannot reach the API server: {reason}; check the cluster is up and the kubeconfig's server", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

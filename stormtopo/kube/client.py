@@ -8,10 +8,13 @@ these through asyncio.to_thread.
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import os
 import ssl
+import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ APPLY_PATCH = "application/apply-patch+yaml"
 class ApiError(RuntimeError):
     def __init__(self, status: int, method: str, path: str, body: str) -> None:
         super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
+        self.request = f"{method} {path}"
         self.status = status
         self.body = body
 
@@ -47,6 +51,110 @@ class ApiError(RuntimeError):
 PAGE_SIZE = 250  # objects per list request
 
 
+class CredentialsError(RuntimeError):
+    """The kubeconfig cannot give credentials: missing, malformed, or its login plugin failed."""
+
+
+EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
+
+
+@dataclass(frozen=True)
+class IssuedCredential:
+    token: str | None
+    cert_pem: bytes | None
+    key_pem: bytes | None
+    expires: float | None  # time.time() seconds; None: valid until the API server says otherwise
+
+
+def parse_exec_credential(output: str, api_version: str) -> IssuedCredential:
+    """An ExecCredential printed by a client-go credential plugin (kubectl's exec protocol)."""
+    try:
+        credential = json.loads(output)
+    except json.JSONDecodeError as exc:
+        raise CredentialsError(f"the credential plugin printed no ExecCredential JSON: {exc}") from None
+    if not isinstance(credential, dict) or credential.get("kind") != "ExecCredential":
+        raise CredentialsError("the credential plugin printed something other than an ExecCredential")
+    if credential.get("apiVersion") != api_version:
+        raise CredentialsError(f"the credential plugin answered {credential.get('apiVersion')}, the kubeconfig asked for {api_version}")
+    status = credential.get("status") or {}
+    cert, key = status.get("clientCertificateData"), status.get("clientKeyData")
+    if not status.get("token") and not (cert and key):
+        raise CredentialsError("the credential plugin's ExecCredential has neither status.token nor a client certificate and key")
+    stamp = status.get("expirationTimestamp")
+    expires = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+    return IssuedCredential(status.get("token"), cert.encode() if cert else None, key.encode() if key else None, expires)
+
+
+class ExecPlugin:
+    """A kubeconfig `exec` user (EKS, GKE, AKS, kubelogin): run the command, cache its credential until
+    it expires. Thread-safe: the operator calls the API from worker threads."""
+
+    def __init__(self, config: Mapping[str, Any], base: Path, server: str) -> None:
+        self.api_version = str(config.get("apiVersion") or "")
+        if self.api_version not in EXEC_API_VERSIONS:
+            raise CredentialsError(
+                f"exec credential plugin apiVersion {self.api_version!r} is not supported; use one of {EXEC_API_VERSIONS}"
+            )
+        command = str(config.get("command") or "")
+        if not command:
+            raise CredentialsError("the kubeconfig's exec user names no command")
+        # As kubectl: a relative path with a separator is relative to the kubeconfig's directory.
+        self.argv = [str(base / command) if os.sep in command and not os.path.isabs(command) else command]
+        self.argv += [str(a) for a in config.get("args") or []]
+        self.env = {str(e["name"]): str(e["value"]) for e in config.get("env") or []}
+        self.install_hint = str(config.get("installHint") or "")
+        self.cluster = {"server": server} if config.get("provideClusterInfo") else None
+        self.issued: IssuedCredential | None = None
+        self._lock = threading.Lock()
+
+    def current(self) -> IssuedCredential:
+        with self._lock:
+            # Renewed a little early: a token that expires in flight fails the request it rode on.
+            if self.issued is None or (self.issued.expires is not None and self.issued.expires - 10 < time.time()):
+                self.issued = self._run()
+            return self.issued
+
+    def _run(self) -> IssuedCredential:
+        spec: dict[str, Any] = {"interactive": False}
+        if self.cluster:
+            spec["cluster"] = self.cluster
+        info = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": spec}
+        env = {**os.environ, **self.env, "KUBERNETES_EXEC_INFO": json.dumps(info)}
+        try:
+            done = subprocess.run(self.argv, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            hint = f" ({self.install_hint.strip()})" if self.install_hint else ""
+            raise CredentialsError(f"the kubeconfig's credential plugin {self.argv[0]!r} is not installed{hint}") from None
+        except subprocess.TimeoutExpired:
+            raise CredentialsError(f"the credential plugin {self.argv[0]!r} did not answer within 60 s") from None
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise CredentialsError(f"the credential plugin {self.argv[0]!r} exited {done.returncode}: {last}")
+        return parse_exec_credential(done.stdout, self.api_version)
+
+
+def auth_provider_token(provider: Mapping[str, Any], now: float | None = None) -> str:
+    """The token an `auth-provider` user (the legacy gcp, azure, oidc plugins) has cached in its
+    config. Refreshing it is the plugin's job, which only kubectl of old had; say what to do instead."""
+    name = str(provider.get("name") or "unknown")
+    config = provider.get("config") or {}
+    token = config.get("id-token") if name == "oidc" else config.get("access-token")
+    expiry = config.get("expiry")
+    expired = False
+    if token and expiry:
+        try:
+            expired = datetime.datetime.fromisoformat(str(expiry).replace("Z", "+00:00")).timestamp() <= (now or time.time())
+        except ValueError:
+            expired = False  # an unreadable expiry: let the API server judge the token
+    if token and not expired:
+        return str(token)
+    state = "has expired" if token else "has no cached token"
+    raise CredentialsError(
+        f"the kubeconfig's auth-provider {name!r} {state}, and stormtopo cannot refresh it: switch the user to its "
+        "exec credential plugin (gke-gcloud-auth-plugin, kubelogin, aws eks get-token), or run a kubectl command to refresh it"
+    )
+
+
 @dataclass(frozen=True)
 class Credentials:
     server: str
@@ -56,52 +164,98 @@ class Credentials:
     token_file: str | None = None  # in-cluster: projected tokens rotate, so re-read it
     cert_path: str | None = None
     key_path: str | None = None
+    exec_plugin: ExecPlugin | None = None
+    in_cluster: bool = False
 
     def bearer(self) -> str | None:
+        if self.exec_plugin is not None:
+            return self.exec_plugin.current().token
         if self.token_file:
             return Path(self.token_file).read_text().strip()
         return self.token
 
 
-def _materialize(data: str | None, path: str | None, base: Path) -> str | None:
+def _materialize(data: str | bytes | None, path: str | None, base: Path, encoded: bool = True) -> str | None:
     """A kubeconfig names a file or embeds base64 data; TLS needs a file."""
     if data:
         fd, name = tempfile.mkstemp(prefix="stormtopo-", suffix=".pem")
         with os.fdopen(fd, "wb") as f:
-            f.write(base64.b64decode(data))
+            f.write(base64.b64decode(data) if encoded else data if isinstance(data, bytes) else data.encode())
         return name
     if path:
         return str((base / path).resolve())
     return None
 
 
+def kubeconfig_path(kubeconfig: str | None) -> str | None:
+    """The kubeconfig to use, as kubectl finds it: the flag, $KUBECONFIG (its first existing file), then
+    ~/.kube/config; None inside a pod without either (the service account)."""
+    if kubeconfig:
+        return kubeconfig
+    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if listed:
+        return next((p for p in listed if Path(p).exists()), listed[0])
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    home = Path.home() / ".kube" / "config"
+    if home.exists():
+        return str(home)
+    raise CredentialsError("no kubeconfig: pass --kubeconfig, set KUBECONFIG, or create ~/.kube/config (not running in a pod)")
+
+
 def load_credentials(kubeconfig: str | None) -> Credentials:
     """From a kubeconfig file (its current context), else the pod's service account."""
-    path = kubeconfig or os.environ.get("KUBECONFIG")
+    path = kubeconfig_path(kubeconfig)
     if not path:
-        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
-        return Credentials(f"https://{host}:{port}", str(SERVICE_ACCOUNT / "ca.crt"), token_file=str(SERVICE_ACCOUNT / "token"))
-    config = yaml.safe_load(Path(path).read_text())
+        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        return Credentials(
+            f"https://{host}:{port}", str(SERVICE_ACCOUNT / "ca.crt"), token_file=str(SERVICE_ACCOUNT / "token"), in_cluster=True
+        )
+    try:
+        config = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise CredentialsError(f"cannot read kubeconfig {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise CredentialsError(f"kubeconfig {path} is not valid YAML: {exc}") from None
     context_name = config.get("current-context")
-    context = next(c["context"] for c in config["contexts"] if c["name"] == context_name)
-    cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
-    user: dict[str, Any] = next((u["user"] for u in config.get("users") or [] if u["name"] == context.get("user")), {})
+    try:
+        context = next(c["context"] for c in config.get("contexts") or [] if c["name"] == context_name)
+        cluster = next(c["cluster"] for c in config.get("clusters") or [] if c["name"] == context["cluster"])
+    except (StopIteration, KeyError, TypeError):
+        raise CredentialsError(
+            f"kubeconfig {path}: its current context {context_name!r} or that context's cluster is not defined"
+        ) from None
+    user: dict[str, Any] = next((u["user"] for u in config.get("users") or [] if u["name"] == context.get("user")), {}) or {}
     base = Path(path).resolve().parent
+    server = cluster["server"].rstrip("/")
+    token = user.get("token")
+    cert_path = _materialize(user.get("client-certificate-data"), user.get("client-certificate"), base)
+    key_path = _materialize(user.get("client-key-data"), user.get("client-key"), base)
+    plugin = None
+    if user.get("exec"):
+        plugin = ExecPlugin(user["exec"], base, server)
+        issued = plugin.current()  # fails here, with the plugin's own message, rather than at the first request
+        if issued.cert_pem and issued.key_pem:
+            cert_path = _materialize(issued.cert_pem, None, base, encoded=False)
+            key_path = _materialize(issued.key_pem, None, base, encoded=False)
+    elif user.get("auth-provider"):
+        token = auth_provider_token(user["auth-provider"])
     return Credentials(
-        server=cluster["server"].rstrip("/"),
+        server=server,
         ca_path=_materialize(cluster.get("certificate-authority-data"), cluster.get("certificate-authority"), base),
         insecure=bool(cluster.get("insecure-skip-tls-verify")),
-        token=user.get("token"),
+        token=token,
         token_file=str((base / user["tokenFile"]).resolve()) if user.get("tokenFile") else None,
-        cert_path=_materialize(user.get("client-certificate-data"), user.get("client-certificate"), base),
-        key_path=_materialize(user.get("client-key-data"), user.get("client-key"), base),
+        cert_path=cert_path,
+        key_path=key_path,
+        exec_plugin=plugin,
     )
 
 
 class Api:
     def __init__(self, kubeconfig: str | None = None) -> None:
-        self.in_cluster = not (kubeconfig or os.environ.get("KUBECONFIG"))
         self.credentials = load_credentials(kubeconfig)
+        self.in_cluster = self.credentials.in_cluster
         creds = self.credentials
         ctx = ssl.create_default_context(cafile=creds.ca_path)
         if creds.insecure:
@@ -109,9 +263,26 @@ class Api:
             ctx.verify_mode = ssl.CERT_NONE
         if creds.cert_path:
             ctx.load_cert_chain(creds.cert_path, creds.key_path)
+        self.ssl_context = ctx
+        self._client_cert = creds.exec_plugin.issued if creds.exec_plugin else None
         self.http = urllib3.PoolManager(maxsize=32, ssl_context=ctx, timeout=urllib3.Timeout(connect=5, read=30), retries=False)
 
+    def _renew_client_certificate(self) -> None:
+        """An exec plugin's client certificate expires too: load the new one for the next connections."""
+        plugin = self.credentials.exec_plugin
+        if plugin is None:
+            return
+        issued = plugin.current()
+        if issued is not self._client_cert and issued.cert_pem and issued.key_pem:
+            cert = _materialize(issued.cert_pem, None, Path("."), encoded=False)
+            key = _materialize(issued.key_pem, None, Path("."), encoded=False)
+            assert cert and key
+            self.ssl_context.load_cert_chain(cert, key)
+            self.http.clear()  # pooled connections still present the old certificate
+        self._client_cert = issued
+
     def request(self, method: str, path: str, body: Any = None, content_type: str = JSON, **query: str) -> Any:
+        self._renew_client_certificate()
         headers = {"Accept": JSON, "User-Agent": USER_AGENT}
         token = self.credentials.bearer()
         if token:
