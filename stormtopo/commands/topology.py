@@ -3,22 +3,84 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from rich.console import Console
 
 from stormtopo.core.topology.fabric import check_size, parse_topology
-from stormtopo.core.topology.hypernodes import hypernode_diff, hypernode_manifests, topology_from_hypernodes
+from stormtopo.core.topology.hypernodes import HyperNodeDiff, hypernode_diff, hypernode_manifests, topology_from_hypernodes
 from stormtopo.core.topology.labels import topology_from_labels
 from stormtopo.core.topology.tree import Topology, TopologyError
-from stormtopo.core.vocabulary import ROLE_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
-from stormtopo.kube.client import Api
+from stormtopo.core.vocabulary import OPERATOR_NAME, ROLE_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
+from stormtopo.kube.client import APPLY_PATCH, Api, ApiError
 from stormtopo.view.tree import topology_tree
+
+# What can fail once writing has begun: the API server's refusal, or losing it.
+_FAILURES = (ApiError, urllib3.exceptions.HTTPError, OSError)
+
+
+@dataclass(frozen=True)
+class _Write:
+    """One HyperNode write of an apply, sent for real or as a server-side dry run."""
+
+    verb: str  # create, update or delete
+    name: str
+    manifest: dict[str, Any] | None = None
+
+    def __str__(self) -> str:
+        return f"{self.verb} HyperNode {self.name}"
+
+    def send(self, api: Api, dry_run: bool) -> None:
+        query = {"dryRun": "All"} if dry_run else {}
+        if self.verb == "create":  # not apply: a HyperNode someone made meanwhile is refused, not taken over
+            api.request("POST", api.path(VOLCANO_TOPOLOGY, "hypernodes"), self.manifest, **query)
+        elif self.verb == "update":
+            path = api.path(VOLCANO_TOPOLOGY, "hypernodes", None, self.name)
+            api.request("PATCH", path, self.manifest, APPLY_PATCH, fieldManager=OPERATOR_NAME, force="true", **query)
+        else:
+            try:
+                api.request("DELETE", api.path(VOLCANO_TOPOLOGY, "hypernodes", None, self.name), **query)
+            except ApiError as exc:
+                if exc.status != 404:  # already gone is what was wanted
+                    raise
+
+
+def _ordered_writes(diff: HyperNodeDiff, existing: Sequence[Mapping[str, Any]]) -> list[_Write]:
+    """Deletions first, parents before children, so no HyperNode is left with two parents (Volcano refuses
+    to build such a tree); then creates and updates, children before parents, so a parent never names a
+    child that does not exist yet."""
+    tier = {h["metadata"]["name"]: int((h.get("spec") or {}).get("tier", 0)) for h in existing}
+    deletes = [_Write("delete", name) for name in sorted(diff.delete, key=lambda n: (-tier.get(n, 0), n))]
+    upserts = [_Write("create", m["metadata"]["name"], m) for m in diff.create]
+    upserts += [_Write("update", m["metadata"]["name"], m) for m in diff.update]
+    upserts.sort(key=lambda w: (int((w.manifest or {})["spec"]["tier"]), w.name))
+    return deletes + upserts
+
+
+def _api_message(exc: Exception) -> str:
+    if not isinstance(exc, ApiError):
+        return f"cannot reach the API server: {exc}"
+    try:
+        message = str(json.loads(exc.body).get("message") or "")
+    except (ValueError, AttributeError):
+        message = ""
+    return f"HTTP {exc.status}: {message or exc.body.strip()[:300]}"
+
+
+def _fail(text: str) -> int:
+    print(f"stormtopo: {text}", file=sys.stderr)
+    return 1
 
 
 def _apply(api: Api, topology: Topology, dry_run: bool, console: Console) -> int:
+    """All or nothing, as far as the API allows: every write is first sent as a server-side dry run, so
+    whatever the API server (its validation, admission webhooks and policies, RBAC) would refuse is found
+    before anything is stored. What can still fail after that (a race, an outage) is reported write by write."""
     existing = api.list_objects(VOLCANO_TOPOLOGY, "hypernodes")
     diff = hypernode_diff(hypernode_manifests(topology), existing)  # raises before anything is written
     for line in diff.lines():
@@ -26,10 +88,23 @@ def _apply(api: Api, topology: Topology, dry_run: bool, console: Console) -> int
     if dry_run:
         console.print("(dry run: nothing written)")
         return 0
-    for manifest in diff.create + diff.update:  # leaves first, so a parent never names a missing child
-        api.apply_hypernode(manifest)
-    for name in reversed(diff.delete):
-        api.delete_hypernode(name)
+    writes = _ordered_writes(diff, existing)
+    for write in writes:
+        try:
+            write.send(api, dry_run=True)
+        except _FAILURES as exc:
+            return _fail(f"the API server would refuse to {write}: {_api_message(exc)}; nothing was written")
+    for done, write in enumerate(writes):
+        try:
+            write.send(api, dry_run=False)
+        except _FAILURES as exc:
+            written = ", ".join(map(str, writes[:done])) or "nothing"
+            return _fail(
+                f"{write} failed: {_api_message(exc)}\n"
+                f"  written: {written}\n"
+                f"  not written: {', '.join(map(str, writes[done:]))}\n"
+                "  run the same command again to finish: it writes only what still differs"
+            )
     return 0
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from stormtopo.core.topology.tree import NodeSpec
-from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, VOLCANO_TOPOLOGY
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.nodes import node_manifest
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice
@@ -76,6 +78,99 @@ def test_bad_inputs_name_the_offending_item_and_change_nothing(bare: DevCluster,
     proc = cli(bare, "topology", "from-labels", "--levels", "net.example.com/leaf,net.example.com/spine", check=False)
     assert proc.returncode == 2 and "has two parents" in proc.stderr  # upside down: sp-a would sit under lf-1 and lf-2
     assert tiers(bare) == before
+
+
+@pytest.fixture
+def refusing(bare: DevCluster) -> Iterator[Callable[[str, str], None]]:
+    """Installs ValidatingAdmissionPolicies that make the API server refuse a HyperNode by name, as a
+    cluster's own policy or webhook might; removes them afterwards."""
+    admission = client.AdmissionregistrationV1Api(bare.api_client)
+    made: list[str] = []
+
+    def refuse(name: str, expression: str) -> None:
+        rule = {"apiGroups": [VOLCANO_TOPOLOGY[0]], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["hypernodes"]}
+        admission.create_validating_admission_policy(
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [rule]},
+                    "validations": [{"expression": expression, "message": f"refused by policy {name}"}],
+                },
+            }
+        )
+        admission.create_validating_admission_policy_binding(
+            {"metadata": {"name": name}, "spec": {"policyName": name, "validationActions": ["Deny"]}}
+        )
+        made.append(name)
+
+    yield refuse
+    for name in made:
+        for delete in (admission.delete_validating_admission_policy_binding, admission.delete_validating_admission_policy):
+            try:
+                delete(name)
+            except ApiException as exc:
+                if exc.status != 404:  # a test may have removed it already
+                    raise
+
+
+def refused(bare: DevCluster, name: str, dry_run: bool) -> bool:
+    """Whether the API server now refuses to create HyperNode `name` (a policy takes a moment to apply)."""
+    body = {"apiVersion": "/".join(VOLCANO_TOPOLOGY), "kind": "HyperNode", "metadata": {"name": name}}
+    body["spec"] = {"tier": 2, "members": [{"type": "HyperNode", "selector": {"exactMatch": {"name": "x"}}}]}
+    try:
+        bare.custom.create_cluster_custom_object(*VOLCANO_TOPOLOGY, "hypernodes", body, **({"dry_run": "All"} if dry_run else {}))
+    except ApiException as exc:
+        if exc.status == 422 and "refused by policy" in str(exc.body):
+            return True
+        raise
+    if not dry_run:
+        bare.custom.delete_cluster_custom_object(*VOLCANO_TOPOLOGY, "hypernodes", name)
+    return False
+
+
+def test_apply_that_the_server_refuses_part_way_writes_nothing(
+    bare: DevCluster, tmp_path: Path, refusing: Callable[[str, str], None]
+) -> None:
+    start = tmp_path / "start.yaml"
+    start.write_text("switches:\n  rack-x: [n0, n1, n2, n3]\n")
+    cli(bare, "topology", "apply", "-f", str(start))
+    refusing("refuse-sp-refused", "object.metadata.name != 'sp-refused'")
+    bare.wait(lambda: refused(bare, "sp-refused", dry_run=True), 30, "the policy to refuse HyperNode sp-refused")
+
+    # Valid to the client; the server refuses the last write: deleting rack-x and the three writes before
+    # sp-refused would all have gone through without the dry run.
+    fabric = tmp_path / "fabric.yaml"
+    fabric.write_text("switches:\n  sp-ok:\n    lf-ok: [n0, n1]\n  sp-refused:\n    lf-r: [n2, n3]\n")
+    proc = cli(bare, "topology", "apply", "-f", str(fabric), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "would refuse to create HyperNode sp-refused: HTTP 422" in proc.stderr
+    assert "refused by policy refuse-sp-refused" in proc.stderr and "nothing was written" in proc.stderr
+    assert tiers(bare) == {"rack-x": 1}
+
+
+def test_a_failure_after_the_dry_run_says_what_was_written_and_a_rerun_finishes(
+    bare: DevCluster, tmp_path: Path, refusing: Callable[[str, str], None]
+) -> None:
+    start = tmp_path / "start.yaml"
+    start.write_text("switches:\n  rack-x: [n0, n1, n2, n3]\n")
+    cli(bare, "topology", "apply", "-f", str(start))
+    # Passes every dry run and refuses the real write: the case no dry run can catch (a race, a policy change).
+    refusing("refuse-sp-late", "request.dryRun == true || object.metadata.name != 'sp-late'")
+    bare.wait(lambda: refused(bare, "sp-late", dry_run=False), 30, "the policy to refuse HyperNode sp-late")
+
+    fabric = tmp_path / "fabric.yaml"
+    fabric.write_text("switches:\n  sp-a2:\n    lf-a2: [n0, n1]\n  sp-late:\n    lf-l: [n2, n3]\n")
+    proc = cli(bare, "topology", "apply", "-f", str(fabric), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "create HyperNode sp-late failed: HTTP 422" in proc.stderr and "refused by policy refuse-sp-late" in proc.stderr
+    written = "delete HyperNode rack-x, create HyperNode lf-a2, create HyperNode lf-l, create HyperNode sp-a2"
+    assert f"written: {written}\n" in proc.stderr and "not written: create HyperNode sp-late\n" in proc.stderr
+    assert tiers(bare) == {"lf-a2": 1, "lf-l": 1, "sp-a2": 2}  # exactly what it said it wrote
+
+    client.AdmissionregistrationV1Api(bare.api_client).delete_validating_admission_policy_binding("refuse-sp-late")
+    bare.wait(lambda: cli(bare, "topology", "apply", "-f", str(fabric), check=False).returncode == 0, 30, "a rerun to finish")
+    assert tiers(bare) == {"lf-a2": 1, "lf-l": 1, "sp-a2": 2, "sp-late": 2}
 
 
 def test_show_and_explain_on_a_real_placement(cluster: DevCluster, namespace: str) -> None:
