@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from stormtopo.core.placement import allowed_tier, explain
-from stormtopo.core.podgroup import replica_pods, service_group_name
-from stormtopo.core.request import ClusterTiers, RequestError, Scope, parse_request
+from stormtopo.core.capabilities import cluster_tiers
+from stormtopo.core.explanation import allowed_tier, explain
+from stormtopo.core.gang import replica_pods
+from stormtopo.core.podgroup import service_group_name
+from stormtopo.core.request import RequestError, Scope, request_of
 from stormtopo.core.topology.hypernodes import topology_from_hypernodes
-from stormtopo.core.vocabulary import AIBRIX, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api
 
 
@@ -23,11 +25,9 @@ def run(api: Api, namespace: str, name: str, console: Console) -> int:
     hypernodes = api.list_objects(VOLCANO_TOPOLOGY, "hypernodes")
     free = api.free_gpus()
     topology = topology_from_hypernodes(hypernodes, free)
-    tiers = ClusterTiers(frozenset(s.tier for s in topology.switches.values()), frozenset(topology.tier_names.values()))
-    try:
-        request = parse_request(stormservice["metadata"].get("annotations"), tiers)
-    except RequestError as exc:
-        console.print(f"{namespace}/{name}: invalid network-topology request, nothing is applied: {exc}", highlight=False)
+    request = request_of(stormservice, cluster_tiers(hypernodes, api.crd_schema(PODGROUP_CRD)))
+    if isinstance(request, RequestError):
+        console.print(f"{namespace}/{name}: invalid network-topology request, nothing is applied: {request}", highlight=False)
         return 1
     console.print(f"{namespace}/{name}: {request.describe() if request else 'no network-topology request'}", highlight=False)
     rolesets = api.list_objects(AIBRIX, "rolesets", namespace, label_selector=f"{STORMSERVICE_LABEL}={name}")
@@ -51,7 +51,7 @@ def run(api: Api, namespace: str, name: str, console: Console) -> int:
         tier = allowed_tier(request, topology) if request else None
         if tier is None:
             continue
-        fits, text = explain(topology, free, wanted, tier)
-        verdict = "capacity exists; Volcano should place it in its next cycles" if fits else "it cannot be placed now"
-        console.print(f"    {verdict}: {text}", highlight=False)
+        explanation = explain(topology, free, wanted, tier)
+        verdict = "capacity exists; Volcano should place it in its next cycles" if explanation.fits else "it cannot be placed now"
+        console.print(f"    {verdict}: {explanation.render()}", highlight=False)
     return 0

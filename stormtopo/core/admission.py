@@ -1,8 +1,8 @@
 """Admission decisions for pods and PodGroups of opted-in StormServices (pure: objects in, patch out).
 
-The shell fetches the RoleSet and StormService an object belongs to and passes them in; these
-functions decide what to change. Bad annotations change nothing here: the StormService gets a Warning
-Event from the operator instead, and its pods are admitted as AIBrix made them.
+The webhook fetches the RoleSet and StormService an object belongs to and passes them in; these
+functions decide what to change. Bad annotations change nothing that was there: a PodGroup keeps
+the constraint of the last valid request, and the StormService gets a Warning from the operator.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.podgroup import desired_fields, service_group_name, spec_patch
-from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, parse_request
+from stormtopo.core.jsonpatch import set_annotations, set_spec_fields
+from stormtopo.core.ownership import stormservice_name
+from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_name
+from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.vocabulary import (
     DEFAULT_SCHEDULERS,
     GROUP_NAME_ANNOTATION,
     REQUEST_ANNOTATION,
     ROLE_LABEL,
-    STORMSERVICE_LABEL,
     TASK_SPEC_ANNOTATION,
     VOLCANO_SCHEDULER,
 )
@@ -31,48 +32,47 @@ class Decision:
     message: str = ""
 
 
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
+def valid_request(stormservice: Mapping[str, Any] | None, cluster: ClusterTiers | None) -> TopologyRequest | None:
+    request = request_of(stormservice, cluster)
+    return request if isinstance(request, TopologyRequest) else None
 
 
-def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
-    return dict((obj.get("metadata") or {}).get("annotations") or {})
-
-
-def request_of(stormservice: Mapping[str, Any] | None, cluster: ClusterTiers | None) -> TopologyRequest | None:
-    """The valid request of a StormService, or None when it has none or a bad one (reported elsewhere)."""
-    if stormservice is None:
-        return None
-    try:
-        return parse_request(_annotations(stormservice), cluster)
-    except RequestError:
-        return None
-
-
-def set_annotation_ops(obj: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[str, Any]]:
-    current = _annotations(obj)
-    changes = {k: v for k, v in values.items() if current.get(k) != v}
-    if not changes:
-        return []
-    if not (obj.get("metadata") or {}).get("annotations"):
-        return [{"op": "add", "path": "/metadata/annotations", "value": {**current, **changes}}]
-    return [{"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v} for k, v in changes.items()]
+def carries_constraint(podgroup: Mapping[str, Any] | None) -> bool:
+    """A PodGroup that stormtopo gave a request to (and that still has it)."""
+    annotations = ((podgroup or {}).get("metadata") or {}).get("annotations") or {}
+    return REQUEST_ANNOTATION in annotations and "networkTopology" in ((podgroup or {}).get("spec") or {})
 
 
 def admit_podgroup(
-    podgroup: Mapping[str, Any], roleset: Mapping[str, Any] | None, stormservice: Mapping[str, Any] | None, cluster: ClusterTiers | None
+    podgroup: Mapping[str, Any],
+    roleset: Mapping[str, Any] | None,
+    stormservice: Mapping[str, Any] | None,
+    cluster: ClusterTiers | None,
+    last_valid: Mapping[str, Any] | None = None,
 ) -> Decision:
     """Give a replica's PodGroup the gang and network topology of its StormService, on create and update.
 
     AIBrix replaces the whole spec of its PodGroups whenever it differs from its own; admitting every
-    create and update this way means its writes can never strip the constraint.
+    create and update this way means its writes can never strip the constraint. While the request
+    looks invalid (a typo, HyperNodes half rewritten), `last_valid` (the PodGroup as it was, or a
+    sibling replica's) keeps the constraint it had: an invalid request changes nothing.
     """
+    if roleset is None:
+        return Decision()
     request = request_of(stormservice, cluster)
-    if request is None or roleset is None or request.scope is Scope.STORMSERVICE:
+    if isinstance(request, RequestError):
+        if not carries_constraint(last_valid):
+            return Decision()
+        kept = owned_fields((last_valid or {}).get("spec"))
+        if last_valid is not podgroup and "minMember" in kept:  # a sibling's gang size is its own
+            kept = {k: v for k, v in kept.items() if k == "networkTopology"}
+        patch = set_spec_fields(podgroup.get("spec"), kept)
+        annotation = ((last_valid or {}).get("metadata") or {}).get("annotations", {}).get(REQUEST_ANNOTATION, "")
+        return Decision(patch=patch + set_annotations(podgroup, {REQUEST_ANNOTATION: annotation}))
+    if request is None or request.scope is Scope.STORMSERVICE:
         return Decision()  # with scope StormService the replicas' pods join the service's own PodGroup
-    desired = desired_fields(request, roleset.get("spec") or {})
-    patch = spec_patch(podgroup.get("spec"), desired)
-    patch += set_annotation_ops(podgroup, {REQUEST_ANNOTATION: request.describe()})
+    patch = set_spec_fields(podgroup.get("spec"), desired_fields(request, roleset.get("spec") or {}))
+    patch += set_annotations(podgroup, {REQUEST_ANNOTATION: request.describe()})
     return Decision(patch=patch)
 
 
@@ -85,12 +85,14 @@ def admit_pod(
 ) -> Decision:
     """Point an opted-in replica's pod at its gang: group name, Volcano task (its role) and scheduler.
 
-    `named_group_service` is the StormService owning the PodGroup the pod names, if known: a pod of
-    one StormService may not join another's gang, whether or not either asks for a topology.
+    A pod that names another PodGroup of its own StormService (AIBrix gives each instance of a
+    multi-node role its own PodSet PodGroup) joins the replica's gang instead: Volcano then sees one
+    gang per replica, and the whole replica is placed within the tier. `named_group_service` is the
+    StormService owning the PodGroup the pod names, if known: a pod of one StormService may not join
+    another's gang, whether or not either asks for a topology.
     """
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    own_service = labels.get(STORMSERVICE_LABEL)
-    named = _annotations(pod).get(GROUP_NAME_ANNOTATION)
+    own_service = stormservice_name(pod)
+    named = ((pod.get("metadata") or {}).get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
     if named and named_group_service and own_service and named_group_service != own_service:
         return Decision(
             allowed=False,
@@ -99,27 +101,17 @@ def admit_pod(
                 f"StormService {named_group_service!r}; a pod may only join its own StormService's PodGroups"
             ),
         )
-    request = request_of(stormservice, cluster)
-    if request is None or roleset is None:
+    request = valid_request(stormservice, cluster)
+    if request is None or roleset is None or stormservice is None:
         return Decision()
-    replica_group = roleset["metadata"]["name"]
-    group = replica_group
-    if request.scope is Scope.STORMSERVICE and stormservice is not None:
+    group = roleset["metadata"]["name"]
+    if request.scope is Scope.STORMSERVICE:
         group = service_group_name(stormservice["metadata"]["name"])
-    if named and named not in (group, replica_group):
-        return Decision(
-            allowed=False,
-            message=(
-                f"pod names PodGroup {named!r} in {GROUP_NAME_ANNOTATION}, but it belongs to RoleSet {group!r} of StormService "
-                f"{stormservice['metadata']['name'] if stormservice else '?'}; its pods may only join PodGroup {group!r}"
-            ),
-        )
     values = {GROUP_NAME_ANNOTATION: group}
-    role = labels.get(ROLE_LABEL)
+    role = ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
     if role:
         values[TASK_SPEC_ANNOTATION] = role
-    patch = set_annotation_ops(pod, values)
-    spec = pod.get("spec") or {}
-    if spec.get("schedulerName") in DEFAULT_SCHEDULERS:
+    patch = set_annotations(pod, values)
+    if (pod.get("spec") or {}).get("schedulerName") in DEFAULT_SCHEDULERS:
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": VOLCANO_SCHEDULER})
     return Decision(patch=patch)

@@ -1,116 +1,29 @@
-"""Placement maths: does a gang fit in a network domain, which tier is the best achievable, and why not.
-
-GPUs are the resource that decides placement for inference replicas, so free capacity is counted in
-GPUs per node. Fitting pods onto nodes is bin packing: exact by search for the small gangs of a
-StormService replica, first-fit-decreasing beyond that.
-"""
+"""Where a replica landed: its span in the switch tree, the record on the StormService, the domain
+labels on its pods, and whether it keeps to its request."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from stormtopo.core.request import TopologyRequest
-from stormtopo.core.topology.tree import Switch, Topology
+from stormtopo.core.request import Mode, TopologyRequest
+from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import DOMAIN_LABEL_PREFIX
+from stormtopo.core.writes import LabelPod, Say
 
-EXACT_LIMIT = 12  # pods; beyond this, first-fit-decreasing
-
-
-def fits(free: Sequence[int], pods: Sequence[int]) -> bool:
-    """Can pods with these GPU requests be placed on nodes with these free GPUs (one pod per slot)?"""
-    demand = sorted((p for p in pods if p > 0), reverse=True)
-    if sum(demand) > sum(free):
-        return False
-    if len(demand) > EXACT_LIMIT:
-        return _first_fit_decreasing(list(free), demand)
-    return _search(tuple(sorted(free, reverse=True)), demand, 0)
+LABEL_VALUE_LIMIT = 63
 
 
-def _first_fit_decreasing(free: list[int], demand: list[int]) -> bool:
-    free.sort(reverse=True)
-    for pod in demand:
-        for i, room in enumerate(free):
-            if room >= pod:
-                free[i] -= pod
-                break
-        else:
-            return False
-    return True
-
-
-def _search(free: tuple[int, ...], demand: list[int], i: int) -> bool:
-    if i == len(demand):
-        return True
-    tried = set()
-    for n, room in enumerate(free):
-        if room >= demand[i] and room not in tried:  # nodes with equal room are interchangeable
-            tried.add(room)
-            rest = (*free[:n], room - demand[i], *free[n + 1 :])
-            if _search(rest, demand, i + 1):
-                return True
-    return False
-
-
-@dataclass(frozen=True)
-class DomainFit:
-    switch: Switch
-    free_gpus: int
-    free_per_node: Mapping[str, int]
-    fits: bool
-
-
-def domains_at_tier(topology: Topology, free: Mapping[str, int], pods: Sequence[int], tier: int) -> list[DomainFit]:
-    """Every HyperNode of `tier` with its free GPUs and whether the gang fits, best first."""
-    out = []
-    for switch in topology.switches.values():
-        if switch.tier != tier:
-            continue
-        per_node = {n: max(0, free.get(n, 0)) for n in topology.nodes_under(switch.name)}
-        out.append(DomainFit(switch, sum(per_node.values()), per_node, fits(list(per_node.values()), pods)))
-    return sorted(out, key=lambda d: (not d.fits, -d.free_gpus, d.switch.name))
-
-
-def best_tier(topology: Topology, free: Mapping[str, int], pods: Sequence[int]) -> int | None:
-    """The lowest tier at which some HyperNode holds the whole gang (the offline optimum); None if none."""
-    for tier in range(1, topology.tiers + 1):
-        if any(d.fits for d in domains_at_tier(topology, free, pods, tier)):
-            return tier
-    return None
-
-
-def explain(topology: Topology, free: Mapping[str, int], pods: Sequence[int], highest_tier: int) -> tuple[bool, str]:
-    """(fits, text): for each allowed tier, the best HyperNode's free GPUs against what the gang needs."""
-    need = sum(pods)
-    shape = " + ".join(str(p) for p in sorted(pods, reverse=True))
-    lines = [f"the gang needs {len(pods)} pods with {shape} GPUs ({need} GPUs) within tier {highest_tier}"]
-    for tier in range(1, min(highest_tier, topology.tiers) + 1):
-        domains = domains_at_tier(topology, free, pods, tier)
-        if not domains:
-            continue
-        best = domains[0]
-        nodes = ", ".join(f"{n}: {g}" for n, g in sorted(best.free_per_node.items()) if g > 0) or "none"
-        if best.fits:
-            lines.append(f"tier {tier}: {best.switch.name} fits it (free GPUs {nodes})")
-            return True, "; ".join(lines)
-        short = max(0, need - best.free_gpus)
-        why = f"{short} GPUs short" if short else "free GPUs are spread too thin across its nodes"
-        lines.append(f"tier {tier}: best is {best.switch.name} with {best.free_gpus} free GPUs ({nodes}), {why}")
-    wider = best_tier(topology, free, pods)
-    if wider is not None and wider > highest_tier:
-        lines.append(f"it would fit within tier {wider}; or free capacity in one tier-{highest_tier} domain")
-    else:
-        lines.append("no domain of the cluster has room now; it fits once enough GPUs in one domain are freed")
-    return False, "; ".join(lines)
-
-
-def allowed_tier(request: TopologyRequest, topology: Topology) -> int | None:
-    """The tier number a request allows, resolving a tier name through the HyperNodes' tierNames."""
-    if request.limit.tier is not None:
-        return request.limit.tier
-    names = {name: tier for tier, name in topology.tier_names.items()}
-    return names.get(request.limit.tier_name or "")
+def label_value(hypernode: str) -> str:
+    """A HyperNode name as a label value: names may be 253 long, label values 63. A long name is
+    shortened with a digest of the whole, so two domains never share a value."""
+    if len(hypernode) <= LABEL_VALUE_LIMIT:
+        return hypernode
+    digest = hashlib.sha256(hypernode.encode()).hexdigest()[:10]
+    return f"{hypernode[: LABEL_VALUE_LIMIT - 11].rstrip('.-')}-{digest}"
 
 
 def domain_labels(topology: Topology, node: str) -> dict[str, str]:
@@ -118,7 +31,7 @@ def domain_labels(topology: Topology, node: str) -> dict[str, str]:
     within a domain (as llm-d's and Dynamo's topology-aware routing read such labels)."""
     if node not in topology.nodes:
         return {}
-    return {f"{DOMAIN_LABEL_PREFIX}{topology.switches[s].tier}": s for s in topology.ancestors(node)}
+    return {f"{DOMAIN_LABEL_PREFIX}{topology.switches[s].tier}": label_value(s) for s in topology.ancestors(node)}
 
 
 def placement_record(topology: Topology, nodes: Sequence[str]) -> dict[str, object]:
@@ -150,3 +63,49 @@ def merge_placements(current: str | None, replica: str, record: Mapping[str, obj
     table = {k: v for k, v in table.items() if k in keep}
     table[replica] = dict(record)
     return json.dumps(table, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Placed:
+    """What to write once a replica's pods are bound."""
+
+    record: Mapping[str, object]
+    says: tuple[Say, ...]
+    labels: tuple[LabelPod, ...]
+    violated: bool
+
+
+def plan_placed(
+    topology: Topology, request: TopologyRequest, allowed_tier: int | None, replica: str, pods: Sequence[Mapping[str, Any]]
+) -> Placed | None:
+    """The record, the Events and the domain labels of a replica whose pods are bound; None if none is.
+
+    A hard replica that spans more than its tier allows (a pod pinned elsewhere, a pod placed by a
+    scheduler that ignores HyperNodes) is marked violated and gets a Warning naming pods and nodes."""
+    bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
+    if not bound:
+        return None
+    nodes = sorted(p["spec"]["nodeName"] for p in bound)
+    record = placement_record(topology, nodes)
+    where = f"{record['hyperNode']}, tier {record['tier']}" if record["hyperNode"] else "no common HyperNode"
+    says = [Say("Normal", "ReplicaPlaced", f"replica {replica} placed in {where} on {', '.join(sorted(set(nodes)))}")]
+    tier = record["tier"]
+    violated = request.mode is Mode.HARD and allowed_tier is not None and (not isinstance(tier, int) or tier > allowed_tier)
+    if violated:
+        record = {**record, "violated": True}
+        spread = ", ".join(
+            f"{p['metadata']['name']} on {p['spec']['nodeName']}" for p in sorted(bound, key=lambda p: p["metadata"]["name"])
+        )
+        says.append(
+            Say(
+                "Warning",
+                "TopologyViolated",
+                f"replica {replica} spans {where}, beyond the allowed tier {allowed_tier} ({request.describe()}): {spread}",
+            )
+        )
+    labels = []
+    for pod in bound:
+        wanted = domain_labels(topology, pod["spec"]["nodeName"])
+        if wanted and any((pod["metadata"].get("labels") or {}).get(k) != v for k, v in wanted.items()):
+            labels.append(LabelPod(pod["metadata"].get("namespace", ""), pod["metadata"]["name"], wanted))
+    return Placed(record, tuple(says), tuple(labels), violated)

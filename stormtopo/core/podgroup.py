@@ -1,65 +1,17 @@
-"""Desired Volcano PodGroups for a RoleSet (one StormService replica), and the patch that gets them there.
-
-A replica is one gang: minMember counts every pod of every role (replicas x podGroupSize) and
-minTaskMember counts each role, keyed by the role name that pods carry in volcano.sh/task-spec.
-"""
+"""Desired Volcano PodGroups: the fields stormtopo owns on a replica's PodGroup, and the PodGroups it
+creates itself (for replicas without AIBrix's scheduling strategy, and for scope StormService)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from stormtopo.core.gang import gang_of
+from stormtopo.core.ownership import owner_reference
 from stormtopo.core.request import TopologyRequest
-from stormtopo.core.vocabulary import (
-    GPU,
-    MANAGED_BY_LABEL,
-    OPERATOR_NAME,
-    PODGROUP_API,
-    REQUEST_ANNOTATION,
-    ROLESET_LABEL,
-    STORMSERVICE_API,
-    STORMSERVICE_LABEL,
-)
+from stormtopo.core.vocabulary import MANAGED_BY_LABEL, OPERATOR_NAME, PODGROUP_API, REQUEST_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 
-
-@dataclass(frozen=True)
-class Gang:
-    min_member: int
-    min_task_member: Mapping[str, int]
-
-
-def role_pod_count(role: Mapping[str, Any]) -> int:
-    replicas = role.get("replicas")
-    group_size = role.get("podGroupSize")
-    return int(1 if replicas is None else replicas) * max(1, int(group_size or 1))
-
-
-def gang_of(roleset_spec: Mapping[str, Any]) -> Gang:
-    """The gang of one replica: all of its pods, and per role."""
-    per_role = {str(role.get("name", "")): role_pod_count(role) for role in roleset_spec.get("roles") or []}
-    per_role = {name: count for name, count in per_role.items() if count > 0}
-    return Gang(sum(per_role.values()), per_role)
-
-
-def gpus_of(roleset_spec: Mapping[str, Any], resource: str = GPU) -> dict[str, int]:
-    """GPUs one pod of each role requests (requests, else limits, summed over containers)."""
-    out = {}
-    for role in roleset_spec.get("roles") or []:
-        containers = ((role.get("template") or {}).get("spec") or {}).get("containers") or []
-        total = 0
-        for c in containers:
-            res = c.get("resources") or {}
-            value = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource, 0))
-            total += int(str(value) or 0)
-        out[str(role.get("name", ""))] = total
-    return out
-
-
-def replica_pods(roleset_spec: Mapping[str, Any]) -> list[int]:
-    """GPU requests of every pod of one replica."""
-    gpus = gpus_of(roleset_spec)
-    return [gpus.get(role, 0) for role, count in gang_of(roleset_spec).min_task_member.items() for _ in range(count)]
+OWNED_FIELDS = ("minMember", "minTaskMember", "networkTopology", "subGroupPolicy")  # of a PodGroup spec
 
 
 def desired_fields(request: TopologyRequest, roleset_spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,15 +24,26 @@ def desired_fields(request: TopologyRequest, roleset_spec: Mapping[str, Any]) ->
     }
 
 
-def spec_patch(current_spec: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """JSON-patch operations that set `desired` fields on a PodGroup spec; empty when it already matches."""
-    if current_spec is None:
-        return [{"op": "add", "path": "/spec", "value": dict(desired)}]
-    ops = []
-    for key, value in desired.items():
-        if current_spec.get(key) != value:
-            ops.append({"op": "replace" if key in current_spec else "add", "path": f"/spec/{key}", "value": value})
-    return ops
+def owned_fields(podgroup_spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The fields stormtopo owns, as a PodGroup carries them now (to keep them while a request is invalid)."""
+    return {k: v for k, v in (podgroup_spec or {}).items() if k in OWNED_FIELDS}
+
+
+def _podgroup(
+    name: str, namespace: str, labels: dict[str, str], owner: dict[str, Any], request: TopologyRequest, spec: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": PODGROUP_API,
+        "kind": "PodGroup",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**labels, MANAGED_BY_LABEL: OPERATOR_NAME},
+            "annotations": {REQUEST_ANNOTATION: request.describe()},
+            "ownerReferences": [owner],
+        },
+        "spec": spec,
+    }
 
 
 def owned_podgroup(
@@ -95,30 +58,10 @@ def owned_podgroup(
     spec: dict[str, Any] = {"queue": queue, **desired_fields(request, roleset.get("spec") or {})}
     if priority_class:
         spec["priorityClassName"] = priority_class
-    labels = {ROLESET_LABEL: meta["name"], MANAGED_BY_LABEL: OPERATOR_NAME}
+    labels = {ROLESET_LABEL: meta["name"]}
     if STORMSERVICE_LABEL in (meta.get("labels") or {}):
         labels[STORMSERVICE_LABEL] = meta["labels"][STORMSERVICE_LABEL]
-    return {
-        "apiVersion": PODGROUP_API,
-        "kind": "PodGroup",
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "labels": labels,
-            "annotations": {REQUEST_ANNOTATION: request.describe()},
-            "ownerReferences": [
-                {
-                    "apiVersion": roleset.get("apiVersion", STORMSERVICE_API),
-                    "kind": "RoleSet",
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "blockOwnerDeletion": True,
-                    "controller": False,
-                }
-            ],
-        },
-        "spec": spec,
-    }
+    return _podgroup(meta["name"], meta["namespace"], labels, owner_reference(roleset, "RoleSet"), request, spec)
 
 
 def service_group_name(stormservice_name: str) -> str:
@@ -154,27 +97,14 @@ def service_podgroup(stormservice: Mapping[str, Any], request: TopologyRequest, 
     spec = stormservice.get("spec") or {}
     template_spec = (spec.get("template") or {}).get("spec") or {}
     replicas = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
-    return {
-        "apiVersion": PODGROUP_API,
-        "kind": "PodGroup",
-        "metadata": {
-            "name": service_group_name(meta["name"]),
-            "namespace": meta["namespace"],
-            "labels": {STORMSERVICE_LABEL: meta["name"], MANAGED_BY_LABEL: OPERATOR_NAME},
-            "annotations": {REQUEST_ANNOTATION: request.describe()},
-            "ownerReferences": [
-                {
-                    "apiVersion": stormservice.get("apiVersion", STORMSERVICE_API),
-                    "kind": "StormService",
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "blockOwnerDeletion": True,
-                    "controller": False,
-                }
-            ],
-        },
-        "spec": {"queue": queue, **service_fields(request, template_spec, replicas)},
-    }
+    return _podgroup(
+        service_group_name(meta["name"]),
+        meta["namespace"],
+        {STORMSERVICE_LABEL: meta["name"]},
+        owner_reference(stormservice, "StormService"),
+        request,
+        {"queue": queue, **service_fields(request, template_spec, replicas)},
+    )
 
 
 def has_scheduling_strategy(roleset_spec: Mapping[str, Any]) -> bool:

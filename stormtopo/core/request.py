@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from stormtopo.core.tier import tier_number
 from stormtopo.core.vocabulary import (
@@ -166,6 +167,16 @@ def parse_request(annotations: Mapping[str, str] | None, cluster: ClusterTiers |
     return TopologyRequest(mode, limit, scope, replica_limit)
 
 
+def request_of(stormservice: Mapping[str, Any] | None, cluster: ClusterTiers | None) -> TopologyRequest | RequestError | None:
+    """A StormService's request: valid, invalid (the error says why), or None when it asks for none."""
+    if stormservice is None:
+        return None
+    try:
+        return parse_request((stormservice.get("metadata") or {}).get("annotations"), cluster)
+    except RequestError as exc:
+        return exc
+
+
 def _tier_limit(
     annotations: Mapping[str, str], tier_key: str, name_key: str, cluster: ClusterTiers | None, problems: list[str]
 ) -> TierLimit:
@@ -193,8 +204,15 @@ def _tier_limit(
                 f"upgrade Volcano to 1.14 or newer, or use {tier_key}"
             )
             return TierLimit()
-        if not name or (cluster is not None and cluster.tier_names and name not in cluster.tier_names):
-            names = ", ".join(sorted(cluster.tier_names)) if cluster and cluster.tier_names else "the tierName of a HyperNode"
+        if cluster is not None and not cluster.tier_names:
+            # Volcano drops a tier name that no HyperNode has, and the gang runs unconstrained.
+            problems.append(
+                f"annotation {name_key}: {name_text!r} names no tier: no HyperNode of this cluster has a tierName; "
+                f"accepted: {tier_key} with a tier number, or give the HyperNodes tierNames"
+            )
+            return TierLimit()
+        if not name or (cluster is not None and name not in cluster.tier_names):
+            names = ", ".join(sorted(cluster.tier_names)) if cluster else "the tierName of a HyperNode"
             problems.append(f"annotation {name_key}: {name_text!r} is not a tier name of this cluster; accepted: {names}")
             return TierLimit()
         return TierLimit(tier_name=name)

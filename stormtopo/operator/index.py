@@ -11,8 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stormtopo.core.admission import carries_constraint
+from stormtopo.core.capabilities import cluster_tiers
+from stormtopo.core.ownership import roleset_name, stormservice_name
+from stormtopo.core.podgroup import service_group_name
+from stormtopo.core.reconciliation import ServiceSnapshot
 from stormtopo.core.request import ClusterTiers
-from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
+from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api
 
 Key = tuple[str, str]  # (namespace, name)
@@ -54,16 +59,8 @@ def _slim_role(role: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def service_key_of(roleset: Mapping[str, Any]) -> Key:
-    """The StormService a RoleSet belongs to, by AIBrix's label or its owner reference."""
-    return roleset["metadata"].get("namespace", ""), _service_name(roleset)
-
-
-def _service_name(roleset: Mapping[str, Any]) -> str:
-    meta = roleset["metadata"]
-    labelled = (meta.get("labels") or {}).get(STORMSERVICE_LABEL)
-    if labelled:
-        return str(labelled)
-    return next((str(o["name"]) for o in meta.get("ownerReferences") or [] if o.get("kind") == "StormService"), "")
+    """The StormService a RoleSet belongs to."""
+    return roleset["metadata"].get("namespace", ""), stormservice_name(roleset) or ""
 
 
 def key_of(obj: Mapping[str, Any]) -> Key:
@@ -80,9 +77,7 @@ class Index:
     podgroups: dict[Key, dict[str, Any]] = field(default_factory=dict)  # replica and stormtopo-owned ones
     # (namespace, StormService) -> names of its RoleSets: reconciling one service must not scan them all.
     _rolesets_by_service: dict[Key, set[str]] = field(default_factory=dict)
-    has_tier_name_field: bool = True
-    has_subgroup_policy: bool = True
-    has_network_topology: bool = True
+    podgroup_schema: dict[str, Any] | None = None  # the PodGroup CRD's schema; None until read
 
     # -- watch events --------------------------------------------------------------------------
     def observe(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
@@ -114,25 +109,34 @@ class Index:
         names = self._rolesets_by_service.get((namespace, stormservice), set())
         return [self.rolesets[(namespace, n)] for n in sorted(names) if (namespace, n) in self.rolesets]
 
+    def snapshot_of(self, stormservice: Mapping[str, Any]) -> ServiceSnapshot:
+        """One StormService as the index sees it now, for the reconciliation planner."""
+        namespace, name = key_of(stormservice)
+        rolesets = tuple(self.rolesets_of(namespace, name))
+        names = [service_group_name(name), *(r["metadata"]["name"] for r in rolesets)]
+        podgroups = {n: self.podgroups[(namespace, n)] for n in names if (namespace, n) in self.podgroups}
+        return ServiceSnapshot(stormservice, rolesets, podgroups, self.cluster_tiers())
+
+    def last_valid_podgroup(self, podgroup: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A PodGroup of the same StormService that carries stormtopo's constraint: what a new replica
+        keeps while its StormService's request looks invalid."""
+        namespace = podgroup["metadata"].get("namespace", "")
+        service = stormservice_name(podgroup)
+        if service is None:
+            roleset = self.rolesets.get((namespace, roleset_name(podgroup) or ""))
+            service = stormservice_name(roleset) if roleset else None
+        for roleset in self.rolesets_of(namespace, service or ""):
+            sibling = self.podgroups.get((namespace, roleset["metadata"]["name"]))
+            if carries_constraint(sibling):
+                return sibling
+        return None
+
     def cluster_tiers(self) -> ClusterTiers:
-        tiers = {int((h.get("spec") or {}).get("tier", 0)) for h in self.hypernodes.values()}
-        names = {str((h.get("spec") or {}).get("tierName")) for h in self.hypernodes.values() if (h.get("spec") or {}).get("tierName")}
-        return ClusterTiers(
-            frozenset(t for t in tiers if t > 0),
-            frozenset(names),
-            has_network_topology=self.has_network_topology,
-            has_tier_name_field=self.has_tier_name_field,
-            has_subgroup_policy=self.has_subgroup_policy,
-        )
+        return cluster_tiers(self.hypernodes.values(), self.podgroup_schema)
 
     def detect_volcano_fields(self) -> None:
-        """Which PodGroup fields the installed Volcano CRD has (networkTopology >= 1.12; names, subgroups >= 1.14)."""
-        schema = self.api.crd_schema(PODGROUP_CRD) or {}
-        spec = ((schema.get("properties") or {}).get("spec") or {}).get("properties") or {}
-        topology = (spec.get("networkTopology") or {}).get("properties") or {}
-        self.has_network_topology = "networkTopology" in spec
-        self.has_tier_name_field = "highestTierName" in topology
-        self.has_subgroup_policy = "subGroupPolicy" in spec
+        """Read the installed PodGroup CRD: which fields Volcano offers (networkTopology >= 1.12; names, subgroups >= 1.14)."""
+        self.podgroup_schema = self.api.crd_schema(PODGROUP_CRD) or {}
 
     def prime(self) -> None:
         """Load HyperNodes before the webhook serves, so the first admission knows the cluster's tiers."""
@@ -159,23 +163,17 @@ class Index:
         podgroup = self.podgroups.get((namespace, group))
         if podgroup is None:
             return None
-        labels = podgroup["metadata"].get("labels") or {}
-        if labels.get(STORMSERVICE_LABEL):
-            return str(labels[STORMSERVICE_LABEL])
-        roleset = await self.roleset(namespace, labels.get(ROLESET_LABEL, "")) if labels.get(ROLESET_LABEL) else None
-        service = ((roleset or {}).get("metadata", {}).get("labels") or {}).get(STORMSERVICE_LABEL)
-        return str(service) if service else None
+        service = stormservice_name(podgroup)
+        if service is None and roleset_name(podgroup):
+            roleset = await self.roleset(namespace, roleset_name(podgroup) or "")
+            service = stormservice_name(roleset) if roleset else None
+        return service
 
     async def owners_of(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """The RoleSet and StormService an AIBrix pod or PodGroup belongs to (by the labels AIBrix sets)."""
-        meta = obj.get("metadata") or {}
-        namespace = meta.get("namespace", "")
-        labels = meta.get("labels") or {}
-        roleset_name = labels.get(ROLESET_LABEL)
-        roleset = await self.roleset(namespace, roleset_name) if roleset_name else None
-        service_name = labels.get(STORMSERVICE_LABEL) or ((roleset or {}).get("metadata", {}).get("labels") or {}).get(STORMSERVICE_LABEL)
-        if not service_name and roleset is not None:
-            owners = roleset["metadata"].get("ownerReferences") or []
-            service_name = next((o["name"] for o in owners if o.get("kind") == "StormService"), None)
-        stormservice = await self.stormservice(namespace, service_name) if service_name else None
+        """The RoleSet and StormService an AIBrix pod or PodGroup belongs to."""
+        namespace = (obj.get("metadata") or {}).get("namespace", "")
+        replica = roleset_name(obj)
+        roleset = await self.roleset(namespace, replica) if replica else None
+        service = stormservice_name(obj) or (stormservice_name(roleset) if roleset else None)
+        stormservice = await self.stormservice(namespace, service) if service else None
         return roleset, stormservice

@@ -19,4 +19,5 @@ PLACEMENT_SECONDS = Histogram(
     "From a replica's first pod creation to its last pod's binding",
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
 )
+TOPOLOGY_VIOLATIONS = Counter("stormtopo_topology_violations_total", "Hard replicas found spanning more than their tier allows")
 QUEUE_DEPTH = Gauge("stormtopo_workqueue_depth", "Keys waiting to be reconciled", ["queue"])

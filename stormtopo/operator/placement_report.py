@@ -13,15 +13,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.placement import allowed_tier, domain_labels, explain, merge_placements, placement_record, recorded_placement
-from stormtopo.core.podgroup import replica_pods
-from stormtopo.core.request import Mode, RequestError, TopologyRequest, parse_request
+from stormtopo.core.admission import valid_request
+from stormtopo.core.explanation import allowed_tier, plan_pending
+from stormtopo.core.gang import replica_pods
+from stormtopo.core.placement import merge_placements, plan_placed, recorded_placement
+from stormtopo.core.request import TopologyRequest
 from stormtopo.core.topology.hypernodes import topology_from_hypernodes
 from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION, REQUEST_ANNOTATION
+from stormtopo.core.writes import Say
 from stormtopo.kube.client import ApiError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key, key_of
+from stormtopo.operator.writer import execute
 
 EXPLAIN_INTERVAL = 10.0  # seconds between two capacity checks of one pending gang
 FREE_GPUS_TTL = 5.0  # seconds a reading of every node's free GPUs is reused
@@ -39,7 +43,7 @@ class PlacementReporter:
     index: Index
     report: Report
     _checked: dict[Key, float] = field(default_factory=dict)
-    _said: dict[Key, str] = field(default_factory=dict)
+    _said: dict[tuple[Key, str], str] = field(default_factory=dict)  # (replica, reason) -> message
     _reported_placed: set[Key] = field(default_factory=set)  # replicas whose placement is reported or was recorded before
     _unsatisfiable: set[Key] = field(default_factory=set)
     _free: tuple[float, dict[str, int]] = (0.0, {})
@@ -68,7 +72,8 @@ class PlacementReporter:
 
     def forget(self, key: Key) -> None:
         """A PodGroup was deleted: drop what was said and checked about it."""
-        self._said.pop(key, None)
+        for said in [k for k in self._said if k[0] == key]:
+            del self._said[said]
         self._reported_placed.discard(key)
         self._checked.pop(key, None)
         if key in self._unsatisfiable:
@@ -79,16 +84,14 @@ class PlacementReporter:
         roleset, stormservice = await self.index.owners_of(podgroup)
         if roleset is None or stormservice is None:
             return None
-        try:
-            request = parse_request(stormservice["metadata"].get("annotations"), self.index.cluster_tiers())
-        except RequestError:
-            return None
+        request = valid_request(stormservice, self.index.cluster_tiers())
         return (roleset, stormservice, request) if request else None
 
-    def _say_once(self, key: Key, stormservice: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
-        if self._said.get(key) != message:
-            self._said[key] = message
-            self.report(stormservice, event_type, reason, message)
+    def _say(self, key: Key, stormservice: Mapping[str, Any], say: Say) -> None:
+        """Post an Event, once per message and replica: the same check repeats every few seconds."""
+        if self._said.get((key, say.reason)) != say.message:
+            self._said[(key, say.reason)] = say.message
+            self.report(stormservice, say.type, say.reason, say.message)
 
     async def _pending(self, podgroup: Mapping[str, Any]) -> None:
         key = key_of(podgroup)
@@ -100,25 +103,21 @@ class PlacementReporter:
         if context is None:
             return
         roleset, stormservice, request = context
-        if request.mode is not Mode.HARD:
-            return  # a soft request never holds a gang back
-        wanted = replica_pods(roleset.get("spec") or {})
-        if len(await asyncio.to_thread(self.index.api.pods_of_group, *key)) < len(wanted):
-            return  # Volcano reports a gang unschedulable while AIBrix is still creating its pods
+        pods = replica_pods(roleset.get("spec") or {})
+        created = len(await asyncio.to_thread(self.index.api.pods_of_group, *key))
         free = await self._free_gpus()
         topology = topology_from_hypernodes(self.index.hypernodes.values(), free)
-        tier = allowed_tier(request, topology)
-        if tier is None:
+        # The search is bounded, but it is CPU work: off the loop that serves admissions.
+        pending = await asyncio.to_thread(plan_pending, request, pods, created, topology, free)
+        if pending is None or pending.explanation.fits:
             return
-        ok, text = explain(topology, free, wanted, tier)
-        if not ok:
-            self._unsatisfiable.add(key)
-            metrics.PENDING_GANGS.set(len(self._unsatisfiable))
-            name = roleset["metadata"]["name"]
-            message = (
-                f"replica {name} stays Pending: no domain within tier {tier} has room for the whole gang ({request.describe()}); {text}"
-            )
-            self._say_once(key, stormservice, "Warning", "TopologyUnsatisfiable", message)
+        self._unsatisfiable.add(key)
+        metrics.PENDING_GANGS.set(len(self._unsatisfiable))
+        message = (
+            f"replica {roleset['metadata']['name']} stays Pending: no domain within tier {pending.tier} has room for the whole gang "
+            f"({request.describe()}); {pending.explanation.render()}"
+        )
+        self._say(key, stormservice, Say("Warning", "TopologyUnsatisfiable", message))
 
     async def _placed(self, podgroup: Mapping[str, Any]) -> None:
         key = key_of(podgroup)
@@ -129,30 +128,28 @@ class PlacementReporter:
         context = await self._context(podgroup)
         if context is None:
             return
-        _roleset, stormservice, _ = context
+        _roleset, stormservice, request = context
         namespace, name = key
         if recorded_placement((stormservice["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION), name) is not None:
             self._reported_placed.add(key)  # reported before a restart or a change of leader: bound pods never move
             return
         pods = await asyncio.to_thread(self.index.api.pods_of_group, namespace, name)
-        nodes = sorted(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
-        if not nodes:
+        topology = topology_from_hypernodes(self.index.hypernodes.values(), [p["spec"].get("nodeName") or "" for p in pods])
+        placed = plan_placed(topology, request, allowed_tier(request, topology), name, pods)
+        if placed is None:
             return
-        topology = topology_from_hypernodes(self.index.hypernodes.values(), nodes)
-        record = placement_record(topology, nodes)
-        where = f"{record['hyperNode']}, tier {record['tier']}" if record["hyperNode"] else "no common HyperNode"
-        self._say_once(key, stormservice, "Normal", "ReplicaPlaced", f"replica {name} placed in {where} on {', '.join(sorted(set(nodes)))}")
-        if record["tier"] is not None:
-            metrics.REPLICAS_BY_TIER.labels(str(record["tier"])).inc()
+        for say in placed.says:
+            self._say(key, stormservice, say)
+        if isinstance(placed.record["tier"], int):
+            metrics.REPLICAS_BY_TIER.labels(str(placed.record["tier"])).inc()
+        if placed.violated:
+            metrics.TOPOLOGY_VIOLATIONS.inc()
         seconds = _placement_seconds(pods)
         if seconds is not None:
             metrics.PLACEMENT_SECONDS.observe(seconds)
-        for pod in pods:  # domain labels, so a router can pair prefill and decode within a domain
-            wanted = domain_labels(topology, pod["spec"].get("nodeName") or "")
-            if wanted and any((pod["metadata"].get("labels") or {}).get(k) != v for k, v in wanted.items()):
-                await asyncio.to_thread(self.index.api.label_pod, namespace, pod["metadata"]["name"], wanted)
+        await execute(self.index.api, placed.labels)  # domain labels, so a router can pair prefill and decode within a domain
         live = [r["metadata"]["name"] for r in self.index.rolesets_of(*key_of(stormservice))]  # read on the loop, not the thread
-        await asyncio.to_thread(self._record, stormservice, name, record, live)
+        await asyncio.to_thread(self._record, stormservice, name, placed.record, live)
         self._reported_placed.add(key)
 
     def _record(self, stormservice: Mapping[str, Any], replica: str, record: Mapping[str, object], live: list[str]) -> None:

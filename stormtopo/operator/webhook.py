@@ -16,7 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from stormtopo.core.admission import Decision, admit_pod, admit_podgroup
+from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint
+from stormtopo.core.request import ClusterTiers
 from stormtopo.core.vocabulary import GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
 from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
@@ -45,13 +46,13 @@ def build_app(index: Index) -> web.Application:
         obj = req.get("object") or {}
         try:
             roleset, stormservice = await index.owners_of(obj)
-            decision = await admit(obj, roleset, stormservice, index.cluster_tiers())
+            decision = await admit(obj, req.get("oldObject"), roleset, stormservice, index.cluster_tiers())
         finally:
             metrics.ADMISSION_SECONDS.labels(kind).observe(time.perf_counter() - started)
         return web.json_response(review_response(str(req.get("uid", "")), decision))
 
     async def pods(request: web.Request) -> web.Response:
-        async def admit(pod: dict[str, Any], roleset: Any, stormservice: Any, tiers: Any) -> Decision:
+        async def admit(pod: dict[str, Any], _old: Any, roleset: Any, stormservice: Any, tiers: ClusterTiers) -> Decision:
             meta = pod.get("metadata") or {}
             named = (meta.get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
             owner = await index.service_of_group(meta.get("namespace", ""), named) if named else None
@@ -60,8 +61,9 @@ def build_app(index: Index) -> web.Application:
         return await handle(request, "pod", admit)
 
     async def podgroups(request: web.Request) -> web.Response:
-        async def admit(podgroup: dict[str, Any], roleset: Any, stormservice: Any, tiers: Any) -> Decision:
-            return admit_podgroup(podgroup, roleset, stormservice, tiers)
+        async def admit(podgroup: dict[str, Any], old: Any, roleset: Any, stormservice: Any, tiers: ClusterTiers) -> Decision:
+            last_valid = old if carries_constraint(old) else index.last_valid_podgroup(podgroup)
+            return admit_podgroup(podgroup, roleset, stormservice, tiers, last_valid)
 
         return await handle(request, "podgroup", admit)
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stormtopo.core.placement import _first_fit_decreasing, best_tier, explain, fits
+from stormtopo.core.explanation import explain
+from stormtopo.core.packing import _first_fit_decreasing, best_tier, fits
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests, topology_from_hypernodes
 
@@ -16,10 +17,10 @@ EXAMPLE = parse_topology((Path(__file__).resolve().parents[2] / "examples" / "to
 
 def test_fits_is_exact_where_first_fit_decreasing_is_not() -> None:
     # FFD fills 5+4 then 4+3+2 and strands the last 2; 5+3+2 | 4+4+2 fits both nodes exactly.
-    assert _first_fit_decreasing([10, 10], [5, 4, 4, 3, 2, 2]) is False
-    assert fits([10, 10], [5, 4, 4, 3, 2, 2]) is True
-    assert fits([8, 8], [6, 4, 3, 3]) is False  # 16 of 16 GPUs, but 6 leaves a hole no pod fills
-    assert fits([1, 1], [2]) is False
+    assert not _first_fit_decreasing([10, 10], [5, 4, 4, 3, 2, 2])
+    assert fits([10, 10], [5, 4, 4, 3, 2, 2])
+    assert not fits([8, 8], [6, 4, 3, 3])  # 16 of 16 GPUs, but 6 leaves a hole no pod fills
+    assert not fits([1, 1], [2])
 
 
 @settings(max_examples=300, deadline=None)
@@ -35,13 +36,14 @@ def test_a_gang_that_fits_has_a_placement_and_one_that_does_not_never_fits_with_
 def test_best_tier_and_explanation_on_the_feature_requests_tree() -> None:
     free = {f"node{i}": 8 for i in range(8)} | {"node0": 4, "node2": 4, "node4": 4, "node6": 4}
     assert best_tier(EXAMPLE, free, [6, 6]) == 2
-    ok, text = explain(EXAMPLE, free, [6, 6], 1)
-    assert not ok
+    explanation = explain(EXAMPLE, free, [6, 6], 1)
+    text = explanation.render()
+    assert not explanation.fits
     assert "the gang needs 2 pods with 6 + 6 GPUs (12 GPUs) within tier 1" in text
     assert "tier 1: best is s0 with 12 free GPUs (node0: 4, node1: 8), free GPUs are spread too thin" in text
     assert "it would fit within tier 2" in text
-    ok, text = explain(EXAMPLE, free, [1, 1], 1)
-    assert ok and "tier 1: s0 fits it" in text
+    explanation = explain(EXAMPLE, free, [1, 1], 1)
+    assert explanation.fits and "tier 1: s0 fits it" in explanation.render()
 
 
 def test_tree_read_back_from_hypernodes_matches_the_description() -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from stormtopo.core.admission import admit_pod, admit_podgroup
-from stormtopo.core.podgroup import gang_of, owned_podgroup, spec_patch
+from stormtopo.core.gang import gang_of
+from stormtopo.core.jsonpatch import set_spec_fields as spec_patch
+from stormtopo.core.podgroup import owned_podgroup
 from stormtopo.core.request import ClusterTiers, parse_request
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv.workloads import Role, stormservice
@@ -61,10 +63,21 @@ def test_pod_admission_sets_task_group_and_scheduler() -> None:
     assert decision.patch[1] == {"op": "add", "path": "/spec/schedulerName", "value": "volcano"}
 
 
-def test_pod_that_names_another_replicas_podgroup_is_denied() -> None:
-    pod = {"metadata": {"labels": {"role-name": "decode"}, "annotations": {"scheduling.k8s.io/group-name": "other"}}, "spec": {}}
-    decision = admit_pod(pod, roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER)
-    assert not decision.allowed and "'other'" in decision.message and "svc-roleset-abcde" in decision.message
+def test_a_multi_node_instance_pod_joins_its_replicas_gang_instead_of_its_podset_group() -> None:
+    # AIBrix points each instance of a multi-node role (podGroupSize > 1, role-level strategy) at its
+    # PodSet's own PodGroup; the replica is one gang only if its pods join the replica's PodGroup.
+    annotations = {"scheduling.k8s.io/group-name": "svc-roleset-abcde-prefill-7d9f-0"}
+    pod = {"metadata": {"labels": {"role-name": "prefill", "storm-service-name": "svc"}, "annotations": annotations}, "spec": {}}
+    decision = admit_pod(pod, roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER, named_group_service="svc")
+    assert decision.allowed
+    assert {"op": "add", "path": "/metadata/annotations/scheduling.k8s.io~1group-name", "value": "svc-roleset-abcde"} in decision.patch
+
+
+def test_a_pod_naming_another_stormservices_podgroup_is_denied() -> None:
+    annotations = {"scheduling.k8s.io/group-name": "theirs-roleset-x"}
+    pod = {"metadata": {"labels": {"role-name": "decode", "storm-service-name": "svc"}, "annotations": annotations}, "spec": {}}
+    decision = admit_pod(pod, roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER, named_group_service="theirs")
+    assert not decision.allowed and "'theirs-roleset-x'" in decision.message and "'theirs'" in decision.message
 
 
 def test_owned_podgroup_is_owned_by_the_roleset() -> None:

@@ -118,3 +118,10 @@ def test_parser_either_accepts_a_consistent_request_or_explains_every_problem(an
         assert isinstance(tier, int) and tier >= 1
         if cluster is not None:
             assert tier <= 3
+
+
+def test_a_tier_name_is_refused_when_no_hypernode_has_a_tier_name() -> None:
+    # Volcano drops an unknown highestTierName silently and the gang runs unconstrained.
+    with pytest.raises(RequestError) as caught:
+        parse_request({MODE: "hard", HIGHEST_TIER_NAME: "leaf"}, ClusterTiers(frozenset({1, 2})))
+    assert "no HyperNode of this cluster has a tierName" in str(caught.value) and HIGHEST_TIER in str(caught.value)

@@ -1,0 +1,27 @@
+"""What a cluster offers a request: its HyperNodes' tiers and tier names, and the PodGroup fields of
+the installed Volcano (read from its CRD schema). The operator and the CLI judge requests alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from stormtopo.core.request import ClusterTiers
+
+
+def cluster_tiers(hypernodes: Iterable[Mapping[str, Any]], podgroup_schema: Mapping[str, Any] | None) -> ClusterTiers:
+    """`podgroup_schema`: the PodGroup CRD's openAPIV3Schema; None when unknown (every field assumed)."""
+    specs = [h.get("spec") or {} for h in hypernodes]
+    tiers = frozenset(t for t in (int(s.get("tier", 0)) for s in specs) if t > 0)
+    names = frozenset(str(s["tierName"]) for s in specs if s.get("tierName"))
+    if podgroup_schema is None:
+        return ClusterTiers(tiers, names)
+    spec = ((podgroup_schema.get("properties") or {}).get("spec") or {}).get("properties") or {}
+    topology = (spec.get("networkTopology") or {}).get("properties") or {}
+    return ClusterTiers(
+        tiers,
+        names,
+        has_network_topology="networkTopology" in spec,  # Volcano >= 1.12
+        has_tier_name_field="highestTierName" in topology,  # Volcano >= 1.14
+        has_subgroup_policy="subGroupPolicy" in spec,  # Volcano >= 1.14
+    )

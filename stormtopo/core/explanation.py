@@ -1,0 +1,107 @@
+"""Why a hard gang is Pending, as data: per allowed tier, the best domain's free GPUs against the need.
+
+Volcano keeps the HyperNode it tried in scheduler memory and says only "network topology not
+satisfied". The operator's Event and `stormtopo explain` both render this one explanation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from stormtopo.core.packing import DomainFit, best_tier, domains_at_tier
+from stormtopo.core.request import Mode, TopologyRequest
+from stormtopo.core.topology.tree import Topology
+
+
+@dataclass(frozen=True)
+class TierVerdict:
+    tier: int
+    best: DomainFit
+
+
+@dataclass(frozen=True)
+class Explanation:
+    pods: tuple[int, ...]  # GPUs of each pod of the gang
+    highest_tier: int
+    tiers: tuple[TierVerdict, ...]  # allowed tiers, lowest first, up to the first that fits
+    wider_tier: int | None  # the lowest tier beyond the limit that would hold the gang
+
+    @property
+    def need(self) -> int:
+        return sum(self.pods)
+
+    @property
+    def fits(self) -> bool:
+        return any(v.best.fits for v in self.tiers)
+
+    @property
+    def exact(self) -> bool:
+        """False when a domain's check ran out of its search budget and first-fit said no."""
+        return all(v.best.fit.exact for v in self.tiers)
+
+    def render(self) -> str:
+        shape = " + ".join(str(p) for p in sorted(self.pods, reverse=True))
+        lines = [f"the gang needs {len(self.pods)} pods with {shape} GPUs ({self.need} GPUs) within tier {self.highest_tier}"]
+        for verdict in self.tiers:
+            best = verdict.best
+            nodes = ", ".join(f"{n}: {g}" for n, g in sorted(best.free_per_node.items()) if g > 0) or "none"
+            if best.fits:
+                lines.append(f"tier {verdict.tier}: {best.switch.name} fits it (free GPUs {nodes})")
+                return "; ".join(lines)
+            short = max(0, self.need - best.free_gpus)
+            why = f"{short} GPUs short" if short else "free GPUs are spread too thin across its nodes"
+            if not best.fit.exact:
+                why += " (by first-fit; the exact check ran out of its time budget)"
+            lines.append(f"tier {verdict.tier}: best is {best.switch.name} with {best.free_gpus} free GPUs ({nodes}), {why}")
+        if self.wider_tier is not None:
+            lines.append(f"it would fit within tier {self.wider_tier}; or free capacity in one tier-{self.highest_tier} domain")
+        else:
+            lines.append("no domain of the cluster has room now; it fits once enough GPUs in one domain are freed")
+        return "; ".join(lines)
+
+
+def explain(topology: Topology, free: Mapping[str, int], pods: Sequence[int], highest_tier: int) -> Explanation:
+    verdicts = []
+    for tier in range(1, min(highest_tier, topology.tiers) + 1):
+        domains = domains_at_tier(topology, free, pods, tier)
+        if not domains:
+            continue
+        verdicts.append(TierVerdict(tier, domains[0]))
+        if domains[0].fits:
+            break
+    explanation = Explanation(tuple(pods), highest_tier, tuple(verdicts), None)
+    if explanation.fits:
+        return explanation
+    wider = best_tier(topology, free, pods)
+    return Explanation(tuple(pods), highest_tier, tuple(verdicts), wider if wider is not None and wider > highest_tier else None)
+
+
+def allowed_tier(request: TopologyRequest, topology: Topology) -> int | None:
+    """The tier number a request allows, resolving a tier name through the HyperNodes' tierNames."""
+    if request.limit.tier is not None:
+        return request.limit.tier
+    names = {name: tier for tier, name in topology.tier_names.items()}
+    return names.get(request.limit.tier_name or "")
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A hard replica that Volcano holds back, explained."""
+
+    tier: int
+    explanation: Explanation
+
+
+def plan_pending(
+    request: TopologyRequest, pods: Sequence[int], pods_created: int, topology: Topology, free: Mapping[str, int]
+) -> Pending | None:
+    """Why a hard replica is Pending; None when there is nothing to explain yet (or ever: soft
+    requests never hold a gang back, and Volcano calls a gang unschedulable while AIBrix is still
+    creating its pods)."""
+    if request.mode is not Mode.HARD or pods_created < len(pods):
+        return None
+    tier = allowed_tier(request, topology)
+    if tier is None:
+        return None
+    return Pending(tier, explain(topology, free, pods, tier))

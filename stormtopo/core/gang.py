@@ -1,0 +1,52 @@
+"""A replica's gang: every pod of every role (replicas x podGroupSize), counted per role, with GPUs.
+
+Volcano admits a gang only when minMember pods can run together; minTaskMember holds each role to
+its count, keyed by the role name pods carry in volcano.sh/task-spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stormtopo.core.vocabulary import GPU
+
+
+@dataclass(frozen=True)
+class Gang:
+    min_member: int
+    min_task_member: Mapping[str, int]
+
+
+def role_pod_count(role: Mapping[str, Any]) -> int:
+    replicas = role.get("replicas")
+    group_size = role.get("podGroupSize")
+    return int(1 if replicas is None else replicas) * max(1, int(group_size or 1))
+
+
+def gang_of(roleset_spec: Mapping[str, Any]) -> Gang:
+    """The gang of one replica: all of its pods, and per role."""
+    per_role = {str(role.get("name", "")): role_pod_count(role) for role in roleset_spec.get("roles") or []}
+    per_role = {name: count for name, count in per_role.items() if count > 0}
+    return Gang(sum(per_role.values()), per_role)
+
+
+def gpus_per_pod(roleset_spec: Mapping[str, Any], resource: str = GPU) -> dict[str, int]:
+    """GPUs one pod of each role requests (requests, else limits, summed over containers)."""
+    out = {}
+    for role in roleset_spec.get("roles") or []:
+        containers = ((role.get("template") or {}).get("spec") or {}).get("containers") or []
+        total = 0
+        for c in containers:
+            res = c.get("resources") or {}
+            value = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource, 0))
+            total += int(str(value) or 0)
+        out[str(role.get("name", ""))] = total
+    return out
+
+
+def replica_pods(roleset_spec: Mapping[str, Any]) -> list[int]:
+    """GPU requests of every pod of one replica."""
+    gpus = gpus_per_pod(roleset_spec)
+    return [gpus.get(role, 0) for role, count in gang_of(roleset_spec).min_task_member.items() for _ in range(count)]

@@ -1,0 +1,99 @@
+"""What a StormService's PodGroups should be, against what they are: the writes that close the gap.
+
+A planner over an immutable snapshot of one StormService (its RoleSets and PodGroups, the cluster's
+tiers and Volcano's fields). It is level-triggered and idempotent: a snapshot that already matches
+plans nothing, so the operator can run it on every event and every resync, after any restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stormtopo.core.admission import carries_constraint
+from stormtopo.core.jsonpatch import remove_annotation, set_spec_fields
+from stormtopo.core.podgroup import desired_fields, has_scheduling_strategy, owned_podgroup, service_group_name, service_podgroup
+from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, request_of
+from stormtopo.core.vocabulary import REQUEST_ANNOTATION
+from stormtopo.core.writes import CreatePodGroup, PatchPodGroup, Say, Write
+
+
+@dataclass(frozen=True)
+class ServiceSnapshot:
+    stormservice: Mapping[str, Any]
+    rolesets: tuple[Mapping[str, Any], ...]
+    podgroups: Mapping[str, Mapping[str, Any]]  # by name, in the StormService's namespace
+    tiers: ClusterTiers
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    writes: tuple[Write, ...]
+    verdict: str | None  # what is said of the request; an Event only when it changes
+    say: Say | None
+    invalid: bool = False
+
+
+def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None) -> ServicePlan:
+    """The writes for one StormService, and the Event about its request if it differs from `said`."""
+    request = request_of(snapshot.stormservice, snapshot.tiers)
+    verdict, say = _verdict(snapshot, request)
+    if say is not None and verdict == said:
+        say = None
+    if isinstance(request, RequestError):
+        return ServicePlan((), verdict, say, invalid=True)  # bad input changes nothing; the Warning says why
+    namespace = snapshot.stormservice["metadata"]["namespace"]
+    service_group = snapshot.podgroups.get(service_group_name(snapshot.stormservice["metadata"]["name"]))
+    writes: list[Write] = []
+    if request is not None and request.scope is Scope.STORMSERVICE:
+        writes += _service_group(snapshot, request, service_group)
+    else:
+        writes += _withdraw(namespace, service_group)
+        for roleset in snapshot.rolesets:
+            writes += _replica_group(namespace, roleset, snapshot.podgroups.get(roleset["metadata"]["name"]), request)
+    return ServicePlan(tuple(writes), verdict, say)
+
+
+def _verdict(snapshot: ServiceSnapshot, request: TopologyRequest | RequestError | None) -> tuple[str | None, Say | None]:
+    if isinstance(request, RequestError):
+        kept = any(carries_constraint(snapshot.podgroups.get(r["metadata"]["name"])) for r in snapshot.rolesets)
+        outcome = "the last valid request stays applied" if kept else "nothing changed"
+        text = f"invalid network-topology request, {outcome}: {request}"
+        return text, Say("Warning", "InvalidTopologyRequest", text)
+    if request is not None:
+        text = f"network-topology request accepted: {request.describe()}"
+        return text, Say("Normal", "TopologyRequest", text)
+    return None, None
+
+
+def _service_group(snapshot: ServiceSnapshot, request: TopologyRequest, current: Mapping[str, Any] | None) -> list[Write]:
+    desired = service_podgroup(snapshot.stormservice, request)
+    if current is None:
+        return [CreatePodGroup(desired)]
+    ops = set_spec_fields(current.get("spec"), {k: v for k, v in desired["spec"].items() if k != "queue"})
+    meta = desired["metadata"]
+    return [PatchPodGroup(meta["namespace"], meta["name"], ops)] if ops else []
+
+
+def _replica_group(
+    namespace: str, roleset: Mapping[str, Any], current: Mapping[str, Any] | None, request: TopologyRequest | None
+) -> list[Write]:
+    if request is None:
+        return _withdraw(namespace, current)
+    if current is None:
+        if has_scheduling_strategy(roleset.get("spec") or {}):
+            return []  # AIBrix creates its own; the webhook gives it the constraint at creation
+        return [CreatePodGroup(owned_podgroup(roleset, request))]
+    ops = set_spec_fields(current.get("spec"), desired_fields(request, roleset.get("spec") or {}))
+    return [PatchPodGroup(namespace, roleset["metadata"]["name"], ops)] if ops else []
+
+
+def _withdraw(namespace: str, podgroup: Mapping[str, Any] | None) -> list[Write]:
+    """The StormService no longer asks for a topology: take the constraint off its PodGroup."""
+    if podgroup is None or REQUEST_ANNOTATION not in (podgroup["metadata"].get("annotations") or {}):
+        return []
+    ops = [remove_annotation(REQUEST_ANNOTATION)]
+    if "networkTopology" in (podgroup.get("spec") or {}):
+        ops.append({"op": "remove", "path": "/spec/networkTopology"})
+    return [PatchPodGroup(namespace, podgroup["metadata"]["name"], ops)]

@@ -1,0 +1,42 @@
+"""What a planner decides to write: plain values the operator's shell executes, in order.
+
+Planners return these instead of calling the API, so every decision is a pure function that unit
+tests can check without a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CreatePodGroup:
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PatchPodGroup:
+    namespace: str
+    name: str
+    ops: Sequence[Mapping[str, Any]]  # JSON patch
+
+
+@dataclass(frozen=True)
+class LabelPod:
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Say:
+    """An Event on the StormService the plan is about."""
+
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+Write = CreatePodGroup | PatchPodGroup | LabelPod

@@ -1,0 +1,23 @@
+"""Executes the writes a planner decided, through the API client, counting each in the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPodGroup, Write
+from stormtopo.kube.client import Api
+from stormtopo.operator import metrics
+
+
+async def execute(api: Api, writes: Iterable[Write]) -> None:
+    for write in writes:
+        match write:
+            case CreatePodGroup(body):
+                if await asyncio.to_thread(api.create_podgroup, dict(body)):
+                    metrics.PODGROUP_WRITES.labels("create").inc()
+            case PatchPodGroup(namespace, name, ops):
+                await asyncio.to_thread(api.patch_podgroup, namespace, name, [dict(op) for op in ops])
+                metrics.PODGROUP_WRITES.labels("patch").inc()
+            case LabelPod(namespace, name, labels):
+                await asyncio.to_thread(api.label_pod, namespace, name, dict(labels))

@@ -1,0 +1,221 @@
+"""The planners: every decision the operator makes, as a pure function of a snapshot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stormtopo.core.admission import admit_podgroup
+from stormtopo.core.capabilities import cluster_tiers
+from stormtopo.core.explanation import plan_pending
+from stormtopo.core.jsonpatch import pointer, set_annotations
+from stormtopo.core.ownership import roleset_name, stormservice_name
+from stormtopo.core.packing import Fit, fits
+from stormtopo.core.placement import label_value, plan_placed
+from stormtopo.core.reconciliation import ServiceSnapshot, plan_stormservice
+from stormtopo.core.request import ClusterTiers, TopologyRequest, parse_request
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REQUEST_ANNOTATION, SCOPE
+from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPodGroup
+from stormtopo.devenv.workloads import stormservice
+from tests.unit.test_podgroup import roleset
+
+EXAMPLE = parse_topology((Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml").read_text())
+TIERS = ClusterTiers(frozenset({1, 2, 3}))
+HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
+
+
+def service(annotations: dict[str, str] | None = None, strategy: bool = True) -> dict[str, Any]:
+    ss = stormservice("svc", "ns", annotations=annotations, volcano_strategy=strategy)
+    ss["metadata"]["uid"] = "svc-uid"
+    return ss
+
+
+def replica(strategy: bool = True) -> dict[str, Any]:
+    r = roleset()
+    r["spec"] = service(HARD1, strategy)["spec"]["template"]["spec"]
+    return r
+
+
+def request(annotations: dict[str, str]) -> TopologyRequest:
+    parsed = parse_request(annotations, TIERS)
+    assert parsed is not None
+    return parsed
+
+
+def constrained_podgroup() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "svc-roleset-abcde", "namespace": "ns", "annotations": {REQUEST_ANNOTATION: "hard within tier 1"}},
+        "spec": {
+            "minMember": 2,
+            "minTaskMember": {"prefill": 1, "decode": 1},
+            "networkTopology": {"mode": "hard", "highestTierAllowed": 1},
+        },
+    }
+
+
+# -- reconciliation ------------------------------------------------------------------------------
+
+
+def test_a_replica_without_a_strategy_gets_a_podgroup_and_one_with_a_strategy_waits_for_aibrixs() -> None:
+    without = plan_stormservice(ServiceSnapshot(service(HARD1, strategy=False), (replica(False),), {}, TIERS))
+    assert [type(w) for w in without.writes] == [CreatePodGroup]
+    assert without.say is not None and without.say.reason == "TopologyRequest"
+    with_strategy = plan_stormservice(ServiceSnapshot(service(HARD1), (replica(),), {}, TIERS))
+    assert with_strategy.writes == ()
+
+
+def test_a_podgroup_that_matches_plans_nothing_and_what_was_said_is_not_said_again() -> None:
+    first = plan_stormservice(ServiceSnapshot(service(HARD1), (replica(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
+    assert first.writes == ()
+    again = plan_stormservice(
+        ServiceSnapshot(service(HARD1), (replica(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS), first.verdict
+    )
+    assert again.say is None and again.verdict == first.verdict
+
+
+def test_a_stripped_podgroup_is_patched_back() -> None:
+    stripped = constrained_podgroup()
+    del stripped["spec"]["networkTopology"]
+    plan = plan_stormservice(ServiceSnapshot(service(HARD1), (replica(),), {"svc-roleset-abcde": stripped}, TIERS))
+    assert plan.writes == (
+        PatchPodGroup(
+            "ns", "svc-roleset-abcde", [{"op": "add", "path": "/spec/networkTopology", "value": {"mode": "hard", "highestTierAllowed": 1}}]
+        ),
+    )
+
+
+def test_opting_out_withdraws_the_constraint() -> None:
+    plan = plan_stormservice(ServiceSnapshot(service(None), (replica(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
+    assert plan.writes == (
+        PatchPodGroup(
+            "ns",
+            "svc-roleset-abcde",
+            [{"op": "remove", "path": "/metadata/annotations/stormtopo.io~1request"}, {"op": "remove", "path": "/spec/networkTopology"}],
+        ),
+    )
+    assert plan.say is None and plan.verdict is None
+
+
+def test_an_invalid_request_writes_nothing_and_says_the_last_valid_one_stays() -> None:
+    bad = {MODE: "hard", HIGHEST_TIER: "7"}
+    plan = plan_stormservice(ServiceSnapshot(service(bad), (replica(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
+    assert plan.writes == () and plan.invalid
+    assert plan.say is not None and plan.say.type == "Warning"
+    assert "the last valid request stays applied" in plan.say.message and "'7' is deeper than any HyperNode" in plan.say.message
+    fresh = plan_stormservice(ServiceSnapshot(service(bad), (replica(),), {}, TIERS))
+    assert fresh.say is not None and "nothing changed" in fresh.say.message
+
+
+def test_scope_stormservice_creates_the_services_podgroup_owned_by_it() -> None:
+    plan = plan_stormservice(ServiceSnapshot(service({**HARD1, SCOPE: "StormService"}), (replica(),), {}, TIERS))
+    (create,) = plan.writes
+    assert isinstance(create, CreatePodGroup)
+    assert create.body["metadata"]["name"] == "svc" and create.body["metadata"]["ownerReferences"][0]["kind"] == "StormService"
+
+
+# -- admission while a request is invalid -------------------------------------------------------
+
+
+def test_aibrixs_update_keeps_the_last_valid_constraint_while_the_request_is_invalid() -> None:
+    old = constrained_podgroup()
+    aibrix_update = {"metadata": {"name": "svc-roleset-abcde", "namespace": "ns"}, "spec": {"minMember": 2, "queue": "default"}}
+    decision = admit_podgroup(aibrix_update, replica(), service({MODE: "hard", HIGHEST_TIER: "typo"}), TIERS, last_valid=old)
+    ops = {op["path"]: op["value"] for op in decision.patch}
+    assert ops["/spec/networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
+    assert ops["/metadata/annotations"] == {REQUEST_ANNOTATION: "hard within tier 1"}
+
+
+def test_a_new_replica_takes_only_the_topology_of_a_sibling_while_the_request_is_invalid() -> None:
+    new = {"metadata": {"name": "svc-roleset-fghij", "namespace": "ns"}, "spec": {"minMember": 4, "queue": "default"}}
+    decision = admit_podgroup(new, replica(), service({MODE: "hard", HIGHEST_TIER: "typo"}), TIERS, last_valid=constrained_podgroup())
+    paths = {op["path"] for op in decision.patch}
+    assert "/spec/networkTopology" in paths and "/spec/minMember" not in paths
+
+
+# -- placement -----------------------------------------------------------------------------------
+
+
+def pod(name: str, node: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "labels": labels or {}}, "spec": {"nodeName": node}}
+
+
+def test_a_replica_within_its_tier_is_recorded_and_labelled_without_a_warning() -> None:
+    placed = plan_placed(EXAMPLE, request(HARD1), 1, "r1", [pod("p", "node4"), pod("d", "node5")])
+    assert placed is not None and not placed.violated
+    assert placed.record == {"hyperNode": "s2", "tier": 1, "nodes": ["node4", "node5"]}
+    assert [s.reason for s in placed.says] == ["ReplicaPlaced"]
+    assert (
+        LabelPod(
+            "ns", "p", {"stormtopo.io/hypernode-tier-1": "s2", "stormtopo.io/hypernode-tier-2": "s5", "stormtopo.io/hypernode-tier-3": "s6"}
+        )
+        in placed.labels
+    )
+
+
+def test_a_hard_replica_across_its_tier_is_a_violation_naming_pods_and_nodes() -> None:
+    placed = plan_placed(EXAMPLE, request(HARD1), 1, "r1", [pod("p", "node0"), pod("d", "node4")])
+    assert placed is not None and placed.violated and placed.record["violated"] is True
+    warning = placed.says[-1]
+    assert warning.reason == "TopologyViolated" and warning.type == "Warning"
+    assert "p on node0" in warning.message and "d on node4" in warning.message and "tier 1" in warning.message
+
+
+def test_a_soft_replica_is_never_a_violation_and_nothing_bound_plans_nothing() -> None:
+    placed = plan_placed(EXAMPLE, request({MODE: "soft"}), None, "r1", [pod("p", "node0"), pod("d", "node4")])
+    assert placed is not None and not placed.violated
+    assert plan_placed(EXAMPLE, request(HARD1), 1, "r1", [{"metadata": {"name": "p"}, "spec": {}}]) is None
+
+
+def test_labels_already_there_are_not_written_again_and_long_names_fit_a_label_value() -> None:
+    labels = {"stormtopo.io/hypernode-tier-1": "s2", "stormtopo.io/hypernode-tier-2": "s5", "stormtopo.io/hypernode-tier-3": "s6"}
+    placed = plan_placed(EXAMPLE, request(HARD1), 1, "r1", [pod("p", "node4", labels)])
+    assert placed is not None and placed.labels == ()
+    long = "leaf-" + "x" * 120
+    value = label_value(long)
+    assert len(value) <= 63 and value != label_value(long + "y") and label_value("s2") == "s2"
+
+
+# -- pending -------------------------------------------------------------------------------------
+
+
+def test_a_pending_hard_gang_is_explained_only_once_all_its_pods_exist() -> None:
+    free = {f"node{i}": 8 for i in range(8)} | {"node0": 4, "node2": 4, "node4": 4, "node6": 4}
+    assert plan_pending(request(HARD1), [6, 6], 1, EXAMPLE, free) is None  # AIBrix still creating the pods
+    assert plan_pending(request({MODE: "soft"}), [6, 6], 2, EXAMPLE, free) is None
+    pending = plan_pending(request(HARD1), [6, 6], 2, EXAMPLE, free)
+    assert pending is not None and pending.tier == 1 and not pending.explanation.fits
+    assert pending.explanation.wider_tier == 2
+
+
+def test_the_exact_search_stops_at_its_budget_and_says_so() -> None:
+    # Exact search finds 5+3+2 | 4+4+2; with no budget first-fit answers, wrongly, and says it is unsure.
+    assert fits([10, 10], [5, 4, 4, 3, 2, 2]) == Fit(True, True)
+    assert fits([10, 10], [5, 4, 4, 3, 2, 2], budget=1) == Fit(False, False)
+
+
+# -- small shared pieces -------------------------------------------------------------------------
+
+
+def test_json_pointers_escape_tilde_and_slash() -> None:
+    assert pointer("metadata", "annotations", "a~b/c") == "/metadata/annotations/a~0b~1c"
+    assert set_annotations({"metadata": {"annotations": {"k": "v"}}}, {"k": "v"}) == []
+
+
+def test_owners_by_label_then_owner_reference() -> None:
+    by_ref = {"metadata": {"ownerReferences": [{"kind": "StormService", "name": "svc"}, {"kind": "RoleSet", "name": "r"}]}}
+    assert stormservice_name(by_ref) == "svc" and roleset_name(by_ref) == "r"
+    by_label = {
+        "metadata": {"labels": {"storm-service-name": "a", "roleset-name": "b"}, "ownerReferences": by_ref["metadata"]["ownerReferences"]}
+    }
+    assert stormservice_name(by_label) == "a" and roleset_name(by_label) == "b"
+    assert stormservice_name({"metadata": {}}) is None
+
+
+def test_capabilities_come_from_the_podgroup_crd() -> None:
+    hypernodes = [{"spec": {"tier": 1, "tierName": "leaf"}}, {"spec": {"tier": 2}}]
+    old = {"properties": {"spec": {"properties": {"networkTopology": {"properties": {"mode": {}, "highestTierAllowed": {}}}}}}}
+    tiers = cluster_tiers(hypernodes, old)
+    assert tiers.tiers == {1, 2} and tiers.tier_names == {"leaf"}
+    assert tiers.has_network_topology and not tiers.has_tier_name_field and not tiers.has_subgroup_policy
+    assert cluster_tiers(hypernodes, None).has_subgroup_policy
