@@ -168,6 +168,8 @@ async def run(args: argparse.Namespace) -> None:
     try:
         await kopf.operator(registry=registry, clusterwide=True, standalone=True, ready_flag=kopf_ready)
     finally:
+        # SIGTERM (kopf stops) or cancellation: stop leading and hand the Lease over at once.
+        await leadership.release()
         registration.cancel()
         posting.cancel()
         reloading.cancel()

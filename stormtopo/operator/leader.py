@@ -1,18 +1,25 @@
 """Leader election on a coordination.k8s.io Lease: every replica serves the webhook, one reconciles.
 
 kopf's peering only pauses operators that see each other; it does not elect. This is the client-go
-scheme in a few lines: hold the Lease by renewing it; take it over when its holder has not renewed it
-for a whole lease duration; optimistic concurrency (resourceVersion) settles races.
+scheme in a few lines:
+- hold the Lease by renewing it every retry period; optimistic concurrency (resourceVersion) settles races;
+- a leader that has not renewed within the renew deadline stops leading at once, even while its renewal
+  still hangs, so that it stops writing before a follower may take over (deadline < lease duration);
+- a follower never compares the holder's clock with its own: it takes over when it has seen no change
+  of the Lease for a whole lease duration, measured by its own monotonic clock (observed time);
+- on shutdown the leader releases the Lease, so a follower takes over at once instead of a duration later.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from stormtopo.kube.client import Api, ApiError, micro_time
 
@@ -24,6 +31,31 @@ def default_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
+@dataclass(frozen=True)
+class Observation:
+    """The Lease as this replica last saw it change, and when, by this replica's monotonic clock."""
+
+    record: tuple[str, str, str]  # holder, renewTime, resourceVersion
+    seen_at: float
+
+
+def observe(previous: Observation | None, lease: Mapping[str, Any], now: float) -> Observation:
+    spec, meta = lease.get("spec") or {}, lease.get("metadata") or {}
+    record = (str(spec.get("holderIdentity") or ""), str(spec.get("renewTime") or ""), str(meta.get("resourceVersion") or ""))
+    if previous is not None and previous.record == record:
+        return previous
+    return Observation(record, now)
+
+
+def held_by_another(observation: Observation, lease: Mapping[str, Any], identity: str, default_duration: float, now: float) -> bool:
+    """True while another holder's Lease is valid: it changed less than its duration ago (observed time)."""
+    spec = lease.get("spec") or {}
+    holder = spec.get("holderIdentity")
+    if not holder or holder == identity:  # released, or ours
+        return False
+    return now - observation.seen_at < float(spec.get("leaseDurationSeconds") or default_duration)
+
+
 class Leadership:
     """`is_leader` is True while this replica holds the Lease (always True when election is off)."""
 
@@ -32,31 +64,70 @@ class Leadership:
         self.namespace = namespace
         self.identity = identity or default_identity()
         self.duration = duration
-        self.is_leader = api is None
+        # client-go's ratios (15 s lease, 10 s renew deadline, 2 s retry period).
+        self.renew_deadline = duration * 2 / 3
+        self.retry_period = max(0.5, duration / 7.5)
         self.on_elected: Callable[[], Awaitable[None]] | None = None
+        self._renewed_at: float | None = None  # monotonic start of the last successful renewal
+        self._observed: Observation | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        if self.api is None:
+            return True
+        # Expires by itself: a renewal that hangs ends leadership at the deadline, not when it returns.
+        return self._renewed_at is not None and time.monotonic() - self._renewed_at < self.renew_deadline
 
     async def run(self) -> None:
         if self.api is None:
             return
-        while True:
-            was = self.is_leader
-            try:
-                self.is_leader = await asyncio.to_thread(self._try_acquire_or_renew)
-            except Exception:  # the API server may be restarting: keep trying, but stop acting as leader
-                log.exception("lease %s/%s could not be read or renewed", self.namespace, LEASE_NAME)
-                self.is_leader = False
-            if self.is_leader != was:
-                log.warning(
-                    "%s %s leadership of lease %s/%s", self.identity, "took" if self.is_leader else "lost", self.namespace, LEASE_NAME
-                )
-                if self.is_leader and self.on_elected is not None:
-                    await self.on_elected()
-            await asyncio.sleep(max(1.0, self.duration / 3))
+        try:
+            while True:
+                await self._attempt()
+                await asyncio.sleep(self.retry_period)
+        except asyncio.CancelledError:
+            await self.release()
+            raise
+
+    async def _attempt(self) -> None:
+        was = self.is_leader
+        started = time.monotonic()
+        budget = self._renewed_at + self.renew_deadline - started if was and self._renewed_at is not None else self.renew_deadline
+        try:
+            held = await asyncio.wait_for(asyncio.to_thread(self._try_acquire_or_renew), timeout=max(0.1, budget))
+            self._renewed_at = started if held else None
+        except TimeoutError:
+            log.warning("lease %s/%s: renewal did not finish within the renew deadline", self.namespace, LEASE_NAME)
+        except Exception:  # the API server may be restarting: keep trying until the deadline passes
+            log.exception("lease %s/%s could not be read or renewed", self.namespace, LEASE_NAME)
+        if self.is_leader != was:
+            log.warning("%s %s leadership of lease %s/%s", self.identity, "took" if self.is_leader else "lost", self.namespace, LEASE_NAME)
+            if self.is_leader and self.on_elected is not None:
+                await self.on_elected()
+
+    async def release(self) -> None:
+        """Give the Lease up (shutdown): stop leading first, then clear the holder so a follower need not
+        wait a lease duration. Best effort, within the renew deadline."""
+        if self.api is None or self._renewed_at is None:
+            return
+        self._renewed_at = None
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._release), timeout=self.renew_deadline)
+            log.info("%s released lease %s/%s", self.identity, self.namespace, LEASE_NAME)
+        except Exception:
+            log.exception("lease %s/%s could not be released; a follower takes over when it expires", self.namespace, LEASE_NAME)
+
+    def _release(self) -> None:
+        assert self.api is not None
+        lease = self.api.get_lease(self.namespace, LEASE_NAME)
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            return
+        lease["spec"].update(holderIdentity="", leaseDurationSeconds=1, renewTime=micro_time())
+        self.api.replace_lease(lease)
 
     def _try_acquire_or_renew(self) -> bool:
         assert self.api is not None
-        now = datetime.datetime.now(datetime.UTC)
-        stamp = micro_time(now.timestamp())
+        stamp = micro_time()
         lease = self.api.get_lease(self.namespace, LEASE_NAME)
         if lease is None:
             body = {
@@ -78,12 +149,10 @@ class Leadership:
                 if race.status == 409:
                     return False
                 raise
-        spec = lease.setdefault("spec", {})
-        renewed = spec.get("renewTime") or spec.get("acquireTime")
-        age = (now - datetime.datetime.fromisoformat(renewed)).total_seconds() if renewed else None
-        expired = age is None or age > (spec.get("leaseDurationSeconds") or self.duration)
-        if spec.get("holderIdentity") != self.identity and not expired:
+        self._observed = observe(self._observed, lease, time.monotonic())
+        if held_by_another(self._observed, lease, self.identity, self.duration, time.monotonic()):
             return False
+        spec = lease.setdefault("spec", {})
         if spec.get("holderIdentity") != self.identity:
             spec["acquireTime"] = stamp
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1

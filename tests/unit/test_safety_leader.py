@@ -1,0 +1,113 @@
+"""Leader election (issue 14, item 5): observed time instead of the holder's clock, a renew deadline
+that ends leadership while a renewal hangs, and release on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import threading
+import time
+from typing import Any
+
+from stormtopo.kube.client import ApiError
+from stormtopo.operator.leader import LEASE_NAME, Leadership, held_by_another, observe
+
+
+def _lease(holder: str, renew: str, rv: str, duration: int = 15) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": rv}, "spec": {"holderIdentity": holder, "renewTime": renew, "leaseDurationSeconds": duration}}
+
+
+def test_a_follower_measures_expiry_from_when_it_saw_the_lease_change_not_from_the_holders_clock() -> None:
+    # The holder's clock is a year behind: its renewTime looks ancient, but it renews; never expired.
+    seen = observe(None, _lease("a", "2025-01-01T00:00:00.000000Z", "1"), now=100.0)
+    assert held_by_another(seen, _lease("a", "", "1"), "b", 15, now=110.0)
+    seen = observe(seen, _lease("a", "2025-01-01T00:00:05.000000Z", "2"), now=112.0)  # changed: a new observation
+    assert seen.seen_at == 112.0 and held_by_another(seen, _lease("a", "", "2"), "b", 15, now=126.0)
+    # Unchanged for a whole duration by the follower's own clock: expired.
+    same = observe(seen, _lease("a", "2025-01-01T00:00:05.000000Z", "2"), now=128.0)
+    assert same is seen and not held_by_another(same, _lease("a", "", "2"), "b", 15, now=128.0)
+    # A holder's clock a year ahead does not make its lease look valid forever either.
+    ahead = observe(None, _lease("a", "2027-12-31T00:00:00.000000Z", "7"), now=0.0)
+    assert not held_by_another(ahead, _lease("a", "", "7"), "b", 15, now=15.5)
+
+
+def test_a_released_or_own_lease_is_free_to_take() -> None:
+    seen = observe(None, _lease("", "x", "3", duration=1), now=0.0)
+    assert not held_by_another(seen, _lease("", "x", "3", duration=1), "b", 15, now=0.0)
+    mine = observe(None, _lease("b", "x", "3"), now=0.0)
+    assert not held_by_another(mine, _lease("b", "x", "3"), "b", 15, now=0.0)
+
+
+class FakeLeases:
+    """An in-memory Lease store with resourceVersion checks; `hang` blocks every call while set."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+        self.hang = threading.Event()
+
+    def _block(self) -> None:
+        while self.hang.is_set():
+            time.sleep(0.01)
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._block()
+        return copy.deepcopy(self.lease)
+
+    def create_lease(self, body: dict[str, Any]) -> None:
+        if self.lease is not None:
+            raise ApiError(409, "POST", "leases", "exists")
+        self.version += 1
+        self.lease = copy.deepcopy(body)
+        self.lease["metadata"]["resourceVersion"] = str(self.version)
+
+    def replace_lease(self, body: dict[str, Any]) -> None:
+        self._block()
+        assert self.lease is not None
+        if body["metadata"]["resourceVersion"] != self.lease["metadata"]["resourceVersion"]:
+            raise ApiError(409, "PUT", "leases", "conflict")
+        self.version += 1
+        self.lease = copy.deepcopy(body)
+        self.lease["metadata"]["resourceVersion"] = str(self.version)
+
+
+def test_a_leader_whose_renewal_hangs_stops_leading_within_the_renew_deadline_and_releases_on_shutdown() -> None:
+    async def scenario() -> None:
+        store = FakeLeases()
+        leader = Leadership(store, "ns", "a", duration=3)  # type: ignore[arg-type]
+        running = asyncio.create_task(leader.run())
+        deadline = time.monotonic() + 5
+        while not leader.is_leader:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert store.lease is not None and store.lease["metadata"]["name"] == LEASE_NAME
+
+        store.hang.set()  # the API server stops answering; the renewal never returns
+        hung_at = time.monotonic()
+        while leader.is_leader:
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - hung_at <= leader.renew_deadline + 0.2  # before a follower could take over (3 s)
+
+        store.hang.clear()
+        while not leader.is_leader:  # the API server is back: it renews its own Lease at once
+            assert time.monotonic() - hung_at < 10
+            await asyncio.sleep(0.05)
+        running.cancel()  # shutdown
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        assert not leader.is_leader
+        assert store.lease["spec"]["holderIdentity"] == "" and store.lease["spec"]["leaseDurationSeconds"] == 1
+
+        follower = Leadership(store, "ns", "b", duration=3)
+        taking = asyncio.create_task(follower.run())
+        started = time.monotonic()
+        while not follower.is_leader:
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - started < 1.0  # released: no need to wait out a lease duration
+        assert store.lease["spec"]["holderIdentity"] == "b" and store.lease["spec"]["leaseTransitions"] == 1
+        taking.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await taking
+
+    asyncio.run(scenario())
