@@ -15,7 +15,7 @@ import kopf
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from stormtopo.kube.client import Api
+from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import handlers, webhook
 from stormtopo.operator.events import EventRecorder
 from stormtopo.operator.index import Index
@@ -24,6 +24,7 @@ from stormtopo.operator.placement_report import PlacementReporter
 from stormtopo.operator.reconcile import Reconciler
 
 log = logging.getLogger("stormtopo.operator")
+VOLCANO_RECHECK_SECONDS = 30.0  # how soon CRDs installed or upgraded after start are noticed
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,13 +108,48 @@ class CertificateReloader:
             await asyncio.to_thread(self.reload_if_changed)
 
 
+def detect_volcano(index: Index) -> bool:
+    """Volcano's PodGroup fields and its HyperNodes; False while the HyperNode CRD is missing.
+
+    Without Volcano installed yet (day one) the operator still starts: the webhook serves, requests
+    that need a missing field get the "Volcano too old" Event, and this runs again until it is there."""
+    index.detect_volcano_fields()  # a missing PodGroup CRD reads as no topology fields
+    try:
+        index.prime()
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        log.warning("HyperNode CRD (topology.volcano.sh) not installed: is Volcano? Checking again every %.0f s", VOLCANO_RECHECK_SECONDS)
+        return False
+    return True
+
+
+async def watch_volcano(index: Index, primed: bool, interval: float = VOLCANO_RECHECK_SECONDS) -> None:
+    """Re-detect Volcano's capabilities (an upgrade adds fields) and load HyperNodes once their CRD appears."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            if primed:
+                await asyncio.to_thread(index.detect_volcano_fields)
+            else:
+                primed = await asyncio.to_thread(detect_volcano, index)
+                if primed:
+                    log.info("Volcano's HyperNode CRD found: %d HyperNodes loaded", len(index.hypernodes))
+        except Exception:  # the API server may be restarting: next time
+            log.exception("detecting Volcano's CRDs failed; retrying in %.0f s", interval)
+
+
 async def run(args: argparse.Namespace) -> None:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
     api = Api(args.kubeconfig)
     index = Index(api)
-    await asyncio.to_thread(index.detect_volcano_fields)
-    await asyncio.to_thread(index.prime)
+    try:
+        primed = await asyncio.to_thread(detect_volcano, index)
+    except Exception:  # the API server not reachable yet: serve anyway, detect later
+        log.exception("detecting Volcano's CRDs failed; retrying in %.0f s", VOLCANO_RECHECK_SECONDS)
+        primed = False
+    volcano = asyncio.create_task(watch_volcano(index, primed))
     registry = kopf.OperatorRegistry()
     leadership = Leadership(api if args.leader_elect else None, args.leader_election_namespace, args.identity, args.lease_duration)
     events = EventRecorder(api, leadership.identity)
@@ -173,6 +209,7 @@ async def run(args: argparse.Namespace) -> None:
         registration.cancel()
         posting.cancel()
         reloading.cancel()
+        volcano.cancel()
         await runner.cleanup()
         await side_runner.cleanup()
 

@@ -1,0 +1,65 @@
+"""Day one (issue 14, item 5): the operator starts without Volcano's HyperNode CRD, and notices it,
+and new PodGroup fields, when they are installed later."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stormtopo.kube.client import ApiError
+from stormtopo.operator.app import detect_volcano, watch_volcano
+
+
+class FakeIndex:
+    """Stands in for operator.index.Index: counts detections, and lists HyperNodes once 'installed'."""
+
+    def __init__(self) -> None:
+        self.installed = False
+        self.detections = 0
+        self.hypernodes: dict[str, object] = {}
+
+    def detect_volcano_fields(self) -> None:
+        self.detections += 1
+
+    def prime(self) -> None:
+        if not self.installed:
+            raise ApiError(404, "GET", "/apis/topology.volcano.sh/v1alpha1/hypernodes", "404 page not found")
+        self.hypernodes["s0"] = {}
+
+
+def test_a_missing_hypernode_crd_is_a_warning_not_a_crash(caplog: pytest.LogCaptureFixture) -> None:
+    index = FakeIndex()
+    assert detect_volcano(index) is False  # type: ignore[arg-type]
+    assert "HyperNode CRD (topology.volcano.sh) not installed" in caplog.text
+    index.installed = True
+    assert detect_volcano(index) is True and index.hypernodes  # type: ignore[arg-type]
+
+
+def test_other_api_errors_are_not_hidden() -> None:
+    class Forbidden(FakeIndex):
+        def prime(self) -> None:
+            raise ApiError(403, "GET", "/apis/topology.volcano.sh/v1alpha1/hypernodes", "forbidden")
+
+    with pytest.raises(ApiError):
+        detect_volcano(Forbidden())  # type: ignore[arg-type]
+
+
+def test_crds_installed_later_are_picked_up_and_capabilities_re_detected() -> None:
+    async def scenario() -> None:
+        index = FakeIndex()
+        watching = asyncio.create_task(watch_volcano(index, primed=False, interval=0.05))  # type: ignore[arg-type]
+        await asyncio.sleep(0.2)
+        assert not index.hypernodes  # still missing, and the loop survived every 404
+        index.installed = True
+        for _ in range(100):
+            if index.hypernodes:
+                break
+            await asyncio.sleep(0.05)
+        assert index.hypernodes
+        before = index.detections
+        await asyncio.sleep(0.2)
+        assert index.detections > before  # capabilities keep being re-read (a Volcano upgrade)
+        watching.cancel()
+
+    asyncio.run(scenario())
