@@ -4,10 +4,13 @@ no more than enough, for the operator: run under that identity, with two replica
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -284,3 +287,94 @@ def test_service_account_may_change_only_stormtopo_keys(chart_cluster: tuple[Pat
     assert svc["spec"]["replicas"] == 1 and svc["metadata"]["annotations"]["stormtopo.io/placement"] == "{}"
     # The admin, whom the policy does not match, still may.
     assert kubectl(state, "label", "pod", "p", "-n", ns, "team=z").returncode == 0
+
+
+def test_helm_upgrade_keeps_the_ca_and_no_admission_fails(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
+    """Proves (issue 14, item 3): `helm upgrade` of a release with a generated certificate keeps its CA,
+    so a webhook serving the installed certificate is trusted throughout: dry-run pod admissions
+    running during two upgrades all succeed."""
+    state, admin = chart_cluster
+    kubectl(state, "delete", "mutatingwebhookconfiguration", f"{RELEASE}-stormtopo", "--ignore-not-found")  # earlier tests'
+    release, namespace, port = "up", "stormtopo-upgrade", processes.free_port()
+    helm = [str(components.ensure_binary("helm")), f"--kubeconfig={state / 'kubeconfig'}", "-n", namespace]
+    chart = str(REPO / "deploy/helm/stormtopo")
+
+    def run_helm(*args: str) -> None:
+        done = subprocess.run([*helm, *args], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+    run_helm("install", release, chart, "--create-namespace", f"--set-string=webhook.url=https://127.0.0.1:{port}")
+    secret_name = f"{release}-stormtopo-webhook-tls"
+    installed = admin.core.read_namespaced_secret(secret_name, namespace).data
+    certs = tmp_path / "tls"
+    certs.mkdir()
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (certs / name).write_bytes(base64.b64decode(installed[name]))
+    metrics = processes.free_port()
+    operator = processes.start(
+        tmp_path,
+        "upgrade-operator",
+        [
+            sys.executable,
+            "-m",
+            "stormtopo.operator",
+            f"--kubeconfig={state / 'kubeconfig'}",
+            f"--cert-dir={certs}",
+            "--webhook-host=127.0.0.1",
+            f"--webhook-port={port}",
+            f"--metrics-port={metrics}",
+            "--no-register-webhook",
+        ],
+    )
+    admitted: list[float] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def admit_continuously() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"u-{i}", "namespace": "upgrade-ns", "labels": {"storm-service-name": "none"}},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            }
+            try:
+                admin.core.create_namespaced_pod("upgrade-ns", pod, dry_run="All")
+                admitted.append(time.monotonic())
+            except client.ApiException as exc:
+                failures.append(f"{exc.status}: {exc.body}")
+
+    try:
+        admin.wait(lambda: _http_ok(f"http://127.0.0.1:{metrics}/readyz"), 90, "the operator to be ready")
+        admin.create_namespace("upgrade-ns")
+        admitting = threading.Thread(target=admit_continuously, daemon=True)
+        admitting.start()
+        admin.wait(lambda: len(admitted) >= 5, 60, "admissions before the upgrade")
+        for replicas in ("3", "2"):
+            run_helm("upgrade", release, chart, "--reuse-values", f"--set=replicaCount={replicas}")
+            after_upgrade = len(admitted)
+            admin.wait(lambda: len(admitted) >= after_upgrade + 5, 60, "admissions after the upgrade")  # noqa: B023
+        stop.set()
+        admitting.join(30)
+        upgraded = admin.core.read_namespaced_secret(secret_name, namespace).data
+        hooks = admin.api_client.sanitize_for_serialization(
+            client.AdmissionregistrationV1Api(admin.api_client).read_mutating_webhook_configuration(f"{release}-stormtopo")
+        )["webhooks"]
+    finally:
+        stop.set()
+        processes.stop(operator, kill=True)
+        subprocess.run([*helm, "uninstall", release], capture_output=True)
+    assert failures == [], failures[:3]
+    assert len(admitted) >= 15
+    assert upgraded == installed
+    assert all(h["clientConfig"]["caBundle"] == installed["ca.crt"] for h in hooks)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
