@@ -17,9 +17,11 @@ from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_
 from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.vocabulary import (
     DEFAULT_SCHEDULERS,
+    GANG_ANNOTATION,
     GROUP_NAME_ANNOTATION,
     REQUEST_ANNOTATION,
     ROLE_LABEL,
+    SCOPE,
     TASK_SPEC_ANNOTATION,
     VOLCANO_SCHEDULER,
 )
@@ -82,6 +84,7 @@ def admit_pod(
     stormservice: Mapping[str, Any] | None,
     cluster: ClusterTiers | None,
     named_group_service: str | None = None,
+    podgroups: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Decision:
     """Point an opted-in replica's pod at its gang: group name, Volcano task (its role) and scheduler.
 
@@ -89,7 +92,10 @@ def admit_pod(
     multi-node role its own PodSet PodGroup) joins the replica's gang instead: Volcano then sees one
     gang per replica, and the whole replica is placed within the tier. `named_group_service` is the
     StormService owning the PodGroup the pod names, if known: a pod of one StormService may not join
-    another's gang, whether or not either asks for a topology.
+    another's gang, whether or not either asks for a topology. `podgroups` (by name, in the pod's
+    namespace) are the PodGroups known: a pod waits while its replica's PodGroup exists without
+    the constraint (created while stormtopo was down, not yet patched), so it is never placed
+    unconstrained.
     """
     own_service = stormservice_name(pod)
     named = ((pod.get("metadata") or {}).get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
@@ -101,13 +107,21 @@ def admit_pod(
                 f"StormService {named_group_service!r}; a pod may only join its own StormService's PodGroups"
             ),
         )
-    request = valid_request(stormservice, cluster)
+    request = request_of(stormservice, cluster)
     if request is None or roleset is None or stormservice is None:
         return Decision()
+    # While the request looks invalid, its pods still join the gang whose PodGroup keeps the last valid constraint.
+    scope = request.scope if isinstance(request, TopologyRequest) else _scope_written(stormservice)
     group = roleset["metadata"]["name"]
-    if request.scope is Scope.STORMSERVICE:
+    if scope is Scope.STORMSERVICE:
         group = service_group_name(stormservice["metadata"]["name"])
-    values = {GROUP_NAME_ANNOTATION: group}
+    gang = (podgroups or {}).get(group)
+    if isinstance(request, TopologyRequest) and scope is Scope.ROLESET and gang is not None and not carries_constraint(gang):
+        return Decision(
+            allowed=False,
+            message=f"PodGroup {group!r} does not carry its network-topology constraint yet; stormtopo is adding it, retry",
+        )
+    values = {GROUP_NAME_ANNOTATION: group, GANG_ANNOTATION: group}
     role = ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
     if role:
         values[TASK_SPEC_ANNOTATION] = role
@@ -115,3 +129,8 @@ def admit_pod(
     if (pod.get("spec") or {}).get("schedulerName") in DEFAULT_SCHEDULERS:
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": VOLCANO_SCHEDULER})
     return Decision(patch=patch)
+
+
+def _scope_written(stormservice: Mapping[str, Any]) -> Scope:
+    written = ((stormservice.get("metadata") or {}).get("annotations") or {}).get(SCOPE, "").strip()
+    return Scope.STORMSERVICE if written == Scope.STORMSERVICE.value else Scope.ROLESET

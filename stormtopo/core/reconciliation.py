@@ -90,10 +90,13 @@ def _replica_group(
 
 
 def _withdraw(namespace: str, podgroup: Mapping[str, Any] | None) -> list[Write]:
-    """The StormService no longer asks for a topology: take the constraint off its PodGroup."""
+    """The StormService no longer asks for a topology: take the constraint off its PodGroup. The
+    request annotation goes first: the admission policy refuses stripping a PodGroup that still
+    carries it (which is what AIBrix's rewrites would do while stormtopo is down)."""
     if podgroup is None or REQUEST_ANNOTATION not in (podgroup["metadata"].get("annotations") or {}):
         return []
-    ops = [remove_annotation(REQUEST_ANNOTATION)]
+    name = podgroup["metadata"]["name"]
+    writes: list[Write] = [PatchPodGroup(namespace, name, [remove_annotation(REQUEST_ANNOTATION)])]
     if "networkTopology" in (podgroup.get("spec") or {}):
-        ops.append({"op": "remove", "path": "/spec/networkTopology"})
-    return [PatchPodGroup(namespace, podgroup["metadata"]["name"], ops)]
+        writes.append(PatchPodGroup(namespace, name, [{"op": "remove", "path": "/spec/networkTopology"}]))
+    return writes

@@ -43,3 +43,8 @@ OPERATOR_NAME = "stormtopo"
 MANAGED_BY = {MANAGED_BY_LABEL: OPERATOR_NAME}
 
 GPU = "nvidia.com/gpu"  # the resource that decides where an inference replica fits
+
+# Only opted-in StormServices depend on stormtopo: the webhooks fail open, and an in-process
+# admission policy refuses a pod of a listed StormService that stormtopo has not admitted.
+GANG_ANNOTATION = "stormtopo.io/gang"  # on pods stormtopo admitted: the gang they joined
+OPTED_IN_CONFIGMAP = "stormtopo-opted-in"  # data: "<namespace>.<stormservice>" -> scope

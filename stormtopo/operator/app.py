@@ -20,6 +20,7 @@ from stormtopo.operator import handlers, webhook
 from stormtopo.operator.events import EventRecorder
 from stormtopo.operator.index import Index
 from stormtopo.operator.leader import Leadership
+from stormtopo.operator.optedin import OptedInList
 from stormtopo.operator.placement_report import PlacementReporter
 from stormtopo.operator.reconcile import Reconciler
 
@@ -153,14 +154,15 @@ async def run(args: argparse.Namespace) -> None:
     registry = kopf.OperatorRegistry()
     leadership = Leadership(api if args.leader_elect else None, args.leader_election_namespace, args.identity, args.lease_duration)
     events = EventRecorder(api, leadership.identity)
-    reconciler = Reconciler(index, events)
+    opted_in = OptedInList(api, args.leader_election_namespace)  # the namespace stormtopo runs in
+    reconciler = Reconciler(index, events, opted_in)
     handlers.register(registry, index, reconciler, PlacementReporter(index, events), leadership)
     posting = asyncio.create_task(events.run())
 
     cert, key, ca = _certificates(args)
     tls = webhook.tls_context(cert, key)
     reloading = asyncio.create_task(CertificateReloader(tls, cert, key).run())
-    runner = web.AppRunner(webhook.build_app(index), access_log=None)
+    runner = web.AppRunner(webhook.build_app(index, opted_in), access_log=None)
     await runner.setup()
     # reuse_port: replicas on one host can share the webhook port, as endpoints behind one Service do.
     await web.TCPSite(runner, args.webhook_host, args.webhook_port, ssl_context=tls, reuse_port=True).start()
@@ -196,7 +198,11 @@ async def run(args: argparse.Namespace) -> None:
                 namespace, name = ref.split("/")
                 service = (namespace, name, int(port or 443))
             url_base = f"https://{args.webhook_url_host or args.webhook_host}:{args.webhook_port}"
-            await asyncio.to_thread(webhook.register, api, webhook.configuration(ca, url_base=url_base, service=service))
+            await asyncio.to_thread(
+                webhook.register,
+                api,
+                webhook.configuration(ca, url_base=url_base, service=service, namespace=args.leader_election_namespace),
+            )
         ready.set()
         log.info("stormtopo operator ready; webhook on %s:%s", args.webhook_host, args.webhook_port)
 

@@ -49,6 +49,7 @@ def register(
     placements: WorkQueue[Key] = WorkQueue("placements", report_placement, workers=4)
 
     async def resync() -> None:
+        await reconciler.refresh_opted_in()
         for key in list(index.stormservices):
             stormservices.add(key)
         for key in list(index.podgroups):  # placements a former leader did not report; pending gangs re-explained

@@ -7,14 +7,17 @@ never hands one StormService to two workers at once.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stormtopo.core.optin import listing
 from stormtopo.core.reconciliation import plan_stormservice
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key, key_of
+from stormtopo.operator.optedin import OptedInList
 from stormtopo.operator.writer import execute
 
 
@@ -22,8 +25,10 @@ from stormtopo.operator.writer import execute
 class Reconciler:
     index: Index
     report: Report
+    opted_in: OptedInList | None = None  # None: no admission policy to feed (tests of the planner's shell)
     _said: dict[Key, str] = field(default_factory=dict)  # what was last said of each request
     _invalid: set[Key] = field(default_factory=set)
+    _unlisting: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def stormservice(self, stormservice: Mapping[str, Any]) -> None:
         key = key_of(stormservice)
@@ -39,10 +44,21 @@ class Reconciler:
         else:
             self._invalid.discard(key)
         metrics.INVALID_REQUESTS.set(len(self._invalid))
+        if self.opted_in is not None:
+            await self.opted_in.aset(*key, listing(stormservice))
         await execute(self.index.api, plan.writes)
+
+    async def refresh_opted_in(self) -> None:
+        """Re-read the opted-in list: every replica's webhook adds to it."""
+        if self.opted_in is not None:
+            await asyncio.to_thread(self.opted_in.refresh)
 
     def forget(self, key: Key) -> None:
         """A StormService was deleted: drop what was said about it."""
         self._said.pop(key, None)
         self._invalid.discard(key)
         metrics.INVALID_REQUESTS.set(len(self._invalid))
+        if self.opted_in is not None:
+            task = asyncio.get_running_loop().create_task(self.opted_in.aset(*key, None))
+            self._unlisting.add(task)
+            task.add_done_callback(self._unlisting.discard)

@@ -1,8 +1,9 @@
-"""The mutating admission webhook: HTTPS server, AdmissionReview plumbing, and its configuration.
+"""The admission webhooks: HTTPS server, AdmissionReview plumbing, and their configuration.
 
-Failure policy: Fail, but only for objects AIBrix labels as StormService pods (storm-service-name) and
-replica PodGroups (roleset-name). While the webhook is down those are rejected and AIBrix retries, so an
-opted-in pod is never scheduled without its constraint; every other pod in the cluster is untouched.
+The mutating webhooks (AIBrix's StormService pods and replica PodGroups) fail open: while stormtopo
+is down, StormServices that never opted in work as if it were not installed. Opted-in ones are held
+by an admission policy evaluated inside the API server (core/optin.py), and a validating webhook
+that fails closed only for StormServices carrying a request lists each before it exists.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from typing import Any
 from aiohttp import web
 
 from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint
+from stormtopo.core.optin import admission_policy, listing, opted_in_configmap, requests_topology_condition
 from stormtopo.core.request import ClusterTiers
-from stormtopo.core.vocabulary import GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
-from stormtopo.kube.client import Api
+from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
+from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index
+from stormtopo.operator.optedin import OptedInList
 
 CONFIGURATION_NAME = "stormtopo"
 PODS_PATH = "/mutate/pods"
 PODGROUPS_PATH = "/mutate/podgroups"
+STORMSERVICES_PATH = "/validate/stormservices"
 
 
 def review_response(uid: str, decision: Decision) -> dict[str, Any]:
@@ -38,7 +42,7 @@ def review_response(uid: str, decision: Decision) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def build_app(index: Index) -> web.Application:
+def build_app(index: Index, opted_in: OptedInList) -> web.Application:
     async def handle(request: web.Request, kind: str, admit: Callable[..., Awaitable[Decision]]) -> web.Response:
         started = time.perf_counter()
         review = await request.json()
@@ -55,8 +59,11 @@ def build_app(index: Index) -> web.Application:
         async def admit(pod: dict[str, Any], _old: Any, roleset: Any, stormservice: Any, tiers: ClusterTiers) -> Decision:
             meta = pod.get("metadata") or {}
             named = (meta.get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
-            owner = await index.service_of_group(meta.get("namespace", ""), named) if named else None
-            return admit_pod(pod, roleset, stormservice, tiers, owner)
+            namespace = meta.get("namespace", "")
+            owner = await index.service_of_group(namespace, named) if named else None
+            replica = (roleset or {}).get("metadata", {}).get("name", "")
+            known = {replica: index.podgroups[(namespace, replica)]} if (namespace, replica) in index.podgroups else {}
+            return admit_pod(pod, roleset, stormservice, tiers, owner, known)
 
         return await handle(request, "pod", admit)
 
@@ -67,9 +74,25 @@ def build_app(index: Index) -> web.Application:
 
         return await handle(request, "podgroup", admit)
 
+    async def stormservices(request: web.Request) -> web.Response:
+        """Lists an opted-in StormService before it exists, so the admission policy holds its pods from
+        the first one on, even if stormtopo goes down right after."""
+        review = await request.json()
+        req = review.get("request") or {}
+        obj = req.get("object") or {}
+        meta = obj.get("metadata") or {}
+        decision = Decision()
+        if not req.get("dryRun"):
+            try:
+                await opted_in.aset(meta.get("namespace") or req.get("namespace", ""), meta.get("name", ""), listing(obj))
+            except (ApiError, OSError) as exc:
+                decision = Decision(allowed=False, message=f"stormtopo could not list this StormService as opted in, retry: {exc}")
+        return web.json_response(review_response(str(req.get("uid", "")), decision))
+
     app = web.Application()
     app.router.add_post(PODS_PATH, pods)
     app.router.add_post(PODGROUPS_PATH, podgroups)
+    app.router.add_post(STORMSERVICES_PATH, stormservices)
     return app
 
 
@@ -90,49 +113,81 @@ def client_config(ca_bundle: bytes, path: str, url_base: str | None, service: tu
     return config
 
 
-def configuration(ca_bundle: bytes, url_base: str | None = None, service: tuple[str, str, int] | None = None) -> dict[str, Any]:
-    def webhook(name: str, path: str, rule: dict[str, Any], label: str) -> dict[str, Any]:
+def configuration(
+    ca_bundle: bytes, url_base: str | None = None, service: tuple[str, str, int] | None = None, namespace: str = "default"
+) -> list[dict[str, Any]]:
+    """Every admission object stormtopo registers: the mutating webhooks, the StormService gate, the
+    admission policy with its binding, and the (empty) opted-in list in `namespace`."""
+
+    def webhook(name: str, path: str, rule: dict[str, Any], label: str, conditions: list[dict[str, str]]) -> dict[str, Any]:
         return {
             "name": name,
             "clientConfig": client_config(ca_bundle, path, url_base, service),
             "rules": [rule],
             "objectSelector": {"matchExpressions": [{"key": label, "operator": "Exists"}]},
-            "failurePolicy": "Fail",
+            "matchConditions": conditions,
+            "failurePolicy": "Ignore",  # the admission policy, not this webhook, holds opted-in objects
             "sideEffects": "None",
             "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 5,
+            "timeoutSeconds": 3,
             "matchPolicy": "Equivalent",
             "reinvocationPolicy": "IfNeeded",
         }
 
-    return {
+    def rule(group_version: tuple[str, str], resource: str, operations: list[str]) -> dict[str, Any]:
+        group, version = group_version
+        return {"apiGroups": [group], "apiVersions": [version], "operations": operations, "resources": [resource], "scope": "Namespaced"}
+
+    mutating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": CONFIGURATION_NAME, "labels": dict(MANAGED_BY)},
         "webhooks": [
-            webhook(
-                "pods.stormtopo.io",
-                PODS_PATH,
-                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"},
-                STORMSERVICE_LABEL,
-            ),
+            webhook("pods.stormtopo.io", PODS_PATH, rule(("", "v1"), "pods", ["CREATE"]), STORMSERVICE_LABEL, []),
             webhook(
                 "podgroups.stormtopo.io",
                 PODGROUPS_PATH,
-                {
-                    "apiGroups": [VOLCANO_SCHEDULING[0]],
-                    "apiVersions": [VOLCANO_SCHEDULING[1]],
-                    "operations": ["CREATE", "UPDATE"],
-                    "resources": ["podgroups"],
-                    "scope": "Namespaced",
-                },
+                rule(VOLCANO_SCHEDULING, "podgroups", ["CREATE", "UPDATE"]),
                 ROLESET_LABEL,
+                # Volcano writes status through the main resource (the CRD has no status subresource): skip those.
+                [{"name": "spec-written", "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"}],
             ),
         ],
     }
+    gate = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": CONFIGURATION_NAME, "labels": dict(MANAGED_BY)},
+        "webhooks": [
+            {
+                "name": "stormservices.stormtopo.io",
+                "clientConfig": client_config(ca_bundle, STORMSERVICES_PATH, url_base, service),
+                "rules": [rule(AIBRIX, "stormservices", ["CREATE", "UPDATE"])],
+                "matchConditions": [{"name": "requests-topology", "expression": requests_topology_condition()}],
+                "failurePolicy": "Fail",  # only StormServices that ask for a topology
+                "sideEffects": "NoneOnDryRun",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 5,
+                "matchPolicy": "Equivalent",
+            }
+        ],
+    }
+    return [opted_in_configmap(namespace), mutating, gate, *admission_policy(namespace)]
 
 
-def register(api: Api, body: dict[str, Any]) -> None:
-    """Create or replace the MutatingWebhookConfiguration (server-side apply keeps it idempotent)."""
-    path = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIGURATION_NAME}"
-    api.server_side_apply(path, body, field_manager="stormtopo-operator")
+_PATHS = {
+    "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
+    "MutatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}",
+    "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}",
+    "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{name}",
+    "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{name}",
+}
+
+
+def register(api: Api, objects: list[dict[str, Any]]) -> None:
+    """Create or update each object by server-side apply (idempotent). The ConfigMap's data is not
+    applied: the opted-in list belongs to the running operator."""
+    for obj in objects:
+        meta = obj["metadata"]
+        path = _PATHS[obj["kind"]].format(namespace=meta.get("namespace", ""), name=meta["name"])
+        api.server_side_apply(path, obj, field_manager="stormtopo-operator")

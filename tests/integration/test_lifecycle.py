@@ -8,6 +8,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv import cluster as dev
 from stormtopo.devenv.client import DevCluster, node_names
@@ -66,41 +70,47 @@ def test_role_replica_change_rolls_out_replicas_whose_gang_follows(cluster: DevC
     assert domain is not None and domain.tier == 1, nodes
 
 
-def test_operator_down_blocks_only_opted_in_pods_and_restart_converges_without_duplicates(
-    cluster: DevCluster, cluster_dir: Path, namespace: str
+def test_operator_down_blocks_only_opted_in_work_and_restart_converges_without_duplicates(
+    cluster: DevCluster, cluster_dir: Path, topology: Topology, namespace: str
 ) -> None:
+    """With stormtopo down, a StormService that never opted in works as if stormtopo were not
+    installed; an opted-in one waits (its new pods, a new opted-in StormService), never placed
+    unconstrained; once stormtopo is back every replica converges within its tier."""
+    cluster.create(stormservice("before", namespace, annotations=HARD_LEAF))
+    cluster.bound_pods(namespace, "storm-service-name=before", 2)
     dev.stop_component(cluster_dir, "operator", kill=True)
     try:
-        # An unrelated pod is not blocked by the webhook outage.
-        cluster.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "unrelated", "namespace": namespace},
-                "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-            }
-        )
-        cluster.create(stormservice("during", namespace, annotations=HARD_LEAF))
-        cluster.wait(lambda: cluster.rolesets(namespace, "during"), 30, "AIBrix to create the RoleSet")
-        time.sleep(3)  # AIBrix keeps trying; the webhook (failurePolicy Fail) rejects its PodGroup and pods
-        assert not cluster.pods(namespace, "storm-service-name=during")
-        assert not cluster.podgroups(namespace)
+        cluster.create(stormservice("plain", namespace))
+        cluster.bound_pods(namespace, "storm-service-name=plain", 2, timeout=90)  # as if stormtopo were not installed
+        with pytest.raises(ApiException) as refused:
+            cluster.create(stormservice("during", namespace, annotations=HARD_LEAF))
+        assert "stormservices.stormtopo.io" in str(refused.value.body)
+        cluster.patch_stormservice(namespace, "before", {"spec": {"replicas": 2}})
+        cluster.wait(lambda: len(cluster.rolesets(namespace, "before")) == 2, 60, "AIBrix to create the second RoleSet")
+        time.sleep(3)  # AIBrix keeps trying; the admission policy refuses the pods stormtopo did not admit
+        assert len(cluster.pods(namespace, "storm-service-name=before")) == 2
     finally:
         dev.start_operator(cluster_dir)
-    pods = cluster.bound_pods(namespace, "storm-service-name=during", 2, timeout=90)
-    group = only_group(cluster, namespace)
-    assert group["spec"]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
-    assert all(p["metadata"]["annotations"]["volcano.sh/task-spec"] for p in pods)
-    # Restart once more: still one PodGroup, and the new operator finds nothing to write (idempotent).
+    cluster.create(stormservice("during", namespace, annotations=HARD_LEAF))
+    for name, count in (("before", 4), ("during", 2)):
+        pods = cluster.bound_pods(namespace, f"storm-service-name={name}", count, timeout=90)
+        assert all(p["metadata"]["annotations"]["volcano.sh/task-spec"] for p in pods)
+        for replica in {p["metadata"]["labels"]["roleset-name"] for p in pods}:
+            nodes = node_names(p for p in pods if p["metadata"]["labels"]["roleset-name"] == replica)
+            domain = topology.lowest_common_switch(nodes)
+            assert domain is not None and domain.tier == 1, (name, replica, nodes)
+    groups = {g["metadata"]["name"]: g for g in cluster.podgroups(namespace) if g["metadata"]["name"].startswith(("before", "during"))}
+    assert len(groups) == 3 and all(g["spec"]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1} for g in groups.values())
+    # Restart once more: the new operator finds nothing to write (idempotent).
     dev.stop_component(cluster_dir, "operator", kill=True)
     dev.start_operator(cluster_dir)
     time.sleep(3)
-    again = only_group(cluster, namespace)
-    assert again["spec"] == group["spec"]
     port = json.loads((cluster_dir / "cluster.json").read_text())["ports"]["operator_metrics"]
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     writes = [line for line in metrics.splitlines() if line.startswith("stormtopo_podgroup_writes_total{")]
     assert all(line.endswith(" 0.0") for line in writes), writes
+    again = {g["metadata"]["name"]: g["spec"] for g in cluster.podgroups(namespace) if g["metadata"]["name"] in groups}
+    assert again == {name: g["spec"] for name, g in groups.items()}
 
 
 def test_no_version_of_an_opted_in_podgroup_ever_lacks_its_constraint(cluster: DevCluster, namespace: str) -> None:

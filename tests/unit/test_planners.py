@@ -87,12 +87,10 @@ def test_a_stripped_podgroup_is_patched_back() -> None:
 
 def test_opting_out_withdraws_the_constraint() -> None:
     plan = plan_stormservice(ServiceSnapshot(service(None), (replica(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
+    # Two writes, the annotation first: the admission policy refuses stripping a PodGroup that carries it.
     assert plan.writes == (
-        PatchPodGroup(
-            "ns",
-            "svc-roleset-abcde",
-            [{"op": "remove", "path": "/metadata/annotations/stormtopo.io~1request"}, {"op": "remove", "path": "/spec/networkTopology"}],
-        ),
+        PatchPodGroup("ns", "svc-roleset-abcde", [{"op": "remove", "path": "/metadata/annotations/stormtopo.io~1request"}]),
+        PatchPodGroup("ns", "svc-roleset-abcde", [{"op": "remove", "path": "/spec/networkTopology"}]),
     )
     assert plan.say is None and plan.verdict is None
 

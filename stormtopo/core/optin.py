@@ -1,0 +1,138 @@
+"""Only opted-in StormServices depend on stormtopo, and none of them is ever placed unconstrained.
+
+The mutating webhooks fail open (failurePolicy Ignore): while stormtopo is down every other
+StormService works as if it were not installed. What keeps an opted-in replica from being placed
+without its constraint then is Kubernetes itself:
+
+- a ValidatingAdmissionPolicy (CEL, evaluated inside the API server, so it cannot be down) refuses
+  a pod of a StormService listed in the opted-in ConfigMap unless stormtopo admitted it
+  (GANG_ANNOTATION), and refuses an update that strips networkTopology from a PodGroup that
+  stormtopo constrained; AIBrix retries both;
+- a validating webhook that fails closed, but only for StormServices that carry a request (a CEL
+  matchCondition on their own annotations), lists a StormService in that ConfigMap before it exists.
+
+This module is the pure part: keys, the policy objects, and the gate's decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from stormtopo.core.request import Scope, is_opted_in
+from stormtopo.core.vocabulary import (
+    GANG_ANNOTATION,
+    MANAGED_BY,
+    OPTED_IN_CONFIGMAP,
+    REQUEST_ANNOTATION,
+    REQUEST_ANNOTATIONS,
+    SCOPE,
+    STORMSERVICE_LABEL,
+    VOLCANO_SCHEDULING,
+)
+
+POLICY_NAME = "stormtopo-opted-in-gangs"
+
+
+def opted_in_key(namespace: str, stormservice: str) -> str:
+    """A ConfigMap data key: namespaces hold no dots, so the first dot separates the two."""
+    return f"{namespace}.{stormservice}"
+
+
+def listing(stormservice: Mapping[str, Any] | None) -> str | None:
+    """What the ConfigMap says of a StormService: its scope while it carries any network-topology
+    annotation, valid or not (an invalid one keeps its last valid constraint), else nothing."""
+    annotations = ((stormservice or {}).get("metadata") or {}).get("annotations") or {}
+    if not is_opted_in(annotations):
+        return None
+    return Scope.STORMSERVICE.value if annotations.get(SCOPE, "").strip() == Scope.STORMSERVICE.value else Scope.ROLESET.value
+
+
+def requests_topology_condition() -> str:
+    """CEL: the object (a StormService) carries a network-topology annotation."""
+    keys = ", ".join(f"'{k}'" for k in REQUEST_ANNOTATIONS)
+    return f"has(object.metadata.annotations) && [{keys}].exists(k, k in object.metadata.annotations)"
+
+
+def admission_policy(configmap_namespace: str) -> list[dict[str, Any]]:
+    """The ValidatingAdmissionPolicy and its binding (admissionregistration.k8s.io/v1, Kubernetes >= 1.30)."""
+    key = (
+        f"has(object.metadata.labels) && '{STORMSERVICE_LABEL}' in object.metadata.labels ? "
+        f"object.metadata.namespace + '.' + object.metadata.labels['{STORMSERVICE_LABEL}'] : ''"
+    )
+    constrained_before = (
+        f"oldObject != null && has(oldObject.metadata.annotations) && '{REQUEST_ANNOTATION}' in oldObject.metadata.annotations "
+        "&& has(oldObject.spec.networkTopology)"
+    )
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POLICY_NAME, "labels": dict(MANAGED_BY)},
+        "spec": {
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+            "matchConstraints": {
+                "resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
+                    {
+                        "apiGroups": [VOLCANO_SCHEDULING[0]],
+                        "apiVersions": [VOLCANO_SCHEDULING[1]],
+                        "operations": ["UPDATE"],
+                        "resources": ["podgroups"],
+                    },
+                ]
+            },
+            "variables": [
+                {"name": "key", "expression": key},
+                {"name": "optedIn", "expression": "variables.key != '' && has(params.data) && variables.key in params.data"},
+            ],
+            "validations": [
+                {
+                    "expression": (
+                        f"object.kind != 'Pod' || !variables.optedIn || "
+                        f"(has(object.metadata.annotations) && '{GANG_ANNOTATION}' in object.metadata.annotations)"
+                    ),
+                    "messageExpression": (
+                        "'StormService ' + object.metadata.labels['" + STORMSERVICE_LABEL + "'] + ' asks for a network topology, "
+                        "and stormtopo has not admitted this pod (is the stormtopo webhook running?); it is created once stormtopo is back'"
+                    ),
+                    "reason": "Forbidden",
+                },
+                {
+                    "expression": f"object.kind != 'PodGroup' || !({constrained_before}) || has(object.spec.networkTopology)",
+                    "message": (
+                        "this PodGroup carries a network-topology constraint from stormtopo, and this update would strip it "
+                        "(is the stormtopo webhook running?); retry once stormtopo is back"
+                    ),
+                    "reason": "Forbidden",
+                },
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": POLICY_NAME, "labels": dict(MANAGED_BY)},
+        "spec": {
+            "policyName": POLICY_NAME,
+            "validationActions": ["Deny"],
+            # No ConfigMap (stormtopo uninstalled): nothing is refused.
+            "paramRef": {"name": OPTED_IN_CONFIGMAP, "namespace": configmap_namespace, "parameterNotFoundAction": "Allow"},
+        },
+    }
+    return [policy, binding]
+
+
+def opted_in_configmap(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": OPTED_IN_CONFIGMAP, "namespace": namespace, "labels": dict(MANAGED_BY)},
+    }
+
+
+def listing_change(listed: Mapping[str, str], key: str, want: str | None) -> dict[str, str | None] | None:
+    """The merge patch of the ConfigMap's data that lists `key` as `want` (None: unlists); None if nothing changes."""
+    if listed.get(key) == want:
+        return None
+    return {key: want}

@@ -1,0 +1,58 @@
+"""The opted-in list: the ConfigMap the admission policy reads to know which StormServices' pods
+must have been admitted by stormtopo (see core/optin.py for why it exists)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from stormtopo.core.optin import listing_change, opted_in_configmap, opted_in_key
+from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
+from stormtopo.kube.client import MERGE_PATCH, Api, ApiError
+
+log = logging.getLogger("stormtopo.optedin")
+
+
+class OptedInList:
+    def __init__(self, api: Api, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.listed: dict[str, str] = {}  # as last read or written by this replica
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/configmaps/{OPTED_IN_CONFIGMAP}"
+
+    def refresh(self) -> None:
+        """Read the list (other replicas' webhooks add to it too)."""
+        try:
+            self.listed = dict((self.api.request("GET", self.path) or {}).get("data") or {})
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            self.listed = {}
+
+    def set(self, namespace: str, stormservice: str, want: str | None) -> None:
+        """List a StormService with its scope, or unlist it (None); writes only on a change."""
+        key = opted_in_key(namespace, stormservice)
+        change = listing_change(self.listed, key, want)
+        if change is None:
+            return
+        try:
+            self.api.request("PATCH", self.path, {"data": change}, MERGE_PATCH)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            if want is None:
+                return
+            self.api.request(
+                "POST", f"/api/v1/namespaces/{self.namespace}/configmaps", {**opted_in_configmap(self.namespace), "data": change}
+            )
+        if want is None:
+            self.listed.pop(key, None)
+        else:
+            self.listed[key] = want
+
+    async def aset(self, namespace: str, stormservice: str, want: str | None) -> None:
+        if listing_change(self.listed, opted_in_key(namespace, stormservice), want) is not None:
+            await asyncio.to_thread(self.set, namespace, stormservice, want)
