@@ -18,9 +18,11 @@ def cluster_tiers(hypernodes: Iterable[Mapping[str, Any]], podgroup_schema: Mapp
         return ClusterTiers(tiers, names)
     spec = ((podgroup_schema.get("properties") or {}).get("spec") or {}).get("properties") or {}
     topology = (spec.get("networkTopology") or {}).get("properties") or {}
+    defaults = tuple(sorted((field, prop["default"]) for field, prop in topology.items() if "default" in (prop or {})))
     return ClusterTiers(
         tiers,
         names,
+        network_topology_defaults=defaults,
         has_network_topology="networkTopology" in spec,  # Volcano >= 1.12
         has_tier_name_field="highestTierName" in topology,  # Volcano >= 1.14
         has_subgroup_policy="subGroupPolicy" in spec,  # Volcano >= 1.14

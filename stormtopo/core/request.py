@@ -63,10 +63,11 @@ class TopologyRequest:
     limit: TierLimit
     scope: Scope = Scope.ROLESET
     replica_limit: TierLimit | None = None  # nested placement: each replica within this, the service within `limit`
+    defaults: tuple[tuple[str, object], ...] = ()  # the CRD's defaults for networkTopology fields
 
     def network_topology(self) -> dict[str, object]:
-        """The PodGroup spec.networkTopology for the outer gang."""
-        return _network_topology(self.mode, self.limit)
+        """The PodGroup spec.networkTopology for the outer gang, as the API server will store it."""
+        return {**dict(self.defaults), **_network_topology(self.mode, self.limit)}
 
     def replica_network_topology(self) -> dict[str, object] | None:
         if self.replica_limit is None:
@@ -98,6 +99,9 @@ class ClusterTiers:
     has_network_topology: bool = True  # PodGroup spec.networkTopology (Volcano >= 1.12)
     has_tier_name_field: bool = True  # PodGroup spec.networkTopology.highestTierName (Volcano >= 1.14)
     has_subgroup_policy: bool = True  # PodGroup spec.subGroupPolicy (Volcano >= 1.14)
+    # What the API server fills into networkTopology when a field is left out (1.12 and 1.13 default
+    # highestTierAllowed to 1): desired objects carry them too, or every comparison would differ forever.
+    network_topology_defaults: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass
@@ -164,7 +168,7 @@ def parse_request(annotations: Mapping[str, str] | None, cluster: ClusterTiers |
         )
     if problems:
         raise RequestError(problems)
-    return TopologyRequest(mode, limit, scope, replica_limit)
+    return TopologyRequest(mode, limit, scope, replica_limit, cluster.network_topology_defaults if cluster else ())
 
 
 def request_of(stormservice: Mapping[str, Any] | None, cluster: ClusterTiers | None) -> TopologyRequest | RequestError | None:
