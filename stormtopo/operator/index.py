@@ -77,11 +77,18 @@ class Index:
     podgroups: dict[Key, dict[str, Any]] = field(default_factory=dict)  # replica and stormtopo-owned ones
     # (namespace, StormService) -> names of its RoleSets: reconciling one service must not scan them all.
     _rolesets_by_service: dict[Key, set[str]] = field(default_factory=dict)
+    _seen: dict[tuple[str, Key], int] = field(default_factory=dict)  # (kind, key) -> when last observed
+    _clock: int = 0
     podgroup_schema: dict[str, Any] | None = None  # the PodGroup CRD's schema; None until read
 
     # -- watch events --------------------------------------------------------------------------
     def observe(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
         deleted = event_type == "DELETED"
+        self._clock += 1
+        if deleted:
+            self._seen.pop((kind, key_of(obj)), None)
+        else:
+            self._seen[(kind, key_of(obj))] = self._clock
         if kind == "HyperNode":
             name = obj["metadata"]["name"]
             if deleted:
@@ -104,6 +111,29 @@ class Index:
             store.pop(key, None)
         else:
             store[key] = slim(obj)
+
+    # -- re-lists ------------------------------------------------------------------------------
+    def mark(self) -> int:
+        """A point in the event stream: what is observed after it is newer than a list started now."""
+        return self._clock
+
+    def prune(self, kind: str, listed: set[Key], mark: int) -> list[Key]:
+        """Forget objects of `kind` that a list (started at `mark`) no longer has: deleted while a watch
+        was down, their DELETED event never came. Objects observed after `mark` are kept."""
+        gone = [key for (k, key), seen in list(self._seen.items()) if k == kind and seen <= mark and key not in listed]
+        for namespace, name in gone:
+            stored = self._store(kind).get(name if kind == "HyperNode" else (namespace, name))
+            self.observe(kind, "DELETED", stored or {"metadata": {"namespace": namespace, "name": name}})
+        return gone
+
+    def _store(self, kind: str) -> Mapping[Any, dict[str, Any]]:
+        stores: dict[str, Mapping[Any, dict[str, Any]]] = {
+            "HyperNode": self.hypernodes,
+            "StormService": self.stormservices,
+            "RoleSet": self.rolesets,
+            "PodGroup": self.podgroups,
+        }
+        return stores[kind]
 
     def rolesets_of(self, namespace: str, stormservice: str) -> list[dict[str, Any]]:
         names = self._rolesets_by_service.get((namespace, stormservice), set())

@@ -57,3 +57,20 @@ def test_slim_keeps_a_podgroups_phase_and_conditions_for_placement_reports() -> 
 def test_service_of_a_roleset_without_the_label_comes_from_its_owner() -> None:
     roleset = {"metadata": {"name": "r", "namespace": "ns", "ownerReferences": [{"kind": "StormService", "name": "svc"}]}}
     assert service_key_of(roleset) == ("ns", "svc")
+
+
+def test_a_relist_forgets_what_was_deleted_while_the_watch_was_down_but_not_what_came_since() -> None:
+    from stormtopo.operator.index import Index
+
+    index = Index(api=None)  # type: ignore[arg-type]  # observe and prune make no API calls
+    svc = {"kind": "StormService", "metadata": {"name": "svc", "namespace": "ns"}}
+    roleset = {"kind": "RoleSet", "metadata": {"name": "svc-roleset-a", "namespace": "ns", "labels": {"storm-service-name": "svc"}}}
+    index.observe("StormService", None, svc)
+    index.observe("RoleSet", None, roleset)
+    mark = index.mark()  # the list starts; then a new RoleSet arrives before the list answers
+    newer = {"kind": "RoleSet", "metadata": {"name": "svc-roleset-b", "namespace": "ns", "labels": {"storm-service-name": "svc"}}}
+    index.observe("RoleSet", None, newer)
+    assert index.prune("RoleSet", listed=set(), mark=mark) == [("ns", "svc-roleset-a")]
+    assert [r["metadata"]["name"] for r in index.rolesets_of("ns", "svc")] == ["svc-roleset-b"]
+    assert index.prune("StormService", listed={("ns", "svc")}, mark=mark) == []
+    assert ("ns", "svc") in index.stormservices
