@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.jsonpatch import set_annotations, set_spec_fields
+from stormtopo.core.jsonpatch import set_annotations, set_labels, set_spec_fields
 from stormtopo.core.ownership import stormservice_name
 from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_name
 from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.vocabulary import (
+    ADMITTED_LABEL,
     DEFAULT_SCHEDULERS,
-    GANG_ANNOTATION,
     GROUP_NAME_ANNOTATION,
     REQUEST_ANNOTATION,
     ROLE_LABEL,
@@ -121,11 +121,11 @@ def admit_pod(
             allowed=False,
             message=f"PodGroup {group!r} does not carry its network-topology constraint yet; stormtopo is adding it, retry",
         )
-    values = {GROUP_NAME_ANNOTATION: group, GANG_ANNOTATION: group}
+    values = {GROUP_NAME_ANNOTATION: group}
     role = ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
     if role:
         values[TASK_SPEC_ANNOTATION] = role
-    patch = set_annotations(pod, values)
+    patch = set_annotations(pod, values) + set_labels(pod, {ADMITTED_LABEL: "true"})
     if (pod.get("spec") or {}).get("schedulerName") in DEFAULT_SCHEDULERS:
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": VOLCANO_SCHEDULER})
     return Decision(patch=patch)

@@ -11,15 +11,23 @@ def pointer(*keys: str) -> str:
     return "".join("/" + key.replace("~", "~0").replace("/", "~1") for key in keys)
 
 
-def set_annotations(obj: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[str, Any]]:
-    """Operations that set these annotations, leaving the others; empty when they are set already."""
-    current = dict((obj.get("metadata") or {}).get("annotations") or {})
+def set_metadata(obj: Mapping[str, Any], field: str, values: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Operations that set these labels or annotations (`field`), leaving the others; empty when set already."""
+    current = dict((obj.get("metadata") or {}).get(field) or {})
     changes = {k: v for k, v in values.items() if current.get(k) != v}
     if not changes:
         return []
-    if not (obj.get("metadata") or {}).get("annotations"):
-        return [{"op": "add", "path": "/metadata/annotations", "value": {**current, **changes}}]
-    return [{"op": "add", "path": pointer("metadata", "annotations", k), "value": v} for k, v in changes.items()]
+    if not (obj.get("metadata") or {}).get(field):
+        return [{"op": "add", "path": pointer("metadata", field), "value": {**current, **changes}}]
+    return [{"op": "add", "path": pointer("metadata", field, k), "value": v} for k, v in changes.items()]
+
+
+def set_annotations(obj: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[str, Any]]:
+    return set_metadata(obj, "annotations", values)
+
+
+def set_labels(obj: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[str, Any]]:
+    return set_metadata(obj, "labels", values)
 
 
 def remove_annotation(key: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ without its constraint then is Kubernetes itself:
 
 - a ValidatingAdmissionPolicy (CEL, evaluated inside the API server, so it cannot be down) refuses
   a pod of a StormService listed in the opted-in ConfigMap unless stormtopo admitted it
-  (GANG_ANNOTATION), and refuses an update that strips networkTopology from a PodGroup that
+  (ADMITTED_LABEL), and refuses an update that strips networkTopology from a PodGroup that
   stormtopo constrained; AIBrix retries both;
 - a validating webhook that fails closed, but only for StormServices that carry a request (a CEL
   matchCondition on their own annotations), lists a StormService in that ConfigMap before it exists.
@@ -21,7 +21,7 @@ from typing import Any
 
 from stormtopo.core.request import Scope, is_opted_in
 from stormtopo.core.vocabulary import (
-    GANG_ANNOTATION,
+    ADMITTED_LABEL,
     MANAGED_BY,
     OPTED_IN_CONFIGMAP,
     REQUEST_ANNOTATION,
@@ -49,9 +49,17 @@ def listing(stormservice: Mapping[str, Any] | None) -> str | None:
 
 
 def requests_topology_condition() -> str:
-    """CEL: the object (a StormService) carries a network-topology annotation."""
-    keys = ", ".join(f"'{k}'" for k in REQUEST_ANNOTATIONS)
-    return f"has(object.metadata.annotations) && [{keys}].exists(k, k in object.metadata.annotations)"
+    """CEL for the gate: a StormService that carries a network-topology annotation and is new, newly
+    opted in, or changes its scope (what the list says of it). Other updates of an opted-in
+    StormService (scaling, a rollout) never call the gate, so they go on while stormtopo is down."""
+    keys = "[" + ", ".join(f"'{k}'" for k in REQUEST_ANNOTATIONS) + "]"
+    opted_in = f"has(object.metadata.annotations) && {keys}.exists(k, k in object.metadata.annotations)"
+    was_opted_in = f"has(oldObject.metadata.annotations) && {keys}.exists(k, k in oldObject.metadata.annotations)"
+
+    def scope(of: str) -> str:
+        return f"(has({of}.metadata.annotations) && '{SCOPE}' in {of}.metadata.annotations ? {of}.metadata.annotations['{SCOPE}'] : '')"
+
+    return f"({opted_in}) && (request.operation == 'CREATE' || !({was_opted_in}) || {scope('object')} != {scope('oldObject')})"
 
 
 def admission_policy(configmap_namespace: str) -> list[dict[str, Any]]:
@@ -90,7 +98,7 @@ def admission_policy(configmap_namespace: str) -> list[dict[str, Any]]:
                 {
                     "expression": (
                         f"object.kind != 'Pod' || !variables.optedIn || "
-                        f"(has(object.metadata.annotations) && '{GANG_ANNOTATION}' in object.metadata.annotations)"
+                        f"(has(object.metadata.labels) && '{ADMITTED_LABEL}' in object.metadata.labels)"
                     ),
                     "messageExpression": (
                         "'StormService ' + object.metadata.labels['" + STORMSERVICE_LABEL + "'] + ' asks for a network topology, "

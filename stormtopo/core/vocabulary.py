@@ -46,5 +46,5 @@ GPU = "nvidia.com/gpu"  # the resource that decides where an inference replica f
 
 # Only opted-in StormServices depend on stormtopo: the webhooks fail open, and an in-process
 # admission policy refuses a pod of a listed StormService that stormtopo has not admitted.
-GANG_ANNOTATION = "stormtopo.io/gang"  # on pods stormtopo admitted: the gang they joined
+ADMITTED_LABEL = "stormtopo.io/admitted"  # on pods stormtopo admitted into their replica's gang (value "true")
 OPTED_IN_CONFIGMAP = "stormtopo-opted-in"  # data: "<namespace>.<stormservice>" -> scope

@@ -14,7 +14,8 @@ from typing import Any
 
 import kopf
 
-from stormtopo.core.vocabulary import AIBRIX, MANAGED_BY, ROLESET_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+from stormtopo.core.ownership import roleset_name
+from stormtopo.core.vocabulary import ADMITTED_LABEL, AIBRIX, MANAGED_BY, ROLESET_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator.index import Index, Key, key_of, service_key_of
 from stormtopo.operator.leader import Leadership
@@ -32,7 +33,9 @@ _LISTS = {
     "RoleSet": (AIBRIX, "rolesets"),
     "PodGroup": (VOLCANO_SCHEDULING, "podgroups"),
     "HyperNode": (VOLCANO_TOPOLOGY, "hypernodes"),
+    "Pod": (("", "v1"), "pods"),
 }
+_SELECTORS = {"Pod": ADMITTED_LABEL}  # only the pods stormtopo admitted are watched and listed
 
 
 @dataclass
@@ -55,32 +58,37 @@ class Operator:
             await self.reconciler.stormservice(stormservice)
 
     async def _report(self, key: Key) -> None:
-        podgroup = self.index.podgroups.get(key)
-        if podgroup is not None and self.leadership.is_leader:
-            await self.reporter.podgroup_changed(podgroup)
+        if self.leadership.is_leader:
+            await self.reporter.replica_changed(key)
 
     async def resync(self) -> None:
         await self.reconciler.refresh_opted_in()
         for key in list(self.index.stormservices):
             self.stormservices.add(key)
-        for key in list(self.index.podgroups):  # placements a former leader did not report; pending gangs re-explained
+        for key in list(self.index.rolesets):  # placements a former leader did not report; pending gangs re-explained
             self.placements.add(key)
 
     def follow(self, kind: str, event: kopf.RawEvent, body: kopf.Body) -> None:
-        """Record the object; queue its key if this replica leads, or forget what was said of it once deleted."""
+        """Record the object, and queue what it changes if this replica leads: a StormService or a
+        RoleSet its StormService's PodGroups; a pod or a replica's PodGroup that replica's placement."""
+        deleted = event.get("type") == "DELETED"
         self.index.observe(kind, event.get("type"), body)
-        if kind == "RoleSet":
-            if event.get("type") != "DELETED" and self.leadership.is_leader:
-                self.stormservices.add(service_key_of(body))
-        elif event.get("type") == "DELETED":
+        if deleted:
             self.forget(kind, key_of(body))
-        elif self.leadership.is_leader:
-            (self.stormservices if kind == "StormService" else self.placements).add(key_of(body))
+        if not self.leadership.is_leader:
+            return
+        if kind == "StormService" and not deleted:
+            self.stormservices.add(key_of(body))
+        elif kind == "RoleSet" and not deleted:
+            self.stormservices.add(service_key_of(body))
+            self.placements.add(key_of(body))
+        elif kind in ("Pod", "PodGroup") and roleset_name(body):
+            self.placements.add((key_of(body)[0], roleset_name(body) or ""))
 
     def forget(self, kind: str, key: Key) -> None:
         if kind == "StormService":
             self.reconciler.forget(key)
-        elif kind == "PodGroup":
+        elif kind == "RoleSet":
             self.reporter.forget(key)
 
     async def relist(self, api: Api) -> None:
@@ -88,7 +96,7 @@ class Operator:
         for kind, (group_version, plural) in _LISTS.items():
             mark = self.index.mark()
             try:
-                listed = await asyncio.to_thread(_keys, api, api.path(group_version, plural))
+                listed = await asyncio.to_thread(_keys, api, api.path(group_version, plural), _SELECTORS.get(kind, ""))
             except (ApiError, OSError) as exc:
                 log.warning("re-list of %s failed, retried in %.0f s: %s", plural, RELIST_SECONDS, exc)
                 continue
@@ -97,8 +105,9 @@ class Operator:
                 self.forget(kind, key)
 
 
-def _keys(api: Api, path: str) -> set[Key]:
-    return {key_of(obj) for page in api.pages(path) for obj in page}  # a page at a time, reduced to keys
+def _keys(api: Api, path: str, selector: str) -> set[Key]:
+    query = {"labelSelector": selector} if selector else {}
+    return {key_of(obj) for page in api.pages(path, **query) for obj in page}  # a page at a time, reduced to keys
 
 
 def register(
@@ -126,6 +135,10 @@ def register(
     @kopf.on.event(*VOLCANO_SCHEDULING, "podgroups", labels=dict(MANAGED_BY), registry=registry)
     async def owned_podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         index.observe("PodGroup", event.get("type"), body)
+
+    @kopf.on.event("", "v1", "pods", labels={ADMITTED_LABEL: kopf.PRESENT}, registry=registry)
+    async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        operator.follow("Pod", event, body)
 
     @kopf.on.event(*VOLCANO_TOPOLOGY, "hypernodes", registry=registry)
     async def hypernode_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

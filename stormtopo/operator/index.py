@@ -35,11 +35,25 @@ def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
         meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != LAST_APPLIED}
     out = {k: v for k, v in obj.items() if k not in ("status", "metadata", "spec")}
     out["metadata"] = meta
+    if obj.get("kind") == "Pod":
+        return _slim_pod(obj, meta)
     if obj.get("kind") == "PodGroup" and obj.get("status"):
         out["status"] = {k: v for k, v in obj["status"].items() if k in ("phase", "conditions")}
     if "spec" in obj:
         out["spec"] = _slim_spec(obj["spec"] or {}) if obj.get("kind") in ("StormService", "RoleSet") else obj["spec"]
     return out
+
+
+def _slim_pod(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Of a pod, where it is bound and when: what a placement check and its metric read."""
+    scheduled = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
+    kept = {k: meta[k] for k in ("name", "namespace", "labels", "creationTimestamp") if k in meta}
+    return {
+        "kind": "Pod",
+        "metadata": kept,
+        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
+        "status": {"conditions": scheduled},
+    }
 
 
 def _slim_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -63,6 +77,17 @@ def service_key_of(roleset: Mapping[str, Any]) -> Key:
     return roleset["metadata"].get("namespace", ""), stormservice_name(roleset) or ""
 
 
+def _member(groups: dict[Key, set[str]], group: Key, name: str, present: bool) -> None:
+    """Keep `name` in (or out of) the set of `group`, dropping sets that empty."""
+    if present:
+        groups.setdefault(group, set()).add(name)
+        return
+    names = groups.get(group, set())
+    names.discard(name)
+    if not names:
+        groups.pop(group, None)
+
+
 def key_of(obj: Mapping[str, Any]) -> Key:
     meta = obj["metadata"]
     return meta.get("namespace", ""), meta["name"]
@@ -75,6 +100,9 @@ class Index:
     rolesets: dict[Key, dict[str, Any]] = field(default_factory=dict)
     hypernodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     podgroups: dict[Key, dict[str, Any]] = field(default_factory=dict)  # replica and stormtopo-owned ones
+    pods: dict[Key, dict[str, Any]] = field(default_factory=dict)  # pods stormtopo admitted
+    # (namespace, RoleSet) -> names of its admitted pods: a placement check reads one replica's pods.
+    _pods_by_replica: dict[Key, set[str]] = field(default_factory=dict)
     # (namespace, StormService) -> names of its RoleSets: reconciling one service must not scan them all.
     _rolesets_by_service: dict[Key, set[str]] = field(default_factory=dict)
     _seen: dict[tuple[str, Key], int] = field(default_factory=dict)  # (kind, key) -> when last observed
@@ -96,17 +124,12 @@ class Index:
             else:
                 self.hypernodes[name] = slim(obj)
             return
-        store = {"StormService": self.stormservices, "RoleSet": self.rolesets, "PodGroup": self.podgroups}[kind]
+        store = {"StormService": self.stormservices, "RoleSet": self.rolesets, "PodGroup": self.podgroups, "Pod": self.pods}[kind]
         key = key_of(obj)
+        if kind == "Pod":
+            _member(self._pods_by_replica, (key[0], roleset_name(obj) or ""), key[1], not deleted)
         if kind == "RoleSet":
-            service = service_key_of(obj)
-            if deleted:
-                names = self._rolesets_by_service.get(service, set())
-                names.discard(key[1])
-                if not names:
-                    self._rolesets_by_service.pop(service, None)
-            else:
-                self._rolesets_by_service.setdefault(service, set()).add(key[1])
+            _member(self._rolesets_by_service, service_key_of(obj), key[1], not deleted)
         if deleted:
             store.pop(key, None)
         else:
@@ -132,8 +155,14 @@ class Index:
             "StormService": self.stormservices,
             "RoleSet": self.rolesets,
             "PodGroup": self.podgroups,
+            "Pod": self.pods,
         }
         return stores[kind]
+
+    def pods_of(self, namespace: str, roleset: str) -> list[dict[str, Any]]:
+        """The admitted pods of one replica."""
+        names = self._pods_by_replica.get((namespace, roleset), set())
+        return [self.pods[(namespace, n)] for n in sorted(names) if (namespace, n) in self.pods]
 
     def rolesets_of(self, namespace: str, stormservice: str) -> list[dict[str, Any]]:
         names = self._rolesets_by_service.get((namespace, stormservice), set())

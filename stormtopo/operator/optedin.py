@@ -56,3 +56,11 @@ class OptedInList:
     async def aset(self, namespace: str, stormservice: str, want: str | None) -> None:
         if listing_change(self.listed, opted_in_key(namespace, stormservice), want) is not None:
             await asyncio.to_thread(self.set, namespace, stormservice, want)
+
+    async def keep(self, namespace: str, stormservice: str, want: str | None) -> None:
+        """As aset, from reconciliation: a failure is logged and retried at the next resync, and
+        never stops the PodGroups from being reconciled (the list is the outage safety net)."""
+        try:
+            await self.aset(namespace, stormservice, want)
+        except (ApiError, OSError) as exc:
+            log.warning("could not update the opted-in list for %s/%s: %s", namespace, stormservice, exc)

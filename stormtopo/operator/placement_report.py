@@ -1,7 +1,10 @@
-"""Where each replica landed, and why one is Pending: Events on the StormService.
+"""Where each replica landed, whether it keeps to its request, and why one is Pending: Events on the
+StormService, the placement record, and domain labels on its pods.
 
 Volcano keeps the chosen HyperNode in scheduler memory and says only "network topology not satisfied";
-this reads the cluster (HyperNodes, free GPUs, the replica's pods) and says it in domain terms.
+this reads the index (the replica's pods, from a watch of the pods stormtopo admitted; HyperNodes) and
+says it in domain terms. It runs for every change of a replica's pods, for as long as the replica
+lives: a replacement pod gets its domain labels, and a pod bound outside the tier is reported.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,20 +22,20 @@ from stormtopo.core.gang import replica_pods
 from stormtopo.core.placement import merge_placements, plan_placed, recorded_placement
 from stormtopo.core.request import TopologyRequest
 from stormtopo.core.topology.hypernodes import topology_from_hypernodes
-from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION, REQUEST_ANNOTATION
+from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import Say
 from stormtopo.kube.client import ApiError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
-from stormtopo.operator.index import Index, Key, key_of
+from stormtopo.operator.index import Index, Key, key_of, service_key_of
 from stormtopo.operator.writer import execute
 
 EXPLAIN_INTERVAL = 10.0  # seconds between two capacity checks of one pending gang
 FREE_GPUS_TTL = 5.0  # seconds a reading of every node's free GPUs is reused
 
 
-def _is_unschedulable(podgroup: Mapping[str, Any]) -> bool:
-    status = podgroup.get("status") or {}
+def is_unschedulable(podgroup: Mapping[str, Any] | None) -> bool:
+    status = (podgroup or {}).get("status") or {}
     if status.get("phase") not in (None, "Pending", "Inqueue"):
         return False
     return any(c.get("type") == "Unschedulable" and c.get("status") == "True" for c in status.get("conditions") or [])
@@ -44,7 +47,6 @@ class PlacementReporter:
     report: Report
     _checked: dict[Key, float] = field(default_factory=dict)
     _said: dict[tuple[Key, str], str] = field(default_factory=dict)  # (replica, reason) -> message
-    _reported_placed: set[Key] = field(default_factory=set)  # replicas whose placement is reported or was recorded before
     _unsatisfiable: set[Key] = field(default_factory=set)
     _free: tuple[float, dict[str, int]] = (0.0, {})
     _free_read: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reading shared by the gangs waiting for it
@@ -58,99 +60,95 @@ class PlacementReporter:
                 self._free = (time.monotonic(), free)
             return free
 
-    async def podgroup_changed(self, podgroup: Mapping[str, Any]) -> None:
-        """Called from the placement work queue, a few PodGroups at a time (each reads pods and writes labels)."""
-        if REQUEST_ANNOTATION not in (podgroup["metadata"].get("annotations") or {}):
+    async def replica_changed(self, key: Key) -> None:
+        """From the placements queue, a few replicas at a time: a pod of replica `key` (namespace,
+        RoleSet) was admitted, bound or deleted, or its PodGroup changed."""
+        roleset = self.index.rolesets.get(key)
+        stormservice = self.index.stormservices.get(service_key_of(roleset)) if roleset else None
+        request = valid_request(stormservice, self.index.cluster_tiers())
+        if roleset is None or stormservice is None or request is None:
             return
-        phase = (podgroup.get("status") or {}).get("phase")
-        if phase == "Running":
-            if key_of(podgroup) in self._reported_placed:
-                return  # said already: no API reads for the status updates that follow
-            await self._placed(podgroup)
-        elif _is_unschedulable(podgroup):
-            await self._pending(podgroup)
+        wanted = replica_pods(roleset.get("spec") or {})
+        pods = self.index.pods_of(*key)
+        bound = [p for p in pods if p["spec"].get("nodeName")]
+        if bound:
+            await self._placed(key, stormservice, request, bound, complete=len(bound) >= len(wanted))
+        if len(bound) >= len(wanted):
+            self._settle(key)
+        elif is_unschedulable(self.index.podgroups.get(key)):
+            await self._pending(key, roleset, stormservice, request, wanted, len(pods))
 
     def forget(self, key: Key) -> None:
-        """A PodGroup was deleted: drop what was said and checked about it."""
+        """A replica was deleted: drop what was said and checked about it."""
         for said in [k for k in self._said if k[0] == key]:
             del self._said[said]
-        self._reported_placed.discard(key)
         self._checked.pop(key, None)
+        self._settle(key)
+
+    def _settle(self, key: Key) -> None:
         if key in self._unsatisfiable:
             self._unsatisfiable.discard(key)
             metrics.PENDING_GANGS.set(len(self._unsatisfiable))
 
-    async def _context(self, podgroup: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], TopologyRequest] | None:
-        roleset, stormservice = await self.index.owners_of(podgroup)
-        if roleset is None or stormservice is None:
-            return None
-        request = valid_request(stormservice, self.index.cluster_tiers())
-        return (roleset, stormservice, request) if request else None
+    def _say(self, key: Key, stormservice: Mapping[str, Any], say: Say) -> bool:
+        """Post an Event, once per message and replica: the same check repeats with every pod event."""
+        if self._said.get((key, say.reason)) == say.message:
+            return False
+        self._said[(key, say.reason)] = say.message
+        self.report(stormservice, say.type, say.reason, say.message)
+        return True
 
-    def _say(self, key: Key, stormservice: Mapping[str, Any], say: Say) -> None:
-        """Post an Event, once per message and replica: the same check repeats every few seconds."""
-        if self._said.get((key, say.reason)) != say.message:
-            self._said[(key, say.reason)] = say.message
-            self.report(stormservice, say.type, say.reason, say.message)
-
-    async def _pending(self, podgroup: Mapping[str, Any]) -> None:
-        key = key_of(podgroup)
+    async def _pending(
+        self,
+        key: Key,
+        roleset: Mapping[str, Any],
+        stormservice: Mapping[str, Any],
+        request: TopologyRequest,
+        wanted: list[int],
+        created: int,
+    ) -> None:
         now = time.monotonic()
         if now - self._checked.get(key, 0.0) < EXPLAIN_INTERVAL:
             return
         self._checked[key] = now
-        context = await self._context(podgroup)
-        if context is None:
-            return
-        roleset, stormservice, request = context
-        pods = replica_pods(roleset.get("spec") or {})
-        created = len(await asyncio.to_thread(self.index.api.pods_of_group, *key))
         free = await self._free_gpus()
         topology = topology_from_hypernodes(self.index.hypernodes.values(), free)
         # The search is bounded, but it is CPU work: off the loop that serves admissions.
-        pending = await asyncio.to_thread(plan_pending, request, pods, created, topology, free)
+        pending = await asyncio.to_thread(plan_pending, request, wanted, created, topology, free)
         if pending is None or pending.explanation.fits:
             return
         self._unsatisfiable.add(key)
         metrics.PENDING_GANGS.set(len(self._unsatisfiable))
         message = (
-            f"replica {roleset['metadata']['name']} stays Pending: no domain within tier {pending.tier} has room for the whole gang "
+            f"replica {key[1]} stays Pending: no domain within tier {pending.tier} has room for the whole gang "
             f"({request.describe()}); {pending.explanation.render()}"
         )
         self._say(key, stormservice, Say("Warning", "TopologyUnsatisfiable", message))
 
-    async def _placed(self, podgroup: Mapping[str, Any]) -> None:
-        key = key_of(podgroup)
-        self._unsatisfiable.discard(key)
-        metrics.PENDING_GANGS.set(len(self._unsatisfiable))
-        if key in self._reported_placed:
-            return
-        context = await self._context(podgroup)
-        if context is None:
-            return
-        _roleset, stormservice, request = context
-        namespace, name = key
-        if recorded_placement((stormservice["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION), name) is not None:
-            self._reported_placed.add(key)  # reported before a restart or a change of leader: bound pods never move
-            return
-        pods = await asyncio.to_thread(self.index.api.pods_of_group, namespace, name)
-        topology = topology_from_hypernodes(self.index.hypernodes.values(), [p["spec"].get("nodeName") or "" for p in pods])
-        placed = plan_placed(topology, request, allowed_tier(request, topology), name, pods)
+    async def _placed(
+        self, key: Key, stormservice: Mapping[str, Any], request: TopologyRequest, bound: Sequence[Mapping[str, Any]], complete: bool
+    ) -> None:
+        topology = topology_from_hypernodes(self.index.hypernodes.values(), [p["spec"]["nodeName"] for p in bound])
+        placed = plan_placed(topology, request, allowed_tier(request, topology), key[1], bound)
         if placed is None:
             return
+        recorded = recorded_placement((stormservice["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION), key[1])
         for say in placed.says:
-            self._say(key, stormservice, say)
-        if isinstance(placed.record["tier"], int):
-            metrics.REPLICAS_BY_TIER.labels(str(placed.record["tier"])).inc()
-        if placed.violated:
-            metrics.TOPOLOGY_VIOLATIONS.inc()
-        seconds = _placement_seconds(pods)
-        if seconds is not None:
-            metrics.PLACEMENT_SECONDS.observe(seconds)
+            if say.reason == "ReplicaPlaced" and (not complete or recorded == placed.record):
+                continue  # said once the whole replica is bound, and not again after a restart
+            if self._say(key, stormservice, say) and say.reason == "TopologyViolated":
+                metrics.TOPOLOGY_VIOLATIONS.inc()
         await execute(self.index.api, placed.labels)  # domain labels, so a router can pair prefill and decode within a domain
+        if not complete or recorded == placed.record:
+            return
+        if recorded is None:
+            if isinstance(placed.record["tier"], int):
+                metrics.REPLICAS_BY_TIER.labels(str(placed.record["tier"])).inc()
+            seconds = _placement_seconds(bound)
+            if seconds is not None:
+                metrics.PLACEMENT_SECONDS.observe(seconds)
         live = [r["metadata"]["name"] for r in self.index.rolesets_of(*key_of(stormservice))]  # read on the loop, not the thread
-        await asyncio.to_thread(self._record, stormservice, name, placed.record, live)
-        self._reported_placed.add(key)
+        await asyncio.to_thread(self._record, stormservice, key[1], placed.record, live)
 
     def _record(self, stormservice: Mapping[str, Any], replica: str, record: Mapping[str, object], live: list[str]) -> None:
         """Set the replica's record in the StormService's placement annotation. Two replicas of one
@@ -175,7 +173,7 @@ class PlacementReporter:
             current = self.index.api.get(AIBRIX, "stormservices", namespace, name)
 
 
-def _placement_seconds(pods: list[dict[str, Any]]) -> float | None:
+def _placement_seconds(pods: Sequence[Mapping[str, Any]]) -> float | None:
     """From the first pod's creation to the last pod's binding (PodScheduled), in seconds."""
     created = [t for p in pods if (t := _time(p["metadata"].get("creationTimestamp")))]
     bound = [

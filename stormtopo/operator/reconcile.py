@@ -8,17 +8,21 @@ never hands one StormService to two workers at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from stormtopo.core.optin import listing
 from stormtopo.core.reconciliation import plan_stormservice
+from stormtopo.kube.client import ApiError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key, key_of
 from stormtopo.operator.optedin import OptedInList
 from stormtopo.operator.writer import execute
+
+log = logging.getLogger("stormtopo.reconcile")
 
 
 @dataclass
@@ -45,13 +49,16 @@ class Reconciler:
             self._invalid.discard(key)
         metrics.INVALID_REQUESTS.set(len(self._invalid))
         if self.opted_in is not None:
-            await self.opted_in.aset(*key, listing(stormservice))
+            await self.opted_in.keep(*key, listing(stormservice))
         await execute(self.index.api, plan.writes)
 
     async def refresh_opted_in(self) -> None:
         """Re-read the opted-in list: every replica's webhook adds to it."""
         if self.opted_in is not None:
-            await asyncio.to_thread(self.opted_in.refresh)
+            try:
+                await asyncio.to_thread(self.opted_in.refresh)
+            except (ApiError, OSError) as exc:
+                log.warning("could not read the opted-in list: %s", exc)
 
     def forget(self, key: Key) -> None:
         """A StormService was deleted: drop what was said about it."""
@@ -59,6 +66,6 @@ class Reconciler:
         self._invalid.discard(key)
         metrics.INVALID_REQUESTS.set(len(self._invalid))
         if self.opted_in is not None:
-            task = asyncio.get_running_loop().create_task(self.opted_in.aset(*key, None))
+            task = asyncio.get_running_loop().create_task(self.opted_in.keep(*key, None))
             self._unlisting.add(task)
             task.add_done_callback(self._unlisting.discard)

@@ -175,6 +175,9 @@ def test_stormservice_scope_with_nested_replica_tier(cluster: DevCluster, topolo
     group = next(g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == "pd-svc")
     assert group["spec"]["minMember"] == 4
     assert group["spec"]["subGroupPolicy"][0]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
+    # Scope StormService records and reports each replica as scope RoleSet does.
+    table = placement_table(cluster, namespace, "pd-svc", 2)
+    assert set(table) == set(domains) and all(table[r] == d.name for r, d in domains.items())
 
 
 def test_placement_is_recorded_on_the_stormservice_labels_and_metrics(cluster: DevCluster, cluster_dir, namespace: str) -> None:  # type: ignore[no-untyped-def]
@@ -207,3 +210,31 @@ def test_placement_is_recorded_on_the_stormservice_labels_and_metrics(cluster: D
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     assert 'stormtopo_replicas_placed_total{tier="1"}' in text
     assert "stormtopo_placement_seconds_count" in text and "stormtopo_pending_gangs" in text
+
+
+def test_a_pod_bound_outside_the_tier_is_reported_as_a_violation_within_30_s(
+    cluster: DevCluster, topology: Topology, namespace: str
+) -> None:
+    """Placement is checked for as long as the replica lives: a pod of the replica bound by hand on a
+    node across the core (no scheduler involved) is a TopologyViolated Warning naming pod, node and tier."""
+    cluster.create(stormservice("pd-kept", namespace, roles=BIG_PD, annotations=HARD_LEAF))
+    nodes, domain = placement(cluster, topology, namespace, "pd-kept", 2)
+    replica = cluster.only(lambda: cluster.rolesets(namespace, "pd-kept"), "RoleSet")["metadata"]["name"]
+    far = next(n for n in sorted(topology.nodes) if topology.lowest_common_switch([n, nodes[0]]).tier == topology.tiers)  # type: ignore[union-attr]
+    labels = {"storm-service-name": "pd-kept", "roleset-name": replica, "role-name": "decode"}
+    cluster.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "pinned-elsewhere", "namespace": namespace, "labels": labels},
+            "spec": {"nodeName": far, "containers": [{"name": "c", "image": "x"}]},
+        }
+    )
+
+    def violation() -> str:
+        found = [e["message"] for e in cluster.events(namespace, "pd-kept") if e["reason"] == "TopologyViolated"]
+        return found[0] if found else ""
+
+    message = cluster.wait(violation, 30, "a TopologyViolated Event")
+    assert f"pinned-elsewhere on {far}" in message and "tier 1" in message, message
+    assert domain is not None and domain.tier == 1

@@ -59,8 +59,9 @@ def test_pod_admission_sets_task_group_and_scheduler() -> None:
     decision = admit_pod(pod, roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER)
     assert decision.allowed
     value = decision.patch[0]["value"]
-    assert value == {"scheduling.k8s.io/group-name": "svc-roleset-abcde", "stormtopo.io/gang": "svc-roleset-abcde", "volcano.sh/task-spec": "decode"}
-    assert decision.patch[1] == {"op": "add", "path": "/spec/schedulerName", "value": "volcano"}
+    assert value == {"scheduling.k8s.io/group-name": "svc-roleset-abcde", "volcano.sh/task-spec": "decode"}
+    assert {"op": "add", "path": "/metadata/labels/stormtopo.io~1admitted", "value": "true"} in decision.patch
+    assert decision.patch[-1] == {"op": "add", "path": "/spec/schedulerName", "value": "volcano"}
 
 
 def test_a_multi_node_instance_pod_joins_its_replicas_gang_instead_of_its_podset_group() -> None:
