@@ -7,6 +7,7 @@ from rich.console import Console
 from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.explanation import allowed_tier, explain
 from stormtopo.core.gang import replica_pods
+from stormtopo.core.placement import placement_record
 from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.request import RequestError, Scope, request_of
 from stormtopo.core.topology.hypernodes import topology_from_hypernodes
@@ -24,7 +25,7 @@ def run(api: Api, namespace: str, name: str, console: Console) -> int:
         raise NotFound(f"StormService {namespace}/{name} not found")
     hypernodes = api.list_objects(VOLCANO_TOPOLOGY, "hypernodes")
     free = api.free_gpus()
-    topology = topology_from_hypernodes(hypernodes, free)
+    topology = topology_from_hypernodes(hypernodes, api.node_labels())  # labels: HyperNodes may select nodes by label
     request = request_of(stormservice, cluster_tiers(hypernodes, api.crd_schema(PODGROUP_CRD)))
     if isinstance(request, RequestError):
         console.print(f"{namespace}/{name}: invalid network-topology request, nothing is applied: {request}", highlight=False)
@@ -42,9 +43,8 @@ def run(api: Api, namespace: str, name: str, console: Console) -> int:
         wanted = replica_pods(roleset.get("spec") or {})
         nodes = sorted(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
         if pods and len(nodes) == len(pods) >= len(wanted):
-            known = all(n in topology.nodes for n in nodes)
-            domain = topology.lowest_common_switch(nodes) if known else None
-            where = f"{domain.name} (tier {domain.tier})" if domain else "no common HyperNode"
+            record = placement_record(topology, nodes)
+            where = f"{record['hyperNode']} (tier {record['tier']})" if record["hyperNode"] else "no common HyperNode"
             console.print(f"  replica {replica}: placed in {where} on {', '.join(nodes)}; PodGroup {group} {phase}", highlight=False)
             continue
         console.print(f"  replica {replica}: {len(nodes)}/{len(wanted)} pods bound; PodGroup {group} {phase}", highlight=False)

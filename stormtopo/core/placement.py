@@ -35,10 +35,10 @@ def domain_labels(topology: Topology, node: str) -> dict[str, str]:
 
 
 def placement_record(topology: Topology, nodes: Sequence[str]) -> dict[str, object]:
-    """Where one replica landed: its lowest common HyperNode, that tier, and its nodes."""
-    known = bool(nodes) and all(n in topology.nodes for n in nodes)
-    domain = topology.lowest_common_switch(nodes) if known else None
-    return {"hyperNode": domain.name if domain else None, "tier": domain.tier if domain else None, "nodes": sorted(set(nodes))}
+    """Where one replica landed: its lowest common HyperNode, that HyperNode's tier, and its nodes."""
+    span = topology.span(nodes)
+    tier = topology.switches[span.hypernode].tier if span.hypernode else None
+    return {"hyperNode": span.hypernode, "tier": tier, "nodes": sorted(set(nodes))}
 
 
 def recorded_placement(current: str | None, replica: str) -> Mapping[str, object] | None:

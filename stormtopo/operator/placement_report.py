@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,8 @@ from stormtopo.core.explanation import allowed_tier, plan_pending
 from stormtopo.core.gang import replica_pods
 from stormtopo.core.placement import merge_placements, plan_placed, recorded_placement
 from stormtopo.core.request import TopologyRequest
-from stormtopo.core.topology.hypernodes import topology_from_hypernodes
+from stormtopo.core.topology.hypernodes import selects_by_label, topology_from_hypernodes
+from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import Say
 from stormtopo.kube.client import ApiError
@@ -32,6 +33,7 @@ from stormtopo.operator.writer import execute
 
 EXPLAIN_INTERVAL = 10.0  # seconds between two capacity checks of one pending gang
 FREE_GPUS_TTL = 5.0  # seconds a reading of every node's free GPUs is reused
+NODE_LABELS_TTL = 30.0  # seconds a reading of node labels is reused (labelMatch HyperNodes only)
 
 
 def is_unschedulable(podgroup: Mapping[str, Any] | None) -> bool:
@@ -49,6 +51,7 @@ class PlacementReporter:
     _said: dict[tuple[Key, str], str] = field(default_factory=dict)  # (replica, reason) -> message
     _unsatisfiable: set[Key] = field(default_factory=set)
     _free: tuple[float, dict[str, int]] = (0.0, {})
+    _labels: tuple[float, dict[str, dict[str, str]]] = (0.0, {})
     _free_read: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reading shared by the gangs waiting for it
 
     async def _free_gpus(self) -> dict[str, int]:
@@ -59,6 +62,18 @@ class PlacementReporter:
                 free = await asyncio.to_thread(self.index.api.free_gpus)
                 self._free = (time.monotonic(), free)
             return free
+
+    async def _topology(self, nodes: Iterable[str]) -> Topology:
+        """The tree the HyperNodes describe. Node labels are read (at most every NODE_LABELS_TTL) only
+        when a HyperNode selects its nodes by label."""
+        hypernodes = self.index.hypernodes.values()
+        if not selects_by_label(hypernodes):
+            return topology_from_hypernodes(hypernodes, nodes)
+        read_at, labels = self._labels
+        if time.monotonic() - read_at > NODE_LABELS_TTL:
+            labels = await asyncio.to_thread(self.index.api.node_labels)
+            self._labels = (time.monotonic(), labels)
+        return topology_from_hypernodes(hypernodes, labels)
 
     async def replica_changed(self, key: Key) -> None:
         """From the placements queue, a few replicas at a time: a pod of replica `key` (namespace,
@@ -112,7 +127,7 @@ class PlacementReporter:
             return
         self._checked[key] = now
         free = await self._free_gpus()
-        topology = topology_from_hypernodes(self.index.hypernodes.values(), free)
+        topology = await self._topology(free)
         # The search is bounded, but it is CPU work: off the loop that serves admissions.
         pending = await asyncio.to_thread(plan_pending, request, wanted, created, topology, free)
         if pending is None or pending.explanation.fits:
@@ -128,7 +143,7 @@ class PlacementReporter:
     async def _placed(
         self, key: Key, stormservice: Mapping[str, Any], request: TopologyRequest, bound: Sequence[Mapping[str, Any]], complete: bool
     ) -> None:
-        topology = topology_from_hypernodes(self.index.hypernodes.values(), [p["spec"]["nodeName"] for p in bound])
+        topology = await self._topology([p["spec"]["nodeName"] for p in bound])
         placed = plan_placed(topology, request, allowed_tier(request, topology), key[1], bound)
         if placed is None:
             return

@@ -217,3 +217,11 @@ def test_capabilities_come_from_the_podgroup_crd() -> None:
     assert tiers.tiers == {1, 2} and tiers.tier_names == {"leaf"}
     assert tiers.has_network_topology and not tiers.has_tier_name_field and not tiers.has_subgroup_policy
     assert cluster_tiers(hypernodes, None).has_subgroup_policy
+
+
+def test_node_labels_are_needed_only_when_a_hypernode_selects_nodes_by_label() -> None:
+    from stormtopo.core.topology.hypernodes import hypernode_manifests, selects_by_label
+
+    assert not selects_by_label(hypernode_manifests(EXAMPLE))
+    by_label = {"spec": {"tier": 1, "members": [{"type": "Node", "selector": {"labelMatch": {"matchLabels": {"rack": "a"}}}}]}}
+    assert selects_by_label([*hypernode_manifests(EXAMPLE), by_label])

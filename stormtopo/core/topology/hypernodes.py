@@ -116,3 +116,13 @@ def hypernode_diff(desired: list[dict[str, Any]], existing: Sequence[Mapping[str
         if name not in wanted and ((h.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == OPERATOR_NAME
     )
     return HyperNodeDiff(create, update, delete)
+
+
+def selects_by_label(hypernodes: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether any HyperNode picks its nodes by label: only then does reading it back need node labels."""
+    return any(
+        "labelMatch" in (member.get("selector") or {})
+        for hn in hypernodes
+        for member in (hn.get("spec") or {}).get("members") or []
+        if member.get("type") == "Node"
+    )
