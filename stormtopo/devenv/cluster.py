@@ -1,8 +1,9 @@
 """`stormtopo dev up/down`: a local control plane from real upstream components.
 
-etcd -> kube-apiserver -> (kube-controller-manager, Volcano scheduler, AIBrix controller manager, kwok,
-and this project's operator) all on 127.0.0.1 with free ports. The admin identity is a static token in
-group system:masters; the API server authorizes with RBAC, so the operator can run under its own role.
+etcd -> kube-apiserver -> (kube-controller-manager, kube-scheduler, Volcano scheduler, AIBrix controller
+manager, kwok, and this project's operator) all on 127.0.0.1 with free ports. The admin identity is a
+static token in group system:masters; the API server authorizes with RBAC, so the operator can run under
+its own role, and kube-scheduler runs as system:kube-scheduler, as kubeadm sets it up.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from stormtopo.devenv.crds import crd_files
 from stormtopo.devenv.nodes import node_manifests
 
 ADMIN_TOKEN_USER = "stormtopo-admin"
+KUBE_SCHEDULER_USER = "system:kube-scheduler"  # bound by Kubernetes' bootstrap RBAC to what it needs
 SCHEDULER_CONF = """\
 actions: "enqueue, allocate, backfill"
 tiers:
@@ -84,6 +86,7 @@ class Ports:
     etcd_peer: int
     apiserver: int
     kcm: int
+    kube_scheduler: int
     scheduler_metrics: int
     scheduler_healthz: int
     vc_controller_healthz: int
@@ -107,7 +110,15 @@ def down(state_dir: Path) -> int:
     """Stop every process a previous `up` started in `state_dir`; return how many were running."""
     running = processes.tracked(state_dir)
     # Reverse start order: clients first, etcd last, so nothing logs a storm of connection errors.
-    order = ["operator", "kwok", "aibrix-controller-manager", "vc-controller-manager", "vc-scheduler", "kube-controller-manager"]
+    order = [
+        "operator",
+        "kwok",
+        "aibrix-controller-manager",
+        "vc-controller-manager",
+        "vc-scheduler",
+        "kube-scheduler",
+        "kube-controller-manager",
+    ]
     rank = {name: i for i, name in enumerate(order)}
     running.sort(key=lambda p: (rank.get(p.name, len(order)), p.name == "etcd"))
     count = sum(1 for p in running if p.alive())
@@ -228,6 +239,8 @@ class _Starter:
         self.pki = state_dir / "pki"
         self.kubeconfig = state_dir / "kubeconfig"
         self.token = ""
+        self.scheduler_token = ""
+        self.scheduler_kubeconfig = self.pki / "kube-scheduler.kubeconfig"
 
     # -- set-up -------------------------------------------------------------------------------
     def _write_pki(self) -> None:
@@ -241,10 +254,24 @@ class _Starter:
             (self.pki / name).write_bytes(data)
             (self.pki / name).chmod(0o600)
         self.token = secrets.token_hex(24)
-        (self.pki / "tokens.csv").write_text(f'{self.token},{ADMIN_TOKEN_USER},{ADMIN_TOKEN_USER},"system:masters"\n')
+        self.scheduler_token = secrets.token_hex(24)
+        (self.pki / "tokens.csv").write_text(
+            f'{self.token},{ADMIN_TOKEN_USER},{ADMIN_TOKEN_USER},"system:masters"\n'
+            f"{self.scheduler_token},{KUBE_SCHEDULER_USER},{KUBE_SCHEDULER_USER}\n"
+        )
         (self.pki / "tokens.csv").chmod(0o600)
 
     def _write_kubeconfig(self) -> None:
+        _write_private(self.kubeconfig, self._kubeconfig_for(ADMIN_TOKEN_USER, self.token))
+        _write_private(self.scheduler_kubeconfig, self._kubeconfig_for(KUBE_SCHEDULER_USER, self.scheduler_token))
+        bindir = self.dir / "bin"
+        bindir.mkdir(exist_ok=True)
+        wrapper = bindir / "kubectl"
+        wrapper.write_text(f'#!/bin/sh\nexec "{self.bin["kubectl"]}" --kubeconfig "{self.kubeconfig}" "$@"\n')
+        wrapper.chmod(0o755)
+        (self.dir / "cluster.json").write_text(json.dumps({"ports": self.ports.__dict__, "versions": _versions()}, indent=2))
+
+    def _kubeconfig_for(self, user: str, token: str) -> str:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -257,18 +284,11 @@ class _Starter:
                     },
                 }
             ],
-            "users": [{"name": ADMIN_TOKEN_USER, "user": {"token": self.token}}],
-            "contexts": [{"name": "stormtopo", "context": {"cluster": "stormtopo", "user": ADMIN_TOKEN_USER}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "stormtopo", "context": {"cluster": "stormtopo", "user": user}}],
             "current-context": "stormtopo",
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config))
-        self.kubeconfig.chmod(0o600)
-        bindir = self.dir / "bin"
-        bindir.mkdir(exist_ok=True)
-        wrapper = bindir / "kubectl"
-        wrapper.write_text(f'#!/bin/sh\nexec "{self.bin["kubectl"]}" --kubeconfig "{self.kubeconfig}" "$@"\n')
-        wrapper.chmod(0o755)
-        (self.dir / "cluster.json").write_text(json.dumps({"ports": self.ports.__dict__, "versions": _versions()}, indent=2))
+        return yaml.safe_dump(config)
 
     def _audit_flags(self) -> list[str]:
         if not self.audit:
@@ -296,6 +316,7 @@ class _Starter:
         self._await(
             timeout,
             self._start_kube_controller_manager(),
+            self._start_kube_scheduler(),
             self._start_volcano_scheduler(),
             self._start_volcano_controllers(),
             self._start_aibrix(),
@@ -348,6 +369,9 @@ class _Starter:
                 # Fake nodes run no kubelet: pods need no service-account token volume, and with no
                 # node-lifecycle controller nothing would lift the not-ready taint set at registration.
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                # As OpenShift and hardened clusters do: setting blockOwnerDeletion on an owner reference
+                # needs `update` on the owner's finalizers subresource.
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
                 "--allow-privileged=true",
                 "--profiling=false",
                 *self._audit_flags(),
@@ -373,6 +397,23 @@ class _Starter:
             ],
         )
         return _Launched(kcm, lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", insecure=True))
+
+    def _start_kube_scheduler(self) -> _Launched:
+        """The default scheduler, as in every real cluster: it binds the pods that do not ask for Volcano."""
+        port = self.ports.kube_scheduler
+        scheduler = self._start(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={self.scheduler_kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.pki / 'kube-scheduler'}",
+                "--v=1",
+            ],
+        )
+        # /readyz, unlike /healthz, waits for its informers to sync: ready means it schedules.
+        return _Launched(scheduler, lambda: _http_ok(f"https://127.0.0.1:{port}/readyz", insecure=True))
 
     def _start_volcano_scheduler(self) -> _Launched:
         p = self.ports
@@ -476,6 +517,11 @@ class _Starter:
 
     def _wait(self, process: processes.Tracked, ready: Callable[[], bool], timeout: float) -> None:
         _wait_ready(self.dir, process, ready, timeout)
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o600)
 
 
 def _http_ok(url: str, insecure: bool = False) -> bool:

@@ -91,6 +91,9 @@ COMPONENTS: dict[str, Component] = {
             _K8S,
             extra_inputs=_VOLCANO_INPUTS,
         ),
+        Component(
+            "kube-scheduler", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kube-scheduler", _K8S, extra_inputs=_VOLCANO_INPUTS
+        ),
         Component("kubectl", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kubectl", _K8S, extra_inputs=_VOLCANO_INPUTS),
         Component(
             "vc-scheduler", VOLCANO_VERSION, "k8s135", "volcano.sh/volcano/cmd/scheduler", _VOLCANO_LDFLAGS, extra_inputs=_VOLCANO_INPUTS
@@ -122,6 +125,7 @@ CONTROL_PLANE = (
     "etcd",
     "kube-apiserver",
     "kube-controller-manager",
+    "kube-scheduler",
     "kubectl",
     "vc-scheduler",
     "vc-controller-manager",
