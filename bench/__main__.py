@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from bench import critical_path, expressions, placement_quality, report
+from bench import churn, critical_path, expressions, placement_quality, report
 from bench.fabric import fabric_yaml, fragmentation
 from bench.workload import stream
 from stormtopo.core.topology.fabric import parse_topology
@@ -89,6 +89,8 @@ def run(quick: bool, large: bool = False) -> dict[str, Any]:
             client.create_namespace("bench-expr")
             out["expressions"] = expressions.compare(client, "bench-expr", replicas=16, rounds=3)
         out["webhook"] = critical_path.webhook_latency(client, "bench-cp", "lat-svc", roleset["metadata"]["name"], 150 if quick else 1000)
+        client.create_namespace("bench-churn")
+        out["churn"] = churn.pending_podgroup_writes(client, "bench-churn", seconds=20.0 if quick else 40.0)
     finally:
         cluster.down(state)
         out["seconds"] = round(time.monotonic() - started, 1)
@@ -118,6 +120,7 @@ def headline(out: dict[str, Any]) -> dict[str, Any]:
         "podgroup_ready_vs_first_pod": out["critical_path"]["ratio_median"],
         "webhook_p99_ratio": out["webhook"]["p99_ratio"],
         "webhook_p50_ratio": out["webhook"]["p50_ratio"],
+        "pending_podgroup_writes_vs_baseline": out["churn"]["ratio"],
         "nodes": out["nodes"],
         "seconds": out["seconds"],
     }

@@ -51,6 +51,7 @@ def admit_podgroup(
     stormservice: Mapping[str, Any] | None,
     cluster: ClusterTiers | None,
     last_valid: Mapping[str, Any] | None = None,
+    old: Mapping[str, Any] | None = None,
 ) -> Decision:
     """Give a replica's PodGroup the gang and network topology of its StormService, on create and update.
 
@@ -58,6 +59,10 @@ def admit_podgroup(
     create and update this way means its writes can never strip the constraint. While the request
     looks invalid (a typo, HyperNodes half rewritten), `last_valid` (the PodGroup as it was, or a
     sibling replica's) keeps the constraint it had: an invalid request changes nothing.
+
+    AIBrix's update also drops the status Volcano wrote and every label and annotation it did not set
+    itself. For an opted-in replica those are kept from `old` (the stored PodGroup): AIBrix's rewrite,
+    twice a second while a replica is pending, then changes nothing, and the API server stores nothing.
     """
     if roleset is None:
         return Decision()
@@ -65,17 +70,31 @@ def admit_podgroup(
     if isinstance(request, RequestError):
         if not carries_constraint(last_valid):
             return Decision()
-        kept = owned_fields((last_valid or {}).get("spec"))
-        if last_valid is not podgroup and "minMember" in kept:  # a sibling's gang size is its own
-            kept = {k: v for k, v in kept.items() if k == "networkTopology"}
-        patch = set_spec_fields(podgroup.get("spec"), kept)
-        annotation = ((last_valid or {}).get("metadata") or {}).get("annotations", {}).get(REQUEST_ANNOTATION, "")
-        return Decision(patch=patch + set_annotations(podgroup, {REQUEST_ANNOTATION: annotation}))
-    if request is None or request.scope is Scope.STORMSERVICE:
+        fields = owned_fields((last_valid or {}).get("spec"))
+        if _name(last_valid) != _name(podgroup):  # a sibling's gang size is its own
+            fields = {k: v for k, v in fields.items() if k == "networkTopology"}
+        described = ((last_valid or {}).get("metadata") or {}).get("annotations", {}).get(REQUEST_ANNOTATION, "")
+    elif request is None or request.scope is Scope.STORMSERVICE:
         return Decision()  # with scope StormService the replicas' pods join the service's own PodGroup
-    patch = set_spec_fields(podgroup.get("spec"), desired_fields(request, roleset.get("spec") or {}))
-    patch += set_annotations(podgroup, {REQUEST_ANNOTATION: request.describe()})
+    else:
+        fields = desired_fields(request, roleset.get("spec") or {})
+        described = request.describe()
+    patch = set_spec_fields(podgroup.get("spec"), fields)
+    patch += set_annotations(podgroup, {**_dropped(podgroup, old, "annotations"), REQUEST_ANNOTATION: described})
+    patch += set_labels(podgroup, _dropped(podgroup, old, "labels"))
+    if old and old.get("status") and not podgroup.get("status"):
+        patch.append({"op": "add", "path": "/status", "value": old["status"]})
     return Decision(patch=patch)
+
+
+def _name(obj: Mapping[str, Any] | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("name")
+
+
+def _dropped(new: Mapping[str, Any], old: Mapping[str, Any] | None, field: str) -> dict[str, str]:
+    """Labels or annotations the stored object has and an update left out."""
+    kept = ((new.get("metadata") or {}).get(field)) or {}
+    return {k: v for k, v in (((old or {}).get("metadata") or {}).get(field) or {}).items() if k not in kept}
 
 
 def admit_pod(

@@ -70,7 +70,7 @@ def build_app(index: Index, opted_in: OptedInList) -> web.Application:
     async def podgroups(request: web.Request) -> web.Response:
         async def admit(podgroup: dict[str, Any], old: Any, roleset: Any, stormservice: Any, tiers: ClusterTiers) -> Decision:
             last_valid = old if carries_constraint(old) else index.last_valid_podgroup(podgroup)
-            return admit_podgroup(podgroup, roleset, stormservice, tiers, last_valid)
+            return admit_podgroup(podgroup, roleset, stormservice, tiers, last_valid, old)
 
         return await handle(request, "podgroup", admit)
 

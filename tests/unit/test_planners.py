@@ -118,10 +118,31 @@ def test_scope_stormservice_creates_the_services_podgroup_owned_by_it() -> None:
 def test_aibrixs_update_keeps_the_last_valid_constraint_while_the_request_is_invalid() -> None:
     old = constrained_podgroup()
     aibrix_update = {"metadata": {"name": "svc-roleset-abcde", "namespace": "ns"}, "spec": {"minMember": 2, "queue": "default"}}
-    decision = admit_podgroup(aibrix_update, replica(), service({MODE: "hard", HIGHEST_TIER: "typo"}), TIERS, last_valid=old)
+    decision = admit_podgroup(aibrix_update, replica(), service({MODE: "hard", HIGHEST_TIER: "typo"}), TIERS, last_valid=old, old=old)
     ops = {op["path"]: op["value"] for op in decision.patch}
     assert ops["/spec/networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
+    assert ops["/spec/minTaskMember"] == {"prefill": 1, "decode": 1}
     assert ops["/metadata/annotations"] == {REQUEST_ANNOTATION: "hard within tier 1"}
+
+
+def test_aibrixs_rewrite_of_a_pending_replica_keeps_volcanos_status_and_foreign_metadata() -> None:
+    """AIBrix rebuilds its PodGroup from scratch: no status, only its own label. Kept from the stored
+    PodGroup, the rewrite changes nothing and the API server stores no new version."""
+    stored = constrained_podgroup()
+    stored["metadata"]["labels"] = {"roleset-name": "svc-roleset-abcde", "team": "a"}
+    stored["metadata"]["annotations"]["volcano.sh/job-allocated-hypernode"] = "s2"
+    stored["status"] = {"phase": "Pending", "conditions": [{"type": "Unschedulable", "status": "True"}]}
+    rewrite = {
+        "metadata": {"name": "svc-roleset-abcde", "namespace": "ns", "labels": {"roleset-name": "svc-roleset-abcde"}},
+        "spec": {"minMember": 2, "queue": "default"},
+        "status": {},
+    }
+    decision = admit_podgroup(rewrite, replica(), service(HARD1), TIERS, last_valid=stored, old=stored)
+    ops = {op["path"]: op["value"] for op in decision.patch}
+    assert ops["/status"] == stored["status"]
+    assert ops["/metadata/labels/team"] == "a"
+    assert ops["/metadata/annotations"] == {"volcano.sh/job-allocated-hypernode": "s2", REQUEST_ANNOTATION: request(HARD1).describe()}
+    assert "/spec/networkTopology" in ops
 
 
 def test_a_new_replica_takes_only_the_topology_of_a_sibling_while_the_request_is_invalid() -> None:
