@@ -19,8 +19,8 @@ TOO_BIG = (Role("prefill", gpus=64), Role("decode", gpus=64))  # no node has 64 
 
 def pending_podgroup_writes(client: DevCluster, namespace: str, seconds: float = 20.0) -> dict[str, Any]:
     services = {"baseline": None, "stormtopo": {MODE: "hard", HIGHEST_TIER: "1"}}
-    for name, annotations in services.items():
-        client.create(stormservice(f"churn-{name}", namespace, roles=TOO_BIG, annotations=annotations))
+    for name, request in services.items():
+        client.create(stormservice(f"churn-{name}", namespace, roles=TOO_BIG, annotations=request))
     client.wait(lambda: len(client.podgroups(namespace)) >= 2, 60, "both pending replicas' PodGroups")
     time.sleep(3)  # past the creation burst
     versions = {name: 0 for name in services}
