@@ -11,13 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stormtopo.core.gang import followers
 from stormtopo.core.jsonpatch import set_annotations, set_labels, set_spec_fields
 from stormtopo.core.ownership import stormservice_name
 from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_name
-from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, request_of
+from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.vocabulary import (
     ADMITTED_LABEL,
     DEFAULT_SCHEDULERS,
+    DOMAIN_GATE,
     GROUP_NAME_ANNOTATION,
     REQUEST_ANNOTATION,
     ROLE_LABEL,
@@ -145,6 +147,15 @@ def admit_pod(
     if role:
         values[TASK_SPEC_ANNOTATION] = role
     patch = set_annotations(pod, values) + set_labels(pod, {ADMITTED_LABEL: "true"})
+    if isinstance(request, TopologyRequest) and request.mode is Mode.HARD and scope is Scope.ROLESET and role in followers(roleset["spec"]):
+        # Volcano's backfill would place it anywhere: held until its replica's anchor is placed.
+        gates = (pod.get("spec") or {}).get("schedulingGates")
+        gate = {"name": DOMAIN_GATE}
+        patch.append(
+            {"op": "add", "path": "/spec/schedulingGates/-", "value": gate}
+            if gates
+            else {"op": "add", "path": "/spec/schedulingGates", "value": [gate]}
+        )
     if (pod.get("spec") or {}).get("schedulerName") in DEFAULT_SCHEDULERS:
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": VOLCANO_SCHEDULER})
     return Decision(patch=patch)

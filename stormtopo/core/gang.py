@@ -6,7 +6,7 @@ its count, keyed by the role name pods carry in volcano.sh/task-spec.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +25,27 @@ def role_pod_count(role: Mapping[str, Any]) -> int:
     return int(1 if replicas is None else replicas) * max(1, int(group_size or 1))
 
 
-def gang_of(roleset_spec: Mapping[str, Any]) -> Gang:
-    """The gang of one replica: all of its pods, and per role."""
-    per_role = {str(role.get("name", "")): role_pod_count(role) for role in roleset_spec.get("roles") or []}
+def requests_resources(pod_spec: Mapping[str, Any]) -> bool:
+    """Whether a pod asks for any resource. Volcano places a pod that asks for none in its backfill
+    action, which ignores HyperNodes."""
+    return any(
+        (c.get("resources") or {}).get("requests") or (c.get("resources") or {}).get("limits") for c in pod_spec.get("containers") or []
+    )
+
+
+def followers(roleset_spec: Mapping[str, Any]) -> frozenset[str]:
+    """Roles whose pods ask for no resources, in a replica where another role does (its anchor).
+    stormtopo holds them back until the anchor is placed, then keeps them within its domain; they
+    are not part of the gang Volcano places."""
+    roles = roleset_spec.get("roles") or []
+    idle = {str(r.get("name", "")) for r in roles if not requests_resources((r.get("template") or {}).get("spec") or {})}
+    return frozenset(idle) if len(idle) < len(roles) else frozenset()
+
+
+def gang_of(roleset_spec: Mapping[str, Any], without: Collection[str] = ()) -> Gang:
+    """The gang of one replica: all of its pods (but roles in `without`), and per role."""
+    roles = [role for role in roleset_spec.get("roles") or [] if str(role.get("name", "")) not in without]
+    per_role = {str(role.get("name", "")): role_pod_count(role) for role in roles}
     per_role = {name: count for name, count in per_role.items() if count > 0}
     return Gang(sum(per_role.values()), per_role)
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import DOMAIN_LABEL_PREFIX
-from stormtopo.core.writes import LabelPod, Say
+from stormtopo.core.vocabulary import DOMAIN_GATE, DOMAIN_LABEL_PREFIX
+from stormtopo.core.writes import LabelPod, PatchPod, Say
 
 LABEL_VALUE_LIMIT = 63
 
@@ -109,3 +109,62 @@ def plan_placed(
         if wanted and any((pod["metadata"].get("labels") or {}).get(k) != v for k, v in wanted.items()):
             labels.append(LabelPod(pod["metadata"].get("namespace", ""), pod["metadata"]["name"], wanted))
     return Placed(record, tuple(says), tuple(labels), violated)
+
+
+def is_held(pod: Mapping[str, Any]) -> bool:
+    """A pod stormtopo holds at its scheduling gate until its replica's anchor is placed."""
+    return any(g.get("name") == DOMAIN_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def plan_release(
+    topology: Topology, anchors: Sequence[Mapping[str, Any]], expected: int, held: Sequence[Mapping[str, Any]]
+) -> list[PatchPod]:
+    """Release the pods held at their gate into the domain of their replica's bound anchor pods (the
+    lowest HyperNode holding them, within the requested tier by construction): a required node
+    affinity to that domain's nodes, which Volcano's backfill honours, then the gate removed.
+    Kubernetes lets a gated pod's node affinity be set or narrowed, never widened."""
+    nodes = [p["spec"]["nodeName"] for p in anchors if (p.get("spec") or {}).get("nodeName")]
+    if not nodes or len(nodes) < expected:
+        return []  # wait for every anchor pod (`expected` of them) to be bound
+    span = topology.span(nodes)
+    domain = tuple(sorted(topology.nodes_under(span.hypernode))) if span.hypernode else ()
+    return [PatchPod(p["metadata"].get("namespace", ""), p["metadata"]["name"], _release_ops(p, domain)) for p in held]
+
+
+def _release_ops(pod: Mapping[str, Any], domain: Sequence[str]) -> list[dict[str, Any]]:
+    spec = pod.get("spec") or {}
+    gate = next(i for i, g in enumerate(spec.get("schedulingGates") or []) if g.get("name") == DOMAIN_GATE)
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": f"/spec/schedulingGates/{gate}/name", "value": DOMAIN_GATE},
+        {"op": "remove", "path": f"/spec/schedulingGates/{gate}"},
+    ]
+    if not domain:
+        return ops  # its anchor is on nodes no HyperNode holds: nothing to keep it within
+    within = {"key": "metadata.name", "operator": "In", "values": list(domain)}
+    affinity = spec.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if terms:  # narrow every term the pod has
+        base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
+        for i, term in enumerate(terms):
+            ops.append(
+                {"op": "add", "path": f"{base}/{i}/matchFields/-", "value": within}
+                if term.get("matchFields")
+                else {"op": "add", "path": f"{base}/{i}/matchFields", "value": [within]}
+            )
+        return ops
+    wanted = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [within]}]}}
+    if node_affinity:
+        ops.append(
+            {
+                "op": "add",
+                "path": "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution",
+                "value": wanted["requiredDuringSchedulingIgnoredDuringExecution"],
+            }
+        )
+    elif affinity:
+        ops.append({"op": "add", "path": "/spec/affinity/nodeAffinity", "value": wanted})
+    else:
+        ops.append({"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": wanted}})
+    return ops

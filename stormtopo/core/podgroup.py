@@ -6,17 +6,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stormtopo.core.gang import gang_of
+from stormtopo.core.gang import followers, gang_of
 from stormtopo.core.ownership import owner_reference
-from stormtopo.core.request import TopologyRequest
+from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.vocabulary import MANAGED_BY_LABEL, OPERATOR_NAME, PODGROUP_API, REQUEST_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 
 OWNED_FIELDS = ("minMember", "minTaskMember", "networkTopology", "subGroupPolicy")  # of a PodGroup spec
 
 
 def desired_fields(request: TopologyRequest, roleset_spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The spec fields stormtopo owns on a replica's PodGroup."""
-    gang = gang_of(roleset_spec)
+    """The spec fields stormtopo owns on a replica's PodGroup. Under a hard request, roles whose pods
+    ask for no resources follow the gang instead of being part of it (see gang.followers)."""
+    gang = gang_of(roleset_spec, followers(roleset_spec) if request.mode is Mode.HARD else ())
     return {
         "minMember": gang.min_member,
         "minTaskMember": dict(gang.min_task_member),

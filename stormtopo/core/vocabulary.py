@@ -48,3 +48,4 @@ GPU = "nvidia.com/gpu"  # the resource that decides where an inference replica f
 # admission policy refuses a pod of a listed StormService that stormtopo has not admitted.
 ADMITTED_LABEL = "stormtopo.io/admitted"  # on pods stormtopo admitted into their replica's gang (value "true")
 OPTED_IN_CONFIGMAP = "stormtopo-opted-in"  # data: "<namespace>.<stormservice>" -> scope
+DOMAIN_GATE = "stormtopo.io/domain"  # scheduling gate on a pod that asks for no resources, until its replica is placed

@@ -31,6 +31,13 @@ class LabelPod:
 
 
 @dataclass(frozen=True)
+class PatchPod:
+    namespace: str
+    name: str
+    ops: Sequence[Mapping[str, Any]]  # JSON patch
+
+
+@dataclass(frozen=True)
 class Say:
     """An Event on the StormService the plan is about."""
 
@@ -39,4 +46,4 @@ class Say:
     message: str
 
 
-Write = CreatePodGroup | PatchPodGroup | LabelPod
+Write = CreatePodGroup | PatchPodGroup | LabelPod | PatchPod

@@ -17,6 +17,9 @@ class Role:
     replicas: int = 1
     gpus: int = 1
     pod_group_size: int = 1
+    strategy: bool = False  # a role-level volcanoSchedulingStrategy (AIBrix: a PodGroup per multi-node instance)
+    stateful: bool = True  # False: pods get generated names
+    requests: bool = True  # False: the pods ask for no resources (a router, a simulator), as in AIBrix's samples
 
 
 PD_1P1D = (Role("prefill"), Role("decode"))
@@ -35,21 +38,14 @@ def stormservice(
     """A prefill/decode StormService; `volcano_strategy` selects AIBrix's own Volcano PodGroups."""
     role_specs = []
     for role in roles:
-        pod_spec: dict[str, Any] = {
-            "containers": [
-                {
-                    "name": "engine",
-                    "image": IMAGE,
-                    "resources": {"requests": {GPU: str(role.gpus), "cpu": "1"}, "limits": {GPU: str(role.gpus)}},
-                }
-            ]
-        }
+        resources = {"requests": {GPU: str(role.gpus), "cpu": "1"}, "limits": {GPU: str(role.gpus)}} if role.requests else {}
+        pod_spec: dict[str, Any] = {"containers": [{"name": "engine", "image": IMAGE, "resources": resources}]}
         if scheduler_name:
             pod_spec["schedulerName"] = scheduler_name
         spec: dict[str, Any] = {
             "name": role.name,
             "replicas": role.replicas,
-            "stateful": True,
+            "stateful": role.stateful,
             "template": {
                 "metadata": {"labels": {"app": name, "role": role.name}, "annotations": dict(pod_annotations or {})},
                 "spec": pod_spec,
@@ -57,6 +53,8 @@ def stormservice(
         }
         if role.pod_group_size > 1:
             spec["podGroupSize"] = role.pod_group_size
+        if role.strategy:
+            spec["schedulingStrategy"] = {"volcanoSchedulingStrategy": {"minMember": role.pod_group_size, "queue": "default"}}
         role_specs.append(spec)
     roleset_spec: dict[str, Any] = {"roles": role_specs}
     if volcano_strategy:

@@ -396,6 +396,9 @@ class Api:
             if exc.status != 404:
                 raise
 
+    def patch_pod(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+        self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", ops, JSON_PATCH)
+
     def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
         self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"labels": labels}}, MERGE_PATCH)
 

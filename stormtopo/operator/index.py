@@ -48,10 +48,13 @@ def _slim_pod(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]
     """Of a pod, where it is bound and when: what a placement check and its metric read."""
     scheduled = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
     kept = {k: meta[k] for k in ("name", "namespace", "labels", "creationTimestamp") if k in meta}
+    spec = pod.get("spec") or {}
+    # Where it is bound; and, for a pod held at stormtopo's gate, what releasing it must patch.
+    kept_spec = {k: spec[k] for k in ("nodeName", "schedulingGates", "affinity") if spec.get(k)}
     return {
         "kind": "Pod",
         "metadata": kept,
-        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
+        "spec": kept_spec,
         "status": {"conditions": scheduled},
     }
 

@@ -18,12 +18,12 @@ from typing import Any
 
 from stormtopo.core.admission import valid_request
 from stormtopo.core.explanation import allowed_tier, plan_pending
-from stormtopo.core.gang import replica_pods
-from stormtopo.core.placement import merge_placements, plan_placed, recorded_placement
+from stormtopo.core.gang import followers, gang_of, replica_pods
+from stormtopo.core.placement import is_held, merge_placements, plan_placed, plan_release, recorded_placement
 from stormtopo.core.request import TopologyRequest
 from stormtopo.core.topology.hypernodes import selects_by_label, topology_from_hypernodes
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION
+from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION, ROLE_LABEL
 from stormtopo.core.writes import Say
 from stormtopo.kube.client import ApiError
 from stormtopo.operator import metrics
@@ -86,6 +86,13 @@ class PlacementReporter:
         wanted = replica_pods(roleset.get("spec") or {})
         pods = self.index.pods_of(*key)
         bound = [p for p in pods if p["spec"].get("nodeName")]
+        held = [p for p in pods if is_held(p)]
+        if held:
+            following = followers(roleset.get("spec") or {})
+            anchors = [p for p in pods if (p["metadata"].get("labels") or {}).get(ROLE_LABEL) not in following]
+            topology = await self._topology([p["spec"].get("nodeName") or "" for p in anchors])
+            expected = gang_of(roleset.get("spec") or {}, following).min_member
+            await execute(self.index.api, plan_release(topology, anchors, expected, held))
         if bound:
             await self._placed(key, stormservice, request, bound, complete=len(bound) >= len(wanted))
         if len(bound) >= len(wanted):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPodGroup, Write
-from stormtopo.kube.client import Api
+from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPod, PatchPodGroup, Write
+from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import metrics
 
 
@@ -21,3 +21,9 @@ async def execute(api: Api, writes: Iterable[Write]) -> None:
                 metrics.PODGROUP_WRITES.labels("patch").inc()
             case LabelPod(namespace, name, labels):
                 await asyncio.to_thread(api.label_pod, namespace, name, dict(labels))
+            case PatchPod(namespace, name, ops):
+                try:
+                    await asyncio.to_thread(api.patch_pod, namespace, name, [dict(op) for op in ops])
+                except ApiError as exc:
+                    if exc.status not in (404, 422):  # gone, or released already (its "test" op failed)
+                        raise

@@ -238,3 +238,41 @@ def test_a_pod_bound_outside_the_tier_is_reported_as_a_violation_within_30_s(
     message = cluster.wait(violation, 30, "a TopologyViolated Event")
     assert f"pinned-elsewhere on {far}" in message and "tier 1" in message, message
     assert domain is not None and domain.tier == 1
+
+
+@pytest.mark.parametrize("service_strategy", [True, False], ids=["strategy-on-service-and-role", "strategy-on-role-only"])
+def test_a_multi_node_prefill_role_joins_its_replicas_gang_within_one_leaf(
+    cluster: DevCluster, topology: Topology, namespace: str, service_strategy: bool
+) -> None:
+    """AIBrix gives each instance of a multi-node role with its own strategy a PodSet PodGroup and
+    points its pods there; stormtopo makes the whole replica one gang, placed within the tier."""
+    roles = (Role("prefill", gpus=2, pod_group_size=2, strategy=True), Role("decode", gpus=2, stateful=False))
+    name = "multi" if service_strategy else "multi-role"
+    cluster.create(stormservice(name, namespace, roles=roles, annotations=HARD_LEAF, volcano_strategy=service_strategy))
+    pods = cluster.bound_pods(namespace, f"storm-service-name={name}", 3, timeout=90)
+    replica = cluster.only(lambda: cluster.rolesets(namespace, name), "RoleSet")["metadata"]["name"]
+    assert {p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] for p in pods} == {replica}
+    domain = topology.lowest_common_switch(node_names(pods))
+    assert domain is not None and domain.tier == 1, node_names(pods)
+    gang = next(g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == replica)
+    assert gang["spec"]["minMember"] == 3 and gang["spec"]["minTaskMember"] == {"prefill": 2, "decode": 1}
+    assert gang["spec"]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
+
+
+def test_pods_without_resource_requests_stay_within_their_replicas_leaf(cluster: DevCluster, topology: Topology, namespace: str) -> None:
+    """Volcano places pods that ask for nothing in its backfill action, which ignores HyperNodes.
+    stormtopo holds them at a scheduling gate until the replica's other pods are placed, then gives
+    them a required node affinity to that domain."""
+    roles = (Role("prefill", gpus=2), Role("decode", gpus=2), Role("router", replicas=3, requests=False))
+    cluster.create(stormservice("routed", namespace, roles=roles, annotations=HARD_LEAF))
+    pods = cluster.bound_pods(namespace, "storm-service-name=routed", 5, timeout=90)
+    domain = topology.lowest_common_switch(node_names(pods))
+    assert domain is not None and domain.tier == 1, [(p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods]
+    routers = [p for p in pods if p["metadata"]["labels"]["role-name"] == "router"]
+    for router in routers:
+        term = router["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+        assert sorted(term["matchFields"][0]["values"]) == sorted(topology.nodes_under(domain.name))
+        assert not router["spec"].get("schedulingGates")
+    replica = cluster.only(lambda: cluster.rolesets(namespace, "routed"), "RoleSet")["metadata"]["name"]
+    gang = next(g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == replica)
+    assert gang["spec"]["minTaskMember"] == {"prefill": 1, "decode": 1}

@@ -246,3 +246,79 @@ def test_node_labels_are_needed_only_when_a_hypernode_selects_nodes_by_label() -
     assert not selects_by_label(hypernode_manifests(EXAMPLE))
     by_label = {"spec": {"tier": 1, "members": [{"type": "Node", "selector": {"labelMatch": {"matchLabels": {"rack": "a"}}}}]}}
     assert selects_by_label([*hypernode_manifests(EXAMPLE), by_label])
+
+
+# -- roles whose pods ask for no resources -------------------------------------------------------
+
+
+def router_replica() -> dict[str, Any]:
+    from stormtopo.devenv.workloads import Role
+
+    roles = (Role("prefill", gpus=2), Role("router", replicas=2, requests=False))
+    r = roleset()
+    r["spec"] = stormservice("svc", "ns", roles, annotations=HARD1)["spec"]["template"]["spec"]
+    return r
+
+
+def test_roles_without_requests_follow_the_gang_under_a_hard_request() -> None:
+    from stormtopo.core.gang import followers
+    from stormtopo.core.podgroup import desired_fields
+
+    spec = router_replica()["spec"]
+    assert followers(spec) == {"router"}
+    assert desired_fields(request(HARD1), spec)["minTaskMember"] == {"prefill": 1}
+    assert desired_fields(request({MODE: "soft"}), spec)["minTaskMember"] == {"prefill": 1, "router": 2}
+    only_idle = {"roles": [{"name": "a", "template": {"spec": {"containers": [{}]}}}]}
+    assert followers(only_idle) == frozenset()  # nothing to follow: every role is the gang
+
+
+def test_a_pod_without_requests_is_held_at_stormtopos_gate_and_one_with_requests_is_not() -> None:
+    from stormtopo.core.admission import admit_pod
+
+    router = {"metadata": {"labels": {"role-name": "router", "storm-service-name": "svc"}}, "spec": {"containers": [{}]}}
+    decision = admit_pod(router, router_replica(), service(HARD1), TIERS)
+    assert {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "stormtopo.io/domain"}]} in decision.patch
+    prefill = {"metadata": {"labels": {"role-name": "prefill", "storm-service-name": "svc"}}, "spec": {"containers": [{}]}}
+    assert not any("schedulingGates" in op["path"] for op in admit_pod(prefill, router_replica(), service(HARD1), TIERS).patch)
+    soft = admit_pod(router, router_replica(), service({MODE: "soft"}), TIERS)
+    assert not any("schedulingGates" in op["path"] for op in soft.patch)
+
+
+def test_held_pods_are_released_into_their_anchors_domain_once_every_anchor_is_bound() -> None:
+    from stormtopo.core.placement import plan_release
+
+    held = {
+        "metadata": {"name": "router-0", "namespace": "ns"},
+        "spec": {"schedulingGates": [{"name": "other"}, {"name": "stormtopo.io/domain"}]},
+    }
+    assert plan_release(EXAMPLE, [pod("p", "node4")], 2, [held]) == []  # one anchor of two bound
+    (release,) = plan_release(EXAMPLE, [pod("p", "node4"), pod("d", "node5")], 2, [held])
+    assert release.ops[:2] == [
+        {"op": "test", "path": "/spec/schedulingGates/1/name", "value": "stormtopo.io/domain"},
+        {"op": "remove", "path": "/spec/schedulingGates/1"},
+    ]
+    within = {"key": "metadata.name", "operator": "In", "values": ["node4", "node5"]}  # leaf s2
+    assert release.ops[2] == {
+        "op": "add",
+        "path": "/spec/affinity",
+        "value": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [within]}]}}},
+    }
+
+
+def test_a_held_pods_own_node_affinity_is_narrowed_never_replaced() -> None:
+    from stormtopo.core.placement import plan_release
+
+    terms = [
+        {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node4"]}]},
+    ]
+    held = {
+        "metadata": {"name": "router-0", "namespace": "ns"},
+        "spec": {
+            "schedulingGates": [{"name": "stormtopo.io/domain"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
+        },
+    }
+    (release,) = plan_release(EXAMPLE, [pod("p", "node4")], 1, [held])
+    base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
+    assert [op["path"] for op in release.ops[2:]] == [f"{base}/0/matchFields", f"{base}/1/matchFields/-"]
