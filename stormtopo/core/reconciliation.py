@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from stormtopo.core.admission import carries_constraint
+from stormtopo.core.gang import requests_resources
 from stormtopo.core.jsonpatch import remove_annotation, set_spec_fields
 from stormtopo.core.podgroup import desired_fields, has_scheduling_strategy, owned_podgroup, service_group_name, service_podgroup
-from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, request_of
+from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.vocabulary import REQUEST_ANNOTATION
 from stormtopo.core.writes import CreatePodGroup, PatchPodGroup, Say, Write
 
@@ -62,9 +63,25 @@ def _verdict(snapshot: ServiceSnapshot, request: TopologyRequest | RequestError 
         text = f"invalid network-topology request, {outcome}: {request}"
         return text, Say("Warning", "InvalidTopologyRequest", text)
     if request is not None:
+        idle = unanchored_roles(snapshot.stormservice)
+        if request.mode is Mode.HARD and idle:
+            text = (
+                f"network-topology request accepted ({request.describe()}), but it cannot be enforced: no role asks for "
+                f"resources (roles {', '.join(idle)}), and Volcano places such pods in its backfill action, which ignores "
+                "HyperNodes; give at least one role a resource request, and the others follow it into its domain"
+            )
+            return text, Say("Warning", "TopologyNotEnforceable", text)
         text = f"network-topology request accepted: {request.describe()}"
         return text, Say("Normal", "TopologyRequest", text)
     return None, None
+
+
+def unanchored_roles(stormservice: Mapping[str, Any]) -> list[str]:
+    """The roles of a replica when none of them asks for resources: nothing anchors it to a domain."""
+    roles = (((stormservice.get("spec") or {}).get("template") or {}).get("spec") or {}).get("roles") or []
+    if not roles or any(requests_resources((r.get("template") or {}).get("spec") or {}) for r in roles):
+        return []
+    return [str(r.get("name", "")) for r in roles]
 
 
 def _service_group(snapshot: ServiceSnapshot, request: TopologyRequest, current: Mapping[str, Any] | None) -> list[Write]:

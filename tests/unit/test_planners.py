@@ -322,3 +322,12 @@ def test_a_held_pods_own_node_affinity_is_narrowed_never_replaced() -> None:
     (release,) = plan_release(EXAMPLE, [pod("p", "node4")], 1, [held])
     base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
     assert [op["path"] for op in release.ops[2:]] == [f"{base}/0/matchFields", f"{base}/1/matchFields/-"]
+
+
+def test_a_hard_replica_of_roles_that_all_ask_for_nothing_is_said_to_be_unenforceable() -> None:
+    from stormtopo.devenv.workloads import Role
+
+    idle = stormservice("svc", "ns", (Role("sim", requests=False), Role("router", requests=False)), annotations=HARD1)
+    plan = plan_stormservice(ServiceSnapshot(idle, (), {}, TIERS))
+    assert plan.say is not None and plan.say.type == "Warning" and plan.say.reason == "TopologyNotEnforceable"
+    assert "roles sim, router" in plan.say.message and not plan.invalid
