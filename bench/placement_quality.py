@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.workload import Request
-from stormtopo.core.placement import best_tier
+from stormtopo.core.packing import best_tier
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv.client import DevCluster, Timeout
