@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -91,9 +92,14 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
             "ClusterRoleBinding",
             "Deployment",
             "MutatingWebhookConfiguration",
-            "ValidatingAdmissionPolicy",
+            "ValidatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",  # the ServiceAccount's own-keys-only limit
+            "ValidatingAdmissionPolicy",  # opted-in gangs wait for stormtopo
             "ValidatingAdmissionPolicyBinding",
-            "Role",
+            "ValidatingAdmissionPolicyBinding",
+            "Role",  # leader election
+            "RoleBinding",
+            "Role",  # the opted-in list
             "RoleBinding",
             "Secret",
             "Service",
@@ -101,6 +107,12 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
             "ServiceAccount",
         ]
     )
+    # The operator's admission objects, addressed to the chart's Service and the release namespace.
+    for configuration in (d for d in generated if d and d["kind"].endswith("WebhookConfiguration")):
+        for hook in configuration["webhooks"]:
+            assert hook["clientConfig"]["service"]["name"] == f"{RELEASE}-stormtopo-webhook" and hook["clientConfig"]["caBundle"]
+    bindings = [d for d in generated if d and d["kind"] == "ValidatingAdmissionPolicyBinding" and "paramRef" in d["spec"]]
+    assert [b["spec"]["paramRef"]["namespace"] for b in bindings] == [NAMESPACE]
     deployment = next(d for d in generated if d and d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] >= 2 and "--leader-elect" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -291,10 +303,11 @@ def test_service_account_may_change_only_stormtopo_keys(chart_cluster: tuple[Pat
 
 def test_helm_upgrade_keeps_the_ca_and_no_admission_fails(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
     """Proves (issue 14, item 3): `helm upgrade` of a release with a generated certificate keeps its CA,
-    so a webhook serving the installed certificate is trusted throughout: dry-run pod admissions
-    running during two upgrades all succeed."""
+    so a webhook serving the installed certificate is trusted throughout: dry-run pod admissions of an
+    opted-in StormService, running during two upgrades, are all admitted and mutated by the webhook."""
     state, admin = chart_cluster
-    kubectl(state, "delete", "mutatingwebhookconfiguration", f"{RELEASE}-stormtopo", "--ignore-not-found")  # earlier tests'
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):  # earlier tests', pointing nowhere
+        kubectl(state, "delete", kind, f"{RELEASE}-stormtopo", "--ignore-not-found")
     release, namespace, port = "up", "stormtopo-upgrade", processes.free_port()
     helm = [str(components.ensure_binary("helm")), f"--kubeconfig={state / 'kubeconfig'}", "-n", namespace]
     chart = str(REPO / "deploy/helm/stormtopo")
@@ -330,26 +343,35 @@ def test_helm_upgrade_keeps_the_ca_and_no_admission_fails(chart_cluster: tuple[P
     failures: list[str] = []
     stop = threading.Event()
 
-    def admit_continuously() -> None:
+    def admit_continuously(roleset: str) -> None:
         i = 0
         while not stop.is_set():
             i += 1
-            pod = {
+            name = f"u-{i}"
+            labels = {"storm-service-name": "load", "roleset-name": roleset, "role-name": "decode"}
+            pod: dict[str, Any] = {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": f"u-{i}", "namespace": "upgrade-ns", "labels": {"storm-service-name": "none"}},
+                "metadata": {"name": name, "namespace": "upgrade-ns", "labels": labels},
                 "spec": {"containers": [{"name": "c", "image": "x"}]},
             }
             try:
-                admin.core.create_namespaced_pod("upgrade-ns", pod, dry_run="All")
-                admitted.append(time.monotonic())
+                created = admin.core.create_namespaced_pod("upgrade-ns", pod, dry_run="All")
             except client.ApiException as exc:
                 failures.append(f"{exc.status}: {exc.body}")
+                continue
+            # The webhook fails open: a call that failed (an untrusted certificate) shows as a pod it did not mutate.
+            if (created.metadata.annotations or {}).get("volcano.sh/task-spec") == "decode":
+                admitted.append(time.monotonic())
+            else:
+                failures.append(f"{name} was not mutated by the webhook")
 
     try:
         admin.wait(lambda: _http_ok(f"http://127.0.0.1:{metrics}/readyz"), 90, "the operator to be ready")
         admin.create_namespace("upgrade-ns")
-        admitting = threading.Thread(target=admit_continuously, daemon=True)
+        admin.create(stormservice("load", "upgrade-ns", annotations={MODE: "hard", HIGHEST_TIER: "1"}, scheduler_name="nobody"))
+        roleset = admin.wait(lambda: admin.rolesets("upgrade-ns", "load"), 60, "the RoleSet")[0]["metadata"]["name"]
+        admitting = threading.Thread(target=admit_continuously, args=(roleset,), daemon=True)
         admitting.start()
         admin.wait(lambda: len(admitted) >= 5, 60, "admissions before the upgrade")
         for replicas in ("3", "2"):
