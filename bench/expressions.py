@@ -28,7 +28,8 @@ def compare(client: DevCluster, namespace: str, replicas: int, rounds: int) -> d
             client.bound_pods(namespace, f"storm-service-name={svc}", 2 * replicas, timeout=300)
             times[name].append(time.perf_counter() - start)
             client.delete_stormservice(namespace, svc)
-            client.wait(lambda svc=svc: not client.pods(namespace, f"storm-service-name={svc}"), 120, "the pods to go", interval=0.5)
+            selector = f"storm-service-name={svc}"
+            client.wait(lambda: not client.pods(namespace, selector), 120, "the pods to go", interval=0.5)  # noqa: B023  (called at once)
     medians = {name: statistics.median(values) for name, values in times.items()}
     return {
         "replicas": replicas,
