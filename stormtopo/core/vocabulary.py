@@ -18,6 +18,7 @@ PODGROUP_CRD = "podgroups.scheduling.volcano.sh"
 STORMSERVICE_LABEL = "storm-service-name"
 ROLESET_LABEL = "roleset-name"
 ROLE_LABEL = "role-name"
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # set by the kubelet on every node
 
 # Volcano's pod annotations: the gang a pod joins, and its task (role) within the gang.
 GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"

@@ -331,3 +331,30 @@ def test_a_hard_replica_of_roles_that_all_ask_for_nothing_is_said_to_be_unenforc
     plan = plan_stormservice(ServiceSnapshot(idle, (), {}, TIERS))
     assert plan.say is not None and plan.say.type == "Warning" and plan.say.reason == "TopologyNotEnforceable"
     assert "roles sim, router" in plan.say.message and not plan.invalid
+
+
+def test_pods_prefer_the_node_of_their_replicas_other_pods_added_to_what_they_prefer() -> None:
+    from stormtopo.core.admission import admit_pod, prefer_replica_peers
+
+    bare = {"metadata": {"labels": {"role-name": "decode", "storm-service-name": "svc"}}, "spec": {}}
+    (op,) = [op for op in admit_pod(bare, replica(), service(HARD1), TIERS).patch if op["path"].startswith("/spec/affinity")]
+    term = op["value"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term == {
+        "weight": 100,
+        "podAffinityTerm": {
+            "labelSelector": {"matchLabels": {"roleset-name": "svc-roleset-abcde"}},
+            "topologyKey": "kubernetes.io/hostname",
+        },
+    }
+    theirs = {"weight": 5, "podAffinityTerm": {"labelSelector": {}, "topologyKey": "zone"}}
+    own = {"spec": {"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [theirs]}}}}
+    assert prefer_replica_peers(own, "r") == [
+        {
+            "op": "add",
+            "path": "/spec/affinity/podAffinity/preferredDuringSchedulingIgnoredDuringExecution/-",
+            "value": {
+                "weight": 100,
+                "podAffinityTerm": {"labelSelector": {"matchLabels": {"roleset-name": "r"}}, "topologyKey": "kubernetes.io/hostname"},
+            },
+        }
+    ]
