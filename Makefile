@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit integration bench bench-quick binaries clean
+.PHONY: demo test lint unit integration bench bench-quick binaries clean soak
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ bench: binaries
 	$(BIN)/python -m bench --large
 	$(BIN)/python -m bench --expressions
 	$(BIN)/python -m bench --scale 1000
+
+# The soak of RELIABILITY.md, about 20 minutes on 2 cores: 20 SIGKILLs each of kube-apiserver, etcd,
+# vc-scheduler, AIBrix and the operator's leader during churn. STORMTOPO_SOAK_SEED=N repeats a run.
+soak: binaries
+	STORMTOPO_SOAK=1 $(BIN)/pytest -q -s tests/integration/test_soak.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
