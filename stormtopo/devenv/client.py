@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -11,6 +12,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from stormtopo.core.vocabulary import AIBRIX, GPU, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+from stormtopo.kube.client import Api
 
 T = TypeVar("T")
 
@@ -119,15 +121,13 @@ class DevCluster:
         return list(self.custom.list_cluster_custom_object(*VOLCANO_TOPOLOGY, "hypernodes")["items"])
 
     def gpu_capacity(self, resource: str = GPU) -> tuple[dict[str, int], dict[str, int]]:
-        """(free, total) GPUs per node, from node allocatable and the requests of bound, unfinished pods."""
-        total = {n.metadata.name: int((n.status.allocatable or {}).get(resource, "0")) for n in self.core.list_node().items}
-        free = dict(total)
-        for pod in self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items:
-            if pod.status.phase in ("Succeeded", "Failed") or pod.spec.node_name not in free:
-                continue
-            for c in pod.spec.containers:
-                free[pod.spec.node_name] -= int(((c.resources.requests or {}) if c.resources else {}).get(resource, "0"))
-        return free, total
+        """(free, total) GPUs per node, counted as the operator counts them."""
+        return self.api.free_gpus(resource), self.api.gpu_totals(resource)
+
+    @functools.cached_property
+    def api(self) -> Api:
+        """stormtopo's own API client, for what the operator reads the same way."""
+        return Api(str(self.kubeconfig))
 
     # -- waiting -------------------------------------------------------------------------------
     @staticmethod
