@@ -31,11 +31,11 @@ def test_annotations_added_changed_and_removed_on_a_live_service_never_evict(clu
     assert "networkTopology" not in only_group(cluster, namespace)["spec"]
 
     cluster.patch_stormservice(namespace, "live", {"metadata": {"annotations": HARD_LEAF}})
-    cluster.wait(lambda: only_group(cluster, namespace)["spec"].get("networkTopology", {}).get("highestTierAllowed") == 1, 30, "tier 1")
+    cluster.wait(lambda: only_group(cluster, namespace)["spec"].get("networkTopology", {}).get("highestTierAllowed") == 1, 90, "tier 1")
     cluster.patch_stormservice(namespace, "live", {"metadata": {"annotations": {HIGHEST_TIER: "2"}}})
-    cluster.wait(lambda: only_group(cluster, namespace)["spec"].get("networkTopology", {}).get("highestTierAllowed") == 2, 30, "tier 2")
+    cluster.wait(lambda: only_group(cluster, namespace)["spec"].get("networkTopology", {}).get("highestTierAllowed") == 2, 90, "tier 2")
     cluster.patch_stormservice(namespace, "live", {"metadata": {"annotations": {MODE: None, HIGHEST_TIER: None}}})
-    cluster.wait(lambda: "networkTopology" not in only_group(cluster, namespace)["spec"], 30, "the constraint to be withdrawn")
+    cluster.wait(lambda: "networkTopology" not in only_group(cluster, namespace)["spec"], 90, "the constraint to be withdrawn")
     assert "stormtopo.io/request" not in (only_group(cluster, namespace)["metadata"].get("annotations") or {})
 
     after = cluster.pods(namespace, "storm-service-name=live")

@@ -26,7 +26,7 @@ def test_webhook_load_2000_admissions_at_concurrency_50(cluster: DevCluster, nam
     """Proves: the webhook answers 2,000 pod admissions from 50 concurrent clients with no failure and a
     p99 far below the API server's 5 s webhook timeout. Server-side dry run: full admission, no storage."""
     cluster.create(stormservice("load", namespace, annotations=HARD_LEAF, scheduler_name="nobody"))
-    roleset = cluster.wait(lambda: cluster.rolesets(namespace, "load"), 30, "the RoleSet")[0]["metadata"]["name"]
+    roleset = cluster.wait(lambda: cluster.rolesets(namespace, "load"), 90, "the RoleSet")[0]["metadata"]["name"]
 
     def admit(i: int) -> float:
         pod = {
@@ -218,7 +218,7 @@ def test_a_pod_may_not_join_another_stormservices_podgroup(cluster: DevCluster, 
     cluster.bound_pods(namespace, "storm-service-name=owner", 2)
     group = cluster.only(lambda: cluster.podgroups(namespace), "PodGroup")
     cluster.create(stormservice("intruder", namespace, scheduler_name="nobody"))  # not opted in
-    roleset = cluster.wait(lambda: cluster.rolesets(namespace, "intruder"), 30, "the intruder's RoleSet")[0]["metadata"]["name"]
+    roleset = cluster.wait(lambda: cluster.rolesets(namespace, "intruder"), 90, "the intruder's RoleSet")[0]["metadata"]["name"]
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -46,7 +46,7 @@ def placement_table(cluster: DevCluster, namespace: str, name: str, replicas: in
         records = json.loads(raw) if raw else {}
         return {replica: record["hyperNode"] for replica, record in records.items()} if len(records) == replicas else {}
 
-    return cluster.wait(table, 30, f"{replicas} records in the placement annotation")
+    return cluster.wait(table, 90, f"{replicas} records in the placement annotation")
 
 
 def test_user_scenario_hard_tier1_keeps_prefill_and_decode_under_one_leaf(
@@ -126,10 +126,10 @@ def test_bad_annotations_get_a_warning_event_and_change_nothing(
         messages = [e["message"] for e in cluster.events(namespace, "bad") if e["reason"] == "InvalidTopologyRequest"]
         return messages[0] if messages else ""
 
-    message = cluster.wait(warning, 30, "a Warning Event on the StormService")
+    message = cluster.wait(warning, 90, "a Warning Event on the StormService")
     assert bad_key in message and "accepted" in message
     assert "nothing changed" in message
-    groups = cluster.wait(lambda: cluster.podgroups(namespace), 30, "AIBrix's own PodGroup")
+    groups = cluster.wait(lambda: cluster.podgroups(namespace), 90, "AIBrix's own PodGroup")
     for group in groups:  # (AIBrix may briefly have made a replica twice)
         assert "networkTopology" not in group["spec"] and group["spec"]["minMember"] == 2  # exactly what AIBrix wrote
     # The operator still serves everyone else: a good StormService next to it gets its constraint.
@@ -159,7 +159,7 @@ def test_placed_replica_gets_an_event_naming_its_domain(cluster: DevCluster, top
         found = [e["message"] for e in cluster.events(namespace, "pd-seen") if e["reason"] == "ReplicaPlaced"]
         return found[0] if found else ""
 
-    message = cluster.wait(placed, 30, "a ReplicaPlaced Event")
+    message = cluster.wait(placed, 90, "a ReplicaPlaced Event")
     assert f"placed in {domain.name}, tier 1" in message
 
 
@@ -193,7 +193,7 @@ def test_placement_is_recorded_on_the_stormservice_labels_and_metrics(cluster: D
         raw = (cluster.stormservice(namespace, "pd-rec")["metadata"].get("annotations") or {}).get("stormtopo.io/placement")
         return json.loads(raw) if raw else {}
 
-    table = cluster.wait(recorded, 30, "the placement annotation")
+    table = cluster.wait(recorded, 90, "the placement annotation")
     leaf = table[name]["hyperNode"]
     assert table[name]["tier"] == 1 and sorted(table[name]["nodes"]) == node_names(pods)
 
@@ -203,7 +203,7 @@ def test_placement_is_recorded_on_the_stormservice_labels_and_metrics(cluster: D
             for p in cluster.pods(namespace, "storm-service-name=pd-rec")
         )
 
-    cluster.wait(labelled, 30, "domain labels on the pods")
+    cluster.wait(labelled, 90, "domain labels on the pods")
     spine = cluster.pods(namespace, "storm-service-name=pd-rec")[0]["metadata"]["labels"]["stormtopo.io/hypernode-tier-2"]
     assert spine in ("s4", "s5")
     port = json.loads((cluster_dir / "cluster.json").read_text())["ports"]["operator_metrics"]

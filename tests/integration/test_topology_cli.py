@@ -193,7 +193,7 @@ def test_explain_says_why_a_replica_is_pending(cluster: DevCluster, namespace: s
     cluster.bound_pods(namespace, "stormtopo.io/filler=true", 4)
     big = (Role("prefill", gpus=6), Role("decode", gpus=6))
     cluster.create(stormservice("stuck", namespace, roles=big, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
-    cluster.wait(lambda: len(cluster.pods(namespace, "storm-service-name=stuck")) == 2, 30, "the stuck replica's pods")
+    cluster.wait(lambda: len(cluster.pods(namespace, "storm-service-name=stuck")) == 2, 90, "the stuck replica's pods")
     out = cli(cluster, "explain", f"{namespace}/stuck").stdout
     assert "0/2 pods bound" in out and "cannot be placed now" in out and "would fit within tier 2" in out
     assert cli(cluster, "explain", "nope", check=False).returncode == 2
