@@ -240,14 +240,18 @@ def test_a_pod_bound_outside_the_tier_is_reported_as_a_violation_within_30_s(
     assert domain is not None and domain.tier == 1
 
 
-@pytest.mark.parametrize("service_strategy", [True, False], ids=["strategy-on-service-and-role", "strategy-on-role-only"])
+@pytest.mark.parametrize(
+    ("service_strategy", "role_strategy"),
+    [(True, True), (False, True), (False, False)],
+    ids=["strategy-on-service-and-role", "strategy-on-role-only", "no-strategy"],
+)
 def test_a_multi_node_prefill_role_joins_its_replicas_gang_within_one_leaf(
-    cluster: DevCluster, topology: Topology, namespace: str, service_strategy: bool
+    cluster: DevCluster, topology: Topology, namespace: str, service_strategy: bool, role_strategy: bool
 ) -> None:
     """AIBrix gives each instance of a multi-node role with its own strategy a PodSet PodGroup and
     points its pods there; stormtopo makes the whole replica one gang, placed within the tier."""
-    roles = (Role("prefill", gpus=2, pod_group_size=2, strategy=True), Role("decode", gpus=2, stateful=False))
-    name = "multi" if service_strategy else "multi-role"
+    roles = (Role("prefill", gpus=2, pod_group_size=2, strategy=role_strategy), Role("decode", gpus=2, stateful=False))
+    name = f"multi-{int(service_strategy)}{int(role_strategy)}"
     cluster.create(stormservice(name, namespace, roles=roles, annotations=HARD_LEAF, volcano_strategy=service_strategy))
     pods = cluster.bound_pods(namespace, f"storm-service-name={name}", 3, timeout=90)
     replica = cluster.only(lambda: cluster.rolesets(namespace, name), "RoleSet")["metadata"]["name"]
@@ -276,3 +280,19 @@ def test_pods_without_resource_requests_stay_within_their_replicas_leaf(cluster:
     replica = cluster.only(lambda: cluster.rolesets(namespace, "routed"), "RoleSet")["metadata"]["name"]
     gang = next(g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == replica)
     assert gang["spec"]["minTaskMember"] == {"prefill": 1, "decode": 1}
+
+
+def test_a_replacement_pod_gets_its_domain_labels(cluster: DevCluster, topology: Topology, namespace: str) -> None:
+    cluster.create(stormservice("pd-again", namespace, roles=BIG_PD, annotations=HARD_LEAF))
+    pods = cluster.bound_pods(namespace, "storm-service-name=pd-again", 2)
+    first = {p["metadata"]["uid"] for p in pods}
+    cluster.core.delete_namespaced_pod(pods[0]["metadata"]["name"], namespace, grace_period_seconds=0)
+
+    def replaced_and_labelled() -> list[dict[str, Any]]:
+        now = cluster.pods(namespace, "storm-service-name=pd-again")
+        new = [p for p in now if p["metadata"]["uid"] not in first and p["spec"].get("nodeName")]
+        return [p for p in new if "stormtopo.io/hypernode-tier-1" in p["metadata"]["labels"]]
+
+    (replacement,) = cluster.wait(replaced_and_labelled, 90, "the replacement pod with its domain labels")
+    leaf = topology.ancestors(replacement["spec"]["nodeName"])[0]
+    assert replacement["metadata"]["labels"]["stormtopo.io/hypernode-tier-1"] == leaf
