@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=int, metavar="N", help="only the scale run: N StormServices on 1,024 nodes")
     parser.add_argument("--expressions", action="store_true", help="only per-replica PodGroups vs one with subgroups, 1,024 nodes")
     parser.add_argument("--large", action="store_true", help="only placement quality, on 1,024 nodes with 120 StormServices per mode")
+    parser.add_argument("--admission", action="store_true", help="only webhook admission with 20 pending hard gangs vs none, 1,024 nodes")
     args = parser.parse_args(argv)
     if args.large:
         out = run(quick=False, large=True)
@@ -146,6 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "expressions-1024.json").write_text(json.dumps(result, indent=2))
         print(json.dumps(result["expressions"]))
+        return 0
+    if args.admission:
+        from bench import admission_load
+
+        result = {"machine": machine(), "admission": admission_load.run(LARGE)}
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "admission-1024.json").write_text(json.dumps(result, indent=2))
+        print(json.dumps({k: v for k, v in result["admission"].items() if k != "rounds"}))
         return 0
     if args.scale:
         from bench import scale
