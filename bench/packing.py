@@ -271,6 +271,7 @@ def run(client: DevCluster, topology: Topology, region: Sequence[str] | None = N
     if fillers:
         client.bound_pods("pack-fill", "stormtopo.io/filler=true", fillers, timeout=120)
     out: dict[str, Any] = {"nodes": len(inside), "leaves": len({topology.nodes[n].switch for n in inside}), "seed": seed}
+    out["tree"] = tree_of(topology)  # the fabric, for the KV-transfer simulation (bench/kvflow.py)
     out["empty"] = scenario(client, topology, stream, "empty", wait)
     used = fragmentation(sorted(inside), seed=7)
     for node, gpus in used.items():
@@ -283,6 +284,13 @@ def run(client: DevCluster, topology: Topology, region: Sequence[str] | None = N
     out["diy_packing_vs_optimal"] = packing_vs_optimal(out, "diy")
     out["seconds"] = round(time.monotonic() - started, 1)
     return out
+
+
+def tree_of(topology: Topology) -> dict[str, Any]:
+    return {
+        "switches": {s.name: {"tier": s.tier, "parent": s.parent} for s in topology.switches.values()},
+        "nodes": {n.name: {"switch": n.switch, "gpus": n.gpus} for n in topology.nodes.values()},
+    }
 
 
 def packing_vs_optimal(out: Mapping[str, Any], mode: str) -> float | None:
