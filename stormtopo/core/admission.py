@@ -153,13 +153,14 @@ def admit_pod(
         patch += prefer_replica_peers(pod, group)
     if isinstance(request, TopologyRequest) and request.mode is Mode.HARD and scope is Scope.ROLESET and role in followers(roleset["spec"]):
         # Volcano's backfill would place it anywhere: held until its replica's anchor is placed.
-        gates = (pod.get("spec") or {}).get("schedulingGates")
+        gates = (pod.get("spec") or {}).get("schedulingGates") or []
         gate = {"name": DOMAIN_GATE}
-        patch.append(
-            {"op": "add", "path": "/spec/schedulingGates/-", "value": gate}
-            if gates
-            else {"op": "add", "path": "/spec/schedulingGates", "value": [gate]}
-        )
+        if gate not in gates:  # the webhook may be invoked again for the same pod
+            patch.append(
+                {"op": "add", "path": "/spec/schedulingGates/-", "value": gate}
+                if gates
+                else {"op": "add", "path": "/spec/schedulingGates", "value": [gate]}
+            )
     if (pod.get("spec") or {}).get("schedulerName") in DEFAULT_SCHEDULERS:
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": VOLCANO_SCHEDULER})
     return Decision(patch=patch)

@@ -280,6 +280,8 @@ def test_a_pod_without_requests_is_held_at_stormtopos_gate_and_one_with_requests
     assert {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "stormtopo.io/domain"}]} in decision.patch
     prefill = {"metadata": {"labels": {"role-name": "prefill", "storm-service-name": "svc"}}, "spec": {"containers": [{}]}}
     assert not any("schedulingGates" in op["path"] for op in admit_pod(prefill, router_replica(), service(HARD1), TIERS).patch)
+    gated = {**router, "spec": {"containers": [{}], "schedulingGates": [{"name": "stormtopo.io/domain"}]}}
+    assert not any("schedulingGates" in op["path"] for op in admit_pod(gated, router_replica(), service(HARD1), TIERS).patch)
     soft = admit_pod(router, router_replica(), service({MODE: "soft"}), TIERS)
     assert not any("schedulingGates" in op["path"] for op in soft.patch)
 
