@@ -49,8 +49,18 @@ tiers:
     enablePreemptable: false
   - name: predicates
   - name: proportion
+  # Within the domain Volcano chose, a replica's pods share a node where they fit: stormtopo gives them a
+  # preferred pod affinity to each other, and GPUs are packed rather than spread (README: scheduler configuration).
   - name: nodeorder
+    arguments:
+      podaffinity.weight: 10
+      leastrequested.weight: 0
+      balancedresource.weight: 0
   - name: binpack
+    arguments:
+      binpack.weight: 10
+      binpack.resources: nvidia.com/gpu
+      binpack.resources.nvidia.com/gpu: 5
   # Not in Volcano's default configuration; without it a hard networkTopology is not enforced.
   - name: network-topology-aware
     arguments:
