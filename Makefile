@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit integration bench bench-quick binaries clean soak
+.PHONY: demo test lint unit integration bench bench-quick binaries clean soak compat
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ bench: binaries
 # vc-scheduler, AIBrix and the operator's leader during churn. STORMTOPO_SOAK_SEED=N repeats a run.
 soak: binaries
 	STORMTOPO_SOAK=1 $(BIN)/pytest -q -s tests/integration/test_soak.py
+
+# The compatibility scenario (seed, scale 3 to 4, nested, multi-node role, bad input) on every AIBrix x Volcano
+# pair the module proxy serves, one cluster at a time; records each pair in COMPATIBILITY.md. Builds each
+# release once (cached); takes /tmp/stormtopo-cluster.lock per pair, so do not wrap it in flock.
+compat: $(BIN)/.installed
+	$(BIN)/python -m stormtopo.devenv.compat
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -23,9 +23,22 @@ _API_ADVICE = {
 }
 
 
+def _select_versions(args: argparse.Namespace) -> bool:
+    from stormtopo.devenv import components
+
+    try:
+        components.select_versions(args.aibrix_version, args.volcano_version)
+    except components.BuildError as exc:
+        print(f"stormtopo: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def _dev_up(args: argparse.Namespace) -> int:
     from stormtopo.devenv import cluster
 
+    if not _select_versions(args):
+        return 2
     try:
         cluster.up(Path(args.state_dir), Path(args.topology) if args.topology else None, with_operator=not args.without_operator)
     except TopologyError as exc:
@@ -51,6 +64,8 @@ def _dev_down(args: argparse.Namespace) -> int:
 def _dev_build(args: argparse.Namespace) -> int:
     from stormtopo.devenv import components
 
+    if not _select_versions(args):
+        return 2
     names = tuple(args.component) or tuple(components.COMPONENTS)
     unknown = [n for n in names if n not in components.COMPONENTS]
     if unknown:
@@ -147,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     build = dev.add_parser("build", help="build (or find cached) upstream binaries and print their paths")
     build.add_argument("component", nargs="*")
     build.set_defaults(func=_dev_build)
+    for releases in (up, build):  # COMPATIBILITY.md lists the served releases; `make compat` runs every pair
+        releases.add_argument("--aibrix-version", help="AIBrix release (default: $STORMTOPO_AIBRIX_VERSION, else the newest served)")
+        releases.add_argument("--volcano-version", help="Volcano release (default: $STORMTOPO_VOLCANO_VERSION, else the newest served)")
     kube = argparse.ArgumentParser(add_help=False)
     kube.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
     topo = sub.add_parser("topology", help="declare HyperNodes and see the tree").add_subparsers(dest="topology_command", required=True)

@@ -21,13 +21,20 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = REPO_ROOT / "tools"
 
 KUBERNETES_VERSION = "v1.35.3"
-VOLCANO_VERSION = "v1.15.1"
 VOLCANO_APIS_BASE = "v1.14.0"  # the newest volcano.sh/apis the module proxy serves; see tools/k8s135
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.19.0"
-# The newest AIBrix the module proxy serves is v0.7.0; add a tools/aibrix/<version> wrapper for others.
-AIBRIX_VERSION = os.environ.get("STORMTOPO_AIBRIX_VERSION", "v0.7.0")
+
+# The releases the Go module proxy served on 2026-11-30, oldest first (COMPATIBILITY.md), each with its
+# wrapper under tools/. Volcano v1.15.1 shares the Kubernetes 1.35 family's module; older releases pin
+# their own k8s.io modules. `make compat` runs every pair; `dev up` runs the newest unless told otherwise.
+AIBRIX_WRAPPERS = {"v0.6.0": "aibrix/v0.6.0", "v0.7.0": "aibrix/v0.7.0"}
+VOLCANO_WRAPPERS = {"v1.14.1": "volcano/v1.14.1", "v1.15.0": "volcano/v1.15.0", "v1.15.1": "k8s135"}
+SERVED_AIBRIX = tuple(AIBRIX_WRAPPERS)
+SERVED_VOLCANO = tuple(VOLCANO_WRAPPERS)
+AIBRIX_VERSION = os.environ.get("STORMTOPO_AIBRIX_VERSION", SERVED_AIBRIX[-1])
+VOLCANO_VERSION = os.environ.get("STORMTOPO_VOLCANO_VERSION", SERVED_VOLCANO[-1])
 
 
 class BuildError(RuntimeError):
@@ -73,52 +80,82 @@ class Component:
 
 
 _K8S = _k8s_version_ldflags(KUBERNETES_VERSION)
-_VOLCANO_LDFLAGS = (f"-X volcano.sh/volcano/pkg/version.Version={VOLCANO_VERSION}",)
-_VOLCANO_INPUTS = ("apis-compat/scheduling_v1beta1.go",)
+_K8S135_INPUTS = ("apis-compat/scheduling_v1beta1.go",)  # kube-* share the module with Volcano v1.15.1
 
-COMPONENTS: dict[str, Component] = {
-    c.name: c
-    for c in (
-        Component("etcd", ETCD_VERSION, "etcd", "go.etcd.io/etcd/server/v3"),
-        Component(
-            "kube-apiserver", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kube-apiserver", _K8S, extra_inputs=_VOLCANO_INPUTS
-        ),
-        Component(
-            "kube-controller-manager",
-            KUBERNETES_VERSION,
-            "k8s135",
-            "k8s.io/kubernetes/cmd/kube-controller-manager",
-            _K8S,
-            extra_inputs=_VOLCANO_INPUTS,
-        ),
-        Component(
-            "kube-scheduler", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kube-scheduler", _K8S, extra_inputs=_VOLCANO_INPUTS
-        ),
-        Component("kubectl", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kubectl", _K8S, extra_inputs=_VOLCANO_INPUTS),
-        Component(
-            "vc-scheduler", VOLCANO_VERSION, "k8s135", "volcano.sh/volcano/cmd/scheduler", _VOLCANO_LDFLAGS, extra_inputs=_VOLCANO_INPUTS
-        ),
-        Component(
-            "vc-controller-manager",
-            VOLCANO_VERSION,
-            "k8s135",
-            "volcano.sh/volcano/cmd/controller-manager",
-            _VOLCANO_LDFLAGS,
-            extra_inputs=_VOLCANO_INPUTS,
-        ),
-        Component(
-            "aibrix-controller-manager",
-            AIBRIX_VERSION,
-            f"aibrix/{AIBRIX_VERSION}",
-            "github.com/vllm-project/aibrix/cmd/controllers",
-            tags=("nozmq",),
-        ),
-        Component("kwok", KWOK_VERSION, "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
-        Component(
-            "helm", HELM_VERSION, "helm", "helm.sh/helm/v3/cmd/helm", (f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",)
-        ),
-    )
-}
+
+def _volcano_inputs(module: str) -> tuple[str, ...]:
+    """The wrapper's volcano.sh/apis shims (tools/<module>/apis-compat), part of the cache key."""
+    shims = (TOOLS_DIR / module / "apis-compat").glob("*.go")
+    return tuple(sorted(f"apis-compat/{shim.name}" for shim in shims))
+
+
+def _components(aibrix: str, volcano: str) -> dict[str, Component]:
+    volcano_module = VOLCANO_WRAPPERS.get(volcano, f"volcano/{volcano}")
+    volcano_ldflags = (f"-X volcano.sh/volcano/pkg/version.Version={volcano}",)
+    volcano_inputs = _volcano_inputs(volcano_module)
+    return {
+        c.name: c
+        for c in (
+            Component("etcd", ETCD_VERSION, "etcd", "go.etcd.io/etcd/server/v3"),
+            Component(
+                "kube-apiserver", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kube-apiserver", _K8S, extra_inputs=_K8S135_INPUTS
+            ),
+            Component(
+                "kube-controller-manager",
+                KUBERNETES_VERSION,
+                "k8s135",
+                "k8s.io/kubernetes/cmd/kube-controller-manager",
+                _K8S,
+                extra_inputs=_K8S135_INPUTS,
+            ),
+            Component(
+                "kube-scheduler", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kube-scheduler", _K8S, extra_inputs=_K8S135_INPUTS
+            ),
+            Component("kubectl", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kubectl", _K8S, extra_inputs=_K8S135_INPUTS),
+            Component(
+                "vc-scheduler", volcano, volcano_module, "volcano.sh/volcano/cmd/scheduler", volcano_ldflags, extra_inputs=volcano_inputs
+            ),
+            Component(
+                "vc-controller-manager",
+                volcano,
+                volcano_module,
+                "volcano.sh/volcano/cmd/controller-manager",
+                volcano_ldflags,
+                extra_inputs=volcano_inputs,
+            ),
+            Component(
+                "aibrix-controller-manager",
+                aibrix,
+                AIBRIX_WRAPPERS.get(aibrix, f"aibrix/{aibrix}"),
+                "github.com/vllm-project/aibrix/cmd/controllers",
+                tags=("nozmq",),
+            ),
+            Component("kwok", KWOK_VERSION, "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
+            Component(
+                "helm", HELM_VERSION, "helm", "helm.sh/helm/v3/cmd/helm", (f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",)
+            ),
+        )
+    }
+
+
+COMPONENTS: dict[str, Component] = _components(AIBRIX_VERSION, VOLCANO_VERSION)
+
+
+def select_versions(aibrix: str | None = None, volcano: str | None = None) -> None:
+    """Build and run these AIBrix and Volcano releases in this process and the processes it starts.
+
+    `None` keeps the current choice (STORMTOPO_AIBRIX_VERSION / STORMTOPO_VOLCANO_VERSION, else the newest).
+    """
+    global AIBRIX_VERSION, VOLCANO_VERSION
+    aibrix, volcano = aibrix or AIBRIX_VERSION, volcano or VOLCANO_VERSION
+    for what, version, served in (("AIBrix", aibrix, SERVED_AIBRIX), ("Volcano", volcano, SERVED_VOLCANO)):
+        if version not in served:
+            raise BuildError(f"no wrapper for {what} {version}: tools/ builds {', '.join(served)}")
+    AIBRIX_VERSION, VOLCANO_VERSION = aibrix, volcano
+    os.environ.update(STORMTOPO_AIBRIX_VERSION=AIBRIX_VERSION, STORMTOPO_VOLCANO_VERSION=VOLCANO_VERSION)
+    COMPONENTS.clear()  # in place: callers hold the dict
+    COMPONENTS.update(_components(AIBRIX_VERSION, VOLCANO_VERSION))
+
 
 # What `dev up` runs; helm is only built for the chart tests.
 CONTROL_PLANE = (
@@ -160,13 +197,21 @@ def _go(args: list[str], cwd: Path, what: str) -> str:
 
 
 def _prepare_volcano_apis(component: Component) -> None:
-    """Lay out tools/k8s135/_apis: volcano.sh/apis v1.14.0 plus the v1.15 compatibility shim."""
-    if component.module != "k8s135":
+    """Lay out tools/<module>/_apis: volcano.sh/apis v1.14.0 plus the wrapper's shims (apis-compat).
+
+    Volcano pins volcano.sh/apis to its own staging directory, which its module zip leaves out; every
+    Volcano wrapper replaces it with ./_apis. A shim apis-compat/<group>_<version>.go is copied into
+    pkg/apis/<group>/<version>/.
+    """
+    go_mod = component.module_dir / "go.mod"
+    if "=> ./_apis" not in go_mod.read_text():
         return
     target = component.module_dir / "_apis"
-    shim = component.module_dir / "apis-compat" / "scheduling_v1beta1.go"
-    dest = target / "pkg/apis/scheduling/v1beta1/zz_stormtopo_compat.go"
-    if dest.exists() and dest.read_bytes() == shim.read_bytes():
+    shims = {
+        Path("pkg/apis", *shim.stem.split("_", 1), "zz_stormtopo_compat.go"): shim.read_bytes()
+        for shim in (component.module_dir / "apis-compat").glob("*.go")
+    }
+    if (target / "go.mod").exists() and all((target / rel).exists() and (target / rel).read_bytes() == b for rel, b in shims.items()):
         return
     proc = subprocess.run(
         ["go", "mod", "download", "-json", f"volcano.sh/apis@{VOLCANO_APIS_BASE}"],
@@ -181,9 +226,10 @@ def _prepare_volcano_apis(component: Component) -> None:
     tmp = target.with_name("_apis.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(source, tmp)
-    for p in tmp.rglob("*"):
+    for p in [tmp, *tmp.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
-    shutil.copyfile(shim, tmp / "pkg/apis/scheduling/v1beta1/zz_stormtopo_compat.go")
+    for rel, content in shims.items():
+        (tmp / rel).write_bytes(content)
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
 
@@ -198,6 +244,8 @@ def ensure_binary(name: str, log: bool = True) -> Path:
     path = binary_path(component)
     if path.exists():
         return path
+    if not component.module_dir.is_dir():
+        raise BuildError(f"no wrapper for {component.name} {component.version}: tools/{component.module} is missing")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two clusters starting at once build each binary once
