@@ -210,6 +210,10 @@ def test_operator_under_the_charts_service_account_with_leader_election(chart_cl
         admin.bound_pods("chart-ns", "storm-service-name=after", 2, timeout=90)
         groups = [g["metadata"]["name"] for g in admin.podgroups("chart-ns")]
         assert len(groups) == 2 and len(set(groups)) == 2  # one PodGroup per replica, none twice
+
+        # SIGTERM: the leader hands the Lease back on its way out (no follower waits out a duration).
+        processes.stop(second)
+        assert _holder(lease) == "" and lease()["spec"]["leaseDurationSeconds"] == 1
     finally:
         for p in (first, second):
             processes.stop(p, kill=True)
