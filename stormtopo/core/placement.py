@@ -111,6 +111,17 @@ def plan_placed(
     return Placed(record, tuple(says), tuple(labels), violated)
 
 
+EMPTY_TOPOLOGY = Topology({}, {})
+
+
+def is_live(pod: Mapping[str, Any]) -> bool:
+    """A pod that holds its node: not being deleted, not finished. A terminating or evicted pod is
+    no anchor for its replica's domain, and no evidence of a violation."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
 def is_held(pod: Mapping[str, Any]) -> bool:
     """A pod stormtopo holds at its scheduling gate until its replica's anchor is placed."""
     return any(g.get("name") == DOMAIN_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
@@ -124,10 +135,10 @@ def plan_release(
     affinity to that domain's nodes, which Volcano's backfill honours, then the gate removed.
     Kubernetes lets a gated pod's node affinity be set or narrowed, never widened."""
     nodes = [p["spec"]["nodeName"] for p in anchors if (p.get("spec") or {}).get("nodeName")]
-    if not nodes or len(nodes) < expected:
+    if len(nodes) < expected:
         return []  # wait for every anchor pod (`expected` of them) to be bound
     span = topology.span(nodes)
-    domain = tuple(sorted(topology.nodes_under(span.hypernode))) if span.hypernode else ()
+    domain = tuple(sorted(topology.nodes_under(span.hypernode))) if span.hypernode else ()  # none: released unconstrained
     return [PatchPod(p["metadata"].get("namespace", ""), p["metadata"]["name"], _release_ops(p, domain)) for p in held]
 
 
@@ -139,7 +150,7 @@ def _release_ops(pod: Mapping[str, Any], domain: Sequence[str]) -> list[dict[str
         {"op": "remove", "path": f"/spec/schedulingGates/{gate}"},
     ]
     if not domain:
-        return ops  # its anchor is on nodes no HyperNode holds: nothing to keep it within
+        return ops  # no anchor, or one on nodes no HyperNode holds: nothing to keep it within
     within = {"key": "metadata.name", "operator": "In", "values": list(domain)}
     affinity = spec.get("affinity") or {}
     node_affinity = affinity.get("nodeAffinity") or {}

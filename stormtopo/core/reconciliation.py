@@ -49,6 +49,8 @@ def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None) -> Ser
     writes: list[Write] = []
     if request is not None and request.scope is Scope.STORMSERVICE:
         writes += _service_group(snapshot, request, service_group)
+        for roleset in snapshot.rolesets:  # from scope RoleSet: the replicas' own PodGroups carry no constraint now
+            writes += _withdraw(namespace, snapshot.podgroups.get(roleset["metadata"]["name"]))
     else:
         writes += _withdraw(namespace, service_group)
         for roleset in snapshot.rolesets:

@@ -47,7 +47,7 @@ def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
 def _slim_pod(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     """Of a pod, where it is bound and when: what a placement check and its metric read."""
     scheduled = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
-    kept = {k: meta[k] for k in ("name", "namespace", "labels", "creationTimestamp") if k in meta}
+    kept = {k: meta[k] for k in ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp") if k in meta}
     spec = pod.get("spec") or {}
     # Where it is bound; and, for a pod held at stormtopo's gate, what releasing it must patch.
     kept_spec = {k: spec[k] for k in ("nodeName", "schedulingGates", "affinity") if spec.get(k)}
@@ -55,7 +55,7 @@ def _slim_pod(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]
         "kind": "Pod",
         "metadata": kept,
         "spec": kept_spec,
-        "status": {"conditions": scheduled},
+        "status": {"conditions": scheduled, "phase": (pod.get("status") or {}).get("phase")},
     }
 
 

@@ -19,8 +19,8 @@ from typing import Any
 from stormtopo.core.admission import valid_request
 from stormtopo.core.explanation import allowed_tier, plan_pending
 from stormtopo.core.gang import followers, gang_of, replica_pods
-from stormtopo.core.placement import is_held, merge_placements, plan_placed, plan_release, recorded_placement
-from stormtopo.core.request import TopologyRequest
+from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, merge_placements, plan_placed, plan_release, recorded_placement
+from stormtopo.core.request import TopologyRequest, is_opted_in
 from stormtopo.core.topology.hypernodes import selects_by_label, topology_from_hypernodes
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION, ROLE_LABEL
@@ -80,25 +80,42 @@ class PlacementReporter:
         RoleSet) was admitted, bound or deleted, or its PodGroup changed."""
         roleset = self.index.rolesets.get(key)
         stormservice = self.index.stormservices.get(service_key_of(roleset)) if roleset else None
-        request = valid_request(stormservice, self.index.cluster_tiers())
-        if roleset is None or stormservice is None or request is None:
+        if roleset is None or stormservice is None:
             return
-        wanted = replica_pods(roleset.get("spec") or {})
-        pods = self.index.pods_of(*key)
-        bound = [p for p in pods if p["spec"].get("nodeName")]
+        pods = [p for p in self.index.pods_of(*key) if is_live(p)]
         held = [p for p in pods if is_held(p)]
         if held:
-            following = followers(roleset.get("spec") or {})
-            anchors = [p for p in pods if (p["metadata"].get("labels") or {}).get(ROLE_LABEL) not in following]
-            topology = await self._topology([p["spec"].get("nodeName") or "" for p in anchors])
-            expected = gang_of(roleset.get("spec") or {}, following).min_member
-            await execute(self.index.api, plan_release(topology, anchors, expected, held))
+            await self._release(roleset, stormservice, pods, held)
+        request = valid_request(stormservice, self.index.cluster_tiers())
+        if request is None:
+            return
+        wanted = replica_pods(roleset.get("spec") or {})
+        bound = [p for p in pods if p["spec"].get("nodeName")]
         if bound:
             await self._placed(key, stormservice, request, bound, complete=len(bound) >= len(wanted))
         if len(bound) >= len(wanted):
             self._settle(key)
         elif is_unschedulable(self.index.podgroups.get(key)):
             await self._pending(key, roleset, stormservice, request, wanted, len(pods))
+
+    async def _release(
+        self,
+        roleset: Mapping[str, Any],
+        stormservice: Mapping[str, Any],
+        pods: Sequence[Mapping[str, Any]],
+        held: Sequence[Mapping[str, Any]],
+    ) -> None:
+        """Release pods held at stormtopo's gate: into their anchors' domain once those are bound (the
+        request valid, or invalid and its last valid constraint kept), or at once when the StormService
+        no longer asks for a topology."""
+        if not is_opted_in((stormservice["metadata"].get("annotations")) or {}):
+            await execute(self.index.api, plan_release(EMPTY_TOPOLOGY, [], 0, held))
+            return
+        following = followers(roleset.get("spec") or {})
+        anchors = [p for p in pods if (p["metadata"].get("labels") or {}).get(ROLE_LABEL) not in following]
+        topology = await self._topology([p["spec"].get("nodeName") or "" for p in anchors])
+        expected = gang_of(roleset.get("spec") or {}, following).min_member
+        await execute(self.index.api, plan_release(topology, anchors, expected, held))
 
     def forget(self, key: Key) -> None:
         """A replica was deleted: drop what was said and checked about it."""

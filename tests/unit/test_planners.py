@@ -360,3 +360,23 @@ def test_pods_prefer_the_node_of_their_replicas_other_pods_added_to_what_they_pr
             },
         }
     ]
+
+
+def test_switching_to_scope_stormservice_withdraws_the_replicas_own_constraint() -> None:
+    snapshot = ServiceSnapshot(
+        service({**HARD1, SCOPE: "StormService"}), (replica(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS
+    )
+    writes = plan_stormservice(snapshot).writes
+    assert isinstance(writes[0], CreatePodGroup)
+    assert PatchPodGroup("ns", "svc-roleset-abcde", [{"op": "remove", "path": "/metadata/annotations/stormtopo.io~1request"}]) in writes
+
+
+def test_terminating_or_finished_pods_are_no_anchor_and_held_pods_of_an_opted_out_service_go_free() -> None:
+    from stormtopo.core.placement import EMPTY_TOPOLOGY, is_live, plan_release
+
+    assert is_live(pod("p", "node4"))
+    assert not is_live({**pod("p", "node4"), "metadata": {"name": "p", "deletionTimestamp": "2026-11-30T00:00:00Z"}})
+    assert not is_live({**pod("p", "node4"), "status": {"phase": "Failed"}})
+    held = {"metadata": {"name": "router-0", "namespace": "ns"}, "spec": {"schedulingGates": [{"name": "stormtopo.io/domain"}]}}
+    (release,) = plan_release(EMPTY_TOPOLOGY, [], 0, [held])
+    assert [op["op"] for op in release.ops] == ["test", "remove"]  # the gate goes, no affinity is set
