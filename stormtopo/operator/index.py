@@ -17,7 +17,7 @@ from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.reconciliation import ServiceSnapshot
 from stormtopo.core.request import ClusterTiers
-from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, VOLCANO_TOPOLOGY
+from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api
 
 Key = tuple[str, str]  # (namespace, name)
@@ -208,6 +208,15 @@ class Index:
     # -- lookups for admission -----------------------------------------------------------------
     async def roleset(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._read_through(self.rolesets, "rolesets", namespace, name)
+
+    async def podgroup(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A PodGroup, read through on a miss: a replica that just started must not admit a pod into a
+        PodGroup it has not seen yet (one created unconstrained while stormtopo was down)."""
+        found = self.podgroups.get((namespace, name))
+        if found is None:
+            read = await asyncio.to_thread(self.api.get, VOLCANO_SCHEDULING, "podgroups", namespace, name)
+            found = slim(read) if read is not None else None
+        return found
 
     async def stormservice(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._read_through(self.stormservices, "stormservices", namespace, name)

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint
 from stormtopo.core.optin import admission_policy, listing, opted_in_configmap, requests_topology_condition
-from stormtopo.core.request import ClusterTiers
+from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import metrics
@@ -62,8 +62,9 @@ def build_app(index: Index, opted_in: OptedInList) -> web.Application:
             namespace = meta.get("namespace", "")
             owner = await index.service_of_group(namespace, named) if named else None
             replica = (roleset or {}).get("metadata", {}).get("name", "")
-            known = {replica: index.podgroups[(namespace, replica)]} if (namespace, replica) in index.podgroups else {}
-            return admit_pod(pod, roleset, stormservice, tiers, owner, known)
+            opted_in = stormservice is not None and is_opted_in(stormservice["metadata"].get("annotations"))
+            gang = await index.podgroup(namespace, replica) if replica and opted_in else None
+            return admit_pod(pod, roleset, stormservice, tiers, owner, {replica: gang} if gang else {})
 
         return await handle(request, "pod", admit)
 
