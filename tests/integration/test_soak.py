@@ -17,7 +17,9 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -117,6 +119,10 @@ def soak_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pat
         yield state, cluster, operators
     finally:
         stormtopo("dev", "down", "--state-dir", str(state), check=False)
+        # pytest keeps only its last three temporary directories; other test runs would rotate these away.
+        kept = Path(tempfile.gettempdir()) / f"stormtopo-soak-logs-{time.strftime('%Y%m%dT%H%M%S')}"
+        shutil.copytree(state / "logs", kept)
+        print(f"\n  soak logs kept in {kept}")
 
 
 def _http_ok(url: str) -> bool:
@@ -363,6 +369,16 @@ class Monkey:
         }[component]
 
 
+def operator_log_summary(state: Path) -> str:
+    """What the operator replicas logged: leadership changes, errors and tracebacks, for the report."""
+    text = "".join(log.read_text(errors="replace") for log in sorted((state / "logs").glob("operator-*.log")))
+    errors = Counter(line.split(": ", 1)[-1][:100] for line in text.splitlines() if " ERROR " in line)
+    return (
+        f"operator logs: leadership taken {text.count(' took leadership')} times, lost {text.count(' lost leadership')} times, "
+        f"{text.count('Traceback')} tracebacks, {sum(errors.values())} ERROR lines; most frequent: {errors.most_common(5)}"
+    )
+
+
 # -- the end state -----------------------------------------------------------------------------------------
 
 
@@ -488,6 +504,7 @@ def test_soak_twenty_kills_of_each_component_during_churn(soak_cluster: tuple[Pa
         f"  converged {converge:.1f}s after the last kill; {watchman.samples} samples, {len(watchman.violations)} violations, "
         f"{len(events)} TopologyViolated Events"
     )
+    print(f"  {operator_log_summary(state)}")
     assert not watchman.violations, watchman.violations[:20]
     assert not events, [e.message for e in events[:5]]
     assert not churn.error, churn.error
