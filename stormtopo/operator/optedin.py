@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 
 from stormtopo.core.optin import listing_change, opted_in_configmap, opted_in_key
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
@@ -18,6 +19,7 @@ class OptedInList:
         self.api = api
         self.namespace = namespace
         self.listed: dict[str, str] = {}  # as last read or written by this replica
+        self._absent: set[str] = set()  # keys absent from the index at the last check
 
     @property
     def path(self) -> str:
@@ -32,10 +34,11 @@ class OptedInList:
                 raise
             self.listed = {}
 
-    def set(self, namespace: str, stormservice: str, want: str | None) -> None:
-        """List a StormService with its scope, or unlist it (None); writes only on a change."""
+    def set(self, namespace: str, stormservice: str, want: str | None, force: bool = False) -> None:
+        """List a StormService with its scope, or unlist it (None); writes only on a change unless
+        `force` (this replica's copy of the list may be stale)."""
         key = opted_in_key(namespace, stormservice)
-        change = listing_change(self.listed, key, want)
+        change = {key: want} if force else listing_change(self.listed, key, want)
         if change is None:
             return
         try:
@@ -53,9 +56,18 @@ class OptedInList:
         else:
             self.listed[key] = want
 
-    async def aset(self, namespace: str, stormservice: str, want: str | None) -> None:
-        if listing_change(self.listed, opted_in_key(namespace, stormservice), want) is not None:
-            await asyncio.to_thread(self.set, namespace, stormservice, want)
+    async def aset(self, namespace: str, stormservice: str, want: str | None, force: bool = False) -> None:
+        if force or listing_change(self.listed, opted_in_key(namespace, stormservice), want) is not None:
+            await asyncio.to_thread(self.set, namespace, stormservice, want, force)
+
+    def stale(self, present: Mapping[str, object]) -> list[str]:
+        """Listed keys whose StormService was absent at this and the previous check (`present`: the
+        keys of the StormServices known now): deleted while stormtopo was down, or never created
+        (the gate lists a StormService before it exists). Two checks, so one just created survives."""
+        absent = {key for key in self.listed if key not in present}
+        gone = sorted(absent & self._absent)
+        self._absent = absent - set(gone)
+        return gone
 
     async def keep(self, namespace: str, stormservice: str, want: str | None) -> None:
         """As aset, from reconciliation: a failure is logged and retried at the next resync, and

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.optin import listing
+from stormtopo.core.optin import listing, opted_in_key
 from stormtopo.core.reconciliation import plan_stormservice
 from stormtopo.kube.client import ApiError
 from stormtopo.operator import metrics
@@ -54,11 +54,17 @@ class Reconciler:
 
     async def refresh_opted_in(self) -> None:
         """Re-read the opted-in list: every replica's webhook adds to it."""
-        if self.opted_in is not None:
-            try:
-                await asyncio.to_thread(self.opted_in.refresh)
-            except (ApiError, OSError) as exc:
-                log.warning("could not read the opted-in list: %s", exc)
+        if self.opted_in is None:
+            return
+        try:
+            await asyncio.to_thread(self.opted_in.refresh)
+        except (ApiError, OSError) as exc:
+            log.warning("could not read the opted-in list: %s", exc)
+            return
+        present = {opted_in_key(*key): None for key in self.index.stormservices}
+        for key in self.opted_in.stale(present):
+            namespace, _, name = key.partition(".")
+            await self.opted_in.keep(namespace, name, None)
 
     def forget(self, key: Key) -> None:
         """A StormService was deleted: drop what was said about it."""

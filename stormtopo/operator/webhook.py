@@ -85,7 +85,7 @@ def build_app(index: Index, opted_in: OptedInList) -> web.Application:
         decision = Decision()
         if not req.get("dryRun"):
             try:
-                await opted_in.aset(meta.get("namespace") or req.get("namespace", ""), meta.get("name", ""), listing(obj))
+                await opted_in.aset(meta.get("namespace") or req.get("namespace", ""), meta.get("name", ""), listing(obj), force=True)
             except (ApiError, OSError) as exc:
                 decision = Decision(allowed=False, message=f"stormtopo could not list this StormService as opted in, retry: {exc}")
         return web.json_response(review_response(str(req.get("uid", "")), decision))

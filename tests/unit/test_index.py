@@ -74,3 +74,13 @@ def test_a_relist_forgets_what_was_deleted_while_the_watch_was_down_but_not_what
     assert [r["metadata"]["name"] for r in index.rolesets_of("ns", "svc")] == ["svc-roleset-b"]
     assert index.prune("StormService", listed={("ns", "svc")}, mark=mark) == []
     assert ("ns", "svc") in index.stormservices
+
+
+def test_the_opted_in_list_forgets_a_stormservice_only_after_two_checks_without_it() -> None:
+    from stormtopo.operator.optedin import OptedInList
+
+    listed = OptedInList(api=None, namespace="stormtopo")  # type: ignore[arg-type]  # stale() makes no API calls
+    listed.listed = {"ns.gone": "RoleSet", "ns.here": "RoleSet", "ns.new": "RoleSet"}
+    assert listed.stale({"ns.here": None}) == []  # first check: maybe just created by the gate
+    assert listed.stale({"ns.here": None, "ns.new": None}) == ["ns.gone"]
+    assert listed.stale({"ns.here": None, "ns.new": None}) == []
