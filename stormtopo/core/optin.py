@@ -26,12 +26,14 @@ from stormtopo.core.vocabulary import (
     OPTED_IN_CONFIGMAP,
     REQUEST_ANNOTATION,
     REQUEST_ANNOTATIONS,
+    ROLESET_LABEL,
     SCOPE,
     STORMSERVICE_LABEL,
     VOLCANO_SCHEDULING,
 )
 
-POLICY_NAME = "stormtopo-opted-in-gangs"
+PODS_POLICY = "stormtopo-opted-in-pods"
+PODGROUPS_POLICY = "stormtopo-constrained-podgroups"
 
 
 def opted_in_key(namespace: str, stormservice: str) -> str:
@@ -63,70 +65,81 @@ def requests_topology_condition() -> str:
 
 
 def admission_policy(configmap_namespace: str) -> list[dict[str, Any]]:
-    """The ValidatingAdmissionPolicy and its binding (admissionregistration.k8s.io/v1, Kubernetes >= 1.30)."""
+    """Two ValidatingAdmissionPolicies with their bindings (admissionregistration.k8s.io/v1,
+    Kubernetes >= 1.30), each matching only AIBrix's objects (an object selector on AIBrix's labels):
+    - pods of a StormService listed in the opted-in ConfigMap must have been admitted by stormtopo;
+    - an update must not strip networkTopology from a PodGroup that stormtopo constrained."""
     key = (
         f"has(object.metadata.labels) && '{STORMSERVICE_LABEL}' in object.metadata.labels ? "
         f"object.metadata.namespace + '.' + object.metadata.labels['{STORMSERVICE_LABEL}'] : ''"
     )
+    pods = _policy(
+        PODS_POLICY,
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
+        STORMSERVICE_LABEL,
+        {
+            "expression": (f"!variables.optedIn || (has(object.metadata.labels) && '{ADMITTED_LABEL}' in object.metadata.labels)"),
+            "messageExpression": (
+                "'StormService ' + object.metadata.labels['" + STORMSERVICE_LABEL + "'] + ' asks for a network topology, "
+                "and stormtopo has not admitted this pod (is the stormtopo webhook running?); it is created once stormtopo is back'"
+            ),
+            "reason": "Forbidden",
+        },
+        variables=[
+            {"name": "key", "expression": key},
+            {"name": "optedIn", "expression": "variables.key != '' && has(params.data) && variables.key in params.data"},
+        ],
+    )
+    pods[0]["spec"]["paramKind"] = {"apiVersion": "v1", "kind": "ConfigMap"}
+    # No ConfigMap (stormtopo uninstalled): nothing is refused.
+    pods[1]["spec"]["paramRef"] = {"name": OPTED_IN_CONFIGMAP, "namespace": configmap_namespace, "parameterNotFoundAction": "Allow"}
     constrained_before = (
-        f"oldObject != null && has(oldObject.metadata.annotations) && '{REQUEST_ANNOTATION}' in oldObject.metadata.annotations "
+        f"has(oldObject.metadata.annotations) && '{REQUEST_ANNOTATION}' in oldObject.metadata.annotations "
         "&& has(oldObject.spec.networkTopology)"
     )
+    podgroups = _policy(
+        PODGROUPS_POLICY,
+        {
+            "apiGroups": [VOLCANO_SCHEDULING[0]],
+            "apiVersions": [VOLCANO_SCHEDULING[1]],
+            "operations": ["UPDATE"],
+            "resources": ["podgroups"],
+        },
+        ROLESET_LABEL,
+        {
+            "expression": f"!({constrained_before}) || has(object.spec.networkTopology)",
+            "message": (
+                "this PodGroup carries a network-topology constraint from stormtopo, and this update would strip it "
+                "(is the stormtopo webhook running?); retry once stormtopo is back"
+            ),
+            "reason": "Forbidden",
+        },
+    )
+    return [*pods, *podgroups]
+
+
+def _policy(
+    name: str, rule: dict[str, Any], label: str, validation: dict[str, str], variables: list[dict[str, str]] | None = None
+) -> list[dict[str, Any]]:
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": POLICY_NAME, "labels": dict(MANAGED_BY)},
+        "metadata": {"name": name, "labels": dict(MANAGED_BY)},
         "spec": {
             "failurePolicy": "Fail",
-            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
             "matchConstraints": {
-                "resourceRules": [
-                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
-                    {
-                        "apiGroups": [VOLCANO_SCHEDULING[0]],
-                        "apiVersions": [VOLCANO_SCHEDULING[1]],
-                        "operations": ["UPDATE"],
-                        "resources": ["podgroups"],
-                    },
-                ]
+                "resourceRules": [rule],
+                "objectSelector": {"matchExpressions": [{"key": label, "operator": "Exists"}]},
             },
-            "variables": [
-                {"name": "key", "expression": key},
-                {"name": "optedIn", "expression": "variables.key != '' && has(params.data) && variables.key in params.data"},
-            ],
-            "validations": [
-                {
-                    "expression": (
-                        f"object.kind != 'Pod' || !variables.optedIn || "
-                        f"(has(object.metadata.labels) && '{ADMITTED_LABEL}' in object.metadata.labels)"
-                    ),
-                    "messageExpression": (
-                        "'StormService ' + object.metadata.labels['" + STORMSERVICE_LABEL + "'] + ' asks for a network topology, "
-                        "and stormtopo has not admitted this pod (is the stormtopo webhook running?); it is created once stormtopo is back'"
-                    ),
-                    "reason": "Forbidden",
-                },
-                {
-                    "expression": f"object.kind != 'PodGroup' || !({constrained_before}) || has(object.spec.networkTopology)",
-                    "message": (
-                        "this PodGroup carries a network-topology constraint from stormtopo, and this update would strip it "
-                        "(is the stormtopo webhook running?); retry once stormtopo is back"
-                    ),
-                    "reason": "Forbidden",
-                },
-            ],
+            "variables": variables or [],
+            "validations": [validation],
         },
     }
     binding = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": POLICY_NAME, "labels": dict(MANAGED_BY)},
-        "spec": {
-            "policyName": POLICY_NAME,
-            "validationActions": ["Deny"],
-            # No ConfigMap (stormtopo uninstalled): nothing is refused.
-            "paramRef": {"name": OPTED_IN_CONFIGMAP, "namespace": configmap_namespace, "parameterNotFoundAction": "Allow"},
-        },
+        "metadata": {"name": name, "labels": dict(MANAGED_BY)},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
     }
     return [policy, binding]
 
