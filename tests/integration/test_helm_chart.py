@@ -304,6 +304,39 @@ def test_service_account_may_change_only_stormtopo_keys(chart_cluster: tuple[Pat
     # The admin, whom the policy does not match, still may.
     assert kubectl(state, "label", "pod", "p", "-n", ns, "team=z").returncode == 0
 
+    # Never a request annotation: the ServiceAccount cannot opt a StormService in or change its scope.
+    assert _refused(patch("stormservice", "svc", {"metadata": {"annotations": {"stormtopo.io/topology-scope": "StormService"}}}))
+    # A pod held at stormtopo's gate may be released (its gate removed, its node affinity set), no more.
+    gates = [{"name": "stormtopo.io/domain"}, {"name": "example.com/other"}]
+    admin.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "held", "namespace": ns},
+            "spec": {"schedulerName": "nobody", "schedulingGates": gates, "containers": [{"name": "c", "image": "registry.example/a:1"}]},
+        }
+    )
+    assert _refused(patch("pod", "held", [{"op": "remove", "path": "/spec/schedulingGates/1"}], "json"))  # someone else's gate
+    within = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["w0"]}]}]}
+    release = [
+        {"op": "remove", "path": "/spec/schedulingGates/0"},
+        {"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": within}}},
+    ]
+    released = patch("pod", "held", release, "json")
+    assert released.returncode == 0, released.stderr
+    assert admin.core.read_namespaced_pod("held", ns).spec.scheduling_gates[0].name == "example.com/other"
+    # PodGroups: only the gang and topology fields, never the queue.
+    admin.create(
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": "pg", "namespace": ns, "labels": {"roleset-name": "pg"}},
+            "spec": {"minMember": 1, "queue": "default"},
+        }
+    )
+    assert _refused(patch("podgroup", "pg", {"spec": {"queue": "other"}}))
+    assert patch("podgroup", "pg", {"spec": {"minMember": 2}}).returncode == 0
+
 
 def test_helm_upgrade_keeps_the_ca_and_no_admission_fails(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
     """Proves (issue 14, item 3): `helm upgrade` of a release with a generated certificate keeps its CA,
