@@ -86,7 +86,9 @@ def admit_podgroup(
     patch = set_spec_fields(podgroup.get("spec"), fields)
     patch += set_annotations(podgroup, {**_dropped(podgroup, old, "annotations"), REQUEST_ANNOTATION: described})
     patch += set_labels(podgroup, _dropped(podgroup, old, "labels"))
-    if old and old.get("status") and not podgroup.get("status"):
+    unchanged = {**(podgroup.get("spec") or {}), **fields} == ((old or {}).get("spec") or {})
+    if old and old.get("status") and not podgroup.get("status") and unchanged:
+        # Only a rewrite that changes nothing keeps Volcano's status: a new queue or priority must be admitted anew.
         patch.append({"op": "add", "path": "/status", "value": old["status"]})
     return Decision(patch=patch)
 

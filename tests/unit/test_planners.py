@@ -132,11 +132,14 @@ def test_aibrixs_rewrite_of_a_pending_replica_keeps_volcanos_status_and_foreign_
     stored["metadata"]["labels"] = {"roleset-name": "svc-roleset-abcde", "team": "a"}
     stored["metadata"]["annotations"]["volcano.sh/job-allocated-hypernode"] = "s2"
     stored["status"] = {"phase": "Pending", "conditions": [{"type": "Unschedulable", "status": "True"}]}
+    stored["spec"]["queue"] = "default"
     rewrite = {
         "metadata": {"name": "svc-roleset-abcde", "namespace": "ns", "labels": {"roleset-name": "svc-roleset-abcde"}},
         "spec": {"minMember": 2, "queue": "default"},
         "status": {},
     }
+    moved = admit_podgroup({**rewrite, "spec": {"minMember": 2, "queue": "other"}}, replica(), service(HARD1), TIERS, stored, stored)
+    assert "/status" not in {op["path"] for op in moved.patch}  # a new queue is admitted anew: no status kept
     decision = admit_podgroup(rewrite, replica(), service(HARD1), TIERS, last_valid=stored, old=stored)
     ops = {op["path"]: op["value"] for op in decision.patch}
     assert ops["/status"] == stored["status"]
