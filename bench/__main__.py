@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from bench import churn, critical_path, expressions, placement_quality, report
+from bench import churn, critical_path, expressions, kvflow, packing, placement_quality, report
 from bench.fabric import fabric_yaml, fragmentation
 from bench.workload import stream
 from stormtopo.core.topology.fabric import parse_topology
@@ -63,6 +63,9 @@ def run(quick: bool, large: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"machine": machine(), "quick": quick, "large": large, "nodes": len(topology.nodes)}
     try:
         client = DevCluster(state)
+        if not large:  # before the fillers: it starts from an empty cluster, then fragments it itself
+            size = packing.QUICK if quick else packing.FULL
+            out["packing"] = packing.run(client, topology, size.nodes(topology), wait=size.wait)
         client.create_namespace("bench-fill")
         used = fragmentation(sorted(topology.nodes), seed=7)
         for node, gpus in used.items():
@@ -121,6 +124,9 @@ def headline(out: dict[str, Any]) -> dict[str, Any]:
         "webhook_p99_ratio": out["webhook"]["p99_ratio"],
         "webhook_p50_ratio": out["webhook"]["p50_ratio"],
         "pending_podgroup_writes_vs_baseline": out["churn"]["ratio"],
+        "packing_vs_optimal": out["packing"]["packing_vs_optimal"],
+        "baseline_packing_vs_optimal": out["packing"]["baseline_packing_vs_optimal"],
+        "diy_packing_vs_optimal": out["packing"]["diy_packing_vs_optimal"],
         "nodes": out["nodes"],
         "seconds": out["seconds"],
     }
@@ -171,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"results: {RESULTS / name}", file=sys.stderr)
     if not args.quick:
         report.plot(out, RESULTS / "placement.png")
+        kvflow.write(out["packing"], name, RESULTS / "kvflow")
         report.write_markdown(Path(__file__).resolve().parents[1] / "BENCHMARKS.md", out, f"bench/results/{name}")
     print(json.dumps(headline(out)))
     return 0
