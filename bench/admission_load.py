@@ -93,9 +93,9 @@ class Probe:
     def pending_gangs(self) -> float:
         return next((float(line.split()[-1]) for line in self.metrics().splitlines() if line.startswith("stormtopo_pending_gangs ")), -1.0)
 
-    def admission_buckets(self) -> dict[str, float]:
-        """The webhook's own pod-admission histogram (cumulative counts by upper bound)."""
-        prefix = 'stormtopo_admission_seconds_bucket{kind="pod",le="'
+    def admission_buckets(self, kind: str = "pod") -> dict[str, float]:
+        """The webhook's own admission histogram for `kind` (cumulative counts by upper bound)."""
+        prefix = f'stormtopo_admission_seconds_bucket{{kind="{kind}",le="'
         return {
             line[len(prefix) :].split('"')[0]: float(line.split()[-1]) for line in self.metrics().splitlines() if line.startswith(prefix)
         }
@@ -118,7 +118,8 @@ def measure(client: DevCluster, probe: Probe, namespace: str, service: str, role
     opted_in = {"storm-service-name": service, "roleset-name": roleset, "role-name": "decode"}
     times: dict[bool, list[float]] = {True: [], False: []}
     admitted = 0
-    buckets, cpu, started = probe.admission_buckets(), probe.cpu_seconds(), time.monotonic()
+    buckets, podgroups = probe.admission_buckets(), probe.admission_buckets("podgroup").get("+Inf", 0.0)
+    cpu, started = probe.cpu_seconds(), time.monotonic()
     i = 0
     while time.monotonic() - started < seconds:
         for through in (True, False):
@@ -141,6 +142,8 @@ def measure(client: DevCluster, probe: Probe, namespace: str, service: str, role
         "admitted_by_webhook": admitted,  # failurePolicy Ignore: a timed-out answer would pass unmutated
         "operator_cpu_share": round((probe.cpu_seconds() - cpu) / wall, 3),
         "operator_admission_buckets": {le: after[le] - buckets.get(le, 0.0) for le in after},
+        # AIBrix rewrites a pending replica's PodGroup about twice a second: the webhook answers each
+        "podgroup_admissions_per_s": round((probe.admission_buckets("podgroup").get("+Inf", 0.0) - podgroups) / wall, 1),
         "pending_gangs_after": probe.pending_gangs(),
     }
 
