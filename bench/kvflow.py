@@ -367,7 +367,7 @@ def plot(results: Sequence[Mapping[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write(packing: Mapping[str, Any], source: str, stem: Path, requests: int = 4000) -> list[dict[str, Any]]:
+def write(packing: Mapping[str, Any], source: str, stem: Path, requests: int = 2000) -> list[dict[str, Any]]:
     """Both starting states of a packing run: STEM.json and the plot STEM.png."""
     out = [compare(packing, scenario, requests) for scenario in ("empty", "fragmented")]
     stem.with_suffix(".json").write_text(json.dumps({"source": source, "results": out}, indent=2))
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(__file__).resolve().parent / "results"
     parser = argparse.ArgumentParser(prog="python -m bench.kvflow")
     parser.add_argument("packing", nargs="?", type=Path, default=results / "packing.json")
-    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--requests", type=int, default=2000)
     args = parser.parse_args(argv)
     stem = results / args.packing.stem.replace("packing", "kvflow")
     out = write(json.loads(args.packing.read_text()), args.packing.name, stem, args.requests)
