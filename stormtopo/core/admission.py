@@ -22,6 +22,7 @@ from stormtopo.core.vocabulary import (
     DOMAIN_GATE,
     GROUP_NAME_ANNOTATION,
     HOSTNAME_LABEL,
+    PREFER_SAME_NODE,
     REQUEST_ANNOTATION,
     ROLE_LABEL,
     ROLESET_LABEL,
@@ -151,7 +152,7 @@ def admit_pod(
     if role:
         values[TASK_SPEC_ANNOTATION] = role
     patch = set_annotations(pod, values) + set_labels(pod, {ADMITTED_LABEL: "true"})
-    if scope is Scope.ROLESET:
+    if scope is Scope.ROLESET and _annotation(stormservice, PREFER_SAME_NODE) == "true":
         patch += prefer_replica_peers(pod, group)
     if isinstance(request, TopologyRequest) and request.mode is Mode.HARD and scope is Scope.ROLESET and role in followers(roleset["spec"]):
         # Volcano's backfill would place it anywhere: held until its replica's anchor is placed.
@@ -168,8 +169,12 @@ def admit_pod(
     return Decision(patch=patch)
 
 
+def _annotation(obj: Mapping[str, Any], key: str) -> str:
+    return str(((obj.get("metadata") or {}).get("annotations") or {}).get(key, "")).strip()
+
+
 def _scope_written(stormservice: Mapping[str, Any]) -> Scope:
-    written = ((stormservice.get("metadata") or {}).get("annotations") or {}).get(SCOPE, "").strip()
+    written = _annotation(stormservice, SCOPE)
     return Scope.STORMSERVICE if written == Scope.STORMSERVICE.value else Scope.ROLESET
 
 
@@ -179,7 +184,9 @@ PEER_WEIGHT = 100  # the highest preference a pod can state
 def prefer_replica_peers(pod: Mapping[str, Any], replica: str) -> list[dict[str, Any]]:
     """A preferred pod affinity to the node of the replica's other pods: within the domain Volcano
     chose, its nodeorder plugin then puts prefill and decode on one node where they fit, and the KV
-    cache moves over NVLink instead of the leaf switch. Added to what the pod prefers, never replacing it."""
+    cache moves over NVLink instead of the leaf switch. Added to what the pod prefers, never replacing it.
+    Only where the StormService asks for it (PREFER_SAME_NODE): pods with affinity terms make every
+    scheduling decision in the cluster scan them, and the gain is not yet measured at scale."""
     term = {
         "weight": PEER_WEIGHT,
         "podAffinityTerm": {"labelSelector": {"matchLabels": {ROLESET_LABEL: replica}}, "topologyKey": HOSTNAME_LABEL},

@@ -33,6 +33,7 @@ HIGHEST_TIER_NAME = "volcano.sh/network-topology-highest-tier-name"
 SCOPE = "stormtopo.io/topology-scope"
 REPLICA_HIGHEST_TIER = "stormtopo.io/replica-highest-tier"
 REPLICA_HIGHEST_TIER_NAME = "stormtopo.io/replica-highest-tier-name"
+PREFER_SAME_NODE = "stormtopo.io/prefer-same-node"  # "true": a replica's pods prefer one node where they fit
 REQUEST_ANNOTATIONS = (MODE, HIGHEST_TIER, HIGHEST_TIER_NAME, SCOPE, REPLICA_HIGHEST_TIER, REPLICA_HIGHEST_TIER_NAME)
 
 # What stormtopo writes.

@@ -342,7 +342,9 @@ def test_pods_prefer_the_node_of_their_replicas_other_pods_added_to_what_they_pr
     from stormtopo.core.admission import admit_pod, prefer_replica_peers
 
     bare = {"metadata": {"labels": {"role-name": "decode", "storm-service-name": "svc"}}, "spec": {}}
-    (op,) = [op for op in admit_pod(bare, replica(), service(HARD1), TIERS).patch if op["path"].startswith("/spec/affinity")]
+    assert not [op for op in admit_pod(bare, replica(), service(HARD1), TIERS).patch if op["path"].startswith("/spec/affinity")]
+    asked = service({**HARD1, "stormtopo.io/prefer-same-node": "true"})
+    (op,) = [op for op in admit_pod(bare, replica(), asked, TIERS).patch if op["path"].startswith("/spec/affinity")]
     term = op["value"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert term == {
         "weight": 100,
