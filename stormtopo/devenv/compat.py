@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run_pair(pair)
         print(f"compat: AIBrix {pair.aibrix} x Volcano {pair.volcano}: {describe(outcome)}; build {outcome.build_s:.0f} s", flush=True)
         outcomes.append(outcome)
-    if not args.no_record:
-        record(outcomes, datetime.date.today().isoformat())
+        if not args.no_record:  # pair by pair: an interrupted run keeps what it found
+            record([outcome], datetime.date.today().isoformat())
     return 0 if all(o.passed for o in outcomes) else 1
 
 

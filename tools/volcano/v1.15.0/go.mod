@@ -1,6 +1,8 @@
 // Build wrapper for the Volcano v1.15.0 scheduler and queue controller, with the k8s.io modules Volcano v1.15.0
 // itself pins (its replace block, copied below: replace directives of a dependency do not apply).
 // The version switch in stormtopo/devenv/components.py picks the directory (tools/volcano/<version>).
+// Its volcano.sh/apis is v1.14.0 (the newest the module proxy serves) plus the one constant v1.15.0 uses
+// that v1.14.0 lacks (apis-compat), as for v1.15.1 in tools/k8s135.
 module stormtopo.local/tools/volcano
 
 go 1.25.0
