@@ -118,6 +118,11 @@ def soak_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pat
         print(f"\n  soak cluster in {state} (logs in {state / 'logs'})")
         yield state, cluster, operators
     finally:
+        # The replicas first, with SIGTERM, so the leader releases the Lease while the API server is still
+        # up (`dev down` stops only a replica named "operator" before the API server).
+        for p in processes.tracked(state):
+            if p.name.startswith("operator-"):
+                processes.stop(p)
         stormtopo("dev", "down", "--state-dir", str(state), check=False)
         # pytest keeps only its last three temporary directories; other test runs would rotate these away.
         kept = Path(tempfile.gettempdir()) / f"stormtopo-soak-logs-{time.strftime('%Y%m%dT%H%M%S')}"
