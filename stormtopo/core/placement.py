@@ -11,7 +11,7 @@ from typing import Any
 
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import DOMAIN_GATE, DOMAIN_LABEL_PREFIX
+from stormtopo.core.vocabulary import DOMAIN_GATE, DOMAIN_LABEL_PREFIX, HOSTNAME_LABEL
 from stormtopo.core.writes import LabelPod, PatchPod, Say
 
 LABEL_VALUE_LIMIT = 63
@@ -151,21 +151,25 @@ def _release_ops(pod: Mapping[str, Any], domain: Sequence[str]) -> list[dict[str
     ]
     if not domain:
         return ops  # no anchor, or one on nodes no HyperNode holds: nothing to keep it within
-    within = {"key": "metadata.name", "operator": "In", "values": list(domain)}
     affinity = spec.get("affinity") or {}
     node_affinity = affinity.get("nodeAffinity") or {}
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     terms = required.get("nodeSelectorTerms") or []
-    if terms:  # narrow every term the pod has
+    if terms:
+        # A gated pod's terms may only be narrowed, not multiplied: each gets the domain as a
+        # requirement on the node's hostname label (a node-name field takes one value only).
+        within = {"key": HOSTNAME_LABEL, "operator": "In", "values": list(domain)}
         base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
         for i, term in enumerate(terms):
             ops.append(
-                {"op": "add", "path": f"{base}/{i}/matchFields/-", "value": within}
-                if term.get("matchFields")
-                else {"op": "add", "path": f"{base}/{i}/matchFields", "value": [within]}
+                {"op": "add", "path": f"{base}/{i}/matchExpressions/-", "value": within}
+                if term.get("matchExpressions")
+                else {"op": "add", "path": f"{base}/{i}/matchExpressions", "value": [within]}
             )
         return ops
-    wanted = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [within]}]}}
+    # One term per node of the domain, by node name: exact, whatever the nodes' labels (terms are ORed).
+    each = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]} for node in domain]
+    wanted = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": each}}
     if node_affinity:
         ops.append(
             {

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 
 from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPod, PatchPodGroup, Write
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import metrics
+
+log = logging.getLogger("stormtopo.writer")
 
 
 async def execute(api: Api, writes: Iterable[Write]) -> None:
@@ -25,5 +28,9 @@ async def execute(api: Api, writes: Iterable[Write]) -> None:
                 try:
                     await asyncio.to_thread(api.patch_pod, namespace, name, [dict(op) for op in ops])
                 except ApiError as exc:
-                    if exc.status not in (404, 422):  # gone, or released already (its "test" op failed)
+                    if exc.status == 404:
+                        continue  # gone
+                    if exc.status != 422:
                         raise
+                    # Released already (its "test" op failed), or a patch the API server refuses: say which.
+                    log.warning("pod %s/%s not patched: %s", namespace, name, exc)

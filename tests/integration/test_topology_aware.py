@@ -274,8 +274,8 @@ def test_pods_without_resource_requests_stay_within_their_replicas_leaf(cluster:
     assert domain is not None and domain.tier == 1, [(p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods]
     routers = [p for p in pods if p["metadata"]["labels"]["role-name"] == "router"]
     for router in routers:
-        term = router["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-        assert sorted(term["matchFields"][0]["values"]) == sorted(topology.nodes_under(domain.name))
+        terms = router["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert sorted(t["matchFields"][0]["values"][0] for t in terms) == sorted(topology.nodes_under(domain.name))
         assert not router["spec"].get("schedulingGates")
     replica = cluster.only(lambda: cluster.rolesets(namespace, "routed"), "RoleSet")["metadata"]["name"]
     gang = next(g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == replica)

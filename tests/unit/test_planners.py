@@ -302,11 +302,12 @@ def test_held_pods_are_released_into_their_anchors_domain_once_every_anchor_is_b
         {"op": "test", "path": "/spec/schedulingGates/1/name", "value": "stormtopo.io/domain"},
         {"op": "remove", "path": "/spec/schedulingGates/1"},
     ]
-    within = {"key": "metadata.name", "operator": "In", "values": ["node4", "node5"]}  # leaf s2
+    # One term per node of leaf s2: a node-name field selector takes exactly one value.
+    terms = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]} for n in ("node4", "node5")]
     assert release.ops[2] == {
         "op": "add",
         "path": "/spec/affinity",
-        "value": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [within]}]}}},
+        "value": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
     }
 
 
@@ -326,7 +327,8 @@ def test_a_held_pods_own_node_affinity_is_narrowed_never_replaced() -> None:
     }
     (release,) = plan_release(EXAMPLE, [pod("p", "node4")], 1, [held])
     base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
-    assert [op["path"] for op in release.ops[2:]] == [f"{base}/0/matchFields", f"{base}/1/matchFields/-"]
+    assert [op["path"] for op in release.ops[2:]] == [f"{base}/0/matchExpressions/-", f"{base}/1/matchExpressions"]
+    assert release.ops[2]["value"] == {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node4", "node5"]}
 
 
 def test_a_hard_replica_of_roles_that_all_ask_for_nothing_is_said_to_be_unenforceable() -> None:
