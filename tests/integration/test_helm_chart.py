@@ -27,11 +27,14 @@ from stormtopo.devenv import components, processes
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.nodes import node_manifests
 from stormtopo.devenv.workloads import Role, stormservice
+from stormtopo.operator import webhook
 from tests.conftest import REPO, stormtopo
 
 NAMESPACE = "stormtopo-system"
 RELEASE = "rel"
 SA = f"{RELEASE}-stormtopo"
+CHART_POLICIES = ["own-keys-only", "own-podgroup-fields"]  # templates/admission-policy.yaml
+OPERATOR_POLICIES = [o["metadata"]["name"] for o in webhook.configuration(b"") if o["kind"] == "ValidatingAdmissionPolicy"]
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +96,13 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
             "Deployment",
             "MutatingWebhookConfiguration",
             "ValidatingWebhookConfiguration",
-            "ValidatingAdmissionPolicy",  # the ServiceAccount's own-keys-only limit
-            "ValidatingAdmissionPolicy",  # opted-in gangs wait for stormtopo
-            "ValidatingAdmissionPolicyBinding",
-            "ValidatingAdmissionPolicyBinding",
+            *["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * len(CHART_POLICIES),  # the ServiceAccount's limits
+            *["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * len(OPERATOR_POLICIES),  # the operator's
             "Role",  # leader election
             "RoleBinding",
             "Role",  # the opted-in list
             "RoleBinding",
+            "PodDisruptionBudget",  # two replicas
             "Secret",
             "Service",
             "Service",
@@ -111,8 +113,12 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
     for configuration in (d for d in generated if d and d["kind"].endswith("WebhookConfiguration")):
         for hook in configuration["webhooks"]:
             assert hook["clientConfig"]["service"]["name"] == f"{RELEASE}-stormtopo-webhook" and hook["clientConfig"]["caBundle"]
-    bindings = [d for d in generated if d and d["kind"] == "ValidatingAdmissionPolicyBinding" and "paramRef" in d["spec"]]
-    assert [b["spec"]["paramRef"]["namespace"] for b in bindings] == [NAMESPACE]
+    policies = {d["metadata"]["name"] for d in generated if d and d["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = [d for d in generated if d and d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    expected = {f"{SA}-{name}" for name in CHART_POLICIES} | {f"{SA}-{name.removeprefix('stormtopo-')}" for name in OPERATOR_POLICIES}
+    assert policies == expected  # one name each, per release
+    assert {b["spec"]["policyName"] for b in bindings} == policies
+    assert all(b["spec"]["paramRef"]["namespace"] == NAMESPACE for b in bindings if "paramRef" in b["spec"])
     deployment = next(d for d in generated if d and d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] >= 2 and "--leader-elect" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -269,7 +275,7 @@ def test_service_account_may_change_only_stormtopo_keys(chart_cluster: tuple[Pat
     )
     admin.create(stormservice("svc", ns, scheduler_name="nobody"))
 
-    def patch(kind: str, name: str, body: dict, patch_type: str = "merge") -> subprocess.CompletedProcess[str]:  # type: ignore[type-arg]
+    def patch(kind: str, name: str, body: Any, patch_type: str = "merge") -> subprocess.CompletedProcess[str]:
         return kubectl(state, "patch", kind, name, "-n", ns, f"--type={patch_type}", "-p", json.dumps(body), kubeconfig=sa)
 
     # The policy takes effect once the API server has loaded it: probe with a harmless annotation
