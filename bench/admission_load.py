@@ -84,7 +84,7 @@ class Probe:
     def __init__(self, state: Path) -> None:
         ports = json.loads((state / "cluster.json").read_text())["ports"]
         self.url = f"http://127.0.0.1:{ports['operator_metrics']}/metrics"
-        self.pid = next(p.pid for p in processes.tracked(state) if p.name == "operator")
+        self.pids = {p.name: p.pid for p in processes.tracked(state)}
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url, timeout=10) as response:
@@ -100,9 +100,14 @@ class Probe:
             line[len(prefix) :].split('"')[0]: float(line.split()[-1]) for line in self.metrics().splitlines() if line.startswith(prefix)
         }
 
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds of every component so far: which one a phase keeps busy."""
+        return {name: _cpu(pid) for name, pid in self.pids.items()}
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _dry_run(client: DevCluster, namespace: str, pod: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -140,7 +145,7 @@ def measure(client: DevCluster, probe: Probe, namespace: str, service: str, role
         "webhook": times[True],
         "plain": times[False],
         "admitted_by_webhook": admitted,  # failurePolicy Ignore: a timed-out answer would pass unmutated
-        "operator_cpu_share": round((probe.cpu_seconds() - cpu) / wall, 3),
+        "cpu_share": {name: round((seconds - cpu[name]) / wall, 3) for name, seconds in probe.cpu_seconds().items()},
         "operator_admission_buckets": {le: after[le] - buckets.get(le, 0.0) for le in after},
         # AIBrix rewrites a pending replica's PodGroup about twice a second: the webhook answers each
         "podgroup_admissions_per_s": round((probe.admission_buckets("podgroup").get("+Inf", 0.0) - podgroups) / wall, 1),
@@ -252,6 +257,9 @@ def summarize(phases: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "p50_ratio": round(b["p50"] / a["p50"], 3),
         "plain_p99_ratio": round(pb["p99"] / pa["p99"], 3),
         "plain_p50_ratio": round(pb["p50"] / pa["p50"], 3),
+        # the webhook's share once the cluster's own slowdown (the plain path) is divided out
+        "p99_ratio_over_plain": round((b["p99"] / pb["p99"]) / (a["p99"] / pa["p99"]), 3),
+        "p50_ratio_over_plain": round((b["p50"] / pb["p50"]) / (a["p50"] / pa["p50"]), 3),
         "rounds": [
             {
                 "phase": p,
