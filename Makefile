@@ -43,6 +43,7 @@ bench: binaries
 	$(BIN)/python -m bench --large
 	$(BIN)/python -m bench --expressions
 	$(BIN)/python -m bench --scale 1000
+	$(BIN)/python -m bench --admission
 
 # The soak of RELIABILITY.md, about 20 minutes on 2 cores: 20 SIGKILLs each of kube-apiserver, etcd,
 # vc-scheduler, AIBrix and the operator's leader during churn. STORMTOPO_SOAK_SEED=N repeats a run.

@@ -7,6 +7,11 @@ import sys
 # but kopf imports it whenever it is installed, as in a development venv, for ~50 MB: keep it out.
 sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
 
-from stormtopo.operator.app import main  # noqa: E402  (must follow the line above)
+# Explanations and API reads run on threads; a thread holding the GIL delays the event loop that
+# answers admissions by up to the switch interval (5 ms by default). Measured: an admission p99 of
+# 18 ms behind a busy thread at 5 ms, 4-6 ms at 0.5 ms (BENCHMARKS.md, admission while gangs are pending).
+sys.setswitchinterval(0.0005)
+
+from stormtopo.operator.app import main  # noqa: E402  (must follow the lines above)
 
 main()
