@@ -8,8 +8,8 @@ import sys
 sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
 
 # Explanations and API reads run on threads; a thread holding the GIL delays the event loop that
-# answers admissions by up to the switch interval (5 ms by default). Measured: an admission p99 of
-# 18 ms behind a busy thread at 5 ms, 4-6 ms at 0.5 ms (BENCHMARKS.md, admission while gangs are pending).
+# answers admissions by up to the switch interval (5 ms by default). Measured offline, an asyncio server
+# beside a thread explaining 20 gangs: p99 18 ms at 5 ms, 4-6 ms at 0.5 ms (BENCHMARKS.md, admission).
 sys.setswitchinterval(0.0005)
 
 from stormtopo.operator.app import main  # noqa: E402  (must follow the lines above)
