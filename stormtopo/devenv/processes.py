@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -40,10 +41,35 @@ def _start_time(pid: int) -> str | None:
     return fields[19]
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port on 127.0.0.1 that is free now, for a process started later. Chosen below the kernel's
+    ephemeral range: a port from that range (what bind to port 0 gives) can be taken meanwhile by any
+    outgoing connection's local end, and a component then fails to start with "address in use"."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randint(max(1024, low - 12_000), low - 1)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded machine: any free port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def run_dir(state_dir: Path) -> Path:
