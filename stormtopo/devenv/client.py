@@ -52,15 +52,6 @@ class DevCluster:
 
         self.wait(pods_gone, wait, f"the pods of namespace {name} to be deleted", interval=0.5)
 
-    def _exists(self, read: Callable[[], Any]) -> bool:
-        try:
-            read()
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         kind = obj["kind"]
         ns = obj["metadata"].get("namespace")

@@ -25,7 +25,7 @@ from urllib.parse import urlencode
 import urllib3
 import yaml
 
-from stormtopo.core.vocabulary import AIBRIX, GPU, ROLESET_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+from stormtopo.core.vocabulary import AIBRIX, GPU, ROLESET_LABEL, VOLCANO_SCHEDULING
 
 USER_AGENT = "stormtopo-operator"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -385,16 +385,6 @@ class Api:
     def server_side_apply(self, path: str, body: dict[str, Any], field_manager: str = "stormtopo") -> None:
         """Create or update an object by server-side apply: stormtopo owns exactly the fields it sets."""
         self.request("PATCH", path, body, APPLY_PATCH, fieldManager=field_manager, force="true")
-
-    def apply_hypernode(self, body: dict[str, Any]) -> None:
-        self.server_side_apply(self.path(VOLCANO_TOPOLOGY, "hypernodes", None, body["metadata"]["name"]), body)
-
-    def delete_hypernode(self, name: str) -> None:
-        try:
-            self.request("DELETE", self.path(VOLCANO_TOPOLOGY, "hypernodes", None, name))
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
 
     def patch_pod(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
         self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", ops, JSON_PATCH)
