@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bench.fabric import fragmentation
+from bench.workload import pod_gpus
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv.client import DevCluster, Timeout
@@ -51,7 +52,7 @@ class Arrival:
 
     @property
     def pod_gpus(self) -> tuple[int, ...]:
-        return tuple(r.gpus for r in self.roles for _ in range(r.replicas * r.pod_group_size))
+        return tuple(pod_gpus(self.roles))
 
 
 def arrivals(count: int, seed: int) -> list[Arrival]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stormtopo.devenv.workloads import Role
@@ -26,7 +27,12 @@ class Request:
 
     @property
     def pod_gpus(self) -> list[int]:
-        return [r.gpus for r in self.roles for _ in range(r.replicas * r.pod_group_size)]
+        return pod_gpus(self.roles)
+
+
+def pod_gpus(roles: Sequence[Role]) -> list[int]:
+    """GPUs of every pod of one replica of these roles."""
+    return [r.gpus for r in roles for _ in range(r.replicas * r.pod_group_size)]
 
 
 def stream(count: int, seed: int) -> list[Request]:
