@@ -139,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expressions", action="store_true", help="only per-replica PodGroups vs one with subgroups, 1,024 nodes")
     parser.add_argument("--large", action="store_true", help="only placement quality, on 1,024 nodes with 120 StormServices per mode")
     parser.add_argument("--admission", action="store_true", help="only webhook admission with 20 pending hard gangs vs none, 1,024 nodes")
+    parser.add_argument(
+        "--scale-nodes",
+        action="store_true",
+        help="only time to every pod bound, hard tier 1 vs plain, batches of 16 and 64 StormServices, on 1,024 then 4,096 nodes",
+    )
     args = parser.parse_args(argv)
     if args.large:
         out = run(quick=False, large=True)
@@ -161,6 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "admission-1024.json").write_text(json.dumps(result, indent=2))
         print(json.dumps({k: v for k, v in result["admission"].items() if k != "rounds"}))
+        return 0
+    if args.scale_nodes:
+        from bench import scale_nodes
+
+        result = {"machine": machine(), "scale_nodes": scale_nodes.run()}
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "scale-nodes.json").write_text(json.dumps(result, indent=2))
+        print(json.dumps({"growth": result["scale_nodes"]["growth"], "seconds": result["scale_nodes"]["seconds"]}))
         return 0
     if args.scale:
         from bench import scale

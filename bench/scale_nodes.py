@@ -1,0 +1,165 @@
+"""Scale with nodes: time from StormService creation to every pod bound, with and without stormtopo.
+
+One cluster per fabric size (1,024 then 4,096 kwok GPU nodes), one after the other in the same run.
+In each, batches of N StormServices (1 prefill + 1 decode, 1 GPU each, AIBrix's Volcano strategy)
+alternate between hard / tier 1 (through stormtopo) and plain (no annotations: the webhooks select
+opted-in objects only, so stormtopo never sees them). A batch is created by 8 client threads and
+timed from the first create until every pod of the batch is bound; its namespace is then deleted
+and its pods are gone before the next batch. Two batch sizes show growth with services; two fabric
+sizes show growth with nodes. The operator's RSS after each batch, its peak (VmHWM) and CPU, and
+the CPU of the other components per batch and while idle, from /proc.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.fabric import fabric_yaml
+from bench.scale import HARD, _proc
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.tree import Topology
+from stormtopo.devenv import cluster, processes
+from stormtopo.devenv.client import DevCluster
+from stormtopo.devenv.workloads import stormservice
+
+SHAPES: tuple[tuple[int, int, int], ...] = ((8, 8, 16), (16, 16, 16))  # spines x leaves per spine x nodes per leaf
+BATCHES: tuple[int, ...] = (16, 64)
+MODES = ("stormtopo", "plain")
+IDLE_SECONDS = 30.0  # how long each idle cluster is watched for its steady CPU (kwok's node leases)
+
+
+def _rss_mb(pid: int) -> float:
+    """Current resident set of a process in MB (VmRSS)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def _cpu_all(pids: Mapping[str, int]) -> dict[str, float]:
+    return {name: _proc(pid)[1] for name, pid in pids.items()}
+
+
+def _cores(before: Mapping[str, float], after: Mapping[str, float], seconds: float) -> dict[str, float]:
+    """Average cores each component used between two CPU readings."""
+    return {name: round((after[name] - before[name]) / seconds, 3) for name in sorted(after)}
+
+
+def within_leaf(pods: Iterable[Mapping[str, Any]], topology: Topology) -> float:
+    """Fraction of StormServices (label app) whose bound pods all sit under one leaf switch."""
+    leaves: dict[str, set[str]] = {}
+    for pod in pods:
+        leaves.setdefault(pod["metadata"]["labels"]["app"], set()).add(topology.nodes[pod["spec"]["nodeName"]].switch)
+    return round(sum(len(s) == 1 for s in leaves.values()) / len(leaves), 3) if leaves else 0.0
+
+
+def _all_bound(client: DevCluster, namespace: str, count: int) -> list[dict[str, Any]]:
+    """The namespace's pods once `count` of them are bound to nodes, else []."""
+    bound = [p for p in client.pods(namespace) if p["spec"].get("nodeName")]
+    return bound if len(bound) >= count else []
+
+
+def batch(client: DevCluster, topology: Topology, pids: Mapping[str, int], namespace: str, services: int, mode: str) -> dict[str, Any]:
+    """Create `services` StormServices at once, time until every pod is bound, then delete them all."""
+    client.create_namespace(namespace)
+    annotations = HARD if mode == "stormtopo" else None
+    manifests = [stormservice(f"s{i:03d}", namespace, annotations=annotations) for i in range(services)]
+    cpu = _cpu_all(pids)
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(client.create, manifests))
+    created = time.monotonic() - started
+    # Every batch is polled the same way, so the polling's own load is the same with and without.
+    pods = client.wait(lambda: _all_bound(client, namespace, 2 * services), 600, f"{2 * services} pods bound", interval=0.25)
+    bound = time.monotonic() - started
+    used = _cores(cpu, _cpu_all(pids), bound)
+    deleting = time.monotonic()
+    client.delete_namespace(namespace, wait=600)
+    return {
+        "mode": mode,
+        "services": services,
+        "create_s": round(created, 2),
+        "all_bound_s": round(bound, 2),
+        "within_one_leaf": within_leaf(pods, topology),
+        "cores_while_binding": used,
+        "delete_s": round(time.monotonic() - deleting, 1),
+        "operator_rss_mb_after": round(_rss_mb(pids["operator"]), 1),
+    }
+
+
+def order(rounds: int, sizes: Sequence[int]) -> list[tuple[int, int, str]]:
+    """(round, services, mode) in run order: sizes in turn, with and without interleaved, and which
+    goes first alternating by round, so neither mode always runs on the warmer cluster."""
+    return [(r, n, mode) for r in range(rounds) for n in sizes for mode in (MODES if (r + sizes.index(n)) % 2 == 0 else MODES[::-1])]
+
+
+def summarize(batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Median time to every pod bound per (services, mode), and with / without per batch size."""
+    out: dict[str, Any] = {}
+    for n in sorted({b["services"] for b in batches}):
+        times = {m: [b["all_bound_s"] for b in batches if b["services"] == n and b["mode"] == m] for m in MODES}
+        medians = {m: round(statistics.median(t), 2) for m, t in times.items() if t}
+        out[str(n)] = {
+            "all_bound_s_median": medians,
+            "all_bound_s_rounds": times,
+            "per_service_ms_median": {m: round(v / n * 1000, 1) for m, v in medians.items()},
+            "ratio_with_without": round(medians["stormtopo"] / medians["plain"], 3) if len(medians) == 2 else None,
+        }
+    return out
+
+
+def run_cluster(shape: tuple[int, int, int], sizes: Sequence[int], rounds: int, up_timeout: float) -> dict[str, Any]:
+    description = fabric_yaml(*shape)
+    topology = parse_topology(description)
+    state = Path(tempfile.mkdtemp(prefix="stormtopo-scale-nodes-"))
+    (state / "fabric.yaml").write_text(description)
+    started = time.monotonic()
+    cluster.up(state, state / "fabric.yaml", timeout=up_timeout)
+    out: dict[str, Any] = {"nodes": len(topology.nodes), "shape": list(shape), "up_s": round(time.monotonic() - started, 1)}
+    try:
+        client = DevCluster(state)
+        pids = {p.name: p.pid for p in processes.tracked(state)}
+        out["operator_rss_mb_idle"] = round(_rss_mb(pids["operator"]), 1)
+        cpu, idle_started = _cpu_all(pids), time.monotonic()
+        time.sleep(IDLE_SECONDS)  # measuring the idle cluster: there is no condition to wait for
+        out["idle_cores"] = _cores(cpu, _cpu_all(pids), time.monotonic() - idle_started)
+        batches = [{"round": r, **batch(client, topology, pids, f"b{n}-{mode}-{r}", n, mode)} for r, n, mode in order(rounds, sizes)]
+        peak, cpu_s = _proc(pids["operator"])
+        out |= {"operator_peak_rss_mb": round(peak, 1), "operator_cpu_s": round(cpu_s, 1), "by_services": summarize(batches)}
+        out["batches"] = batches
+    finally:
+        cluster.down(state)
+        out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def run(
+    shapes: Sequence[tuple[int, int, int]] = SHAPES, sizes: Sequence[int] = BATCHES, rounds: int = 2, up_timeout: float = 900.0
+) -> dict[str, Any]:
+    started = time.monotonic()
+    clusters = [run_cluster(shape, sizes, rounds, up_timeout) for shape in shapes]
+    return {"clusters": clusters, "growth": growth(clusters), "seconds": round(time.monotonic() - started, 1)}
+
+
+def growth(clusters: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Largest cluster over smallest (nodes), and largest batch over smallest (services), per mode."""
+    small, large = min(clusters, key=lambda c: c["nodes"]), max(clusters, key=lambda c: c["nodes"])
+    out: dict[str, Any] = {"nodes": f"{large['nodes']} / {small['nodes']}"}
+    for m in MODES:
+        out[f"all_bound_{m}_with_nodes"] = {
+            n: round(large["by_services"][n]["all_bound_s_median"][m] / small["by_services"][n]["all_bound_s_median"][m], 3)
+            for n in small["by_services"]
+        }
+        out[f"all_bound_{m}_with_services"] = {}
+        for c in clusters:
+            sizes = sorted(c["by_services"], key=int)
+            lo, hi = c["by_services"][sizes[0]], c["by_services"][sizes[-1]]
+            out[f"all_bound_{m}_with_services"][str(c["nodes"])] = round(hi["all_bound_s_median"][m] / lo["all_bound_s_median"][m], 3)
+    out["operator_peak_rss_with_nodes"] = round(large["operator_peak_rss_mb"] / small["operator_peak_rss_mb"], 3)
+    out["idle_cores_with_nodes"] = {k: round(large["idle_cores"][k] / max(small["idle_cores"][k], 1e-3), 2) for k in small["idle_cores"]}
+    return out
