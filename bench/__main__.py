@@ -170,9 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale_nodes:
         from bench import scale_nodes
 
-        result = {"machine": machine(), "scale_nodes": scale_nodes.run()}
         RESULTS.mkdir(exist_ok=True)
+        partial = RESULTS / "scale-nodes-partial.json"
+        facts = machine()
+        result = {
+            "machine": facts,
+            "scale_nodes": scale_nodes.run(done=lambda c: partial.write_text(json.dumps({"machine": facts, "clusters": c}))),
+        }
         (RESULTS / "scale-nodes.json").write_text(json.dumps(result, indent=2))
+        partial.unlink()
         print(json.dumps({"growth": result["scale_nodes"]["growth"], "seconds": result["scale_nodes"]["seconds"]}))
         return 0
     if args.scale:

@@ -12,11 +12,13 @@ the CPU of the other components per batch and while idle, from /proc.
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -128,7 +130,10 @@ def run_cluster(shape: tuple[int, int, int], sizes: Sequence[int], rounds: int, 
         cpu, idle_started = _cpu_all(pids), time.monotonic()
         time.sleep(IDLE_SECONDS)  # measuring the idle cluster: there is no condition to wait for
         out["idle_cores"] = _cores(cpu, _cpu_all(pids), time.monotonic() - idle_started)
-        batches = [{"round": r, **batch(client, topology, pids, f"b{n}-{mode}-{r}", n, mode)} for r, n, mode in order(rounds, sizes)]
+        batches = []
+        for r, n, mode in order(rounds, sizes):
+            batches.append({"round": r, **batch(client, topology, pids, f"b{n}-{mode}-{r}", n, mode)})
+            print(json.dumps({"nodes": out["nodes"], **batches[-1]}), file=sys.stderr, flush=True)  # progress of a long run
         peak, cpu_s = _proc(pids["operator"])
         out |= {"operator_peak_rss_mb": round(peak, 1), "operator_cpu_s": round(cpu_s, 1), "by_services": summarize(batches)}
         out["batches"] = batches
@@ -139,10 +144,19 @@ def run_cluster(shape: tuple[int, int, int], sizes: Sequence[int], rounds: int, 
 
 
 def run(
-    shapes: Sequence[tuple[int, int, int]] = SHAPES, sizes: Sequence[int] = BATCHES, rounds: int = 2, up_timeout: float = 900.0
+    shapes: Sequence[tuple[int, int, int]] = SHAPES,
+    sizes: Sequence[int] = BATCHES,
+    rounds: int = 2,
+    up_timeout: float = 900.0,
+    done: Callable[[list[dict[str, Any]]], None] = lambda clusters: None,
 ) -> dict[str, Any]:
+    """Every shape in turn; `done` gets the clusters measured so far after each one (a long run keeps
+    what it measured if a later cluster fails)."""
     started = time.monotonic()
-    clusters = [run_cluster(shape, sizes, rounds, up_timeout) for shape in shapes]
+    clusters: list[dict[str, Any]] = []
+    for shape in shapes:
+        clusters.append(run_cluster(shape, sizes, rounds, up_timeout))
+        done(clusters)
     return {"clusters": clusters, "growth": growth(clusters), "seconds": round(time.monotonic() - started, 1)}
 
 
