@@ -148,7 +148,7 @@ def run(
     sizes: Sequence[int] = BATCHES,
     rounds: int = 2,
     up_timeout: float = 900.0,
-    done: Callable[[list[dict[str, Any]]], None] = lambda clusters: None,
+    done: Callable[[list[dict[str, Any]]], object] = lambda clusters: None,
 ) -> dict[str, Any]:
     """Every shape in turn; `done` gets the clusters measured so far after each one (a long run keeps
     what it measured if a later cluster fails)."""
