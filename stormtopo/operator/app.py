@@ -18,6 +18,7 @@ from prometheus_client import generate_latest
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import handlers, webhook
 from stormtopo.operator.events import EventRecorder
+from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index
 from stormtopo.operator.leader import Leadership
 from stormtopo.operator.optedin import OptedInList
@@ -156,7 +157,8 @@ async def run(args: argparse.Namespace) -> None:
     events = EventRecorder(api, leadership.identity)
     opted_in = OptedInList(api, args.leader_election_namespace)  # the namespace stormtopo runs in
     reconciler = Reconciler(index, events, opted_in)
-    handlers.register(registry, index, reconciler, PlacementReporter(index, events), leadership)
+    explainer = Explainer(args.kubeconfig)  # its own process: see explainer.py
+    handlers.register(registry, index, reconciler, PlacementReporter(index, events, explainer), leadership)
     posting = asyncio.create_task(events.run())
 
     cert, key, ca = _certificates(args)
@@ -212,6 +214,7 @@ async def run(args: argparse.Namespace) -> None:
     finally:
         # SIGTERM (kopf stops) or cancellation: stop leading and hand the Lease over at once.
         await leadership.release()
+        explainer.close()
         registration.cancel()
         posting.cancel()
         reloading.cancel()

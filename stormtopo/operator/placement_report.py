@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stormtopo.core.admission import valid_request
-from stormtopo.core.explanation import allowed_tier, plan_pending
+from stormtopo.core.explanation import allowed_tier
 from stormtopo.core.gang import followers, gang_of, replica_pods
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, merge_placements, plan_placed, plan_release, recorded_placement
 from stormtopo.core.request import TopologyRequest, is_opted_in
@@ -28,12 +28,14 @@ from stormtopo.core.writes import Say
 from stormtopo.kube.client import ApiError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
+from stormtopo.operator.explainer import NODE_LABELS_TTL, Explainer
 from stormtopo.operator.index import Index, Key, key_of, service_key_of
 from stormtopo.operator.writer import execute
 
-EXPLAIN_INTERVAL = 10.0  # seconds between two capacity checks of one pending gang
-FREE_GPUS_TTL = 5.0  # seconds a reading of every node's free GPUs is reused
-NODE_LABELS_TTL = 30.0  # seconds a reading of node labels is reused (labelMatch HyperNodes only)
+# Seconds between two capacity checks of one pending gang; doubled while its explanation stays the
+# same (a gang pending for an hour is explained about every EXPLAIN_INTERVAL_MAX, not 360 times).
+EXPLAIN_INTERVAL = 10.0
+EXPLAIN_INTERVAL_MAX = 160.0
 
 
 def is_unschedulable(podgroup: Mapping[str, Any] | None) -> bool:
@@ -47,21 +49,11 @@ def is_unschedulable(podgroup: Mapping[str, Any] | None) -> bool:
 class PlacementReporter:
     index: Index
     report: Report
-    _checked: dict[Key, float] = field(default_factory=dict)
+    explainer: Explainer
+    _next_check: dict[Key, tuple[float, float]] = field(default_factory=dict)  # replica -> (when, interval)
     _said: dict[tuple[Key, str], str] = field(default_factory=dict)  # (replica, reason) -> message
     _unsatisfiable: set[Key] = field(default_factory=set)
-    _free: tuple[float, dict[str, int]] = (0.0, {})
     _labels: tuple[float, dict[str, dict[str, str]]] = (0.0, {})
-    _free_read: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reading shared by the gangs waiting for it
-
-    async def _free_gpus(self) -> dict[str, int]:
-        """Free GPUs per node, read at most every few seconds however many gangs are pending."""
-        async with self._free_read:
-            read_at, free = self._free
-            if time.monotonic() - read_at > FREE_GPUS_TTL:
-                free = await asyncio.to_thread(self.index.api.free_gpus)
-                self._free = (time.monotonic(), free)
-            return free
 
     async def _topology(self, nodes: Iterable[str]) -> Topology:
         """The tree the HyperNodes describe. Node labels are read (at most every NODE_LABELS_TTL) only
@@ -121,7 +113,7 @@ class PlacementReporter:
         """A replica was deleted: drop what was said and checked about it."""
         for said in [k for k in self._said if k[0] == key]:
             del self._said[said]
-        self._checked.pop(key, None)
+        self._next_check.pop(key, None)
         self._settle(key)
 
     def _settle(self, key: Key) -> None:
@@ -147,13 +139,11 @@ class PlacementReporter:
         created: int,
     ) -> None:
         now = time.monotonic()
-        if now - self._checked.get(key, 0.0) < EXPLAIN_INTERVAL:
+        when, interval = self._next_check.get(key, (0.0, EXPLAIN_INTERVAL))
+        if now < when:
             return
-        self._checked[key] = now
-        free = await self._free_gpus()
-        topology = await self._topology(free)
-        # The search is bounded, but it is CPU work: off the loop that serves admissions.
-        pending = await asyncio.to_thread(plan_pending, request, wanted, created, topology, free)
+        self._next_check[key] = (now + EXPLAIN_INTERVAL, EXPLAIN_INTERVAL)
+        pending = await self.explainer.explain(request, wanted, created, list(self.index.hypernodes.values()))
         if pending is None or pending.explanation.fits:
             return
         self._unsatisfiable.add(key)
@@ -162,7 +152,9 @@ class PlacementReporter:
             f"replica {key[1]} stays Pending: no domain within tier {pending.tier} has room for the whole gang "
             f"({request.describe()}); {pending.explanation.render()}"
         )
-        self._say(key, stormservice, Say("Warning", "TopologyUnsatisfiable", message))
+        if not self._say(key, stormservice, Say("Warning", "TopologyUnsatisfiable", message)):
+            interval = min(2 * interval, EXPLAIN_INTERVAL_MAX)  # nothing changed: look again later
+            self._next_check[key] = (time.monotonic() + interval, interval)
 
     async def _placed(
         self, key: Key, stormservice: Mapping[str, Any], request: TopologyRequest, bound: Sequence[Mapping[str, Any]], complete: bool

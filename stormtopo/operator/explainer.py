@@ -1,0 +1,123 @@
+"""Explaining a pending gang, in a process of its own.
+
+An explanation reads every node's free GPUs (a list of every bound pod in the cluster, parsed) and runs
+a packing search per domain. Both are CPU work that holds the GIL: json.loads of a 250-pod page cannot
+be interrupted at all. On a thread of the process that answers admissions they delay every admission
+(BENCHMARKS.md, "Admission while hard gangs are pending"), and with many gangs pending they would
+delay it continuously. In another process they cost the webhook nothing but a core it shares with
+everything else. The worker keeps its own API client and its own cached readings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from stormtopo.core.explanation import Pending, plan_pending
+from stormtopo.core.request import TopologyRequest
+from stormtopo.core.topology.hypernodes import selects_by_label, topology_from_hypernodes
+from stormtopo.kube.client import Api
+from stormtopo.operator import metrics
+
+log = logging.getLogger(__name__)
+
+FREE_GPUS_TTL = 5.0  # seconds a reading of every node's free GPUs is reused, however many gangs are pending
+NODE_LABELS_TTL = 30.0  # seconds a reading of node labels is reused (labelMatch HyperNodes only)
+EXPLAIN_TIMEOUT = 120.0  # an answer later than this is not waited for (the search itself has a step budget)
+
+
+class _Worker:
+    """The worker process's state: one API client, the last readings."""
+
+    api: Api | None = None
+    free: tuple[float, dict[str, int]] = (float("-inf"), {})
+    labels: tuple[float, dict[str, dict[str, str]]] = (float("-inf"), {})
+
+
+def _exit_with_parent(parent: int) -> None:
+    """The worker's initializer. A SIGKILLed operator cannot stop its worker, and the worker would wait
+    for work forever (it holds both ends of its queue's pipe): it watches its parent and exits with it."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _reading(read_at: float, ttl: float) -> bool:
+    return time.monotonic() - read_at > ttl
+
+
+def explain_in_worker(
+    kubeconfig: str | None,
+    request: TopologyRequest,
+    pods: Sequence[int],
+    created: int,
+    hypernodes: Sequence[Mapping[str, Any]],
+) -> Pending | None:
+    """Runs in the worker: read free GPUs (and node labels if a HyperNode selects by label), then plan."""
+    if _Worker.api is None:
+        _Worker.api = Api(kubeconfig)
+    api = _Worker.api
+    if _reading(_Worker.free[0], FREE_GPUS_TTL):
+        _Worker.free = (time.monotonic(), api.free_gpus())
+    free = _Worker.free[1]
+    if selects_by_label(hypernodes):
+        if _reading(_Worker.labels[0], NODE_LABELS_TTL):
+            _Worker.labels = (time.monotonic(), api.node_labels())
+        topology = topology_from_hypernodes(hypernodes, _Worker.labels[1])
+    else:
+        topology = topology_from_hypernodes(hypernodes, free)
+    return plan_pending(request, pods, created, topology, free)
+
+
+class Explainer:
+    """Sends explanations to one worker process, started at the first pending gang and restarted if
+    it dies. One worker: explanations queue behind each other rather than take both cores."""
+
+    def __init__(self, kubeconfig: str | None) -> None:
+        self.kubeconfig = kubeconfig
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            # spawn, not fork: the operator has threads and an event loop that a forked child would copy.
+            self._pool = ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_exit_with_parent,
+                initargs=(os.getpid(),),
+            )
+        return self._pool
+
+    async def explain(
+        self, request: TopologyRequest, pods: Sequence[int], created: int, hypernodes: Sequence[Mapping[str, Any]]
+    ) -> Pending | None:
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        try:
+            work = loop.run_in_executor(
+                self._executor(), explain_in_worker, self.kubeconfig, request, list(pods), created, list(hypernodes)
+            )
+            pending = await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
+            metrics.EXPLANATION_SECONDS.observe(time.monotonic() - started)
+            return pending
+        except BrokenProcessPool:
+            log.warning("the explanation worker died; starting another for the next explanation")
+            self.close()
+            return None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
