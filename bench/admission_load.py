@@ -1,11 +1,11 @@
 """Admission under explanation load: do pending hard gangs slow the webhook?
 
 The operator explains every pending hard gang (free GPUs of every node, then a bounded packing
-search per domain) while the same process answers admissions. On 1,024 fragmented nodes, rounds
-alternate: A with no gang pending, B with 20 hard tier-1 gangs of 12 pods that no leaf can hold.
-Each round times server-side dry-run creates of an opted-in pod (through the webhook) and of a plain
-pod (not through it: the machine's noise), interleaved. p99 of B against A, same run, same cluster.
-"""
+search per domain) in its worker process, while the operator's own process answers admissions. On
+1,024 fragmented nodes, rounds alternate: A with no gang pending, B with 20 hard tier-1 gangs of 12
+pods that no leaf can hold. Each round sends, at a fixed rate, server-side dry-run creates of an
+opted-in pod (through the webhook) and of a plain pod (not through it: the machine's noise), and the
+opted-in pod's AdmissionReview straight to the webhook. p99 of B against A, same run, same cluster."""
 
 from __future__ import annotations
 
@@ -15,11 +15,14 @@ import statistics
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import urllib3
 
 from bench.fabric import fabric_yaml, fragmentation
 from stormtopo.core.explanation import plan_pending
@@ -90,8 +93,12 @@ class Probe:
         with urllib.request.urlopen(self.url, timeout=10) as response:
             return str(response.read().decode())
 
+    def value(self, sample: str, default: float) -> float:
+        """A sample without labels, e.g. a gauge or a histogram's _count."""
+        return next((float(line.split()[-1]) for line in self.metrics().splitlines() if line.startswith(sample + " ")), default)
+
     def pending_gangs(self) -> float:
-        return next((float(line.split()[-1]) for line in self.metrics().splitlines() if line.startswith("stormtopo_pending_gangs ")), -1.0)
+        return self.value("stormtopo_pending_gangs", -1.0)
 
     def admission_buckets(self, kind: str = "pod") -> dict[str, float]:
         """The webhook's own admission histogram for `kind` (cumulative counts by upper bound)."""
@@ -99,6 +106,10 @@ class Probe:
         return {
             line[len(prefix) :].split('"')[0]: float(line.split()[-1]) for line in self.metrics().splitlines() if line.startswith(prefix)
         }
+
+    def explanations(self) -> float:
+        """Explanations the worker has answered so far."""
+        return self.value("stormtopo_explanation_seconds_count", 0.0)
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds of every component so far: which one a phase keeps busy."""
@@ -110,46 +121,98 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _dry_run(client: DevCluster, namespace: str, pod: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    start = time.perf_counter()
-    response = client.core.create_namespaced_pod(namespace, pod, dry_run="All", _preload_content=False)
-    elapsed = time.perf_counter() - start
-    return elapsed, json.loads(response.data)
+RATE = 10.0  # pairs of admissions per second (an opted-in pod and a plain one): see measure()
 
 
-def measure(client: DevCluster, probe: Probe, namespace: str, service: str, roleset: str, seconds: float) -> dict[str, Any]:
-    """Dry-run pod creates for `seconds`, alternating an opted-in pod (the webhook answers it) and a
-    plain one (no webhook), with what the operator did meanwhile."""
+def _dry_run(api: Api, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+    return dict(api.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod, dryRun="All"))
+
+
+class Webhook:
+    """Posts AdmissionReviews straight to the operator's pod webhook, as the API server does: the
+    webhook's own answer time, without the API server's."""
+
+    def __init__(self, state: Path) -> None:
+        port = json.loads((state / "cluster.json").read_text())["ports"]["operator_webhook"]
+        self.url = f"https://127.0.0.1:{port}/mutate/pods"
+        # the bench's own connection to 127.0.0.1: the API server verifies the webhook's certificate
+        self.http = urllib3.PoolManager(maxsize=32, cert_reqs="CERT_NONE", timeout=urllib3.Timeout(connect=5, read=30))
+
+    def review(self, pod: dict[str, Any]) -> dict[str, Any]:
+        body = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": str(uuid.uuid4()),
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": pod["metadata"]["namespace"],
+                "operation": "CREATE",
+                "userInfo": {"username": "system:serviceaccount:aibrix-system:aibrix-controller-manager"},
+                "object": pod,
+                "dryRun": True,
+            },
+        }
+        response = self.http.request("POST", self.url, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        if response.status != 200:
+            raise RuntimeError(f"webhook answered {response.status}: {response.data[:200]!r}")
+        return dict(json.loads(response.data)["response"])
+
+
+def measure(
+    api: Api, webhook: Webhook, probe: Probe, namespace: str, service: str, roleset: str, seconds: float, rate: float = RATE
+) -> dict[str, Any]:
+    """Dry-run pod creates for `seconds`: every 1/`rate` s an opted-in pod (the webhook answers it), a
+    plain one (no webhook: the machine's noise), and the opted-in pod's AdmissionReview posted straight
+    to the webhook; and what the operator did meanwhile.
+
+    Open loop, as pods arrive in a cluster: requests go out on a fixed schedule whatever the answers,
+    and each is timed from when it was due, so a stall delays (and counts against) every request
+    behind it. A closed loop (the next request when the last is answered) keeps the API server busy
+    all the time instead: on 2 cores it then measures how saturated the machine is (BENCHMARKS.md).
+    """
     opted_in = {"storm-service-name": service, "roleset-name": roleset, "role-name": "decode"}
-    times: dict[bool, list[float]] = {True: [], False: []}
-    admitted = 0
+    times: dict[str, list[float]] = {"webhook": [], "plain": [], "direct": []}
+    admitted = [0, 0]
     buckets, podgroups = probe.admission_buckets(), probe.admission_buckets("podgroup").get("+Inf", 0.0)
+    explanations = probe.explanations()
     cpu, started = probe.cpu_seconds(), time.monotonic()
-    i = 0
-    while time.monotonic() - started < seconds:
-        for through in (True, False):
-            pod = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": f"adm-{i}", "namespace": namespace, "labels": opted_in if through else {}},
-                "spec": {"containers": [{"name": "c", "image": "x"}]},
-            }
-            elapsed, created = _dry_run(client, namespace, pod)
-            times[through].append(elapsed)
-            admitted += through and (created["metadata"].get("labels") or {}).get(ADMITTED_LABEL) == "true"
-        i += 1
+
+    def admit(i: int, path: str, due: float) -> None:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"adm-{i}", "namespace": namespace, "labels": {} if path == "plain" else opted_in},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        }
+        if path == "direct":
+            admitted[1] += bool(webhook.review(pod).get("patch"))
+        else:
+            created = _dry_run(api, namespace, pod)
+            admitted[0] += path == "webhook" and (created["metadata"].get("labels") or {}).get(ADMITTED_LABEL) == "true"
+        times[path].append(time.monotonic() - due)
+
+    paths = tuple(times)
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        i = 0
+        while (due := started + i / rate) < started + seconds:
+            time.sleep(max(0.0, due - time.monotonic()))
+            for k in range(len(paths)):  # rotate the order, so that no path is always last
+                pool.submit(admit, i, paths[(i + k) % len(paths)], due)
+            i += 1
     wall = time.monotonic() - started
     after = probe.admission_buckets()
     return {
         "seconds": round(wall, 1),
-        "webhook": times[True],
-        "plain": times[False],
-        "admitted_by_webhook": admitted,  # failurePolicy Ignore: a timed-out answer would pass unmutated
+        **times,
+        "admitted_by_webhook": admitted[0],  # failurePolicy Ignore: a timed-out answer would pass unmutated
+        "patched_by_direct_review": admitted[1],
         "cpu_share": {name: round((seconds - cpu[name]) / wall, 3) for name, seconds in probe.cpu_seconds().items()},
         "operator_admission_buckets": {le: after[le] - buckets.get(le, 0.0) for le in after},
         # AIBrix rewrites a pending replica's PodGroup about twice a second: the webhook answers each
         "podgroup_admissions_per_s": round((probe.admission_buckets("podgroup").get("+Inf", 0.0) - podgroups) / wall, 1),
         "pending_gangs_after": probe.pending_gangs(),
+        "explanations": probe.explanations() - explanations,
     }
 
 
@@ -196,7 +259,7 @@ def _in_parallel(work: Callable[[dict[str, Any]], object], objects: list[dict[st
         list(pool.map(work, objects))
 
 
-def run(shape: tuple[int, int, int], rounds: int = 2, seconds: float = 45.0) -> dict[str, Any]:
+def run(shape: tuple[int, int, int], rounds: int = 3, seconds: float = 60.0) -> dict[str, Any]:
     """Rounds A/B/A/B on a fresh cluster of `shape` (spines, leaves per spine, nodes per leaf).
     `seconds` per round: longer than a resync (30 s), so every gang is re-explained during a B round."""
     description = fabric_yaml(*shape)
@@ -209,6 +272,8 @@ def run(shape: tuple[int, int, int], rounds: int = 2, seconds: float = 45.0) -> 
     try:
         client = DevCluster(state)
         probe = Probe(state)
+        api = Api(str(state / "kubeconfig"))
+        webhook = Webhook(state)
         client.create_namespace("bench-fill")
         used = fragmentation(sorted(topology.nodes), seed=7)
         _in_parallel(client.create, [filler_pod(f"busy-{node}", "bench-fill", node, gpus) for node, gpus in used.items()])
@@ -221,7 +286,7 @@ def run(shape: tuple[int, int, int], rounds: int = 2, seconds: float = 45.0) -> 
 
         phases: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
         for r in range(rounds):
-            phases["A"].append(measure(client, probe, "bench-adm", "lat-svc", roleset, seconds))
+            phases["A"].append(measure(api, webhook, probe, "bench-adm", "lat-svc", roleset, seconds))
             namespace = f"bench-gangs-{r}"
             client.create_namespace(namespace)
             names = [f"gang-{i:02d}" for i in range(len(GANGS))]
@@ -231,7 +296,7 @@ def run(shape: tuple[int, int, int], rounds: int = 2, seconds: float = 45.0) -> 
             )
             explained_after = _wait_pending(client, probe, namespace, names, timeout=600)
             phases["B"].append(
-                {**measure(client, probe, "bench-adm", "lat-svc", roleset, seconds), "explained_after_s": round(explained_after, 1)}
+                {**measure(api, webhook, probe, "bench-adm", "lat-svc", roleset, seconds), "explained_after_s": round(explained_after, 1)}
             )
             if r < rounds - 1:
                 client.delete_namespace(namespace, wait=300)
@@ -243,29 +308,34 @@ def run(shape: tuple[int, int, int], rounds: int = 2, seconds: float = 45.0) -> 
     return out
 
 
+PATHS = ("webhook", "plain", "direct")
+
+
 def summarize(phases: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Percentiles over every sample of a phase, the B/A ratios, and each round without its raw samples."""
-    webhook = {p: [t for r in rounds for t in r["webhook"]] for p, rounds in phases.items()}
-    plain = {p: [t for r in rounds for t in r["plain"]] for p, rounds in phases.items()}
-    a, b = _ms(webhook["A"]), _ms(webhook["B"])
-    pa, pb = _ms(plain["A"]), _ms(plain["B"])
+    ms = {path: {p: _ms([t for r in rounds for t in r[path]]) for p, rounds in phases.items()} for path in PATHS}
+    a, b = ms["webhook"]["A"], ms["webhook"]["B"]
+    pa, pb = ms["plain"]["A"], ms["plain"]["B"]
+    da, db = ms["direct"]["A"], ms["direct"]["B"]
     return {
-        "samples_per_phase": {p: len(v) for p, v in webhook.items()},
-        "webhook_ms": {"A": a, "B": b},
-        "plain_ms": {"A": pa, "B": pb},
+        "samples_per_phase": {p: sum(len(r["webhook"]) for r in rounds) for p, rounds in phases.items()},
+        "webhook_ms": ms["webhook"],
+        "plain_ms": ms["plain"],
+        "direct_ms": ms["direct"],
         "p99_ratio": round(b["p99"] / a["p99"], 3),
         "p50_ratio": round(b["p50"] / a["p50"], 3),
         "plain_p99_ratio": round(pb["p99"] / pa["p99"], 3),
         "plain_p50_ratio": round(pb["p50"] / pa["p50"], 3),
+        "direct_p99_ratio": round(db["p99"] / da["p99"], 3),
+        "direct_p50_ratio": round(db["p50"] / da["p50"], 3),
         # the webhook's share once the cluster's own slowdown (the plain path) is divided out
         "p99_ratio_over_plain": round((b["p99"] / pb["p99"]) / (a["p99"] / pa["p99"]), 3),
         "p50_ratio_over_plain": round((b["p50"] / pb["p50"]) / (a["p50"] / pa["p50"]), 3),
         "rounds": [
             {
                 "phase": p,
-                **{k: v for k, v in r.items() if k not in ("webhook", "plain")},
-                "webhook_ms": _ms(r["webhook"]),
-                "plain_ms": _ms(r["plain"]),
+                **{k: v for k, v in r.items() if k not in PATHS},
+                **{f"{path}_ms": _ms(r[path]) for path in PATHS},
             }
             for i in range(max(len(v) for v in phases.values()))
             for p in ("A", "B")
