@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scale-nodes",
         action="store_true",
-        help="only time to every pod bound, hard tier 1 vs plain, batches of 16 and 64 StormServices, on 1,024 then 4,096 nodes",
+        help="only time to every pod bound, hard tier 1 vs plain, batches of 16 and 64 StormServices, on 4,096 then 1,024 nodes",
     )
     args = parser.parse_args(argv)
     if args.large:

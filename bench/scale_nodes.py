@@ -1,6 +1,6 @@
 """Scale with nodes: time from StormService creation to every pod bound, with and without stormtopo.
 
-One cluster per fabric size (1,024 then 4,096 kwok GPU nodes), one after the other in the same run.
+One cluster per fabric size (4,096 then 1,024 kwok GPU nodes), one after the other in the same run.
 In each, batches of N StormServices (1 prefill + 1 decode, 1 GPU each, AIBrix's Volcano strategy)
 alternate between hard / tier 1 (through stormtopo) and plain (no annotations: the webhooks select
 opted-in objects only, so stormtopo never sees them). A batch is created by 8 client threads and
@@ -31,7 +31,7 @@ from stormtopo.devenv import cluster, processes
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import stormservice
 
-SHAPES: tuple[tuple[int, int, int], ...] = ((8, 8, 16), (16, 16, 16))  # spines x leaves per spine x nodes per leaf
+SHAPES: tuple[tuple[int, int, int], ...] = ((16, 16, 16), (8, 8, 16))  # spines x leaves per spine x nodes per leaf; the largest first
 BATCHES: tuple[int, ...] = (16, 64)
 MODES = ("stormtopo", "plain")
 IDLE_SECONDS = 30.0  # how long each idle cluster is watched for its steady CPU (kwok's node leases)
@@ -77,7 +77,7 @@ def batch(client: DevCluster, topology: Topology, pids: Mapping[str, int], names
         list(pool.map(client.create, manifests))
     created = time.monotonic() - started
     # Every batch is polled the same way, so the polling's own load is the same with and without.
-    pods = client.wait(lambda: _all_bound(client, namespace, 2 * services), 600, f"{2 * services} pods bound", interval=0.25)
+    pods = client.wait(lambda: _all_bound(client, namespace, 2 * services), 300, f"{2 * services} pods bound", interval=0.25)
     bound = time.monotonic() - started
     used = _cores(cpu, _cpu_all(pids), bound)
     deleting = time.monotonic()
