@@ -28,12 +28,13 @@ from bench.scale import HARD, _proc
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.tree import Topology
 from stormtopo.devenv import cluster, processes
-from stormtopo.devenv.client import DevCluster
+from stormtopo.devenv.client import DevCluster, Timeout
 from stormtopo.devenv.workloads import stormservice
 
 SHAPES: tuple[tuple[int, int, int], ...] = ((16, 16, 16), (8, 8, 16))  # spines x leaves per spine x nodes per leaf; the largest first
 BATCHES: tuple[int, ...] = (16, 64)
 MODES = ("stormtopo", "plain")
+BIND_TIMEOUT = 300.0  # a batch not bound by then is recorded as unfinished, with how many pods were bound
 IDLE_SECONDS = 30.0  # how long each idle cluster is watched for its steady CPU (kwok's node leases)
 
 
@@ -77,16 +78,21 @@ def batch(client: DevCluster, topology: Topology, pids: Mapping[str, int], names
         list(pool.map(client.create, manifests))
     created = time.monotonic() - started
     # Every batch is polled the same way, so the polling's own load is the same with and without.
-    pods = client.wait(lambda: _all_bound(client, namespace, 2 * services), 300, f"{2 * services} pods bound", interval=0.25)
-    bound = time.monotonic() - started
-    used = _cores(cpu, _cpu_all(pids), bound)
+    bound: float | None
+    try:
+        pods = client.wait(lambda: _all_bound(client, namespace, 2 * services), BIND_TIMEOUT, "every pod bound", interval=0.25)
+        bound = time.monotonic() - started
+    except Timeout:
+        pods, bound = _all_bound(client, namespace, 0), None
+    used = _cores(cpu, _cpu_all(pids), time.monotonic() - started)
     deleting = time.monotonic()
     client.delete_namespace(namespace, wait=600)
     return {
         "mode": mode,
         "services": services,
         "create_s": round(created, 2),
-        "all_bound_s": round(bound, 2),
+        "all_bound_s": None if bound is None else round(bound, 2),
+        "pods_bound": len(pods),
         "within_one_leaf": within_leaf(pods, topology),
         "cores_while_binding": used,
         "delete_s": round(time.monotonic() - deleting, 1),
@@ -101,11 +107,12 @@ def order(rounds: int, sizes: Sequence[int]) -> list[tuple[int, int, str]]:
 
 
 def summarize(batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Median time to every pod bound per (services, mode), and with / without per batch size."""
+    """Median time to every pod bound per (services, mode), and with / without per batch size. A mode
+    with an unfinished batch (None) has no median: its time is only known to exceed the timeout."""
     out: dict[str, Any] = {}
     for n in sorted({b["services"] for b in batches}):
         times = {m: [b["all_bound_s"] for b in batches if b["services"] == n and b["mode"] == m] for m in MODES}
-        medians = {m: round(statistics.median(t), 2) for m, t in times.items() if t}
+        medians = {m: round(statistics.median(t), 2) for m, t in times.items() if t and None not in t}
         out[str(n)] = {
             "all_bound_s_median": medians,
             "all_bound_s_rounds": times,
@@ -160,20 +167,26 @@ def run(
     return {"clusters": clusters, "growth": growth(clusters), "seconds": round(time.monotonic() - started, 1)}
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
 def growth(clusters: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Largest cluster over smallest (nodes), and largest batch over smallest (services), per mode."""
+    """Largest cluster over smallest (nodes), and largest batch over smallest (services), per mode
+    (None where a batch did not finish)."""
     small, large = min(clusters, key=lambda c: c["nodes"]), max(clusters, key=lambda c: c["nodes"])
+
+    def median(c: Mapping[str, Any], n: str, mode: str) -> float | None:
+        value = c["by_services"][n]["all_bound_s_median"].get(mode)
+        return None if value is None else float(value)
+
     out: dict[str, Any] = {"nodes": f"{large['nodes']} / {small['nodes']}"}
     for m in MODES:
-        out[f"all_bound_{m}_with_nodes"] = {
-            n: round(large["by_services"][n]["all_bound_s_median"][m] / small["by_services"][n]["all_bound_s_median"][m], 3)
-            for n in small["by_services"]
-        }
+        out[f"all_bound_{m}_with_nodes"] = {n: _ratio(median(large, n, m), median(small, n, m)) for n in small["by_services"]}
         out[f"all_bound_{m}_with_services"] = {}
         for c in clusters:
-            sizes = sorted(c["by_services"], key=int)
-            lo, hi = c["by_services"][sizes[0]], c["by_services"][sizes[-1]]
-            out[f"all_bound_{m}_with_services"][str(c["nodes"])] = round(hi["all_bound_s_median"][m] / lo["all_bound_s_median"][m], 3)
-    out["operator_peak_rss_with_nodes"] = round(large["operator_peak_rss_mb"] / small["operator_peak_rss_mb"], 3)
-    out["idle_cores_with_nodes"] = {k: round(large["idle_cores"][k] / max(small["idle_cores"][k], 1e-3), 2) for k in small["idle_cores"]}
+            lo, hi = sorted(c["by_services"], key=int)[0], sorted(c["by_services"], key=int)[-1]
+            out[f"all_bound_{m}_with_services"][str(c["nodes"])] = _ratio(median(c, hi, m), median(c, lo, m))
+    out["operator_peak_rss_with_nodes"] = _ratio(large["operator_peak_rss_mb"], small["operator_peak_rss_mb"])
+    out["idle_cores_with_nodes"] = {k: _ratio(large["idle_cores"][k], max(small["idle_cores"][k], 1e-3)) for k in small["idle_cores"]}
     return out

@@ -52,3 +52,9 @@ def test_growth_divides_large_by_small_clusters_and_batches() -> None:
     assert out["all_bound_plain_with_services"] == {"1024": 4.0, "4096": 4.0}
     assert out["operator_peak_rss_with_nodes"] == 3.0
     assert out["idle_cores_with_nodes"] == {"kwok": 3.0}
+
+
+def test_summarize_gives_no_median_for_a_mode_with_an_unfinished_batch() -> None:
+    out = summarize([*_batches({(64, "plain"): [40.0]}), {"services": 64, "mode": "stormtopo", "all_bound_s": None}])
+    assert out["64"]["all_bound_s_median"] == {"plain": 40.0}
+    assert out["64"]["ratio_with_without"] is None
