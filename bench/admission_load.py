@@ -10,6 +10,7 @@ opted-in pod's AdmissionReview straight to the webhook. p99 of B against A, same
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -18,7 +19,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ class Probe:
     """Reads the operator from outside: its metrics port and its CPU time."""
 
     def __init__(self, state: Path) -> None:
+        self.state = state
         ports = json.loads((state / "cluster.json").read_text())["ports"]
         self.url = f"http://127.0.0.1:{ports['operator_metrics']}/metrics"
         self.pids = {p.name: p.pid for p in processes.tracked(state)}
@@ -207,54 +209,78 @@ class Webhook:
         return dict(json.loads(response.data)["response"])
 
 
-def measure(
-    api: Api, webhook: Webhook, probe: Probe, namespace: str, service: str, roleset: str, seconds: float, rate: float = RATE
-) -> dict[str, Any]:
-    """Dry-run pod creates for `seconds`: every 1/`rate` s an opted-in pod (the webhook answers it), a
-    plain one (no webhook: the machine's noise), and the opted-in pod's AdmissionReview posted straight
-    to the webhook; and what the operator did meanwhile.
+def _pod(i: int, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"adm-{i}", "namespace": namespace, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
 
-    Open loop, as pods arrive in a cluster: requests go out on a fixed schedule whatever the answers,
-    and each is timed from when it was due, so a stall delays (and counts against) every request
-    behind it. A closed loop (the next request when the last is answered) keeps the API server busy
-    all the time instead: on 2 cores it then measures how saturated the machine is (BENCHMARKS.md).
-    """
-    opted_in = {"storm-service-name": service, "roleset-name": roleset, "role-name": "decode"}
-    times: dict[str, list[float]] = {"webhook": [], "plain": [], "direct": []}
-    admitted = [0, 0]
-    buckets, podgroups = probe.admission_buckets(), probe.admission_buckets("podgroup").get("+Inf", 0.0)
-    explanations = probe.explanations()
-    cpu, started = probe.cpu_seconds(), time.monotonic()
 
-    def admit(i: int, path: str, due: float) -> None:
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"adm-{i}", "namespace": namespace, "labels": {} if path == "plain" else opted_in},
-            "spec": {"containers": [{"name": "c", "image": "x"}]},
-        }
-        if path == "direct":
-            admitted[1] += bool(webhook.review(pod).get("patch"))
-        else:
-            created = _dry_run(api, namespace, pod)
-            admitted[0] += path == "webhook" and (created["metadata"].get("labels") or {}).get(ADMITTED_LABEL) == "true"
+def _open_loop(send: Callable[[int, str], None], paths: tuple[str, ...], seconds: float, rate: float) -> dict[str, list[float]]:
+    """Every 1/`rate` s, `send(i, path)` for each path, on a pool of threads: requests go out on a fixed
+    schedule whatever the answers, and each is timed from when it was due, so a stall delays (and
+    counts against) every request behind it."""
+    times: dict[str, list[float]] = {path: [] for path in paths}
+
+    def timed(i: int, path: str, due: float) -> None:
+        send(i, path)
         times[path].append(time.monotonic() - due)
 
-    paths = tuple(times)
+    started = time.monotonic()
     with ThreadPoolExecutor(max_workers=32) as pool:
         i = 0
         while (due := started + i / rate) < started + seconds:
             time.sleep(max(0.0, due - time.monotonic()))
             for k in range(len(paths)):  # rotate the order, so that no path is always last
-                pool.submit(admit, i, paths[(i + k) % len(paths)], due)
+                pool.submit(timed, i, paths[(i + k) % len(paths)], due)
             i += 1
+    return times
+
+
+def probe_webhook(state: Path, namespace: str, labels: dict[str, str], seconds: float, rate: float) -> tuple[list[float], int]:
+    """In a process of its own (the bench's API-server requests would otherwise share its GIL): the
+    opted-in pod's AdmissionReview straight to the webhook. Its times, and how many were patched."""
+    webhook, patched = Webhook(state), [0]
+
+    def send(i: int, _: str) -> None:
+        patched[0] += bool(webhook.review(_pod(i, namespace, labels)).get("patch"))
+
+    return _open_loop(send, ("direct",), seconds, rate)["direct"], patched[0]
+
+
+def measure(
+    api: Api, prober: ProcessPoolExecutor, probe: Probe, namespace: str, service: str, roleset: str, seconds: float, rate: float = RATE
+) -> dict[str, Any]:
+    """For `seconds`, every 1/`rate` s: a dry-run create of an opted-in pod (the webhook answers it) and
+    of a plain one (no webhook: the machine's noise), and, from another process, the opted-in pod's
+    AdmissionReview straight to the webhook; and what the operator did meanwhile.
+
+    Open loop, as pods arrive in a cluster (see _open_loop). A closed loop (the next request when the
+    last is answered) keeps the API server busy all the time instead: on 2 cores it then measures how
+    saturated the machine is (BENCHMARKS.md).
+    """
+    opted_in = {"storm-service-name": service, "roleset-name": roleset, "role-name": "decode"}
+    admitted = [0]
+    buckets, podgroups = probe.admission_buckets(), probe.admission_buckets("podgroup").get("+Inf", 0.0)
+    explanations = probe.explanations()
+    cpu, started = probe.cpu_seconds(), time.monotonic()
+    direct = prober.submit(probe_webhook, probe.state, namespace, opted_in, seconds, rate)
+
+    def send(i: int, path: str) -> None:
+        created = _dry_run(api, namespace, _pod(i, namespace, opted_in if path == "webhook" else {}))
+        admitted[0] += path == "webhook" and (created["metadata"].get("labels") or {}).get(ADMITTED_LABEL) == "true"
+
+    times = _open_loop(send, ("webhook", "plain"), seconds, rate)
+    times["direct"], patched = direct.result(timeout=seconds + 120)
     wall = time.monotonic() - started
     after = probe.admission_buckets()
     return {
         "seconds": round(wall, 1),
         **times,
         "admitted_by_webhook": admitted[0],  # failurePolicy Ignore: a timed-out answer would pass unmutated
-        "patched_by_direct_review": admitted[1],
+        "patched_by_direct_review": patched,
         "cpu_share": {name: round((seconds - cpu[name]) / wall, 3) for name, seconds in probe.cpu_seconds().items()},
         "operator_admission_buckets": {le: after[le] - buckets.get(le, 0.0) for le in after},
         # AIBrix rewrites a pending replica's PodGroup about twice a second: the webhook answers each
@@ -323,7 +349,6 @@ def run(shape: tuple[int, int, int], rounds: int = 3, seconds: float = 60.0, pin
         client = DevCluster(state)
         probe = Probe(state)
         api = Api(str(state / "kubeconfig"))
-        webhook = Webhook(state)
         client.create_namespace("bench-fill")
         used = fragmentation(sorted(topology.nodes), seed=7)
         _in_parallel(client.create, [filler_pod(f"busy-{node}", "bench-fill", node, gpus) for node, gpus in used.items()])
@@ -334,10 +359,13 @@ def run(shape: tuple[int, int, int], rounds: int = 3, seconds: float = 60.0, pin
         roleset = client.only(lambda: client.rolesets("bench-adm", "lat-svc"), "RoleSet of lat-svc")["metadata"]["name"]
         out["explanation_cost"] = explanation_cost(state, topology, GANGS)
         out["pinned_cpus"] = pin_stormtopo_apart(probe) if pinned else {}
+        # started after pin_stormtopo_apart: the prober inherits the bench's core
+        prober = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        prober.submit(os.getpid).result(timeout=120)  # started and imported before the first round
 
         phases: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
         for r in range(rounds):
-            phases["A"].append(measure(api, webhook, probe, "bench-adm", "lat-svc", roleset, seconds))
+            phases["A"].append(measure(api, prober, probe, "bench-adm", "lat-svc", roleset, seconds))
             namespace = f"bench-gangs-{r}"
             client.create_namespace(namespace)
             names = [f"gang-{i:02d}" for i in range(len(GANGS))]
@@ -347,11 +375,12 @@ def run(shape: tuple[int, int, int], rounds: int = 3, seconds: float = 60.0, pin
             )
             explained_after = _wait_pending(client, probe, namespace, names, timeout=600)
             phases["B"].append(
-                {**measure(api, webhook, probe, "bench-adm", "lat-svc", roleset, seconds), "explained_after_s": round(explained_after, 1)}
+                {**measure(api, prober, probe, "bench-adm", "lat-svc", roleset, seconds), "explained_after_s": round(explained_after, 1)}
             )
             if r < rounds - 1:
                 client.delete_namespace(namespace, wait=300)
                 client.wait(lambda: probe.pending_gangs() == 0, 300, "the pending-gang gauge to drop to 0", interval=1.0)
+        prober.shutdown()
         out.update(summarize(phases))
     finally:
         cluster.down(state)

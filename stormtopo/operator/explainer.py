@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 FREE_GPUS_TTL = 5.0  # seconds a reading of every node's free GPUs is reused, however many gangs are pending
 NODE_LABELS_TTL = 30.0  # seconds a reading of node labels is reused (labelMatch HyperNodes only)
+WORKER_NICENESS = 10  # added to the operator's: a tenth of its CPU share when both want the CPU
 EXPLAIN_TIMEOUT = 120.0  # an answer later than this is not waited for (the search itself has a step budget)
 
 
@@ -42,9 +43,12 @@ class _Worker:
     labels: tuple[float, dict[str, dict[str, str]]] = (float("-inf"), {})
 
 
-def _exit_with_parent(parent: int) -> None:
-    """The worker's initializer. A SIGKILLed operator cannot stop its worker, and the worker would wait
-    for work forever (it holds both ends of its queue's pipe): it watches its parent and exits with it."""
+def _start_worker(parent: int) -> None:
+    """The worker's initializer. Explanations are background work: at a lower priority, the operator's
+    answer to an admission never waits for the worker's CPU. A SIGKILLed operator cannot stop its
+    worker, and the worker would wait for work forever (it holds both ends of its queue's pipe): it
+    watches its parent and exits with it."""
+    os.nice(WORKER_NICENESS)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -95,7 +99,7 @@ class Explainer:
             self._pool = ProcessPoolExecutor(
                 max_workers=1,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_exit_with_parent,
+                initializer=_start_worker,
                 initargs=(os.getpid(),),
             )
         return self._pool

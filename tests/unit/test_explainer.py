@@ -1,5 +1,6 @@
-"""The explanation worker is a process of its own: it must never outlive the operator that started it,
-however the operator ends (the soak SIGKILLs the leader 20 times)."""
+"""The explanation worker is a process of its own, at a lower priority than the operator's, and it
+never outlives the operator that started it, however the operator ends (the soak SIGKILLs the leader
+20 times)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import subprocess
 import sys
 import time
 
+from stormtopo.operator.explainer import WORKER_NICENESS
+
 OPERATOR = """
 import os, sys, time
 from stormtopo.operator.explainer import Explainer
 explainer = Explainer(None)
 print(explainer._executor().submit(os.getpid).result(timeout=60), flush=True)
+print(explainer._executor().submit(os.nice, 0).result(timeout=60) - os.nice(0), flush=True)
 time.sleep(600)
 """
 
@@ -37,6 +41,7 @@ def test_worker_exits_when_the_operator_is_killed() -> None:
         assert operator.stdout is not None
         worker = int(operator.stdout.readline())
         assert worker != operator.pid and _alive(worker)
+        assert int(operator.stdout.readline()) == WORKER_NICENESS  # background work: admissions come first
         operator.send_signal(signal.SIGKILL)
         operator.wait(timeout=30)
         deadline = time.monotonic() + 30
