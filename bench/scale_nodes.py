@@ -32,7 +32,7 @@ from stormtopo.devenv.client import DevCluster, Timeout
 from stormtopo.devenv.workloads import stormservice
 
 SHAPES: tuple[tuple[int, int, int], ...] = ((16, 16, 16), (8, 8, 16))  # spines x leaves per spine x nodes per leaf; the largest first
-BATCHES: tuple[int, ...] = (16, 64)
+BATCHES: tuple[int, ...] = (16, 32)
 MODES = ("stormtopo", "plain")
 BIND_TIMEOUT = 300.0  # a batch not bound by then is recorded as unfinished, with how many pods were bound
 IDLE_SECONDS = 30.0  # how long each idle cluster is watched for its steady CPU (kwok's node leases)
