@@ -36,14 +36,15 @@ demo: binaries
 bench-quick: binaries
 	$(BIN)/python -m bench --quick
 
-# Everything, about an hour on 2 cores: 256 nodes, placement on 1,024, the two PodGroup expressions
-# on 1,024, and 1,000 StormServices on 1,024.
+# Everything, about an hour and a half on 2 cores: 256 nodes, placement on 1,024, the two PodGroup
+# expressions on 1,024, 1,000 StormServices on 1,024, admission with pending gangs, 4,096 nodes.
 bench: binaries
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench --large
 	$(BIN)/python -m bench --expressions
 	$(BIN)/python -m bench --scale 1000
 	$(BIN)/python -m bench --admission
+	$(BIN)/python -m bench --scale-nodes
 
 # The soak of RELIABILITY.md, about 20 minutes on 2 cores: 20 SIGKILLs each of kube-apiserver, etcd,
 # vc-scheduler, AIBrix and the operator's leader during churn. STORMTOPO_SOAK_SEED=N repeats a run.
