@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import logging
 import os
@@ -205,6 +206,10 @@ async def run(args: argparse.Namespace) -> None:
                 api,
                 webhook.configuration(ca, url_base=url_base, service=service, namespace=args.leader_election_namespace),
             )
+        # Everything loaded so far (kopf, aiohttp, the modules, the first lists) lives as long as the
+        # process: out of the collector's reach, a full collection no longer scans it. Measured during
+        # bench --admission: full collections of 20-141 ms, each stalling every admission in flight.
+        gc.freeze()
         ready.set()
         log.info("stormtopo operator ready; webhook on %s:%s", args.webhook_host, args.webhook_port)
 
