@@ -93,13 +93,19 @@ class Pending:
     explanation: Explanation
 
 
+def is_explainable(request: TopologyRequest, pods: Sequence[int], pods_created: int) -> bool:
+    """Whether a Pending replica can be explained at all, before reading the cluster's free GPUs:
+    only a hard request holds a gang back, and only once all its pods exist."""
+    return request.mode is Mode.HARD and pods_created >= len(pods)
+
+
 def plan_pending(
     request: TopologyRequest, pods: Sequence[int], pods_created: int, topology: Topology, free: Mapping[str, int]
 ) -> Pending | None:
     """Why a hard replica is Pending; None when there is nothing to explain yet (or ever: soft
     requests never hold a gang back, and Volcano calls a gang unschedulable while AIBrix is still
     creating its pods)."""
-    if request.mode is not Mode.HARD or pods_created < len(pods):
+    if not is_explainable(request, pods, pods_created):
         return None
     tier = allowed_tier(request, topology)
     if tier is None:

@@ -58,7 +58,7 @@ def _start_worker(parent: int) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _reading(read_at: float, ttl: float) -> bool:
+def _stale(read_at: float, ttl: float) -> bool:
     return time.monotonic() - read_at > ttl
 
 
@@ -73,11 +73,11 @@ def explain_in_worker(
     if _Worker.api is None:
         _Worker.api = Api(kubeconfig)
     api = _Worker.api
-    if _reading(_Worker.free[0], FREE_GPUS_TTL):
+    if _stale(_Worker.free[0], FREE_GPUS_TTL):
         _Worker.free = (time.monotonic(), api.free_gpus())
     free = _Worker.free[1]
     if selects_by_label(hypernodes):
-        if _reading(_Worker.labels[0], NODE_LABELS_TTL):
+        if _stale(_Worker.labels[0], NODE_LABELS_TTL):
             _Worker.labels = (time.monotonic(), api.node_labels())
         topology = topology_from_hypernodes(hypernodes, _Worker.labels[1])
     else:

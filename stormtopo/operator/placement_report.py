@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stormtopo.core.admission import valid_request
-from stormtopo.core.explanation import allowed_tier
+from stormtopo.core.explanation import allowed_tier, is_explainable
 from stormtopo.core.gang import followers, gang_of, replica_pods
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, merge_placements, plan_placed, plan_release, recorded_placement
 from stormtopo.core.request import TopologyRequest, is_opted_in
@@ -140,8 +140,8 @@ class PlacementReporter:
     ) -> None:
         now = time.monotonic()
         when, interval = self._next_check.get(key, (0.0, EXPLAIN_INTERVAL))
-        if now < when:
-            return
+        if now < when or not is_explainable(request, wanted, created):
+            return  # (AIBrix still creating its pods: no cluster-wide read of free GPUs for nothing)
         self._next_check[key] = (now + EXPLAIN_INTERVAL, EXPLAIN_INTERVAL)
         pending = await self.explainer.explain(request, wanted, created, list(self.index.hypernodes.values()))
         if pending is None or pending.explanation.fits:
