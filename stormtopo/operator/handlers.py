@@ -176,7 +176,23 @@ def _login(api: Api, **kwargs: Any) -> kopf.ConnectionInfo | None:
     )
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No change detection. kopf deep-copies every watched object on every event to find what changed
+    for change handlers; stormtopo has only raw event handlers, so that copy is never read. Measured
+    under bench --admission with 20 hard gangs pending: a quarter of the operator's CPU."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def _configure(settings: kopf.OperatorSettings) -> None:
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING  # Events go to the objects they are about, not to kopf's log
     # Events are posted a few at a time: kopf's client opens one TLS connection per post in flight,
     # and a burst of a thousand at once cost tens of MB of connection buffers.

@@ -19,6 +19,7 @@ from stormtopo.core.reconciliation import ServiceSnapshot
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api
+from stormtopo.operator import metrics
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -111,11 +112,16 @@ class Index:
     _seen: dict[tuple[str, Key], int] = field(default_factory=dict)  # (kind, key) -> when last observed
     _clock: int = 0
     podgroup_schema: dict[str, Any] | None = None  # the PodGroup CRD's schema; None until read
+    # Every admission and placement check reads the tiers: computed again only when a HyperNode or the
+    # schema changes, not per request (a pass over every HyperNode).
+    _hypernode_changes: int = 0
+    _tiers: tuple[int, object, ClusterTiers] | None = None  # (_hypernode_changes, podgroup_schema, tiers)
 
     # -- watch events --------------------------------------------------------------------------
     def observe(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
         deleted = event_type == "DELETED"
         self._clock += 1
+        metrics.OBSERVED.labels(kind).inc()
         if deleted:
             self._seen.pop((kind, key_of(obj)), None)
         else:
@@ -126,6 +132,7 @@ class Index:
                 self.hypernodes.pop(name, None)
             else:
                 self.hypernodes[name] = slim(obj)
+            self._hypernode_changes += 1
             return
         store = {"StormService": self.stormservices, "RoleSet": self.rolesets, "PodGroup": self.podgroups, "Pod": self.pods}[kind]
         key = key_of(obj)
@@ -194,7 +201,12 @@ class Index:
         return None
 
     def cluster_tiers(self) -> ClusterTiers:
-        return cluster_tiers(self.hypernodes.values(), self.podgroup_schema)
+        # Keyed by what it is computed from, read first: HyperNodes primed or a schema re-read on a
+        # thread while this computes leave a key that no longer matches, so the next call recomputes.
+        changes, schema = self._hypernode_changes, self.podgroup_schema
+        if self._tiers is None or self._tiers[0] != changes or self._tiers[1] is not schema:
+            self._tiers = (changes, schema, cluster_tiers(list(self.hypernodes.values()), schema))
+        return self._tiers[2]
 
     def detect_volcano_fields(self) -> None:
         """Read the installed PodGroup CRD: which fields Volcano offers (networkTopology >= 1.12; names, subgroups >= 1.14)."""

@@ -26,3 +26,8 @@ EXPLANATION_SECONDS = Histogram(
     "Time to explain one pending gang in the explanation worker, its free-GPU reading included",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
 )
+OBSERVED = Counter(
+    "stormtopo_observed_objects_total",
+    "Watch events and listed objects the index recorded, by kind: what the operator's CPU follows",
+    ["kind"],
+)

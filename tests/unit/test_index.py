@@ -84,3 +84,26 @@ def test_the_opted_in_list_forgets_a_stormservice_only_after_two_checks_without_
     assert listed.stale({"ns.here": None}) == []  # first check: maybe just created by the gate
     assert listed.stale({"ns.here": None, "ns.new": None}) == ["ns.gone"]
     assert listed.stale({"ns.here": None, "ns.new": None}) == []
+
+
+def test_cluster_tiers_follow_hypernode_events_and_the_schema() -> None:
+    from typing import Any, cast
+
+    from stormtopo.operator.index import Index
+
+    index = Index(cast(Any, None))  # no API call: HyperNodes arrive as events
+
+    def hypernode(name: str, tier: int, tier_name: str = "") -> dict[str, Any]:
+        spec: dict[str, Any] = {"tier": tier, **({"tierName": tier_name} if tier_name else {})}
+        return {"metadata": {"name": name}, "spec": spec}
+
+    index.observe("HyperNode", "ADDED", hypernode("leaf0", 1, "leaf"))
+    assert index.cluster_tiers().tiers == {1}
+    assert index.cluster_tiers() is index.cluster_tiers()  # computed once while nothing changes
+    index.observe("HyperNode", "ADDED", hypernode("spine0", 2, "spine"))
+    assert index.cluster_tiers().tiers == {1, 2} and index.cluster_tiers().tier_names == {"leaf", "spine"}
+    index.observe("HyperNode", "DELETED", hypernode("spine0", 2, "spine"))
+    assert index.cluster_tiers().tiers == {1}
+    assert index.cluster_tiers().has_network_topology  # schema unknown: every field assumed
+    index.podgroup_schema = {"properties": {"spec": {"properties": {}}}}  # a Volcano without networkTopology
+    assert not index.cluster_tiers().has_network_topology
