@@ -131,8 +131,9 @@ def register(
     async def podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         operator.follow("PodGroup", event, body)
 
-    # The PodGroups stormtopo owns for StormService-scoped requests carry no roleset-name label.
-    @kopf.on.event(*VOLCANO_SCHEDULING, "podgroups", labels=dict(MANAGED_BY), registry=registry)
+    # The PodGroups stormtopo owns for StormService-scoped requests carry no roleset-name label (those
+    # of replicas carry both, and the handler above records them).
+    @kopf.on.event(*VOLCANO_SCHEDULING, "podgroups", labels={**dict(MANAGED_BY), ROLESET_LABEL: kopf.ABSENT}, registry=registry)
     async def owned_podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         index.observe("PodGroup", event.get("type"), body)
 
