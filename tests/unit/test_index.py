@@ -107,3 +107,41 @@ def test_cluster_tiers_follow_hypernode_events_and_the_schema() -> None:
     assert index.cluster_tiers().has_network_topology  # schema unknown: every field assumed
     index.podgroup_schema = {"properties": {"spec": {"properties": {}}}}  # a Volcano without networkTopology
     assert not index.cluster_tiers().has_network_topology
+
+
+def test_an_event_that_changes_nothing_the_index_keeps_queues_nothing() -> None:
+    """AIBrix's status writes to a StormService and Volcano's new message on a pending pod arrive many
+    times a second while gangs wait: observe() says they changed nothing, so the operator queues no work."""
+    from typing import Any, cast
+
+    from stormtopo.operator.index import Index
+
+    index = Index(cast(Any, None))
+    svc = {
+        "kind": "StormService",
+        "metadata": {"name": "svc", "namespace": "ns", "resourceVersion": "1", "generation": 1, "annotations": {"a": "1"}},
+        "spec": {"replicas": 1},
+        "status": {"replicas": 0},
+    }
+    assert index.observe("StormService", "ADDED", svc)
+    status_only = {**svc, "metadata": {**svc["metadata"], "resourceVersion": "2"}, "status": {"replicas": 1}}
+    assert not index.observe("StormService", "MODIFIED", status_only)
+    assert index.stormservices[("ns", "svc")]["metadata"]["resourceVersion"] == "2"  # conditional writes use the latest
+    annotated = {**status_only, "metadata": {**status_only["metadata"], "resourceVersion": "3", "annotations": {"a": "2"}}}
+    assert index.observe("StormService", "MODIFIED", annotated)
+    scaled = {**annotated, "metadata": {**annotated["metadata"], "resourceVersion": "4", "generation": 2}, "spec": {"replicas": 2}}
+    assert index.observe("StormService", "MODIFIED", scaled)
+
+    def pod(message: str, status: str = "False", node: str = "") -> dict[str, Any]:
+        condition = {"type": "PodScheduled", "status": status, "reason": "Unschedulable", "message": message, "lastTransitionTime": "t0"}
+        return {
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"roleset-name": "rs"}, "resourceVersion": message},
+            "spec": {"nodeName": node} if node else {},
+            "status": {"phase": "Pending", "conditions": [condition]},
+        }
+
+    assert index.observe("Pod", "ADDED", pod("3/12 tasks in gang unschedulable"))
+    assert not index.observe("Pod", "MODIFIED", pod("5/12 tasks in gang unschedulable"))
+    assert index.observe("Pod", "MODIFIED", pod("", status="True", node="n1"))
+    assert index.observe("Pod", "DELETED", pod("", status="True", node="n1"))
