@@ -72,12 +72,10 @@ class Operator:
         """Record the object, and queue what it changes if this replica leads: a StormService or a
         RoleSet its StormService's PodGroups; a pod or a replica's PodGroup that replica's placement."""
         deleted = event.get("type") == "DELETED"
-        changed = self.index.observe(kind, event.get("type"), body)
+        self.index.observe(kind, event.get("type"), body)
         if deleted:
             self.forget(kind, key_of(body))
-        # An unchanged object queues nothing: the work it would queue reads only the index. (The
-        # leader's resync re-queues everything every 30 s regardless.)
-        if not changed or not self.leadership.is_leader:
+        if not self.leadership.is_leader:
             return
         if kind == "StormService" and not deleted:
             self.stormservices.add(key_of(body))

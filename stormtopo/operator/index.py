@@ -45,18 +45,9 @@ def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _versionless(kept: Mapping[str, Any]) -> dict[str, Any]:
-    return {**kept, "metadata": {k: v for k, v in kept["metadata"].items() if k != "resourceVersion"}}
-
-
 def _slim_pod(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     """Of a pod, where it is bound and when: what a placement check and its metric read."""
-    # Of its PodScheduled condition, not the scheduler's message: it changes while a gang waits.
-    scheduled = [
-        {k: c[k] for k in ("type", "status", "lastTransitionTime") if k in c}
-        for c in (pod.get("status") or {}).get("conditions") or []
-        if c.get("type") == "PodScheduled"
-    ]
+    scheduled = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
     kept = {k: meta[k] for k in ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp") if k in meta}
     spec = pod.get("spec") or {}
     # Where it is bound; and, for a pod held at stormtopo's gate, what releasing it must patch.
@@ -127,9 +118,7 @@ class Index:
     _tiers: tuple[int, object, ClusterTiers] | None = None  # (_hypernode_changes, podgroup_schema, tiers)
 
     # -- watch events --------------------------------------------------------------------------
-    def observe(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> bool:
-        """Record an event's object; False if what the index keeps of it is unchanged (AIBrix's status
-        writes, Volcano's new message on a pending pod): nothing that reads the index can differ."""
+    def observe(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
         deleted = event_type == "DELETED"
         self._clock += 1
         metrics.OBSERVED.labels(kind).inc()
@@ -144,7 +133,7 @@ class Index:
             else:
                 self.hypernodes[name] = slim(obj)
             self._hypernode_changes += 1
-            return True
+            return
         store = {"StormService": self.stormservices, "RoleSet": self.rolesets, "PodGroup": self.podgroups, "Pod": self.pods}[kind]
         key = key_of(obj)
         if kind == "Pod":
@@ -153,10 +142,8 @@ class Index:
             _member(self._rolesets_by_service, service_key_of(obj), key[1], not deleted)
         if deleted:
             store.pop(key, None)
-            return True
-        kept, before = slim(obj), store.get(key)
-        store[key] = kept
-        return before is None or _versionless(before) != _versionless(kept)
+        else:
+            store[key] = slim(obj)
 
     # -- re-lists ------------------------------------------------------------------------------
     def mark(self) -> int:
