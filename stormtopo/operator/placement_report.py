@@ -79,7 +79,8 @@ class PlacementReporter:
         if held:
             await self._release(roleset, stormservice, pods, held)
         request = valid_request(stormservice, self.index.cluster_tiers())
-        if request is None:
+        if request is None:  # opted out, or invalid: nothing to explain, so not counted as unsatisfiable
+            self._settle(key)
             return
         wanted = replica_pods(roleset.get("spec") or {})
         bound = [p for p in pods if p["spec"].get("nodeName")]
@@ -144,7 +145,10 @@ class PlacementReporter:
             return  # (AIBrix still creating its pods: no cluster-wide read of free GPUs for nothing)
         self._next_check[key] = (now + EXPLAIN_INTERVAL, EXPLAIN_INTERVAL)
         pending = await self.explainer.explain(request, wanted, created, list(self.index.hypernodes.values()))
-        if pending is None or pending.explanation.fits:
+        if pending is None:
+            return
+        if pending.explanation.fits:  # room again: Volcano binds it at its next session
+            self._settle(key)
             return
         self._unsatisfiable.add(key)
         metrics.PENDING_GANGS.set(len(self._unsatisfiable))
