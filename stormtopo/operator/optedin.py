@@ -48,9 +48,15 @@ class OptedInList:
                 raise
             if want is None:
                 return
-            self.api.request(
-                "POST", f"/api/v1/namespaces/{self.namespace}/configmaps", {**opted_in_configmap(self.namespace), "data": change}
-            )
+            try:
+                self.api.request(
+                    "POST", f"/api/v1/namespaces/{self.namespace}/configmaps", {**opted_in_configmap(self.namespace), "data": change}
+                )
+            except ApiError as exists:
+                if exists.status != 409:
+                    raise
+                # Another replica (or this one's other admission) created it meanwhile: add to theirs.
+                self.api.request("PATCH", self.path, {"data": change}, MERGE_PATCH)
         if want is None:
             self.listed.pop(key, None)
         else:
