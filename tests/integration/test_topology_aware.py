@@ -120,10 +120,14 @@ def test_three_replicas_each_in_one_leaf_then_scale_to_four_then_delete(cluster:
 def test_bad_annotations_get_a_warning_event_and_change_nothing(
     cluster: DevCluster, namespace: str, annotations: dict[str, str], bad_key: str
 ) -> None:
-    cluster.create(stormservice("bad", namespace, annotations=annotations))
+    # Names unique to the case: AIBrix v0.7.0 counts the RoleSets of a same-named StormService in any
+    # namespace (its list has no namespace filter). The last case's RoleSet, still terminating once its
+    # pods were gone, left this one none, and AIBrix never looked again (a loaded machine: "createBudget 0").
+    bad, good = f"bad-{namespace}", f"good-{namespace}"
+    cluster.create(stormservice(bad, namespace, annotations=annotations))
 
     def warning() -> str:
-        messages = [e["message"] for e in cluster.events(namespace, "bad") if e["reason"] == "InvalidTopologyRequest"]
+        messages = [e["message"] for e in cluster.events(namespace, bad) if e["reason"] == "InvalidTopologyRequest"]
         return messages[0] if messages else ""
 
     message = cluster.wait(warning, 90, "a Warning Event on the StormService")
@@ -133,8 +137,8 @@ def test_bad_annotations_get_a_warning_event_and_change_nothing(
     for group in groups:  # (AIBrix may briefly have made a replica twice)
         assert "networkTopology" not in group["spec"] and group["spec"]["minMember"] == 2  # exactly what AIBrix wrote
     # The operator still serves everyone else: a good StormService next to it gets its constraint.
-    cluster.create(stormservice("good", namespace, annotations=HARD_LEAF))
-    cluster.bound_pods(namespace, "storm-service-name=good", 2)
+    cluster.create(stormservice(good, namespace, annotations=HARD_LEAF))
+    cluster.bound_pods(namespace, f"storm-service-name={good}", 2)
 
 
 def test_infeasible_hard_request_stays_pending_whole_and_says_why(cluster: DevCluster, namespace: str) -> None:
