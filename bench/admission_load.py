@@ -104,17 +104,17 @@ class Probe:
 
     def admission_buckets(self, kind: str = "pod") -> dict[str, float]:
         """The webhook's own admission histogram for `kind` (cumulative counts by upper bound)."""
-        prefix = f'stormtopo_admission_seconds_bucket{{kind="{kind}",le="'
+        return self._by_label(f'stormtopo_admission_seconds_bucket{{kind="{kind}",le="')
+
+    def _by_label(self, prefix: str) -> dict[str, float]:
+        """The samples whose line starts with `prefix`, by the label value that follows it."""
         return {
             line[len(prefix) :].split('"')[0]: float(line.split()[-1]) for line in self.metrics().splitlines() if line.startswith(prefix)
         }
 
     def observed(self) -> dict[str, float]:
         """Objects the operator's index has recorded so far (watch events), by kind."""
-        prefix = 'stormtopo_observed_objects_total{kind="'
-        return {
-            line[len(prefix) :].split('"')[0]: float(line.split()[-1]) for line in self.metrics().splitlines() if line.startswith(prefix)
-        }
+        return self._by_label('stormtopo_observed_objects_total{kind="')
 
     def explanations(self) -> float:
         """Explanations the worker has answered so far."""

@@ -185,7 +185,8 @@ def growth(clusters: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out[f"all_bound_{m}_with_nodes"] = {n: _ratio(median(large, n, m), median(small, n, m)) for n in small["by_services"]}
         out[f"all_bound_{m}_with_services"] = {}
         for c in clusters:
-            lo, hi = sorted(c["by_services"], key=int)[0], sorted(c["by_services"], key=int)[-1]
+            sizes = sorted(c["by_services"], key=int)
+            lo, hi = sizes[0], sizes[-1]
             out[f"all_bound_{m}_with_services"][str(c["nodes"])] = _ratio(median(c, hi, m), median(c, lo, m))
     out["operator_peak_rss_with_nodes"] = _ratio(large["operator_peak_rss_mb"], small["operator_peak_rss_mb"])
     out["idle_cores_with_nodes"] = {k: _ratio(large["idle_cores"][k], max(small["idle_cores"][k], 1e-3)) for k in small["idle_cores"]}
