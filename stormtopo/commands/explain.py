@@ -1,14 +1,17 @@
-"""`stormtopo explain NAMESPACE/STORMSERVICE`: where each replica landed, or why it is Pending."""
+"""`stormtopo explain NAMESPACE/STORMSERVICE`: where each replica landed, or why it is Pending, by the
+operator's own planner (core/replica.py) over what the API says now."""
 
 from __future__ import annotations
+
+import time
 
 from rich.console import Console
 
 from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.explanation import allowed_tier, explain
-from stormtopo.core.gang import replica_pods
 from stormtopo.core.placement import placement_record
 from stormtopo.core.podgroup import service_group_name
+from stormtopo.core.replica import ReplicaSnapshot, replica_state
 from stormtopo.core.request import RequestError, Scope, request_of
 from stormtopo.core.topology.hypernodes import topology_from_hypernodes
 from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
@@ -25,8 +28,9 @@ def run(api: Api, namespace: str, name: str, console: Console) -> int:
         raise NotFound(f"StormService {namespace}/{name} not found")
     hypernodes = api.list_objects(VOLCANO_TOPOLOGY, "hypernodes")
     free = api.free_gpus()
-    topology = topology_from_hypernodes(hypernodes, api.node_labels())  # labels: HyperNodes may select nodes by label
-    request = request_of(stormservice, cluster_tiers(hypernodes, api.crd_schema(PODGROUP_CRD)))
+    topology = topology_from_hypernodes(hypernodes, api.node_labels())  # every node: HyperNodes may select by regex or label
+    tiers = cluster_tiers(hypernodes, api.crd_schema(PODGROUP_CRD))
+    request = request_of(stormservice, tiers)
     if isinstance(request, RequestError):
         console.print(f"{namespace}/{name}: invalid network-topology request, nothing is applied: {request}", highlight=False)
         return 1
@@ -37,21 +41,21 @@ def run(api: Api, namespace: str, name: str, console: Console) -> int:
     for roleset in sorted(rolesets, key=lambda r: r["metadata"]["name"]):
         replica = roleset["metadata"]["name"]
         group = service_group_name(name) if request and request.scope is Scope.STORMSERVICE else replica
-        podgroup = api.get(VOLCANO_SCHEDULING, "podgroups", namespace, group) or {}
-        phase = (podgroup.get("status") or {}).get("phase", "no PodGroup")
-        pods = api.pods_of_group(namespace, replica)
-        wanted = replica_pods(roleset.get("spec") or {})
-        nodes = sorted(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
-        if pods and len(nodes) == len(pods) >= len(wanted):
+        podgroup = api.get(VOLCANO_SCHEDULING, "podgroups", namespace, group)
+        phase = ((podgroup or {}).get("status") or {}).get("phase", "no PodGroup")
+        pods = tuple(api.pods_of_group(namespace, replica))
+        state = replica_state(ReplicaSnapshot(roleset, stormservice, pods, podgroup, tiers, topology, all_pods=True, now=time.monotonic()))
+        nodes = sorted(p["spec"]["nodeName"] for p in state.bound)
+        if state.created and state.complete:
             record = placement_record(topology, nodes)
             where = f"{record['hyperNode']} (tier {record['tier']})" if record["hyperNode"] else "no common HyperNode"
             console.print(f"  replica {replica}: placed in {where} on {', '.join(nodes)}; PodGroup {group} {phase}", highlight=False)
             continue
-        console.print(f"  replica {replica}: {len(nodes)}/{len(wanted)} pods bound; PodGroup {group} {phase}", highlight=False)
+        console.print(f"  replica {replica}: {len(nodes)}/{len(state.wanted)} pods bound; PodGroup {group} {phase}", highlight=False)
         tier = allowed_tier(request, topology) if request else None
         if tier is None:
             continue
-        explanation = explain(topology, free, wanted, tier)
+        explanation = explain(topology, free, state.wanted, tier)
         verdict = "capacity exists; Volcano should place it in its next cycles" if explanation.fits else "it cannot be placed now"
         console.print(f"    {verdict}: {explanation.render()}", highlight=False)
     return 0

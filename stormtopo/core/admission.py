@@ -14,6 +14,7 @@ from typing import Any
 from stormtopo.core.gang import followers
 from stormtopo.core.jsonpatch import set_annotations, set_labels, set_spec_fields
 from stormtopo.core.ownership import stormservice_name
+from stormtopo.core.podgroup import carries_constraint as carries_constraint  # the webhook's import
 from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_name
 from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.vocabulary import (
@@ -37,17 +38,6 @@ class Decision:
     allowed: bool = True
     patch: list[dict[str, Any]] = field(default_factory=list)
     message: str = ""
-
-
-def valid_request(stormservice: Mapping[str, Any] | None, cluster: ClusterTiers | None) -> TopologyRequest | None:
-    request = request_of(stormservice, cluster)
-    return request if isinstance(request, TopologyRequest) else None
-
-
-def carries_constraint(podgroup: Mapping[str, Any] | None) -> bool:
-    """A PodGroup that stormtopo gave a request to (and that still has it)."""
-    annotations = ((podgroup or {}).get("metadata") or {}).get("annotations") or {}
-    return REQUEST_ANNOTATION in annotations and "networkTopology" in ((podgroup or {}).get("spec") or {})
 
 
 def admit_podgroup(
@@ -142,6 +132,10 @@ def admit_pod(
     if scope is Scope.STORMSERVICE:
         group = service_group_name(stormservice["metadata"]["name"])
     gang = (podgroups or {}).get(group)
+    if isinstance(request, RequestError) and not carries_constraint(gang):
+        # A typo with no constraint to keep: the pod stays as it would be without stormtopo (naming a
+        # gang nobody creates would strand it), only marked admitted for the outage policy.
+        return Decision(patch=set_labels(pod, {ADMITTED_LABEL: "true"}))
     if isinstance(request, TopologyRequest) and scope is Scope.ROLESET and gang is not None and not carries_constraint(gang):
         return Decision(
             allowed=False,

@@ -128,37 +128,44 @@ def is_held(pod: Mapping[str, Any]) -> bool:
 
 
 def plan_release(
-    topology: Topology, anchors: Sequence[Mapping[str, Any]], expected: int, held: Sequence[Mapping[str, Any]]
+    topology: Topology,
+    anchors: Sequence[Mapping[str, Any]],
+    expected: int,
+    held: Sequence[Mapping[str, Any]],
+    hostnames: Mapping[str, str] | None = None,
 ) -> list[PatchPod]:
     """Release the pods held at their gate into the domain of their replica's bound anchor pods (the
     lowest HyperNode holding them, within the requested tier by construction): a required node
     affinity to that domain's nodes, which Volcano's backfill honours, then the gate removed.
-    Kubernetes lets a gated pod's node affinity be set or narrowed, never widened."""
+    Kubernetes lets a gated pod's node affinity be set or narrowed, never widened. `topology` must know
+    every node of the cluster, so that the domain is the whole HyperNode, not only the anchors' nodes."""
     nodes = [p["spec"]["nodeName"] for p in anchors if (p.get("spec") or {}).get("nodeName")]
     if len(nodes) < expected:
         return []  # wait for every anchor pod (`expected` of them) to be bound
     span = topology.span(nodes)
-    domain = tuple(sorted(topology.nodes_under(span.hypernode))) if span.hypernode else ()  # none: released unconstrained
-    return [PatchPod(p["metadata"].get("namespace", ""), p["metadata"]["name"], _release_ops(p, domain)) for p in held]
+    domain = sorted(topology.nodes_under(span.hypernode)) if span.hypernode else []  # none: released unconstrained
+    # By the nodes' hostname label: one term with one requirement, a few bytes a node (a node-name
+    # field selector takes one value, so by name it would be a term per node: 121 KB at 1,024 nodes).
+    hosts = sorted({(hostnames or {}).get(node) or node for node in domain})
+    return [PatchPod(p["metadata"].get("namespace", ""), p["metadata"]["name"], _release_ops(p, hosts)) for p in held]
 
 
-def _release_ops(pod: Mapping[str, Any], domain: Sequence[str]) -> list[dict[str, Any]]:
+def _release_ops(pod: Mapping[str, Any], hosts: Sequence[str]) -> list[dict[str, Any]]:
     spec = pod.get("spec") or {}
     gate = next(i for i, g in enumerate(spec.get("schedulingGates") or []) if g.get("name") == DOMAIN_GATE)
     ops: list[dict[str, Any]] = [
         {"op": "test", "path": f"/spec/schedulingGates/{gate}/name", "value": DOMAIN_GATE},
         {"op": "remove", "path": f"/spec/schedulingGates/{gate}"},
     ]
-    if not domain:
+    if not hosts:
         return ops  # no anchor, or one on nodes no HyperNode holds: nothing to keep it within
+    within = {"key": HOSTNAME_LABEL, "operator": "In", "values": list(hosts)}
     affinity = spec.get("affinity") or {}
     node_affinity = affinity.get("nodeAffinity") or {}
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     terms = required.get("nodeSelectorTerms") or []
     if terms:
-        # A gated pod's terms may only be narrowed, not multiplied: each gets the domain as a
-        # requirement on the node's hostname label (a node-name field takes one value only).
-        within = {"key": HOSTNAME_LABEL, "operator": "In", "values": list(domain)}
+        # A gated pod's terms may only be narrowed, not multiplied: each gets the domain as a requirement.
         base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
         for i, term in enumerate(terms):
             ops.append(
@@ -167,9 +174,7 @@ def _release_ops(pod: Mapping[str, Any], domain: Sequence[str]) -> list[dict[str
                 else {"op": "add", "path": f"{base}/{i}/matchExpressions", "value": [within]}
             )
         return ops
-    # One term per node of the domain, by node name: exact, whatever the nodes' labels (terms are ORed).
-    each = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]} for node in domain]
-    wanted = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": each}}
+    wanted = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [within]}]}}
     if node_affinity:
         ops.append(
             {

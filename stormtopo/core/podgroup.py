@@ -112,3 +112,14 @@ def has_scheduling_strategy(roleset_spec: Mapping[str, Any]) -> bool:
     """True when AIBrix itself creates the replica's PodGroup (volcanoSchedulingStrategy)."""
     strategy = roleset_spec.get("schedulingStrategy") or {}
     return bool(strategy.get("volcanoSchedulingStrategy") is not None)
+
+
+def carries_constraint(podgroup: Mapping[str, Any] | None) -> bool:
+    """A PodGroup that stormtopo gave a request to (and that still has it)."""
+    annotations = ((podgroup or {}).get("metadata") or {}).get("annotations") or {}
+    return REQUEST_ANNOTATION in annotations and "networkTopology" in ((podgroup or {}).get("spec") or {})
+
+
+def is_owned(podgroup: Mapping[str, Any]) -> bool:
+    """A PodGroup stormtopo created (a replica without a scheduling strategy, or scope StormService)."""
+    return ((podgroup.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == OPERATOR_NAME

@@ -11,10 +11,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stormtopo.core.admission import carries_constraint
 from stormtopo.core.gang import requests_resources
-from stormtopo.core.jsonpatch import remove_annotation, set_spec_fields
-from stormtopo.core.podgroup import desired_fields, has_scheduling_strategy, owned_podgroup, service_group_name, service_podgroup
+from stormtopo.core.jsonpatch import remove_annotation, set_annotations, set_spec_fields
+from stormtopo.core.podgroup import (
+    carries_constraint,
+    desired_fields,
+    has_scheduling_strategy,
+    is_owned,
+    owned_podgroup,
+    service_group_name,
+    service_podgroup,
+)
 from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.vocabulary import REQUEST_ANNOTATION
 from stormtopo.core.writes import CreatePodGroup, PatchPodGroup, Say, Write
@@ -105,6 +112,9 @@ def _replica_group(
             return []  # AIBrix creates its own; the webhook gives it the constraint at creation
         return [CreatePodGroup(owned_podgroup(roleset, request))]
     ops = set_spec_fields(current.get("spec"), desired_fields(request, roleset.get("spec") or {}))
+    # The request annotation marks a constrained gang; without it the pod webhook waits for one forever.
+    if REQUEST_ANNOTATION not in ((current.get("metadata") or {}).get("annotations") or {}):
+        ops += set_annotations(current, {REQUEST_ANNOTATION: request.describe()})
     return [PatchPodGroup(namespace, roleset["metadata"]["name"], ops)] if ops else []
 
 
@@ -112,10 +122,17 @@ def _withdraw(namespace: str, podgroup: Mapping[str, Any] | None) -> list[Write]
     """The StormService no longer asks for a topology: take the constraint off its PodGroup. The
     request annotation goes first: the admission policy refuses stripping a PodGroup that still
     carries it (which is what AIBrix's rewrites would do while stormtopo is down)."""
-    if podgroup is None or REQUEST_ANNOTATION not in (podgroup["metadata"].get("annotations") or {}):
+    if podgroup is None:
         return []
     name = podgroup["metadata"]["name"]
-    writes: list[Write] = [PatchPodGroup(namespace, name, [remove_annotation(REQUEST_ANNOTATION)])]
+    writes: list[Write] = []
+    if REQUEST_ANNOTATION in (podgroup["metadata"].get("annotations") or {}):
+        writes.append(PatchPodGroup(namespace, name, [remove_annotation(REQUEST_ANNOTATION)]))
+    elif not is_owned(podgroup):
+        # AIBrix's own PodGroup: its next sync rewrites the spec without networkTopology, now that the
+        # webhook no longer adds it back. Another's topology there is not stormtopo's to remove.
+        return []
     if "networkTopology" in (podgroup.get("spec") or {}):
+        # Also when only the first patch landed before: stormtopo's own PodGroup never keeps a topology.
         writes.append(PatchPodGroup(namespace, name, [{"op": "remove", "path": "/spec/networkTopology"}]))
     return writes

@@ -221,3 +221,9 @@ def _tier_limit(
             return TierLimit()
         return TierLimit(tier_name=name)
     return TierLimit()
+
+
+def valid_request(stormservice: Mapping[str, Any] | None, cluster: ClusterTiers | None) -> TopologyRequest | None:
+    """The StormService's request if it is valid; None if it has none or it is invalid."""
+    request = request_of(stormservice, cluster)
+    return request if isinstance(request, TopologyRequest) else None

@@ -38,6 +38,18 @@ class PatchPod:
 
 
 @dataclass(frozen=True)
+class RecordPlacement:
+    """Set one replica's record in its StormService's placement annotation, dropping replicas that no
+    longer exist (`live`); merged into the stored value, so concurrent records of two replicas both stay."""
+
+    namespace: str
+    stormservice: str
+    replica: str
+    record: Mapping[str, object]
+    live: Sequence[str]
+
+
+@dataclass(frozen=True)
 class Say:
     """An Event on the StormService the plan is about."""
 
@@ -46,4 +58,4 @@ class Say:
     message: str
 
 
-Write = CreatePodGroup | PatchPodGroup | LabelPod | PatchPod
+Write = CreatePodGroup | PatchPodGroup | LabelPod | PatchPod | RecordPlacement

@@ -16,21 +16,19 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
 
 from stormtopo.core.explanation import Pending, plan_pending
 from stormtopo.core.request import TopologyRequest
-from stormtopo.core.topology.hypernodes import selects_by_label, topology_from_hypernodes
+from stormtopo.core.topology.tree import Topology
 from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 
 log = logging.getLogger(__name__)
 
 FREE_GPUS_TTL = 5.0  # seconds a reading of every node's free GPUs is reused, however many gangs are pending
-NODE_LABELS_TTL = 30.0  # seconds a reading of node labels is reused (labelMatch HyperNodes only)
 WORKER_NICENESS = 10  # added to the operator's: a tenth of its CPU share when both want the CPU
 EXPLAIN_TIMEOUT = 120.0  # an answer later than this is not waited for (the search itself has a step budget)
 
@@ -40,7 +38,6 @@ class _Worker:
 
     api: Api | None = None
     free: tuple[float, dict[str, int]] = (float("-inf"), {})
-    labels: tuple[float, dict[str, dict[str, str]]] = (float("-inf"), {})
 
 
 def _start_worker(parent: int) -> None:
@@ -63,26 +60,15 @@ def _stale(read_at: float, ttl: float) -> bool:
 
 
 def explain_in_worker(
-    kubeconfig: str | None,
-    request: TopologyRequest,
-    pods: Sequence[int],
-    created: int,
-    hypernodes: Sequence[Mapping[str, Any]],
+    kubeconfig: str | None, request: TopologyRequest, pods: Sequence[int], created: int, topology: Topology
 ) -> Pending | None:
-    """Runs in the worker: read free GPUs (and node labels if a HyperNode selects by label), then plan."""
+    """Runs in the worker: read free GPUs, then plan over the operator's own tree (the one its
+    placement checks use, built from every node)."""
     if _Worker.api is None:
         _Worker.api = Api(kubeconfig)
-    api = _Worker.api
     if _stale(_Worker.free[0], FREE_GPUS_TTL):
-        _Worker.free = (time.monotonic(), api.free_gpus())
-    free = _Worker.free[1]
-    if selects_by_label(hypernodes):
-        if _stale(_Worker.labels[0], NODE_LABELS_TTL):
-            _Worker.labels = (time.monotonic(), api.node_labels())
-        topology = topology_from_hypernodes(hypernodes, _Worker.labels[1])
-    else:
-        topology = topology_from_hypernodes(hypernodes, free)
-    return plan_pending(request, pods, created, topology, free)
+        _Worker.free = (time.monotonic(), _Worker.api.free_gpus())
+    return plan_pending(request, pods, created, topology, _Worker.free[1])
 
 
 class Explainer:
@@ -104,15 +90,11 @@ class Explainer:
             )
         return self._pool
 
-    async def explain(
-        self, request: TopologyRequest, pods: Sequence[int], created: int, hypernodes: Sequence[Mapping[str, Any]]
-    ) -> Pending | None:
+    async def explain(self, request: TopologyRequest, pods: Sequence[int], created: int, topology: Topology) -> Pending | None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            work = loop.run_in_executor(
-                self._executor(), explain_in_worker, self.kubeconfig, request, list(pods), created, list(hypernodes)
-            )
+            work = loop.run_in_executor(self._executor(), explain_in_worker, self.kubeconfig, request, list(pods), created, topology)
             pending = await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
             metrics.EXPLANATION_SECONDS.observe(time.monotonic() - started)
             return pending

@@ -11,17 +11,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.admission import carries_constraint
 from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.ownership import roleset_name, stormservice_name
-from stormtopo.core.podgroup import service_group_name
+from stormtopo.core.podgroup import carries_constraint, service_group_name
 from stormtopo.core.reconciliation import ServiceSnapshot
+from stormtopo.core.replica import ReplicaSnapshot
 from stormtopo.core.request import ClusterTiers
-from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+from stormtopo.core.topology.hypernodes import topology_from_hypernodes
+from stormtopo.core.topology.tree import Topology
+from stormtopo.core.vocabulary import AIBRIX, HOSTNAME_LABEL, PODGROUP_CRD, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 
 Key = tuple[str, str]  # (namespace, name)
+_KINDS = {"stormservices": "StormService", "rolesets": "RoleSet"}
 
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # a whole copy of the object
@@ -51,7 +54,9 @@ def _slim_pod(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]
     kept = {k: meta[k] for k in ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp") if k in meta}
     spec = pod.get("spec") or {}
     # Where it is bound; and, for a pod held at stormtopo's gate, what releasing it must patch.
-    kept_spec = {k: spec[k] for k in ("nodeName", "schedulingGates", "affinity") if spec.get(k)}
+    kept_spec = {k: spec[k] for k in ("nodeName", "schedulingGates") if spec.get(k)}
+    if spec.get("schedulingGates") and spec.get("affinity"):
+        kept_spec["affinity"] = spec["affinity"]  # only a held pod's: its release narrows it
     return {
         "kind": "Pod",
         "metadata": kept,
@@ -116,6 +121,12 @@ class Index:
     # schema changes, not per request (a pass over every HyperNode).
     _hypernode_changes: int = 0
     _tiers: tuple[int, object, ClusterTiers] | None = None  # (_hypernode_changes, podgroup_schema, tiers)
+    # Node name -> labels, read (not watched) at most every NODES_TTL when a placement check needs the
+    # tree: regexMatch and labelMatch HyperNodes select among all nodes, and a release pins by hostname.
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    nodes_read_at: float = float("-inf")  # monotonic
+    _node_reads: int = 0
+    _topology: tuple[int, int, Topology] | None = None  # (_hypernode_changes, _node_reads, tree)
 
     # -- watch events --------------------------------------------------------------------------
     def observe(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
@@ -200,6 +211,43 @@ class Index:
                 return sibling
         return None
 
+    def replica_snapshot(self, key: Key, now: float) -> ReplicaSnapshot | None:
+        """One replica as the index sees it now, for the placement planner; None if its RoleSet or
+        StormService is not known (deleted, or its event on the way)."""
+        roleset = self.rolesets.get(key)
+        stormservice = self.stormservices.get(service_key_of(roleset)) if roleset else None
+        if roleset is None or stormservice is None:
+            return None
+        return ReplicaSnapshot(
+            roleset,
+            stormservice,
+            tuple(self.pods_of(*key)),
+            self.podgroups.get(key),
+            self.cluster_tiers(),
+            self.topology(),
+            self.hostnames(),
+            tuple(r["metadata"]["name"] for r in self.rolesets_of(*service_key_of(roleset))),
+            now=now,
+        )
+
+    def set_nodes(self, labels: dict[str, dict[str, str]], read_at: float) -> None:
+        """A fresh reading of every node's labels; the tree is rebuilt only if they changed."""
+        self.nodes_read_at = read_at
+        if labels != self.nodes:
+            self.nodes = labels
+            self._node_reads += 1
+
+    def topology(self) -> Topology:
+        """The switch tree the HyperNodes describe, over every node known: built once per HyperNode or
+        node change, like the tiers, not per placement check."""
+        changes, reads = self._hypernode_changes, self._node_reads
+        if self._topology is None or self._topology[:2] != (changes, reads):
+            self._topology = (changes, reads, topology_from_hypernodes(self.hypernodes.values(), self.nodes))
+        return self._topology[2]
+
+    def hostnames(self) -> dict[str, str]:
+        return {node: labels.get(HOSTNAME_LABEL, node) for node, labels in self.nodes.items()}
+
     def cluster_tiers(self) -> ClusterTiers:
         # Keyed by what it is computed from, read first: HyperNodes primed or a schema re-read on a
         # thread while this computes leave a key that no longer matches, so the next call recomputes.
@@ -237,8 +285,10 @@ class Index:
         found = store.get((namespace, name))
         if found is None:
             read = await asyncio.to_thread(self.api.get, AIBRIX, plural, namespace, name)
-            if read is not None:
-                found = store[(namespace, name)] = slim(read)
+            if read is not None and (namespace, name) not in store:  # (its watch event may have come meanwhile)
+                # Recorded as an event would be, so a re-list forgets it once it is gone.
+                self.observe(_KINDS[plural], None, read)
+            found = store.get((namespace, name))
         return found
 
     async def service_of_group(self, namespace: str, group: str) -> str | None:

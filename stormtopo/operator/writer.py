@@ -6,11 +6,14 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPod, PatchPodGroup, Write
+from stormtopo.core.placement import merge_placements
+from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION
+from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPod, PatchPodGroup, RecordPlacement, Write
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import metrics
 
 log = logging.getLogger("stormtopo.writer")
+RECORD_ATTEMPTS = 5  # conflicting writers of one StormService's placement annotation, re-read and merged each time
 
 
 async def execute(api: Api, writes: Iterable[Write]) -> None:
@@ -34,3 +37,29 @@ async def execute(api: Api, writes: Iterable[Write]) -> None:
                         raise
                     # Released already (its "test" op failed), or a patch the API server refuses: say which.
                     log.warning("pod %s/%s not patched: %s", namespace, name, exc)
+            case RecordPlacement():
+                await asyncio.to_thread(record_placement, api, write)
+
+
+def record_placement(api: Api, write: RecordPlacement) -> None:
+    """Set a replica's record in the StormService's placement annotation. Two replicas of one
+    StormService are placed concurrently: each write is conditional on the version it merged into,
+    and a conflict re-reads and merges again, so neither record overwrites the other."""
+    for _ in range(RECORD_ATTEMPTS):
+        current = api.get(AIBRIX, "stormservices", write.namespace, write.stormservice)
+        if current is None:
+            return  # deleted meanwhile
+        meta = current["metadata"]
+        recorded = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+        value = merge_placements(recorded, write.replica, write.record, write.live)
+        if value == recorded:
+            return
+        try:
+            api.annotate_stormservice(write.namespace, write.stormservice, PLACEMENT_ANNOTATION, value, meta.get("resourceVersion"))
+            return
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+    log.warning(
+        "placement of %s not recorded on %s/%s: %d conflicting writes", write.replica, write.namespace, write.stormservice, RECORD_ATTEMPTS
+    )

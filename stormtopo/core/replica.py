@@ -1,0 +1,281 @@
+"""A replica's placement path as one decision: from what is known of the replica now (a snapshot) and
+what was said and checked of it before (its memory) to what to write, what to say and when to look again.
+
+It runs for every change of a replica's pods or PodGroup, for as long as the replica lives: pods held at
+stormtopo's gate are released into their anchors' domain, a bound replica is recorded and its pods get
+domain labels, a hard replica beyond its tier is a violation, and a Pending hard gang is explained, at
+doubling intervals while the explanation stays the same. `stormtopo explain` reads the same state.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from stormtopo.core.explanation import Pending, allowed_tier, is_explainable
+from stormtopo.core.gang import followers, gang_of, replica_pods
+from stormtopo.core.ownership import roleset_name, stormservice_name
+from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, plan_placed, plan_release, recorded_placement
+from stormtopo.core.request import ClusterTiers, TopologyRequest, is_opted_in, valid_request
+from stormtopo.core.topology.tree import Topology
+from stormtopo.core.vocabulary import PLACEMENT_ANNOTATION, ROLE_LABEL
+from stormtopo.core.writes import RecordPlacement, Say, Write
+
+# Seconds between two capacity checks of one pending gang; doubled while its explanation stays the
+# same (a gang pending for an hour is explained about every EXPLAIN_INTERVAL_MAX, not 360 times).
+EXPLAIN_INTERVAL = 10.0
+EXPLAIN_INTERVAL_MAX = 160.0
+
+
+@dataclass(frozen=True)
+class ReplicaSnapshot:
+    """One replica as the operator sees it now. `pods` are its pods as known: those stormtopo admitted,
+    or every pod carrying its RoleSet's label when they were read from the API (pods created before
+    the StormService opted in were never admitted). `topology` is built from every node of the cluster."""
+
+    roleset: Mapping[str, Any]
+    stormservice: Mapping[str, Any]
+    pods: tuple[Mapping[str, Any], ...]
+    podgroup: Mapping[str, Any] | None
+    tiers: ClusterTiers
+    topology: Topology
+    hostnames: Mapping[str, str] = field(default_factory=dict)  # node -> its kubernetes.io/hostname label
+    live_replicas: tuple[str, ...] = ()  # names of the StormService's RoleSets (the placement record keeps only these)
+    all_pods: bool = False  # `pods` were read from the API: every pod of the replica, admitted or not
+    now: float = 0.0  # monotonic seconds, for the back-off
+
+    @property
+    def key(self) -> tuple[str, str]:
+        meta = self.roleset["metadata"]
+        return meta.get("namespace", ""), meta["name"]
+
+    @property
+    def request(self) -> TopologyRequest | None:
+        return valid_request(self.stormservice, self.tiers)
+
+    def live_pods(self) -> list[Mapping[str, Any]]:
+        """Its pods that hold or will hold a node, and that belong to its own StormService: a pod of
+        another service that carries this RoleSet's name is no anchor of its domain."""
+        service = self.stormservice["metadata"]["name"]
+        replica = self.roleset["metadata"]["name"]
+        return [p for p in self.pods if is_live(p) and roleset_name(p) == replica and stormservice_name(p) in (None, service)]
+
+
+@dataclass(frozen=True)
+class ReplicaMemory:
+    """What was said and checked of one replica before: say-once, and the explanation back-off."""
+
+    said: Mapping[str, str] = field(default_factory=dict)  # reason -> message last said
+    next_check: float = 0.0  # monotonic seconds: no capacity check before
+    interval: float = EXPLAIN_INTERVAL
+    unsatisfiable: bool = False  # counted in the pending-gangs gauge
+    recorded: Mapping[str, object] | None = None  # the record last written, until the StormService's event shows it
+
+
+@dataclass(frozen=True)
+class Explain:
+    """Ask the explanation worker why this hard gang is Pending (it reads every node's free GPUs)."""
+
+    request: TopologyRequest
+    pods: tuple[int, ...]  # GPUs of each pod of the gang
+    created: int
+
+
+@dataclass(frozen=True)
+class FirstPlacement:
+    """A replica recorded for the first time: what the placement metrics observe."""
+
+    tier: int | None
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    writes: tuple[Write, ...] = ()  # in order: releases, domain labels, then the record
+    says: tuple[Say, ...] = ()  # Events on the StormService, each said once
+    memory: ReplicaMemory = ReplicaMemory()
+    explain: Explain | None = None
+    first: FirstPlacement | None = None
+    violations: int = 0  # TopologyViolated Warnings newly said
+    needs_all_pods: bool = False  # pods are held and their anchors are not all known: read every pod and plan again
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """Where a replica stands, as `stormtopo explain` prints it and the planner decides from it."""
+
+    wanted: tuple[int, ...]  # GPUs of every pod it should have
+    created: int  # its live pods
+    bound: tuple[Mapping[str, Any], ...]
+    held: tuple[Mapping[str, Any], ...]
+
+    @property
+    def complete(self) -> bool:
+        return len(self.bound) >= len(self.wanted)
+
+
+def replica_state(snapshot: ReplicaSnapshot) -> ReplicaState:
+    pods = snapshot.live_pods()
+    return ReplicaState(
+        tuple(replica_pods(snapshot.roleset.get("spec") or {})),
+        len(pods),
+        tuple(p for p in pods if (p.get("spec") or {}).get("nodeName")),
+        tuple(p for p in pods if is_held(p)),
+    )
+
+
+def is_unschedulable(podgroup: Mapping[str, Any] | None) -> bool:
+    """Volcano says the gang cannot be placed now (while pending or in queue)."""
+    status = (podgroup or {}).get("status") or {}
+    if status.get("phase") not in (None, "Pending", "Inqueue"):
+        return False
+    return any(c.get("type") == "Unschedulable" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPlan:
+    """Everything the placement path decides for one replica, but the explanation itself (which needs
+    every node's free GPUs: see `plan_explained`)."""
+    state = replica_state(snapshot)
+    writes: list[Write] = []
+    if state.held:
+        release = _release(snapshot, state)
+        if release is None:
+            return ReplicaPlan(memory=memory, needs_all_pods=True)
+        writes += release
+    request = snapshot.request
+    if request is None:  # opted out, or invalid: nothing to explain, so not counted as unsatisfiable
+        return ReplicaPlan(tuple(writes), memory=replace(memory, unsatisfiable=False))
+    says: list[Say] = []
+    first = None
+    violations = 0
+    if state.bound:
+        placed = plan_placed(snapshot.topology, request, allowed_tier(request, snapshot.topology), snapshot.key[1], state.bound)
+        assert placed is not None  # something is bound
+        recorded = recorded_placement(_annotation(snapshot.stormservice, PLACEMENT_ANNOTATION), snapshot.key[1]) or memory.recorded
+        for say in placed.says:
+            if say.reason == "ReplicaPlaced" and (not state.complete or recorded == placed.record):
+                continue  # said once the whole replica is bound, and not again after a restart
+            said, memory = _say_once(memory, say)
+            if said:
+                says.append(say)
+                violations += say.reason == "TopologyViolated"
+        writes += placed.labels  # so a router can pair prefill and decode within a domain
+        if state.complete and recorded != placed.record:
+            namespace, name = snapshot.stormservice["metadata"].get("namespace", ""), snapshot.stormservice["metadata"]["name"]
+            writes.append(RecordPlacement(namespace, name, snapshot.key[1], placed.record, snapshot.live_replicas))
+            memory = replace(memory, recorded=placed.record)
+            if recorded is None:
+                tier = placed.record["tier"]
+                first = FirstPlacement(tier if isinstance(tier, int) else None, placement_seconds(state.bound))
+    says += _unplaceable_followers(snapshot, state, request)
+    plan = ReplicaPlan(tuple(writes), tuple(says), memory, first=first, violations=violations)
+    if state.complete:
+        return replace(plan, memory=replace(plan.memory, unsatisfiable=False))
+    if is_unschedulable(snapshot.podgroup) and snapshot.now >= memory.next_check and is_explainable(request, state.wanted, state.created):
+        # Checked again in EXPLAIN_INTERVAL at the latest: the explanation may stretch that.
+        checked = replace(plan.memory, next_check=snapshot.now + EXPLAIN_INTERVAL)
+        return replace(plan, memory=checked, explain=Explain(request, state.wanted, state.created))
+    return plan
+
+
+def plan_explained(
+    key: tuple[str, str], request: TopologyRequest, pending: Pending | None, memory: ReplicaMemory, now: float
+) -> ReplicaPlan:
+    """What to say of a Pending hard gang once the worker explained it. Said once per message; while the
+    explanation stays the same the next check waits twice as long, up to EXPLAIN_INTERVAL_MAX."""
+    if pending is None:
+        return ReplicaPlan(memory=memory)
+    if pending.explanation.fits:  # room again: Volcano binds it at its next session
+        return ReplicaPlan(memory=replace(memory, unsatisfiable=False))
+    message = (
+        f"replica {key[1]} stays Pending: no domain within tier {pending.tier} has room for the whole gang "
+        f"({request.describe()}); {pending.explanation.render()}"
+    )
+    said, memory = _say_once(replace(memory, unsatisfiable=True), Say("Warning", "TopologyUnsatisfiable", message))
+    if said:
+        return ReplicaPlan(says=(Say("Warning", "TopologyUnsatisfiable", message),), memory=memory)
+    interval = min(2 * memory.interval, EXPLAIN_INTERVAL_MAX)  # nothing changed: look again later
+    return ReplicaPlan(memory=replace(memory, next_check=now + interval, interval=interval))
+
+
+def _say_once(memory: ReplicaMemory, say: Say) -> tuple[bool, ReplicaMemory]:
+    """The same check repeats with every pod event: an Event is said once per message and replica."""
+    if memory.said.get(say.reason) == say.message:
+        return False, memory
+    return True, replace(memory, said={**memory.said, say.reason: say.message})
+
+
+def anchors_of(snapshot: ReplicaSnapshot) -> list[Mapping[str, Any]]:
+    """The live pods of the roles Volcano places as the gang: the domain their nodes span is where the
+    held pods go."""
+    following = followers(snapshot.roleset.get("spec") or {})
+    return [p for p in snapshot.live_pods() if ((p.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL) not in following]
+
+
+def _release(snapshot: ReplicaSnapshot, state: ReplicaState) -> list[Write] | None:
+    """Release pods held at stormtopo's gate: into their anchors' domain once those are bound (the
+    request valid, or invalid and its last valid constraint kept), or at once when the StormService
+    no longer asks for a topology. None: not every anchor is known (some were created before the
+    StormService opted in, so stormtopo never admitted them) and every pod must be read first."""
+    if not is_opted_in(snapshot.stormservice["metadata"].get("annotations") or {}):
+        return list(plan_release(EMPTY_TOPOLOGY, [], 0, state.held))
+    spec = snapshot.roleset.get("spec") or {}
+    expected = gang_of(spec, followers(spec)).min_member
+    anchors = anchors_of(snapshot)
+    bound = [p for p in anchors if (p.get("spec") or {}).get("nodeName")]
+    if len(bound) < expected and not snapshot.all_pods:
+        return None
+    return list(plan_release(snapshot.topology, anchors, expected, state.held, snapshot.hostnames))
+
+
+def _unplaceable_followers(snapshot: ReplicaSnapshot, state: ReplicaState, request: TopologyRequest) -> list[Say]:
+    """A released pod that the scheduler cannot place within its domain (no pod slots left there, a
+    taint) stays Pending: say so once, with the scheduler's reason, rather than nothing."""
+    following = followers(snapshot.roleset.get("spec") or {})
+    if not following or request.mode.value != "hard":
+        return []
+    says = []
+    for pod in snapshot.live_pods():
+        role = ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
+        if role not in following or is_held(pod) or (pod.get("spec") or {}).get("nodeName"):
+            continue
+        for condition in (pod.get("status") or {}).get("conditions") or []:
+            if (
+                condition.get("type") == "PodScheduled"
+                and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"
+            ):
+                says.append(
+                    Say(
+                        "Warning",
+                        "ReleasedPodUnschedulable",
+                        f"pod {pod['metadata']['name']} of replica {snapshot.key[1]} was released into its replica's domain and "
+                        f"cannot be placed there: {condition.get('message') or 'no reason given'}",
+                    )
+                )
+    return says
+
+
+def placement_seconds(pods: Sequence[Mapping[str, Any]]) -> float | None:
+    """From the first pod's creation to the last pod's binding (PodScheduled), in seconds."""
+    created = [t for p in pods if (t := _time((p.get("metadata") or {}).get("creationTimestamp")))]
+    bound = [
+        t
+        for p in pods
+        for c in (p.get("status") or {}).get("conditions") or []
+        if c.get("type") == "PodScheduled" and c.get("status") == "True" and (t := _time(c.get("lastTransitionTime")))
+    ]
+    if not pods or len(created) < len(pods) or len(bound) < len(pods):
+        return None
+    return max(0.0, (max(bound) - min(created)).total_seconds())
+
+
+def _time(text: str | None) -> datetime.datetime | None:
+    return datetime.datetime.fromisoformat(text) if text else None
+
+
+def _annotation(obj: Mapping[str, Any], key: str) -> str | None:
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
+    return str(value) if value is not None else None
