@@ -35,17 +35,50 @@ MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 
 
-class ApiError(RuntimeError):
+class KubeError(Exception):
+    """Any failure of a request to the API server: it answered with an error (ApiError), or it could
+    not be reached in time (ApiUnavailable). A long-running loop catches this and retries."""
+
+
+class ApiError(KubeError, RuntimeError):
+    """The API server answered with an HTTP error status."""
+
     def __init__(self, status: int, method: str, path: str, body: str) -> None:
         super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
         self.request = f"{method} {path}"
         self.status = status
         self.body = body
 
+    @staticmethod
+    def of(status: int, method: str, path: str, body: str) -> ApiError:
+        """The typed error for a status: NotFound, Conflict, or ApiError itself."""
+        kind = {404: NotFound, 409: Conflict}.get(status, ApiError)
+        return kind(status, method, path, body)
+
     @property
     def namespace_terminating(self) -> bool:
         """Nothing can be created in a namespace being deleted; whatever needed it goes with it."""
         return self.status == 403 and "NamespaceTerminating" in self.body
+
+
+class NotFound(ApiError):
+    """HTTP 404: the object (or its kind) does not exist."""
+
+
+class Conflict(ApiError):
+    """HTTP 409: it exists already, or it changed since the resourceVersion the request carried."""
+
+
+class ApiUnavailable(KubeError, urllib3.exceptions.HTTPError):
+    """The API server could not be reached or did not answer in time: refused, reset, timed out, TLS
+    failed (urllib3's HTTPError family, which is not an OSError). One type for all of them. It stays a
+    urllib3 HTTPError, so code that caught those (the CLI: "cannot reach the API server") still does;
+    not an OSError, which the CLI reads as a local file's failure. Catch KubeError for any failure."""
+
+    def __init__(self, method: str, path: str, reason: object) -> None:
+        super().__init__(f"{method} {path}: API server unavailable: {reason}")
+        self.request = f"{method} {path}"
+        self.reason = reason
 
 
 PAGE_SIZE = 250  # objects per list request
@@ -292,9 +325,12 @@ class Api:
             headers["Content-Type"] = content_type
             data = json.dumps(body).encode()
         url = f"{self.credentials.server}{path}" + (f"?{urlencode(query)}" if query else "")
-        response = self.http.request(method, url, body=data, headers=headers)
+        try:
+            response = self.http.request(method, url, body=data, headers=headers)
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiUnavailable(method, path, getattr(exc, "reason", None) or exc) from exc
         if response.status >= 400:
-            raise ApiError(response.status, method, path, response.data.decode(errors="replace"))
+            raise ApiError.of(response.status, method, path, response.data.decode(errors="replace"))
         return json.loads(response.data) if response.data else None
 
     # -- reads ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import logging
 import os
 import ssl
 import tempfile
+import time
 from pathlib import Path
 
 import kopf
@@ -18,10 +19,11 @@ from prometheus_client import generate_latest
 
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import handlers, webhook
-from stormtopo.operator.events import EventRecorder
+from stormtopo.operator.events import IDLE_BEAT, EventRecorder
 from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index
 from stormtopo.operator.leader import Leadership
+from stormtopo.operator.loops import Loop, Loops, run_every
 from stormtopo.operator.optedin import OptedInList
 from stormtopo.operator.placement_report import PlacementReporter
 from stormtopo.operator.reconcile import Reconciler
@@ -105,10 +107,12 @@ class CertificateReloader:
         log.info("webhook certificate reloaded from %s", self.cert_file)
         return True
 
+    async def check(self) -> None:
+        """One look at the files (run every `interval` by the operator's loops)."""
+        await asyncio.to_thread(self.reload_if_changed)
+
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            await asyncio.to_thread(self.reload_if_changed)
+        await run_every(Loop("certificate-reloader", self.interval, time.monotonic()), self.interval, self.check)
 
 
 def detect_volcano(index: Index) -> bool:
@@ -127,19 +131,33 @@ def detect_volcano(index: Index) -> bool:
     return True
 
 
+class VolcanoWatch:
+    """Re-detect Volcano's capabilities (an upgrade adds fields) and load HyperNodes once their CRD
+    appears. A failure (the API server restarting) propagates to the loop, which retries."""
+
+    def __init__(self, index: Index, primed: bool) -> None:
+        self.index = index
+        self.primed = primed
+
+    async def check(self) -> None:
+        if self.primed:
+            await asyncio.to_thread(self.index.detect_volcano_fields)
+            return
+        self.primed = await asyncio.to_thread(detect_volcano, self.index)
+        if self.primed:
+            log.info("Volcano's HyperNode CRD found: %d HyperNodes loaded", len(self.index.hypernodes))
+
+
 async def watch_volcano(index: Index, primed: bool, interval: float = VOLCANO_RECHECK_SECONDS) -> None:
-    """Re-detect Volcano's capabilities (an upgrade adds fields) and load HyperNodes once their CRD appears."""
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            if primed:
-                await asyncio.to_thread(index.detect_volcano_fields)
-            else:
-                primed = await asyncio.to_thread(detect_volcano, index)
-                if primed:
-                    log.info("Volcano's HyperNode CRD found: %d HyperNodes loaded", len(index.hypernodes))
-        except Exception:  # the API server may be restarting: next time
-            log.exception("detecting Volcano's CRDs failed; retrying in %.0f s", interval)
+    """VolcanoWatch on its own, forever (the operator runs it among its loops)."""
+    await run_every(Loop("volcano-detection", interval, time.monotonic()), interval, VolcanoWatch(index, primed).check)
+
+
+def health_response(loops: Loops) -> web.Response:
+    """/healthz: every loop's last completed iteration, as JSON; 500 when one is stuck or has died, so
+    that the kubelet restarts a replica that has quietly stopped working."""
+    ok, report = loops.health()
+    return web.json_response({"ok": ok, "loops": report}, status=200 if ok else 500)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -152,19 +170,21 @@ async def run(args: argparse.Namespace) -> None:
     except Exception:  # the API server not reachable yet: serve anyway, detect later
         log.exception("detecting Volcano's CRDs failed; retrying in %.0f s", VOLCANO_RECHECK_SECONDS)
         primed = False
-    volcano = asyncio.create_task(watch_volcano(index, primed))
+    loops = Loops()  # every background task, supervised; cancelled on the way out
+    loops.every("volcano-detection", VOLCANO_RECHECK_SECONDS, VolcanoWatch(index, primed).check)
     registry = kopf.OperatorRegistry()
     leadership = Leadership(api if args.leader_elect else None, args.leader_election_namespace, args.identity, args.lease_duration)
     events = EventRecorder(api, leadership.identity)
     opted_in = OptedInList(api, args.leader_election_namespace)  # the namespace stormtopo runs in
     reconciler = Reconciler(index, events, opted_in)
     explainer = Explainer(args.kubeconfig)  # its own process: see explainer.py
-    handlers.register(registry, index, reconciler, PlacementReporter(index, events, explainer), leadership)
-    posting = asyncio.create_task(events.run())
+    operator = handlers.register(registry, index, reconciler, PlacementReporter(index, events, explainer), leadership, loops)
+    loops.supervise("event-poster", IDLE_BEAT, events.run)
 
     cert, key, ca = _certificates(args)
     tls = webhook.tls_context(cert, key)
-    reloading = asyncio.create_task(CertificateReloader(tls, cert, key).run())
+    reloader = CertificateReloader(tls, cert, key)
+    loops.every("certificate-reloader", reloader.interval, reloader.check)
     runner = web.AppRunner(webhook.build_app(index, opted_in), access_log=None)
     await runner.setup()
     # reuse_port: replicas on one host can share the webhook port, as endpoints behind one Service do.
@@ -182,7 +202,7 @@ async def run(args: argparse.Namespace) -> None:
     side.router.add_get("/readyz", readyz)
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
+        return health_response(loops)
 
     side.router.add_get("/healthz", healthz)
     side.router.add_get("/metrics", prometheus)
@@ -221,9 +241,8 @@ async def run(args: argparse.Namespace) -> None:
         await leadership.release()
         explainer.close()
         registration.cancel()
-        posting.cancel()
-        reloading.cancel()
-        volcano.cancel()
+        await loops.stop()
+        await operator.close()
         await runner.cleanup()
         await side_runner.cleanup()
 

@@ -12,12 +12,15 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stormtopo.kube.client import Api, ApiError
+from stormtopo.kube.client import Api, ApiError, ApiUnavailable
+from stormtopo.operator.loops import Loop, backoff
 
 log = logging.getLogger("stormtopo.events")
 # What the reconciler and the placement reporter call: (object, Normal|Warning, reason, message).
 Report = Callable[[Mapping[str, Any], str, str, str], None]
 MAX_QUEUED = 10_000  # beyond this, Events are dropped (and logged): they are information, not state
+IDLE_BEAT = 10.0  # an idle poster reports itself alive this often
+EVENT_RETRY_CAP = 10.0  # an Event waiting for the API server is retried at least this often
 
 
 class EventRecorder:
@@ -41,10 +44,30 @@ class EventRecorder:
         except asyncio.QueueFull:
             log.warning("event queue full; dropped %s %s on %s/%s: %s", event_type, reason, involved["namespace"], meta["name"], message)
 
-    async def run(self) -> None:
+    async def run(self, loop: Loop) -> None:
+        """Post queued Events forever (supervised by `loops`). While the API server cannot be reached
+        or fails (5xx), the Event waits and is retried with a backoff, so an outage loses none; an
+        Event the API refuses (the namespace is being deleted) is dropped."""
         while True:
-            event = await self._queue.get()
             try:
-                await asyncio.to_thread(self.api.create_event, event, self.instance)
-            except (ApiError, OSError) as exc:  # e.g. the namespace is being deleted
-                log.warning("could not post %s event on %s: %s", event["reason"], event["involvedObject"]["name"], exc)
+                event = await asyncio.wait_for(self._queue.get(), timeout=IDLE_BEAT)
+            except TimeoutError:
+                loop.succeeded()  # idle is healthy
+                continue
+            failures = 0
+            while True:
+                try:
+                    await asyncio.to_thread(self.api.create_event, event, self.instance)
+                    loop.succeeded()
+                    break
+                except ApiError as exc:
+                    if exc.status < 500 and exc.status != 429:
+                        log.warning("could not post %s event on %s: %s", event["reason"], event["involvedObject"]["name"], exc)
+                        break
+                    failures += 1
+                except (ApiUnavailable, OSError):
+                    failures += 1
+                loop.alive()
+                delay = backoff(failures, cap=EVENT_RETRY_CAP)
+                log.warning("API server unavailable: %s event on %s waits %.0f s", event["reason"], event["involvedObject"]["name"], delay)
+                await asyncio.sleep(delay)

@@ -1,24 +1,38 @@
-"""kopf handlers: watch events feed the index and trigger reconciliation.
+"""Watch events feed the index and trigger reconciliation.
 
-Only raw event handlers are used: they keep no state on the watched objects, so the operator never
-writes kopf's bookkeeping annotations into a user's StormService or AIBrix's RoleSets.
+StormServices, RoleSets and HyperNodes come from kopf. Only raw event handlers are used: they keep no
+state on the watched objects, so the operator never writes kopf's bookkeeping annotations into a
+user's StormService or AIBrix's RoleSets. Pods and PodGroups come from the operator's own list+watch
+(operator/watch.py), which selects them on the server: kopf would list and stream every pod of the
+cluster and filter them in the client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from stormtopo.core.ownership import roleset_name
-from stormtopo.core.vocabulary import ADMITTED_LABEL, AIBRIX, MANAGED_BY, ROLESET_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
-from stormtopo.kube.client import Api, ApiError
+from stormtopo.core.vocabulary import (
+    ADMITTED_LABEL,
+    AIBRIX,
+    MANAGED_BY_LABEL,
+    OPERATOR_NAME,
+    ROLESET_LABEL,
+    VOLCANO_SCHEDULING,
+    VOLCANO_TOPOLOGY,
+)
+from stormtopo.kube.client import Api, KubeError
+from stormtopo.kube.watch import WatchStreams
+from stormtopo.operator import watch
 from stormtopo.operator.index import Index, Key, key_of, service_key_of
 from stormtopo.operator.leader import Leadership
+from stormtopo.operator.loops import Loops
 from stormtopo.operator.placement_report import PlacementReporter
 from stormtopo.operator.reconcile import Reconciler
 from stormtopo.operator.workqueue import WorkQueue
@@ -26,7 +40,6 @@ from stormtopo.operator.workqueue import WorkQueue
 log = logging.getLogger("stormtopo.handlers")
 RESYNC_SECONDS = 30.0  # the leader re-queues every StormService and PodGroup from the index
 RELIST_SECONDS = 300.0  # every replica re-lists, to forget objects deleted while a watch was down
-_background: set[asyncio.Task[None]] = set()  # keeps the background tasks referenced
 # What the index holds, and where the API lists it.
 _LISTS = {
     "StormService": (AIBRIX, "stormservices"),
@@ -35,7 +48,10 @@ _LISTS = {
     "HyperNode": (VOLCANO_TOPOLOGY, "hypernodes"),
     "Pod": (("", "v1"), "pods"),
 }
-_SELECTORS = {"Pod": ADMITTED_LABEL}  # only the pods stormtopo admitted are watched and listed
+# Selected on the server: only the pods stormtopo admitted; the PodGroups of AIBrix's replicas, and those
+# stormtopo owns for StormService-scoped requests (they carry no roleset-name label).
+OWNED_PODGROUPS = f"{MANAGED_BY_LABEL}={OPERATOR_NAME},!{ROLESET_LABEL}"
+_SELECTORS = {"Pod": (ADMITTED_LABEL,), "PodGroup": (ROLESET_LABEL, OWNED_PODGROUPS)}
 
 
 @dataclass
@@ -48,9 +64,12 @@ class Operator:
     reporter: PlacementReporter
     leadership: Leadership
 
+    loops: Loops = field(default_factory=Loops)
+
     def __post_init__(self) -> None:
         self.stormservices: WorkQueue[Key] = WorkQueue("stormservices", self._reconcile, workers=4)
         self.placements: WorkQueue[Key] = WorkQueue("placements", self._report, workers=4)
+        self.streams: WatchStreams | None = None  # created at start, on the event loop
 
     async def _reconcile(self, key: Key) -> None:
         stormservice = self.index.stormservices.get(key)
@@ -68,7 +87,7 @@ class Operator:
         for key in list(self.index.rolesets):  # placements a former leader did not report; pending gangs re-explained
             self.placements.add(key)
 
-    def follow(self, kind: str, event: kopf.RawEvent, body: kopf.Body) -> None:
+    def follow(self, kind: str, event: Mapping[str, Any], body: Mapping[str, Any]) -> None:
         """Record the object, and queue what it changes if this replica leads: a StormService or a
         RoleSet its StormService's PodGroups; a pod or a replica's PodGroup that replica's placement."""
         deleted = event.get("type") == "DELETED"
@@ -95,14 +114,68 @@ class Operator:
         """Drop what a re-list no longer has: a watch that was down never delivered those deletions."""
         for kind, (group_version, plural) in _LISTS.items():
             mark = self.index.mark()
+            listed: set[Key] = set()
             try:
-                listed = await asyncio.to_thread(_keys, api, api.path(group_version, plural), _SELECTORS.get(kind, ""))
-            except (ApiError, OSError) as exc:
+                for selector in _SELECTORS.get(kind, ("",)):
+                    listed |= await asyncio.to_thread(_keys, api, api.path(group_version, plural), selector)
+            except (KubeError, OSError) as exc:
                 log.warning("re-list of %s failed, retried in %.0f s: %s", plural, RELIST_SECONDS, exc)
                 continue
             for key in self.index.prune(kind, listed, mark):
                 log.info("forgot %s %s/%s: deleted while a watch was down", kind, *key)
                 self.forget(kind, key)
+
+    def watches(self) -> list[watch.ListWatch]:
+        """The server-selected list+watch streams of pods and PodGroups, feeding what kopf's handlers fed."""
+        assert self.streams is not None
+
+        def following(kind: str) -> Callable[[str | None, dict[str, Any]], None]:
+            return lambda event_type, obj: self.follow(kind, {"type": event_type, "object": obj}, obj)
+
+        def recording(kind: str) -> Callable[[str | None, dict[str, Any]], None]:
+            return lambda event_type, obj: self.index.observe(kind, event_type, obj)
+
+        def gone(kind: str, record: Callable[[str | None, dict[str, Any]], None]) -> Callable[[Key], None]:
+            store = self.index.pods if kind == "Pod" else self.index.podgroups
+
+            def deleted(key: Key) -> None:
+                body = store.get(key)  # what the index knows of it: its labels say which replica it was in
+                if body is not None:
+                    log.info("forgot %s %s/%s: deleted while the watch was down", kind, *key)
+                    record("DELETED", body)
+
+            return deleted
+
+        api, podgroups = self.index.api, Api.path(VOLCANO_SCHEDULING, "podgroups")
+        version = "/".join(VOLCANO_SCHEDULING)
+        streams = [
+            ("Pod", "v1", "/api/v1/pods", ADMITTED_LABEL, following("Pod")),
+            ("PodGroup", version, podgroups, ROLESET_LABEL, following("PodGroup")),
+            # Of these only the index needs to know: no replica's placement hangs on them.
+            ("PodGroup", version, podgroups, OWNED_PODGROUPS, recording("PodGroup")),
+        ]
+        return [
+            watch.ListWatch(api, self.streams, kind, api_version, path, selector, record, gone(kind, record))
+            for kind, api_version, path, selector, record in streams
+        ]
+
+    def start(self) -> None:
+        """The work queues and every background loop, supervised (operator/loops.py)."""
+        self.stormservices.start()
+        self.placements.start()
+        self.leadership.on_elected = self.resync  # a new leader catches up at once
+        self.loops.every("resync", RESYNC_SECONDS, self.resync, lambda: self.leadership.is_leader)
+        self.loops.every("relist", RELIST_SECONDS, lambda: self.relist(self.index.api))
+        if self.leadership.api is not None:  # election on (--leader-elect)
+            self.loops.supervise("leader-election", self.leadership.retry_period, self.leadership.run)
+        self.streams = WatchStreams(self.index.api)
+        names = ("watch-pods", "watch-replica-podgroups", "watch-owned-podgroups")
+        for name, stream in zip(names, self.watches(), strict=True):
+            self.loops.supervise(name, watch.PERIOD, stream.run)
+
+    async def close(self) -> None:
+        if self.streams is not None:
+            await self.streams.close()
 
 
 def _keys(api: Api, path: str, selector: str) -> set[Key]:
@@ -111,13 +184,18 @@ def _keys(api: Api, path: str, selector: str) -> set[Key]:
 
 
 def register(
-    registry: kopf.OperatorRegistry, index: Index, reconciler: Reconciler, reporter: PlacementReporter, leadership: Leadership
+    registry: kopf.OperatorRegistry,
+    index: Index,
+    reconciler: Reconciler,
+    reporter: PlacementReporter,
+    leadership: Leadership,
+    loops: Loops | None = None,
 ) -> Operator:
     """A handler only records the object and queues a key: the work happens in the queues' few workers,
     so kopf's per-object workers end at once and never pile up event bodies during a burst. Handlers
     are coroutines that never await: kopf would run plain functions on threads, and the index and
     queues belong to the event loop."""
-    operator = Operator(index, reconciler, reporter, leadership)
+    operator = Operator(index, reconciler, reporter, leadership, loops or Loops())
 
     @kopf.on.event(*AIBRIX, "stormservices", registry=registry)
     async def stormservice_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
@@ -126,20 +204,6 @@ def register(
     @kopf.on.event(*AIBRIX, "rolesets", registry=registry)
     async def roleset_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         operator.follow("RoleSet", event, body)
-
-    @kopf.on.event(*VOLCANO_SCHEDULING, "podgroups", labels={ROLESET_LABEL: kopf.PRESENT}, registry=registry)
-    async def podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        operator.follow("PodGroup", event, body)
-
-    # The PodGroups stormtopo owns for StormService-scoped requests carry no roleset-name label (those
-    # of replicas carry both, and the handler above records them).
-    @kopf.on.event(*VOLCANO_SCHEDULING, "podgroups", labels={**dict(MANAGED_BY), ROLESET_LABEL: kopf.ABSENT}, registry=registry)
-    async def owned_podgroup_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        index.observe("PodGroup", event.get("type"), body)
-
-    @kopf.on.event("", "v1", "pods", labels={ADMITTED_LABEL: kopf.PRESENT}, registry=registry)
-    async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        operator.follow("Pod", event, body)
 
     @kopf.on.event(*VOLCANO_TOPOLOGY, "hypernodes", registry=registry)
     async def hypernode_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
@@ -152,12 +216,7 @@ def register(
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         _configure(settings)
-        operator.stormservices.start()
-        operator.placements.start()
-        leadership.on_elected = operator.resync  # a new leader catches up at once
-        _background.add(asyncio.create_task(_every(RESYNC_SECONDS, operator.resync, lambda: leadership.is_leader)))
-        _background.add(asyncio.create_task(_every(RELIST_SECONDS, lambda: operator.relist(index.api), lambda: True)))
-        _background.add(asyncio.create_task(leadership.run()))
+        operator.start()
 
     return operator
 
@@ -200,14 +259,9 @@ def _configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.worker_limit = 4
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
+    # kopf gives up a request, a watch stream's included, after its backoffs: by default about a minute.
+    # Keep retrying through a longer API-server outage, at most 30 s apart.
+    settings.networking.error_backoffs = (1, 1, 2, 3, 5, 8, 13, 21) + (30,) * 40
     # Per-object workers: a bounded number, gone soon after the last event.
     settings.queueing.worker_limit = 64
     settings.queueing.idle_timeout = 0.5
-
-
-async def _every(seconds: float, work: Callable[[], Awaitable[None]], when: Callable[[], bool]) -> None:
-    # Catches what a dropped watch or a failed write left behind.
-    while True:
-        await asyncio.sleep(seconds)
-        if when():
-            await work()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stormtopo.kube.client import Api, ApiError, micro_time
+from stormtopo.operator.loops import Loop, backoff
 
 log = logging.getLogger("stormtopo.leader")
 LEASE_NAME = "stormtopo-operator"
@@ -70,6 +71,7 @@ class Leadership:
         self.on_elected: Callable[[], Awaitable[None]] | None = None
         self._renewed_at: float | None = None  # monotonic start of the last successful renewal
         self._observed: Observation | None = None
+        self._catching_up: asyncio.Task[None] | None = None  # on_elected, running beside the renewals
 
     @property
     def is_leader(self) -> bool:
@@ -78,24 +80,34 @@ class Leadership:
         # Expires by itself: a renewal that hangs ends leadership at the deadline, not when it returns.
         return self._renewed_at is not None and time.monotonic() - self._renewed_at < self.renew_deadline
 
-    async def run(self) -> None:
+    async def run(self, loop: Loop | None = None) -> None:
+        """Renew or acquire every retry period, forever: no failure, of the API or of `on_elected`,
+        ends it. `loop` (when supervised) learns of every attempt that completed."""
         if self.api is None:
             return
         try:
             while True:
-                await self._attempt()
+                try:
+                    answered = await self._attempt()
+                    if loop is not None:
+                        loop.succeeded() if answered else loop.alive()
+                except Exception:  # a bug, not the API (the attempt catches that): log it, keep electing
+                    log.exception("lease %s/%s: election attempt failed", self.namespace, LEASE_NAME)
                 await asyncio.sleep(self.retry_period)
         except asyncio.CancelledError:
             await self.release()
             raise
 
-    async def _attempt(self) -> None:
+    async def _attempt(self) -> bool:
+        """One acquire-or-renew; True if the API server answered."""
         was = self.is_leader
         started = time.monotonic()
         budget = self._renewed_at + self.renew_deadline - started if was and self._renewed_at is not None else self.renew_deadline
+        answered = False
         try:
             held = await asyncio.wait_for(asyncio.to_thread(self._try_acquire_or_renew), timeout=max(0.1, budget))
             self._renewed_at = started if held else None
+            answered = True
         except TimeoutError:
             log.warning("lease %s/%s: renewal did not finish within the renew deadline", self.namespace, LEASE_NAME)
         except Exception:  # the API server may be restarting: keep trying until the deadline passes
@@ -103,11 +115,35 @@ class Leadership:
         if self.is_leader != was:
             log.warning("%s %s leadership of lease %s/%s", self.identity, "took" if self.is_leader else "lost", self.namespace, LEASE_NAME)
             if self.is_leader and self.on_elected is not None:
+                self._catch_up()
+        return answered
+
+    def _catch_up(self) -> None:
+        """Run `on_elected` beside the renewals, not inside them: a slow or failing catch-up must neither
+        delay a renewal past its deadline nor end the election. It is retried until it succeeds or this
+        replica stops leading."""
+        if self._catching_up is not None and not self._catching_up.done():
+            return
+        self._catching_up = asyncio.get_running_loop().create_task(self._run_on_elected(), name="on-elected")
+
+    async def _run_on_elected(self) -> None:
+        assert self.on_elected is not None
+        failures = 0
+        while self.is_leader:
+            try:
                 await self.on_elected()
+                return
+            except Exception:
+                failures += 1
+                delay = backoff(failures)
+                log.exception("catching up after taking leadership failed (%d in a row); retrying in %.0f s", failures, delay)
+                await asyncio.sleep(delay)
 
     async def release(self) -> None:
         """Give the Lease up (shutdown): stop leading first, then clear the holder so a follower need not
         wait a lease duration. Best effort, within the renew deadline."""
+        if self._catching_up is not None:
+            self._catching_up.cancel()
         if self.api is None or self._renewed_at is None:
             return
         self._renewed_at = None

@@ -10,8 +10,9 @@ import threading
 import time
 from typing import Any
 
-from stormtopo.kube.client import ApiError
+from stormtopo.kube.client import ApiError, ApiUnavailable
 from stormtopo.operator.leader import LEASE_NAME, Leadership, held_by_another, observe
+from stormtopo.operator.loops import Loop
 
 
 def _lease(holder: str, renew: str, rv: str, duration: int = 15) -> dict[str, Any]:
@@ -109,5 +110,36 @@ def test_a_leader_whose_renewal_hangs_stops_leading_within_the_renew_deadline_an
         taking.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await taking
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_catch_up_at_election_is_retried_and_never_ends_the_election() -> None:
+    """Issue 20: `on_elected` (the resync) was awaited outside the attempt's try, so one API blip at
+    election time ended `leadership.run()` for good and left the replicas without a leader."""
+
+    async def scenario() -> None:
+        store = FakeLeases()
+        leader = Leadership(store, "ns", "a", duration=3)  # type: ignore[arg-type]
+        calls: list[float] = []
+
+        async def resync() -> None:
+            calls.append(time.monotonic())
+            if len(calls) == 1:
+                raise ApiUnavailable("GET", "/api/v1/namespaces/ns/configmaps/x", "connection refused")
+
+        leader.on_elected = resync
+        loop = Loop("leader-election", leader.retry_period, time.monotonic())
+        running = asyncio.create_task(leader.run(loop))
+        deadline = time.monotonic() + 10
+        while len(calls) < 2:
+            assert time.monotonic() < deadline, "the catch-up was not retried"
+            await asyncio.sleep(0.05)
+        assert 0.9 <= calls[1] - calls[0] < 3  # after a backoff of 1 s
+        assert not running.done() and leader.is_leader
+        assert loop.last_success is not None  # each renewal is an iteration /healthz sees
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
 
     asyncio.run(scenario())

@@ -1,0 +1,166 @@
+"""The operator's long-running loops: supervised, so that no exception ends one, and visible in /healthz.
+
+Every background task the operator starts is owned by one `Loops` registry. A loop that raises is
+logged with its traceback, waits a capped exponential backoff (reset by a success) and goes on; only
+cancellation ends it. Each loop records when it last completed an iteration, and `/healthz` fails when
+one has not for much longer than its period, or when its task ended: the kubelet then restarts a
+replica that quietly stopped working, instead of it looking healthy for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("stormtopo.loops")
+BACKOFF_BASE = 1.0  # seconds before the first retry after a failure
+BACKOFF_CAP = 30.0  # the longest wait between retries
+STALE_PERIODS = 3  # a loop is stuck after this many periods (plus the backoff cap) without an iteration
+
+
+def backoff(failures: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:
+    """Seconds to wait after `failures` consecutive failures: base, 2 base, 4 base ... at most cap."""
+    if failures <= 0:
+        return 0.0
+    return float(min(cap, base * 2 ** min(failures - 1, 32)))
+
+
+def stuck(period: float, last_progress: float, now: float, done: bool, cap: float = BACKOFF_CAP) -> str | None:
+    """Why a loop counts as stuck, or None while it is healthy. `last_progress` is when it last completed
+    an iteration (or started). A loop whose task ended has died: nothing restarts it."""
+    if done:
+        return "its task ended"
+    allowed = STALE_PERIODS * period + cap
+    if now - last_progress > allowed:
+        return f"no iteration completed for {now - last_progress:.0f} s (allowed {allowed:.0f} s)"
+    return None
+
+
+async def run_every(loop: Loop, seconds: float, work: Callable[[], Awaitable[None]], when: Callable[[], bool] = lambda: True) -> None:
+    """Run `work` every `seconds` while `when()` holds, forever, recording each iteration in `loop`. A
+    failure is logged with its traceback and retried after a backoff; only cancellation ends it."""
+    delay = seconds
+    while True:
+        await asyncio.sleep(delay)
+        try:
+            if when():
+                await work()
+        except Exception as exc:  # anything but cancellation
+            delay = loop.failed(exc)
+            log.exception("%s failed (%d in a row); retrying in %.0f s", loop.name, loop.failures, delay)
+            continue
+        loop.succeeded()
+        delay = seconds
+
+
+@dataclass
+class Loop:
+    """One supervised loop's record: what /healthz reports."""
+
+    name: str
+    period: float  # how often it is expected to complete an iteration
+    started: float
+    last_success: float | None = None
+    last_progress: float | None = None  # an iteration completed, even one whose failure it handled itself
+    failures: int = 0  # consecutive
+    last_error: str = ""
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+
+    def succeeded(self) -> None:
+        """An iteration completed (or, for a stream, it made progress)."""
+        self.last_success = self.last_progress = self.clock()
+        self.failures = 0
+
+    def alive(self) -> None:
+        """Still going, though the work did not succeed (it handles the failure and retries itself):
+        not stuck. A loop waiting on an unreachable API server is no reason to restart the replica."""
+        self.last_progress = self.clock()
+
+    def failed(self, exc: BaseException) -> float:
+        """Record a failure; return how long to wait before the next attempt."""
+        self.failures += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+        return backoff(self.failures)
+
+    def problem(self, now: float) -> str | None:
+        done = self.task is not None and self.task.done()
+        return stuck(self.period, self.last_progress if self.last_progress is not None else self.started, now, done)
+
+    def report(self, now: float) -> dict[str, Any]:
+        return {
+            "period_seconds": self.period,
+            "last_success_seconds_ago": None if self.last_success is None else round(now - self.last_success, 1),
+            "consecutive_failures": self.failures,
+            "last_error": self.last_error,
+            "problem": self.problem(now),
+        }
+
+
+class Loops:
+    """The owner of the operator's background tasks: starts them supervised, reports their health, and
+    cancels them all on shutdown."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.loops: dict[str, Loop] = {}
+
+    def _record(self, name: str, period: float) -> Loop:
+        if name in self.loops:
+            raise ValueError(f"a loop named {name!r} runs already")
+        loop = Loop(name, period, self.clock(), clock=self.clock)
+        self.loops[name] = loop
+        return loop
+
+    def every(self, name: str, seconds: float, work: Callable[[], Awaitable[None]], when: Callable[[], bool] = lambda: True) -> Loop:
+        """Run `work` every `seconds` while `when()` holds; an iteration skipped by `when` still counts."""
+        loop = self._record(name, seconds)
+        loop.task = self._spawn(name, run_every(loop, seconds, work, when))
+        return loop
+
+    def supervise(self, name: str, period: float, run: Callable[[Loop], Awaitable[None]]) -> Loop:
+        """Run `run(loop)` forever: a stream or a worker that calls `loop.succeeded()` itself as it makes
+        progress, at least once a `period`. If it raises or returns, it is started again after a backoff."""
+        loop = self._record(name, period)
+
+        async def body() -> None:
+            while True:
+                try:
+                    await run(loop)
+                    raise RuntimeError("returned")  # a forever-loop that returns is a bug: restart it
+                except Exception as exc:
+                    delay = loop.failed(exc)
+                    log.exception("%s failed (%d in a row); restarting it in %.0f s", name, loop.failures, delay)
+                    await asyncio.sleep(delay)
+
+        loop.task = self._spawn(name, body())
+        return loop
+
+    def _spawn(self, name: str, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        task.add_done_callback(self._ended)
+        return task
+
+    @staticmethod
+    def _ended(task: asyncio.Task[None]) -> None:
+        # Only cancellation should end a supervised loop; anything else is reported, not left for
+        # "Task exception was never retrieved" at shutdown.
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s died", task.get_name(), exc_info=task.exception())
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(every loop healthy, a report per loop)."""
+        now = self.clock()
+        reports = {name: loop.report(now) for name, loop in sorted(self.loops.items())}
+        return all(r["problem"] is None for r in reports.values()), reports
+
+    async def stop(self) -> None:
+        """Cancel every loop and wait until they have ended."""
+        tasks = [loop.task for loop in self.loops.values() if loop.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

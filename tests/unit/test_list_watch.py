@@ -1,0 +1,161 @@
+"""The operator's own list+watch (issue 20, item 2), against a small HTTP server that speaks the API's
+list and watch protocol: selected on the server, paged, streamed a line at a time, re-listed on 410."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from stormtopo.kube.client import Api
+from stormtopo.kube.watch import WatchStreams
+from stormtopo.operator.loops import Loops
+from stormtopo.operator.watch import ListWatch
+
+SELECTOR = "stormtopo.io/admitted"
+
+
+def _pod(name: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": rv}}
+
+
+class FakeApiServer:
+    """Lists pods a page at a time; the first watch sends an event split across chunks, a bookmark and
+    a 410; pod b is deleted meanwhile; the second watch sends one event and stays open."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, str]] = []
+        self.lists = 0
+        self.watches = 0
+        self.done = asyncio.Event()  # ends the open watch at the end of the test
+
+    async def pods(self, request: web.Request) -> web.StreamResponse:
+        query = dict(request.query)
+        self.requests.append(query)
+        assert query["labelSelector"] == SELECTOR  # selected on the server, never in the client
+        if query.get("watch") != "true":
+            assert query["limit"]
+            self.lists += 1
+            if self.lists == 1 and not query.get("continue"):
+                return web.json_response({"metadata": {"resourceVersion": "10", "continue": "page2"}, "items": [_pod("a", "5")]})
+            if self.lists == 2:
+                return web.json_response({"metadata": {"resourceVersion": "10"}, "items": [_pod("b", "6")]})
+            return web.json_response({"metadata": {"resourceVersion": "20"}, "items": [_pod("a", "5"), _pod("c", "11")]})
+        assert query["allowWatchBookmarks"] == "true"
+        self.watches += 1
+        response = web.StreamResponse()
+        await response.prepare(request)
+        if self.watches == 1:
+            assert query["resourceVersion"] == "10"
+            line = json.dumps({"type": "ADDED", "object": {"kind": "Pod", **_pod("c", "11")}}).encode() + b"\n"
+            await response.write(line[:15])  # a line split across chunks
+            await asyncio.sleep(0.05)
+            await response.write(line[15:])
+            bookmark = {"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "12"}}}
+            await response.write(json.dumps(bookmark).encode() + b"\n")
+            gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+            await response.write(json.dumps(gone).encode() + b"\n")
+            return response
+        assert query["resourceVersion"] == "20"
+        await response.write(json.dumps({"type": "MODIFIED", "object": {"kind": "Pod", **_pod("a", "21")}}).encode() + b"\n")
+        await self.done.wait()
+        return response
+
+
+def test_lists_a_page_at_a_time_watches_from_its_version_and_relists_after_410(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        server = FakeApiServer()
+        app = web.Application()
+        app.router.add_get("/api/v1/pods", server.pods)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "current-context": "c",
+                    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                    "clusters": [{"name": "k", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                }
+            )
+        )
+        api = Api(str(kubeconfig))
+        streams = WatchStreams(api)
+        seen: list[tuple[str | None, str, str]] = []
+        gone: list[tuple[str, str]] = []
+        watcher = ListWatch(
+            api,
+            streams,
+            "Pod",
+            "v1",
+            "/api/v1/pods",
+            SELECTOR,
+            lambda kind, obj: seen.append((kind, obj["metadata"]["name"], obj["kind"])),
+            gone.append,
+        )
+        loops = Loops()
+        loop = loops.supervise("watch-pods", 330, watcher.run)
+        try:
+            for _ in range(200):
+                if ("MODIFIED", "a", "Pod") in seen:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await loops.stop()
+            await streams.close()
+            server.done.set()
+            await runner.cleanup()
+        assert seen == [
+            (None, "a", "Pod"),  # the first list, two pages; listed items get their kind
+            (None, "b", "Pod"),
+            ("ADDED", "c", "Pod"),  # the event split across two chunks
+            (None, "a", "Pod"),  # the re-list after 410
+            (None, "c", "Pod"),
+            ("MODIFIED", "a", "Pod"),  # watched from the re-list's version
+        ]
+        assert gone == [("ns", "b")]  # deleted while the watch was expired: the re-list no longer has it
+        assert watcher.known == {("ns", "a"), ("ns", "c")} and watcher.resource_version == "21"
+        assert loop.failures == 0 and loop.last_success is not None
+        assert server.requests[1]["continue"] == "page2"
+
+    asyncio.run(scenario())
+
+
+def test_a_refused_connection_is_retried_with_a_backoff(tmp_path: Path) -> None:
+    """No API server at all: the stream fails with ApiUnavailable, the supervisor keeps it going."""
+
+    async def scenario() -> None:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "current-context": "c",
+                    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                    "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:9"}}],  # discard port: refused
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                }
+            )
+        )
+        api = Api(str(kubeconfig))
+        streams = WatchStreams(api)
+        watcher = ListWatch(api, streams, "Pod", "v1", "/api/v1/pods", SELECTOR, lambda kind, obj: None, lambda key: None)
+        watcher.resource_version = "5"  # straight to the (aiohttp) watch
+        loops = Loops()
+        loop = loops.supervise("watch-pods", 330, watcher.run)
+        for _ in range(300):
+            if loop.failures >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert loop.failures >= 2 and "ApiUnavailable" in loop.last_error
+        assert loop.task is not None and not loop.task.done()
+        await loops.stop()
+        await streams.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,193 @@
+"""Supervised loops (issue 20, item 1): no exception ends one, failures back off, /healthz sees a stuck one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+import urllib3
+
+from stormtopo.kube.client import Api, ApiError, ApiUnavailable, Conflict, KubeError, NotFound
+from stormtopo.operator.app import health_response
+from stormtopo.operator.loops import BACKOFF_CAP, Loop, Loops, backoff, stuck
+
+
+def test_backoff_doubles_from_one_second_up_to_the_cap_and_is_zero_without_failures() -> None:
+    assert [backoff(n) for n in range(8)] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert backoff(10_000) == BACKOFF_CAP  # no overflow after a very long outage
+    assert backoff(3, base=0.5, cap=1.5) == 1.5
+
+
+def test_a_loop_is_stuck_after_three_periods_plus_the_backoff_cap_or_once_its_task_ended() -> None:
+    assert stuck(30.0, last_progress=0.0, now=3 * 30 + BACKOFF_CAP, done=False) is None
+    reason = stuck(30.0, last_progress=0.0, now=3 * 30 + BACKOFF_CAP + 1, done=False)
+    assert reason is not None and "121 s" in reason
+    assert stuck(30.0, last_progress=100.0, now=101.0, done=True) == "its task ended"
+
+
+def test_a_success_resets_the_failure_count_and_a_handled_failure_keeps_the_loop_alive() -> None:
+    now = [0.0]
+    loop = Loop("x", 10.0, started=0.0, clock=lambda: now[0])
+    assert loop.failed(RuntimeError("a")) == 1.0 and loop.failed(RuntimeError("b")) == 2.0
+    assert loop.last_error == "RuntimeError: b"
+    now[0] = 100.0
+    assert loop.problem(now[0]) is not None  # 100 s without an iteration, allowed 60
+    loop.alive()  # e.g. the event poster retrying an Event while the API server is down
+    assert loop.problem(now[0]) is None and loop.failures == 2 and loop.last_success is None
+    loop.succeeded()
+    assert loop.failures == 0 and loop.last_success == 100.0
+
+
+def test_every_survives_any_exception_and_goes_on() -> None:
+    """The loops of issue 20: urllib3's connection errors are not OSError, and `_every` had no try."""
+
+    async def scenario() -> None:
+        loops = Loops()
+        calls: list[int] = []
+
+        async def flaky() -> None:
+            calls.append(len(calls))
+            if len(calls) <= 2:
+                raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
+            if len(calls) == 3:
+                raise KeyError("a bug")
+
+        loop = loops.every("flaky", 0.01, flaky)
+        while len(calls) < 5:
+            await asyncio.sleep(0.01)
+        assert loop.task is not None and not loop.task.done()
+        assert loop.failures == 0 and loop.last_success is not None
+        ok, report = loops.health()
+        assert ok and report["flaky"]["problem"] is None
+        await loops.stop()
+        assert loop.task.cancelled()
+
+    asyncio.run(scenario(), debug=False)
+
+
+def test_every_skips_the_work_but_counts_the_iteration_when_not_wanted() -> None:
+    async def scenario() -> None:
+        loops = Loops()
+        calls: list[None] = []
+
+        async def work() -> None:
+            calls.append(None)
+
+        loop = loops.every("resync", 0.01, work, when=lambda: False)  # a follower: nothing to resync
+        while loop.last_success is None:
+            await asyncio.sleep(0.01)
+        assert not calls
+        await loops.stop()
+
+    asyncio.run(scenario())
+
+
+def test_supervise_restarts_a_stream_that_raises_or_returns() -> None:
+    async def scenario() -> None:
+        loops = Loops()
+        runs: list[int] = []
+
+        async def stream(loop: Loop) -> None:
+            runs.append(1)
+            loop.succeeded()
+            if len(runs) == 1:
+                raise ApiUnavailable("WATCH", "/api/v1/pods", "refused")
+            if len(runs) == 2:
+                return  # a forever-loop that returned
+            await asyncio.Event().wait()
+
+        loop = loops.supervise("watch", 1.0, stream)
+        for _ in range(400):  # two backoffs: 1 s + 2 s at most
+            if len(runs) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert len(runs) == 3 and loop.task is not None and not loop.task.done()
+        await loops.stop()
+
+    asyncio.run(scenario())
+
+
+def test_healthz_is_500_with_the_loop_named_when_a_loop_is_stuck_or_dead() -> None:
+    async def scenario() -> None:
+        now = [0.0]
+        loops = Loops(clock=lambda: now[0])
+
+        async def hangs() -> None:
+            await asyncio.Event().wait()  # an await that never returns: never completes an iteration
+
+        loops.every("resync", 30.0, hangs)
+        loops.every("quick", 0.001, _nothing)
+        await asyncio.sleep(0.05)
+        response = health_response(loops)
+        assert response.status == 200
+        now[0] = 3 * 30 + BACKOFF_CAP + 1
+        response = health_response(loops)
+        assert response.status == 500
+        assert response.text is not None
+        body = json.loads(response.text)
+        assert body["ok"] is False and "no iteration completed" in body["loops"]["resync"]["problem"]
+        task = loops.loops["quick"].task
+        assert task is not None
+        task.cancel()  # a dead loop
+        await asyncio.sleep(0)
+        assert json.loads(health_response(loops).text or "")["loops"]["quick"]["problem"] == "its task ended"
+        await loops.stop()
+
+    asyncio.run(scenario())
+
+
+async def _nothing() -> None:
+    return None
+
+
+def test_two_loops_may_not_share_a_name() -> None:
+    async def scenario() -> None:
+        loops = Loops()
+        loops.every("a", 1.0, _nothing)
+        with pytest.raises(ValueError):
+            loops.every("a", 1.0, _nothing)
+        await loops.stop()
+
+    asyncio.run(scenario())
+
+
+# -- the API client's typed errors ------------------------------------------------------------------------
+
+
+class _Refusing:
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        raise urllib3.exceptions.NewConnectionError(None, "Failed to establish a new connection: [Errno 111] refused")  # type: ignore[arg-type]
+
+
+class _Answering:
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        return urllib3.response.HTTPResponse(body=b'{"message": "x"}', status=self.status, preload_content=True)
+
+
+def _api(http: object) -> Api:
+    api = Api.__new__(Api)
+    api.credentials = type("C", (), {"server": "https://127.0.0.1:1", "bearer": lambda self: None, "exec_plugin": None})()  # type: ignore[assignment]
+    api._client_cert = None
+    api.http = http  # type: ignore[assignment]
+    return api
+
+
+def test_transport_errors_are_one_typed_error_and_statuses_have_their_own() -> None:
+    with pytest.raises(ApiUnavailable) as unavailable:
+        _api(_Refusing()).request("GET", "/api/v1/pods")
+    assert isinstance(unavailable.value, KubeError) and not isinstance(unavailable.value, ApiError)
+    assert "GET /api/v1/pods" in str(unavailable.value)
+    with pytest.raises(NotFound) as missing:
+        _api(_Answering(404)).request("GET", "/x")
+    assert missing.value.status == 404 and isinstance(missing.value, ApiError)  # `exc.status != 404` still works
+    with pytest.raises(Conflict):
+        _api(_Answering(409)).request("PUT", "/x")
+    with pytest.raises(ApiError) as other:
+        _api(_Answering(500)).request("GET", "/x")
+    assert type(other.value) is ApiError and isinstance(other.value, KubeError)
+    assert _api(_Answering(404)).get(("", "v1"), "pods", "ns", "gone") is None
