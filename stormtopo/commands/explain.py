@@ -10,9 +10,8 @@ from rich.console import Console
 from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.explanation import allowed_tier, explain
 from stormtopo.core.placement import placement_record
-from stormtopo.core.podgroup import service_group_name
-from stormtopo.core.replica import ReplicaSnapshot, replica_state
-from stormtopo.core.request import RequestError, Scope, request_of
+from stormtopo.core.replica import ReplicaSnapshot, gang_name, replica_state
+from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.topology.hypernodes import topology_from_hypernodes
 from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api
@@ -40,7 +39,7 @@ def run(api: Api, namespace: str, name: str, console: Console) -> int:
         console.print("  no replicas (RoleSets) yet")
     for roleset in sorted(rolesets, key=lambda r: r["metadata"]["name"]):
         replica = roleset["metadata"]["name"]
-        group = service_group_name(name) if request and request.scope is Scope.STORMSERVICE else replica
+        group = gang_name(stormservice, roleset, request)
         podgroup = api.get(VOLCANO_SCHEDULING, "podgroups", namespace, group)
         phase = ((podgroup or {}).get("status") or {}).get("phase", "no PodGroup")
         pods = tuple(api.pods_of_group(namespace, replica))

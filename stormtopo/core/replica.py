@@ -18,7 +18,8 @@ from stormtopo.core.explanation import Pending, allowed_tier, is_explainable
 from stormtopo.core.gang import followers, gang_of, replica_pods
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, plan_placed, plan_release, recorded_placement
-from stormtopo.core.request import ClusterTiers, TopologyRequest, is_opted_in, valid_request
+from stormtopo.core.podgroup import service_group_name
+from stormtopo.core.request import ClusterTiers, Scope, TopologyRequest, is_opted_in, valid_request
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import PLACEMENT_ANNOTATION, ROLE_LABEL
 from stormtopo.core.writes import RecordPlacement, Say, Write
@@ -124,6 +125,13 @@ def replica_state(snapshot: ReplicaSnapshot) -> ReplicaState:
         tuple(p for p in pods if (p.get("spec") or {}).get("nodeName")),
         tuple(p for p in pods if is_held(p)),
     )
+
+
+def gang_name(stormservice: Mapping[str, Any], roleset: Mapping[str, Any], request: TopologyRequest | None) -> str:
+    """The PodGroup a replica's pods join: the StormService's own with scope StormService, else the replica's."""
+    if request is not None and request.scope is Scope.STORMSERVICE:
+        return service_group_name(stormservice["metadata"]["name"])
+    return str(roleset["metadata"]["name"])
 
 
 def is_unschedulable(podgroup: Mapping[str, Any] | None) -> bool:

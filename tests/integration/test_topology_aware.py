@@ -279,7 +279,8 @@ def test_pods_without_resource_requests_stay_within_their_replicas_leaf(cluster:
     routers = [p for p in pods if p["metadata"]["labels"]["role-name"] == "router"]
     for router in routers:
         terms = router["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert sorted(t["matchFields"][0]["values"][0] for t in terms) == sorted(topology.nodes_under(domain.name))
+        (term,) = terms  # one term: the domain's nodes by hostname
+        assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(topology.nodes_under(domain.name))}]
         assert not router["spec"].get("schedulingGates")
     replica = cluster.only(lambda: cluster.rolesets(namespace, "routed"), "RoleSet")["metadata"]["name"]
     gang = next(g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == replica)
