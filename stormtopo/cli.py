@@ -144,6 +144,12 @@ def _explain(args: argparse.Namespace) -> int:
         return 1
 
 
+def _release_held(args: argparse.Namespace) -> int:
+    from stormtopo.commands import release_held
+
+    return release_held.run(_api(args), args.namespace, args.dry_run, print)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stormtopo", description="Network-topology-aware scheduling for AIBrix StormService on Volcano")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -181,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     explain = sub.add_parser("explain", parents=[kube], help="where each replica of a StormService landed, or why it is Pending")
     explain.add_argument("target", metavar="NAMESPACE/STORMSERVICE")
     explain.set_defaults(func=_explain)
+
+    held = sub.add_parser(
+        "release-held", parents=[kube], help="free every pod held at stormtopo's scheduling gate (after uninstalling stormtopo)"
+    )
+    held.add_argument("--namespace", "-n", help="only this namespace (default: every namespace)")
+    held.add_argument("--dry-run", action="store_true", help="print what would be released, change nothing")
+    held.set_defaults(func=_release_held)
 
     demo = sub.add_parser("demo", help="the feature request's 1P1D scenario with and without stormtopo, as trees and a PNG")
     demo.add_argument("--state-dir", help="where to run the demo cluster (default: a new temporary directory)")

@@ -11,6 +11,7 @@ from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, SCOPE
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import Role, stormservice
+from tests.conftest import stormtopo
 
 
 @pytest.mark.parametrize(
@@ -62,3 +63,24 @@ def test_a_running_service_that_opts_in_keeps_its_replaced_router_within_its_rep
     assert domain is not None
     assert new["spec"]["nodeName"] in topology.nodes_under(domain.name), (new["spec"]["nodeName"], domain.name)
     assert new["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+
+
+def test_release_held_frees_pods_held_at_stormtopos_gate_after_an_uninstall(cluster: DevCluster, namespace: str) -> None:
+    # What helm uninstall leaves behind: a pod stormtopo admitted and holds at its gate, with nobody to release it.
+    held = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "orphan-router", "namespace": namespace, "labels": {"stormtopo.io/admitted": "true"}},
+        "spec": {
+            "schedulingGates": [{"name": "stormtopo.io/domain"}],
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    cluster.create(held)
+    dry = stormtopo("release-held", "--namespace", namespace, "--dry-run", "--kubeconfig", str(cluster.kubeconfig))
+    assert f"would release {namespace}/orphan-router" in dry.stdout
+    assert cluster.core.read_namespaced_pod("orphan-router", namespace).spec.scheduling_gates
+    done = stormtopo("release-held", "--namespace", namespace, "--kubeconfig", str(cluster.kubeconfig))
+    assert f"released {namespace}/orphan-router" in done.stdout
+    (pod,) = cluster.bound_pods(namespace, "stormtopo.io/admitted=true", 1, timeout=60)
+    assert not pod["spec"].get("schedulingGates")
