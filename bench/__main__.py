@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -144,7 +145,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only time to every pod bound, hard tier 1 vs plain, batches of 16 and 64 StormServices, on 4,096 then 1,024 nodes",
     )
+    parser.add_argument(
+        "--foreign-pods", action="store_true", help="only the operator restarted beside 10,000 pods it never admitted, vs. without them"
+    )
+    parser.add_argument(
+        "--operator-source",
+        metavar="DIR",
+        help="with --foreign-pods: run the operator from this checkout (PYTHONPATH), e.g. an older commit",
+    )
     args = parser.parse_args(argv)
+    if args.foreign_pods:
+        from bench import foreign_pods
+
+        if args.operator_source:  # the operator processes inherit it; this process keeps its own modules
+            os.environ["PYTHONPATH"] = str(Path(args.operator_source).resolve())
+        result = {"machine": machine(), "foreign_pods": foreign_pods.run()}
+        RESULTS.mkdir(exist_ok=True)
+        name = "foreign-pods-before.json" if args.operator_source else "foreign-pods.json"
+        (RESULTS / name).write_text(json.dumps(result, indent=2))
+        print(json.dumps(result["foreign_pods"]))
+        return 0
     if args.large:
         out = run(quick=False, large=True)
         RESULTS.mkdir(exist_ok=True)

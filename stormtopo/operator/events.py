@@ -48,26 +48,37 @@ class EventRecorder:
         """Post queued Events forever (supervised by `loops`). While the API server cannot be reached
         or fails (5xx), the Event waits and is retried with a backoff, so an outage loses none; an
         Event the API refuses (the namespace is being deleted) is dropped."""
+        getter: asyncio.Task[dict[str, Any]] | None = None
+        try:
+            while True:
+                # One get() kept across idle beats: cancelling a get that has just taken an Event
+                # (wait_for's timeout) could drop it.
+                getter = getter or asyncio.ensure_future(self._queue.get())
+                done, _ = await asyncio.wait({getter}, timeout=IDLE_BEAT)
+                if not done:
+                    loop.succeeded()  # idle is healthy
+                    continue
+                event, getter = getter.result(), None
+                await self._post(event, loop)
+        finally:
+            if getter is not None:
+                getter.cancel()
+
+    async def _post(self, event: dict[str, Any], loop: Loop) -> None:
+        failures = 0
         while True:
             try:
-                event = await asyncio.wait_for(self._queue.get(), timeout=IDLE_BEAT)
-            except TimeoutError:
-                loop.succeeded()  # idle is healthy
-                continue
-            failures = 0
-            while True:
-                try:
-                    await asyncio.to_thread(self.api.create_event, event, self.instance)
-                    loop.succeeded()
-                    break
-                except ApiError as exc:
-                    if exc.status < 500 and exc.status != 429:
-                        log.warning("could not post %s event on %s: %s", event["reason"], event["involvedObject"]["name"], exc)
-                        break
-                    failures += 1
-                except (ApiUnavailable, OSError):
-                    failures += 1
-                loop.alive()
-                delay = backoff(failures, cap=EVENT_RETRY_CAP)
-                log.warning("API server unavailable: %s event on %s waits %.0f s", event["reason"], event["involvedObject"]["name"], delay)
-                await asyncio.sleep(delay)
+                await asyncio.to_thread(self.api.create_event, event, self.instance)
+                loop.succeeded()
+                return
+            except ApiError as exc:
+                if exc.status < 500 and exc.status != 429:
+                    log.warning("could not post %s event on %s: %s", event["reason"], event["involvedObject"]["name"], exc)
+                    return
+                failures += 1
+            except (ApiUnavailable, OSError):
+                failures += 1
+            loop.alive()
+            delay = backoff(failures, cap=EVENT_RETRY_CAP)
+            log.warning("API server unavailable: %s event on %s waits %.0f s", event["reason"], event["involvedObject"]["name"], delay)
+            await asyncio.sleep(delay)

@@ -11,6 +11,7 @@ import urllib3
 
 from stormtopo.kube.client import Api, ApiError, ApiUnavailable, Conflict, KubeError, NotFound
 from stormtopo.operator.app import health_response
+from stormtopo.operator.events import EventRecorder
 from stormtopo.operator.loops import BACKOFF_CAP, Loop, Loops, backoff, stuck
 
 
@@ -191,3 +192,39 @@ def test_transport_errors_are_one_typed_error_and_statuses_have_their_own() -> N
         _api(_Answering(500)).request("GET", "/x")
     assert type(other.value) is ApiError and isinstance(other.value, KubeError)
     assert _api(_Answering(404)).get(("", "v1"), "pods", "ns", "gone") is None
+
+
+def test_an_event_waits_out_an_unavailable_api_server_and_a_refused_one_is_dropped() -> None:
+    """The Event poster caught only (ApiError, OSError): urllib3's connection errors ended it for good."""
+
+    class FlakyEvents:
+        def __init__(self) -> None:
+            self.posted: list[str] = []
+            self.calls = 0
+
+        def create_event(self, event: dict[str, Any], instance: str) -> None:
+            self.calls += 1
+            if event["reason"] == "Refused":
+                raise ApiError(403, "POST", "/events", "namespace is being terminated")
+            if self.calls <= 2:
+                raise ApiUnavailable("POST", "/events", "connection refused")
+            self.posted.append(event["reason"])
+
+    async def scenario() -> None:
+        api = FlakyEvents()
+        recorder = EventRecorder(api, "test")  # type: ignore[arg-type]
+        loops = Loops()
+        loop = loops.supervise("event-poster", 10.0, recorder.run)
+        obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}}
+        recorder(obj, "Warning", "First", "after two refusals")
+        recorder(obj, "Warning", "Refused", "dropped")
+        recorder(obj, "Normal", "Third", "posted")
+        for _ in range(600):
+            if len(api.posted) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert api.posted == ["First", "Third"] and loop.failures == 0
+        assert loop.task is not None and not loop.task.done()
+        await loops.stop()
+
+    asyncio.run(scenario())
