@@ -17,7 +17,7 @@ from stormtopo.core.topology.hypernodes import HyperNodeDiff, hypernode_diff, hy
 from stormtopo.core.topology.labels import topology_from_labels
 from stormtopo.core.topology.tree import Topology, TopologyError
 from stormtopo.core.vocabulary import OPERATOR_NAME, ROLE_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
-from stormtopo.kube.client import APPLY_PATCH, Api, ApiError
+from stormtopo.kube.client import APPLY_PATCH, Api, ApiError, NotFound
 from stormtopo.view.tree import topology_tree
 
 # What can fail once writing has begun: the API server's refusal, or losing it.
@@ -45,9 +45,8 @@ class _Write:
         else:
             try:
                 api.request("DELETE", api.path(VOLCANO_TOPOLOGY, "hypernodes", None, self.name), **query)
-            except ApiError as exc:
-                if exc.status != 404:  # already gone is what was wanted
-                    raise
+            except NotFound:
+                pass  # already gone is what was wanted
 
 
 def _ordered_writes(diff: HyperNodeDiff, existing: Sequence[Mapping[str, Any]]) -> list[_Write]:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from stormtopo.core.placement import merge_placements
 from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPod, PatchPodGroup, RecordPlacement, Write
-from stormtopo.kube.client import Api, ApiError
+from stormtopo.kube.client import Api, ApiError, Conflict, NotFound
 from stormtopo.operator import metrics
 
 log = logging.getLogger("stormtopo.writer")
@@ -30,9 +30,9 @@ async def execute(api: Api, writes: Iterable[Write]) -> None:
             case PatchPod(namespace, name, ops):
                 try:
                     await asyncio.to_thread(api.patch_pod, namespace, name, [dict(op) for op in ops])
+                except NotFound:
+                    continue  # gone
                 except ApiError as exc:
-                    if exc.status == 404:
-                        continue  # gone
                     if exc.status != 422:
                         raise
                     # Released already (its "test" op failed), or a patch the API server refuses: say which.
@@ -57,9 +57,8 @@ def record_placement(api: Api, write: RecordPlacement) -> None:
         try:
             api.annotate_stormservice(write.namespace, write.stormservice, PLACEMENT_ANNOTATION, value, meta.get("resourceVersion"))
             return
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
+        except Conflict:
+            continue  # another replica's record landed first: merge into it
     log.warning(
         "placement of %s not recorded on %s/%s: %d conflicting writes", write.replica, write.namespace, write.stormservice, RECORD_ATTEMPTS
     )
