@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -43,10 +45,8 @@ class _Write:
             path = api.path(VOLCANO_TOPOLOGY, "hypernodes", None, self.name)
             api.request("PATCH", path, self.manifest, APPLY_PATCH, fieldManager=OPERATOR_NAME, force="true", **query)
         else:
-            try:
+            with contextlib.suppress(NotFound):  # already gone is what was wanted
                 api.request("DELETE", api.path(VOLCANO_TOPOLOGY, "hypernodes", None, self.name), **query)
-            except NotFound:
-                pass  # already gone is what was wanted
 
 
 def _ordered_writes(diff: HyperNodeDiff, existing: Sequence[Mapping[str, Any]]) -> list[_Write]:
