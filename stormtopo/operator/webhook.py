@@ -8,6 +8,7 @@ that fails closed only for StormServices carrying a request lists each before it
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import ssl
@@ -19,6 +20,7 @@ from aiohttp import web
 
 from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint
 from stormtopo.core.optin import admission_policy, listing, opted_in_configmap, requests_topology_condition
+from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
 from stormtopo.kube.client import Api, ApiError
@@ -62,9 +64,13 @@ def build_app(index: Index, opted_in: OptedInList) -> web.Application:
             namespace = meta.get("namespace", "")
             owner = await index.service_of_group(namespace, named) if named else None
             replica = (roleset or {}).get("metadata", {}).get("name", "")
-            opted_in = stormservice is not None and is_opted_in(stormservice["metadata"].get("annotations"))
-            gang = await index.podgroup(namespace, replica) if replica and opted_in else None
-            return admit_pod(pod, roleset, stormservice, tiers, owner, {replica: gang} if gang else {})
+            groups: dict[str, dict[str, Any]] = {}
+            # Any request annotation, valid or not: which gang the pod may join depends on both PodGroups.
+            if stormservice is not None and is_opted_in(stormservice["metadata"].get("annotations")):
+                names = list(dict.fromkeys(n for n in (replica, service_group_name(stormservice["metadata"]["name"])) if n))
+                found = await asyncio.gather(*(index.podgroup(namespace, n) for n in names))
+                groups = {n: g for n, g in zip(names, found, strict=True) if g is not None}
+            return admit_pod(pod, roleset, stormservice, tiers, owner, groups)
 
         return await handle(request, "pod", admit)
 
