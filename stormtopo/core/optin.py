@@ -16,7 +16,9 @@ This module is the pure part: keys, the policy objects, and the gate's decision.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from stormtopo.core.request import Scope, is_opted_in
@@ -157,3 +159,109 @@ def listing_change(listed: Mapping[str, str], key: str, want: str | None) -> dic
     if listed.get(key) == want:
         return None
     return {key: want}
+
+
+# -- what the gate may list ----------------------------------------------------------------------
+#
+# The gate cannot tell a review the API server sent from one anybody on the cluster network made up,
+# unless the API server authenticates itself with a client certificate (webhook.py). So what it lists
+# is checked against the cluster first, and never more than the cluster can confirm soon after:
+# - it never unlists (only the reconciler does, from the StormService it watches);
+# - a CREATE of a StormService that exists already lists nothing (the create fails, or was made up);
+# - an UPDATE lists only if the stored StormService is the review's oldObject (same uid and
+#   resourceVersion): a made-up or replayed one names a version that is not, or no longer, stored;
+# - a listing the cluster has not confirmed within CONFIRM_SECONDS (the StormService stored with a
+#   request) is taken back, and at most UNCONFIRMED_LIMIT are unconfirmed at a time: made-up names
+#   cannot grow the ConfigMap, nor etcd with its rewrites.
+
+CONFIRM_SECONDS = 10.0  # a real create or update is stored, and watched, in well under a second
+UNCONFIRMED_LIMIT = 32  # listings awaiting confirmation, per operator replica
+REFUTED_LIMIT = 1024  # versions remembered as falsely listed (an LRU: bounded memory)
+
+
+def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return (obj or {}).get("metadata") or {}
+
+
+def gate_listing(
+    operation: str,
+    obj: Mapping[str, Any] | None,
+    old: Mapping[str, Any] | None,
+    stored: Mapping[str, Any] | None,
+    refuted: str | None = None,
+) -> tuple[str | None, str]:
+    """What the gate may list for one review, and why: (scope, reason), scope None listing nothing.
+    `stored` is the StormService as the cluster holds it (None: it does not exist); `refuted` a
+    resourceVersion of it already found falsely listed (a review naming it again is a replay)."""
+    want = listing(obj)
+    if want is None:
+        return None, "no request annotation: the gate never unlists (the reconciler does)"
+    if not _meta(obj).get("name"):
+        return None, "the review names no StormService"
+    if operation == "CREATE":
+        if stored is not None:
+            return None, "a StormService of that name exists already: this create fails, or the review was made up"
+        return want, "a new StormService that asks for a network topology"
+    if operation != "UPDATE":
+        return None, f"operation {operation!r} never lists"
+    if stored is None:
+        return None, "no such StormService: the review was made up"
+    version = _meta(stored).get("resourceVersion")
+    if _meta(old).get("uid") != _meta(stored).get("uid") or _meta(old).get("resourceVersion") != version:
+        return None, "the review's oldObject is not the stored StormService: stale, replayed or made up"
+    if refuted is not None and refuted == version:
+        return None, "this version was listed once and the update never came: a replay"
+    return want, "an update of the stored StormService that asks for a network topology"
+
+
+def confirmed(stored: Mapping[str, Any] | None) -> bool:
+    """The cluster confirms a listing once the StormService is stored with a request; the reconciler
+    then keeps its listing (and its scope) from the StormService itself."""
+    return stored is not None and listing(stored) is not None
+
+
+@dataclass
+class Unconfirmed:
+    """The gate's listings that the cluster has not confirmed yet, with when each was written (pure:
+    the caller passes the clock), and the versions found falsely listed."""
+
+    limit: int = UNCONFIRMED_LIMIT
+    ttl: float = CONFIRM_SECONDS
+    since: dict[str, float] = field(default_factory=dict)
+    refuted: OrderedDict[str, str] = field(default_factory=OrderedDict)
+
+    def has_room(self, key: str) -> bool:
+        return key in self.since or len(self.since) < self.limit
+
+    def add(self, key: str, now: float) -> bool:
+        """Reserve a slot for `key` (the caller checked has_room); True if new. A key's clock is never
+        restarted: reviews repeated within ttl cannot keep an unconfirmed listing alive."""
+        if key in self.since:
+            return False
+        self.since[key] = now
+        return True
+
+    def drop(self, key: str) -> None:
+        self.since.pop(key, None)
+
+    def due(self, now: float) -> list[str]:
+        """Keys unconfirmed for ttl or longer, oldest first: check each against the cluster."""
+        return sorted((k for k, t in self.since.items() if now - t >= self.ttl), key=self.since.__getitem__)
+
+    def refute(self, key: str, version: str | None) -> None:
+        """`key` was listed but its StormService, at `version`, asks for nothing: never again for it."""
+        if version is None:
+            return
+        self.refuted[key] = version
+        self.refuted.move_to_end(key)
+        while len(self.refuted) > REFUTED_LIMIT:
+            self.refuted.popitem(last=False)
+
+
+def expiry_verdict(stored: Mapping[str, Any] | None) -> str:
+    """What becomes of a listing unconfirmed for ttl, given the StormService as stored now:
+    'keep' (it exists with a request: the reconciler owns the listing), 'unlist-refuted' (it exists
+    without one: a made-up or replayed update) or 'unlist' (it does not exist)."""
+    if confirmed(stored):
+        return "keep"
+    return "unlist" if stored is None else "unlist-refuted"

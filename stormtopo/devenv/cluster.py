@@ -30,7 +30,7 @@ from stormtopo import certificates
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.topology.tree import Topology
-from stormtopo.devenv import components, processes
+from stormtopo.devenv import components, processes, webhook_auth
 from stormtopo.devenv.crds import crd_files
 from stormtopo.devenv.nodes import node_manifests
 
@@ -194,12 +194,22 @@ def start_operator(state_dir: Path, timeout: float = 60.0) -> processes.Tracked:
             f"--metrics-port={ports['operator_metrics']}",
             "--webhook-host=127.0.0.1",
         ],
-        # Few malloc arenas: the operator's API calls run on worker threads, and one arena per thread
-        # fragments memory into a much larger resident set.
-        env={**os.environ, "MALLOC_ARENA_MAX": "2"},
+        env=operator_env(state_dir),
     )
     _wait_ready(state_dir, operator, lambda: _http_ok(f"http://127.0.0.1:{ports['operator_metrics']}/readyz"), timeout)
     return operator
+
+
+def operator_env(state_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    # Few malloc arenas: the operator's API calls run on worker threads, and one arena per thread
+    # fragments memory into a much larger resident set.
+    env["MALLOC_ARENA_MAX"] = "2"
+    ca = webhook_auth.client_ca(state_dir)
+    if ca is not None:
+        # webhook.CLIENT_CA_ENV (the operator is a sibling layer): the gate answers only the API server.
+        env["STORMTOPO_WEBHOOK_CLIENT_CA"] = str(ca)
+    return env
 
 
 def stop_component(state_dir: Path, name: str, kill: bool = False) -> None:
@@ -215,7 +225,7 @@ def restart_component(state_dir: Path, name: str, kill: bool = False, down_for: 
     argv = json.loads(process.pidfile.read_text())["argv"]
     processes.stop(process, kill=kill)
     time.sleep(down_for)
-    return processes.start(state_dir, name, argv)
+    return processes.start(state_dir, name, argv, env=operator_env(state_dir) if name == "operator" else None)
 
 
 def _wait_ready(state_dir: Path, process: processes.Tracked, ready: Callable[[], bool], timeout: float) -> None:
@@ -251,6 +261,7 @@ class _Starter:
         self.token = ""
         self.scheduler_token = ""
         self.scheduler_kubeconfig = self.pki / "kube-scheduler.kubeconfig"
+        self.admission_config = self.pki / webhook_auth.ADMISSION_CONFIG
 
     # -- set-up -------------------------------------------------------------------------------
     def _write_pki(self) -> None:
@@ -270,6 +281,7 @@ class _Starter:
             f"{self.scheduler_token},{KUBE_SCHEDULER_USER},{KUBE_SCHEDULER_USER}\n"
         )
         (self.pki / "tokens.csv").chmod(0o600)
+        self.admission_config = webhook_auth.write(self.pki)
 
     def _write_kubeconfig(self) -> None:
         _write_private(self.kubeconfig, self._kubeconfig_for(ADMIN_TOKEN_USER, self.token))
@@ -382,6 +394,8 @@ class _Starter:
                 # As OpenShift and hardened clusters do: setting blockOwnerDeletion on an owner reference
                 # needs `update` on the owner's finalizers subresource.
                 "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
+                # It presents a client certificate to webhooks: the operator's gate answers only it.
+                f"--admission-control-config-file={self.admission_config}",
                 "--allow-privileged=true",
                 "--profiling=false",
                 *self._audit_flags(),

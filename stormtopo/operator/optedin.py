@@ -1,13 +1,24 @@
 """The opted-in list: the ConfigMap the admission policy reads to know which StormServices' pods
-must have been admitted by stormtopo (see core/optin.py for why it exists)."""
+must have been admitted by stormtopo (see core/optin.py for why it exists), and what the fail-closed
+gate may add to it (checked against the cluster: core/optin.py, "what the gate may list")."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
-from stormtopo.core.optin import listing_change, opted_in_configmap, opted_in_key
+from stormtopo.core.optin import (
+    Unconfirmed,
+    confirmed,
+    expiry_verdict,
+    gate_listing,
+    listing_change,
+    opted_in_configmap,
+    opted_in_key,
+)
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
 from stormtopo.kube.client import MERGE_PATCH, Api, ApiError
 
@@ -82,3 +93,116 @@ class OptedInList:
             await self.aset(namespace, stormservice, want)
         except (ApiError, OSError) as exc:
             log.warning("could not update the opted-in list for %s/%s: %s", namespace, stormservice, exc)
+
+
+Lookup = Callable[[str, str], Awaitable[dict[str, Any] | None]]  # (namespace, name) -> the StormService or None
+SWEEP_SECONDS = 1.0  # how often unconfirmed listings are checked (each is due CONFIRM_SECONDS after it was written)
+
+
+class Gate:
+    """What the StormService gate lists, per operator replica. `indexed` answers from the watch (may
+    lag by a moment), `stored` reads the API server (authoritative). A review is never trusted by
+    itself: see core/optin.py."""
+
+    def __init__(
+        self,
+        opted_in: OptedInList,
+        indexed: Callable[[str, str], Mapping[str, Any] | None],
+        stored: Lookup,
+        unconfirmed: Unconfirmed | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.opted_in = opted_in
+        self.indexed = indexed
+        self.stored = stored
+        self.unconfirmed = unconfirmed or Unconfirmed()
+        self.clock = clock
+        self._sweeping = asyncio.Lock()
+
+    async def review(self, request: Mapping[str, Any]) -> str | None:
+        """List what an AdmissionReview's request may list; a refusal message, or None to allow.
+        Refusing is safe: the gate fails closed, and only for StormServices that carry a request."""
+        obj = request.get("object") or {}
+        meta = obj.get("metadata") or {}
+        namespace, name = str(request.get("namespace") or meta.get("namespace") or ""), str(meta.get("name") or "")
+        operation = str(request.get("operation") or "")
+        if request.get("dryRun") or not name or not namespace:
+            return None
+        key = opted_in_key(namespace, name)
+        self._confirm_from_index()
+        if operation == "CREATE" and not self.unconfirmed.has_room(key) and self.indexed(namespace, name) is None:
+            return self._full()  # before any API read: made-up names beyond the bound cost nothing
+        current = self.indexed(namespace, name)
+        if not self._is_oldobject(request, current):
+            current = await self.stored(namespace, name)  # the index may lag a create or an update
+        want, why = gate_listing(operation, obj, request.get("oldObject"), current, self.unconfirmed.refuted.get(key))
+        if want is None:
+            log.debug("gate lists nothing for %s (%s): %s", key, operation, why)
+            return None
+        if not self.unconfirmed.has_room(key):  # re-checked: other reviews may have filled it meanwhile
+            return self._full()
+        new = self.unconfirmed.add(key, self.clock())
+        if not new and self.opted_in.listed.get(key) == want:
+            return None  # listed by this replica moments ago: no rewrite of the ConfigMap
+        try:
+            # force: this replica's copy of the list may be stale (another replica's reconciler unlisted it)
+            await self.opted_in.aset(namespace, name, want, force=True)
+        except Exception as exc:  # any failure refuses: the API server retries nothing for us
+            if new:
+                self.unconfirmed.drop(key)
+            return f"stormtopo could not list this StormService as opted in, retry: {exc}"
+        return None
+
+    @staticmethod
+    def _is_oldobject(request: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
+        """The index holds exactly the version an UPDATE review names, or (CREATE) holds the name at all:
+        either way no API read is needed to judge it."""
+        if current is None:
+            return False
+        if request.get("operation") != "UPDATE":
+            return True
+        old = (request.get("oldObject") or {}).get("metadata") or {}
+        return bool(old.get("resourceVersion")) and old.get("resourceVersion") == (current.get("metadata") or {}).get("resourceVersion")
+
+    def _full(self) -> str:
+        return (
+            f"stormtopo already holds {len(self.unconfirmed.since)} listings of StormServices that the cluster has not "
+            f"confirmed yet (its limit: a burst of creations, or reviews that did not come from the API server); "
+            f"retry in {self.unconfirmed.ttl:.0f} s"
+        )
+
+    def _confirm_from_index(self) -> None:
+        for key in list(self.unconfirmed.since):
+            namespace, _, name = key.partition(".")
+            if confirmed(self.indexed(namespace, name)):
+                self.unconfirmed.drop(key)
+
+    async def sweep(self) -> None:
+        """Take back each listing unconfirmed for CONFIRM_SECONDS whose StormService, read from the API
+        server, does not exist or asks for nothing."""
+        async with self._sweeping:
+            self._confirm_from_index()
+            for key in self.unconfirmed.due(self.clock()):
+                namespace, _, name = key.partition(".")
+                stored = await self.stored(namespace, name)
+                verdict = expiry_verdict(stored)
+                if verdict != "keep":
+                    if verdict == "unlist-refuted":
+                        self.unconfirmed.refute(key, ((stored or {}).get("metadata") or {}).get("resourceVersion"))
+                    # A real opt-in racing this is listed again by the reconciler at its watch event.
+                    await self.opted_in.aset(namespace, name, None, force=True)
+                    log.info(
+                        "took back the listing of %s: %s", key, "no such StormService" if stored is None else "it asks for no topology"
+                    )
+                self.unconfirmed.drop(key)
+
+    async def run(self, interval: float = SWEEP_SECONDS) -> None:
+        """Sweep forever; any failure (the API server restarting) is logged and retried next time."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a loop that must not end
+                log.exception("checking unconfirmed opted-in listings failed; retrying in %.0f s", interval)

@@ -4,13 +4,22 @@ The mutating webhooks (AIBrix's StormService pods and replica PodGroups) fail op
 is down, StormServices that never opted in work as if it were not installed. Opted-in ones are held
 by an admission policy evaluated inside the API server (core/optin.py), and a validating webhook
 that fails closed only for StormServices carrying a request lists each before it exists.
+
+The gate has a side effect (it writes the opted-in list with stormtopo's identity), so a review that
+anyone on the cluster network made up must not change what another tenant depends on: what it lists
+is checked against the cluster (operator/optedin.py, Gate), and where the API server authenticates
+itself to webhooks with a client certificate (its AdmissionConfiguration), setting CLIENT_CA_ENV to
+that certificate's CA makes the gate answer only callers that present one. The mutating webhooks only
+answer: a made-up review there changes nothing in the cluster.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -19,19 +28,22 @@ from typing import Any
 from aiohttp import web
 
 from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint
-from stormtopo.core.optin import admission_policy, listing, opted_in_configmap, requests_topology_condition
+from stormtopo.core.optin import admission_policy, opted_in_configmap, requests_topology_condition
 from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
-from stormtopo.kube.client import Api, ApiError
+from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index
-from stormtopo.operator.optedin import OptedInList
+from stormtopo.operator.optedin import Gate, OptedInList
 
 CONFIGURATION_NAME = "stormtopo"
 PODS_PATH = "/mutate/pods"
 PODGROUPS_PATH = "/mutate/podgroups"
 STORMSERVICES_PATH = "/validate/stormservices"
+# PEM file of the CA that signed the API server's webhook client certificate. Set: the gate answers
+# only callers presenting a certificate it signed (the chart's webhook.clientAuth; `dev up` sets it).
+CLIENT_CA_ENV = "STORMTOPO_WEBHOOK_CLIENT_CA"
 
 
 def review_response(uid: str, decision: Decision) -> dict[str, Any]:
@@ -44,7 +56,20 @@ def review_response(uid: str, decision: Decision) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def build_app(index: Index, opted_in: OptedInList) -> web.Application:
+def client_ca_file() -> str | None:
+    return os.environ.get(CLIENT_CA_ENV) or None
+
+
+def build_app(index: Index, opted_in: OptedInList, client_ca: str | None = None, gate: Gate | None = None) -> web.Application:
+    """The webhook routes. `client_ca` (default: CLIENT_CA_ENV): the gate requires a verified client
+    certificate, which tls_context asks every caller for when the same variable is set."""
+    client_ca = client_ca if client_ca is not None else client_ca_file()
+
+    async def read_stored(namespace: str, name: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(index.api.get, AIBRIX, "stormservices", namespace, name)
+
+    gate = gate or Gate(opted_in, lambda namespace, name: index.stormservices.get((namespace, name)), read_stored)
+
     async def handle(request: web.Request, kind: str, admit: Callable[..., Awaitable[Decision]]) -> web.Response:
         started = time.perf_counter()
         review = await request.json()
@@ -83,30 +108,62 @@ def build_app(index: Index, opted_in: OptedInList) -> web.Application:
 
     async def stormservices(request: web.Request) -> web.Response:
         """Lists an opted-in StormService before it exists, so the admission policy holds its pods from
-        the first one on, even if stormtopo goes down right after."""
+        the first one on, even if stormtopo goes down right after; never what the cluster contradicts."""
         review = await request.json()
         req = review.get("request") or {}
-        obj = req.get("object") or {}
-        meta = obj.get("metadata") or {}
         decision = Decision()
-        if not req.get("dryRun"):
-            try:
-                await opted_in.aset(meta.get("namespace") or req.get("namespace", ""), meta.get("name", ""), listing(obj), force=True)
-            except (ApiError, OSError) as exc:
-                decision = Decision(allowed=False, message=f"stormtopo could not list this StormService as opted in, retry: {exc}")
+        if client_ca and not _peer_certificate(request):
+            decision = Decision(
+                allowed=False,
+                message=(
+                    "stormtopo's StormService gate answers only the API server, which presents a client certificate "
+                    f"signed by the CA in {CLIENT_CA_ENV}; this caller presented none (is the API server's "
+                    "AdmissionConfiguration kubeConfigFile set?)"
+                ),
+            )
+        else:
+            refusal = await gate.review(req)
+            if refusal is not None:
+                decision = Decision(allowed=False, message=refusal)
         return web.json_response(review_response(str(req.get("uid", "")), decision))
 
+    async def start_sweeping(app: web.Application) -> None:
+        app[_SWEEPER] = asyncio.get_running_loop().create_task(gate.run())
+
+    async def stop_sweeping(app: web.Application) -> None:
+        app[_SWEEPER].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await app[_SWEEPER]
+
     app = web.Application()
+    app.on_startup.append(start_sweeping)
+    app.on_cleanup.append(stop_sweeping)
     app.router.add_post(PODS_PATH, pods)
     app.router.add_post(PODGROUPS_PATH, podgroups)
     app.router.add_post(STORMSERVICES_PATH, stormservices)
     return app
 
 
-def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+_SWEEPER = web.AppKey("sweeper", asyncio.Task[None])
+
+
+def _peer_certificate(request: web.Request) -> bool:
+    """The caller presented a certificate that tls_context verified against the client CA."""
+    transport = request.transport
+    return bool(transport is not None and transport.get_extra_info("peercert"))
+
+
+def tls_context(cert_file: str, key_file: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """The serving context. With a client CA (default: CLIENT_CA_ENV) every caller is asked for a
+    certificate, and one that CA did not sign fails the handshake; a caller without one is still
+    served (the mutating webhooks and benchmarks need none), and the gate refuses it."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert_file, key_file)
+    client_ca = client_ca if client_ca is not None else client_ca_file()
+    if client_ca:
+        ctx.load_verify_locations(cafile=client_ca)
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
 
 

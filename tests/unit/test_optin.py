@@ -1,0 +1,496 @@
+"""What the StormService gate may list (issue 20, item 5): a review is checked against the cluster,
+the gate never unlists, unconfirmed listings are bounded and expire, and with a client CA only a
+caller presenting a certificate it signed is answered. Pure decisions first, then the Gate with a
+fake API, then the webhook over real TLS on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from stormtopo import certificates
+from stormtopo.core.admission import Decision
+from stormtopo.core.optin import (
+    CONFIRM_SECONDS,
+    REFUTED_LIMIT,
+    UNCONFIRMED_LIMIT,
+    Unconfirmed,
+    confirmed,
+    expiry_verdict,
+    gate_listing,
+)
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, SCOPE
+from stormtopo.devenv import processes, webhook_auth
+from stormtopo.devenv.cluster import operator_env
+from stormtopo.kube.client import ApiError
+from stormtopo.operator import webhook
+from stormtopo.operator.optedin import Gate, OptedInList
+
+HARD = {MODE: "hard", HIGHEST_TIER: "1"}
+
+
+def service(name: str = "svc", annotations: Mapping[str, str] | None = None, version: str = "7", uid: str = "u-1") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version}
+    if annotations is not None:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": "orchestration.aibrix.ai/v1alpha1", "kind": "StormService", "metadata": meta}
+
+
+# -- what a review may list (pure) ---------------------------------------------------------------
+def test_a_create_of_a_new_stormservice_is_listed_with_its_scope() -> None:
+    assert gate_listing("CREATE", service(annotations=HARD), None, None)[0] == "RoleSet"
+    assert gate_listing("CREATE", service(annotations={**HARD, SCOPE: "StormService"}), None, None)[0] == "StormService"
+
+
+def test_a_create_of_a_stormservice_that_exists_lists_nothing() -> None:
+    """Another tenant's plain StormService named in a made-up create; also a real create that then
+    fails with AlreadyExists (a lesser finding of issue 20)."""
+    want, why = gate_listing("CREATE", service(annotations=HARD), None, service())
+    assert want is None and "exists already" in why
+
+
+def test_the_gate_never_unlists() -> None:
+    """A review without annotations once unlisted a genuine opted-in StormService."""
+    for operation in ("CREATE", "UPDATE"):
+        want, why = gate_listing(operation, service(), service(annotations=HARD), service(annotations=HARD))
+        assert want is None and "never unlists" in why
+
+
+def test_an_update_is_listed_only_if_its_old_object_is_the_stored_one() -> None:
+    stored = service(version="7", uid="u-1")
+    new = service(annotations=HARD, version="7", uid="u-1")
+    assert gate_listing("UPDATE", new, service(version="7", uid="u-1"), stored)[0] == "RoleSet"
+    stale = gate_listing("UPDATE", new, service(version="6", uid="u-1"), stored)
+    assert stale[0] is None and "stale, replayed or made up" in stale[1]
+    other_uid = gate_listing("UPDATE", new, service(version="7", uid="u-made-up"), stored)
+    assert other_uid[0] is None
+    no_old = gate_listing("UPDATE", new, None, stored)
+    assert no_old[0] is None
+    made_up = gate_listing("UPDATE", new, service(version="7"), None)
+    assert made_up[0] is None and "made up" in made_up[1]
+
+
+def test_a_version_found_falsely_listed_is_not_listed_again() -> None:
+    stored = service(version="7")
+    new, old = service(annotations=HARD, version="7"), service(version="7")
+    assert gate_listing("UPDATE", new, old, stored, refuted="7")[0] is None
+    assert gate_listing("UPDATE", new, old, stored, refuted="5")[0] == "RoleSet"  # an older refutation: a new version
+
+
+def test_other_operations_and_nameless_reviews_list_nothing() -> None:
+    assert gate_listing("DELETE", service(annotations=HARD), None, None)[0] is None
+    assert gate_listing("CONNECT", service(annotations=HARD), None, None)[0] is None
+    nameless = service(annotations=HARD)
+    nameless["metadata"]["name"] = ""
+    assert gate_listing("CREATE", nameless, None, None)[0] is None
+
+
+def test_confirmed_means_stored_with_a_request() -> None:
+    assert confirmed(service(annotations=HARD))
+    assert confirmed(service(annotations={MODE: "hardd"}))  # invalid, still opted in: the reconciler keeps it listed
+    assert not confirmed(service())
+    assert not confirmed(None)
+    assert expiry_verdict(service(annotations=HARD)) == "keep"
+    assert expiry_verdict(service()) == "unlist-refuted"
+    assert expiry_verdict(None) == "unlist"
+
+
+# -- the bound and expiry (pure) -----------------------------------------------------------------
+def test_unconfirmed_listings_are_bounded() -> None:
+    pending = Unconfirmed(limit=3, ttl=10.0)
+    for i in range(3):
+        assert pending.has_room(f"ns.s{i}")
+        assert pending.add(f"ns.s{i}", now=float(i))
+    assert not pending.has_room("ns.s3")
+    assert pending.has_room("ns.s1")  # already holding a slot
+    pending.drop("ns.s0")
+    assert pending.has_room("ns.s3")
+
+
+def test_a_repeated_review_does_not_restart_the_clock() -> None:
+    """Made-up reviews of one name, repeated, cannot keep it listed past the ttl."""
+    pending = Unconfirmed(limit=3, ttl=10.0)
+    assert pending.add("ns.a", now=0.0)
+    assert not pending.add("ns.a", now=9.0)
+    assert pending.due(10.0) == ["ns.a"]
+
+
+def test_unconfirmed_listings_fall_due_after_the_ttl_oldest_first() -> None:
+    pending = Unconfirmed(limit=10, ttl=10.0)
+    pending.add("ns.b", now=2.0)
+    pending.add("ns.a", now=1.0)
+    pending.add("ns.c", now=5.0)
+    assert pending.due(10.9) == []
+    assert pending.due(11.0) == ["ns.a"]  # 10 s old: due
+    assert pending.due(15.0) == ["ns.a", "ns.b", "ns.c"]
+    assert Unconfirmed().ttl == CONFIRM_SECONDS and Unconfirmed().limit == UNCONFIRMED_LIMIT
+
+
+def test_refuted_versions_are_remembered_within_a_bound() -> None:
+    pending = Unconfirmed()
+    pending.refute("ns.x", None)
+    assert "ns.x" not in pending.refuted
+    for i in range(REFUTED_LIMIT + 5):
+        pending.refute(f"ns.s{i}", str(i))
+    assert len(pending.refuted) == REFUTED_LIMIT
+    assert "ns.s0" not in pending.refuted and pending.refuted[f"ns.s{REFUTED_LIMIT + 4}"] == str(REFUTED_LIMIT + 4)
+
+
+# -- the Gate, with a fake API ---------------------------------------------------------------------
+class FakeApi:
+    """The opted-in ConfigMap as the API server would keep it; counts writes (each a ConfigMap revision)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] | None = None
+        self.writes = 0
+        self.fail = False
+
+    def request(self, method: str, path: str, body: Any = None, content_type: str = "", **_: str) -> Any:
+        if self.fail:
+            raise ApiError(500, method, path, "etcdserver: request timed out")
+        if method == "GET":
+            if self.data is None:
+                raise ApiError(404, method, path, "not found")
+            return {"data": dict(self.data)}
+        if method == "PATCH":
+            if self.data is None:
+                raise ApiError(404, method, path, "not found")
+            changed = dict(self.data)
+        else:  # POST: create
+            if self.data is not None:
+                raise ApiError(409, method, path, "exists")
+            changed = {}
+        for key, value in (body or {}).get("data", {}).items():
+            if value is None:
+                changed.pop(key, None)
+            else:
+                changed[key] = value
+        if changed != self.data:
+            self.writes += 1
+        self.data = changed
+        return {"data": dict(changed)}
+
+
+class Cluster:
+    """StormServices as the index and the API server see them (the index may lag)."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[str, str], dict[str, Any]] = {}
+        self.stored: dict[tuple[str, str], dict[str, Any]] = {}
+        self.reads = 0
+
+    def put(self, obj: dict[str, Any], indexed: bool = True) -> None:
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        self.stored[key] = obj
+        if indexed:
+            self.index[key] = obj
+
+    def indexed(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.index.get((namespace, name))
+
+    async def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return self.stored.get((namespace, name))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_gate(limit: int = 4) -> tuple[Gate, FakeApi, Cluster, Clock]:
+    api, cluster, clock = FakeApi(), Cluster(), Clock()
+    gate = Gate(OptedInList(api, "stormtopo-system"), cluster.indexed, cluster.read, Unconfirmed(limit=limit, ttl=10.0), clock)  # type: ignore[arg-type]
+    return gate, api, cluster, clock
+
+
+def review(operation: str, obj: dict[str, Any], old: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    return {"uid": "r", "operation": operation, "namespace": obj["metadata"]["namespace"], "object": obj, "oldObject": old, **extra}
+
+
+def test_made_up_names_beyond_the_bound_are_refused_and_expire() -> None:
+    async def scenario() -> None:
+        gate, api, cluster, clock = make_gate(limit=4)
+        answers = [await gate.review(review("CREATE", service(f"made-up-{i}", HARD))) for i in range(1000)]
+        assert answers[:4] == [None] * 4
+        assert all(a is not None and "retry in 10 s" in a for a in answers[4:])
+        assert len(api.data or {}) == 4 and api.writes == 4
+        assert cluster.reads == 4  # refused reviews cost no API read
+        clock.now += 9.0
+        await gate.sweep()
+        assert len(api.data or {}) == 4  # not due yet
+        clock.now += 1.0
+        await gate.sweep()
+        assert api.data == {} and gate.unconfirmed.since == {}
+        assert await gate.review(review("CREATE", service("made-up-next", HARD))) is None  # room again
+
+    asyncio.run(scenario())
+
+
+def test_a_genuine_create_is_confirmed_by_its_watch_event_and_frees_its_slot() -> None:
+    async def scenario() -> None:
+        gate, api, cluster, clock = make_gate(limit=1)
+        genuine = service("real", HARD)
+        assert await gate.review(review("CREATE", genuine)) is None
+        assert api.data == {"ns.real": "RoleSet"}
+        cluster.put(genuine)  # its ADDED event
+        assert await gate.review(review("CREATE", service("another", HARD))) is None  # the slot was freed
+        clock.now += 30.0
+        cluster.put(service("another", HARD), indexed=False)  # stored, its event late: the API read confirms it
+        await gate.sweep()
+        assert api.data == {"ns.real": "RoleSet", "ns.another": "RoleSet"}
+
+    asyncio.run(scenario())
+
+
+def test_a_forged_create_or_stale_update_of_another_tenants_service_lists_nothing() -> None:
+    async def scenario() -> None:
+        gate, api, cluster, _ = make_gate()
+        plain = service("plain", version="42", uid="u-plain")
+        cluster.put(plain)
+        assert await gate.review(review("CREATE", service("plain", HARD))) is None
+        for old in (service("plain", version="41", uid="u-plain"), service("plain", version="42", uid="guessed"), None):
+            assert await gate.review(review("UPDATE", service("plain", HARD, version="42"), old)) is None
+        assert api.data is None and api.writes == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_review_without_annotations_never_unlists() -> None:
+    async def scenario() -> None:
+        gate, api, cluster, _ = make_gate()
+        api.data = {"ns.opted": "RoleSet"}
+        cluster.put(service("opted", HARD, version="3"))
+        assert await gate.review(review("UPDATE", service("opted", version="3"), service("opted", HARD, version="3"))) is None
+        assert await gate.review(review("CREATE", service("opted"))) is None
+        assert api.data == {"ns.opted": "RoleSet"} and api.writes == 0
+
+    asyncio.run(scenario())
+
+
+def test_an_update_of_the_stored_version_is_listed_also_when_the_index_lags() -> None:
+    async def scenario() -> None:
+        gate, api, cluster, _ = make_gate()
+        cluster.put(service("svc", version="5"))
+        cluster.put(service("svc", version="6"), indexed=False)  # the index still holds 5
+        assert await gate.review(review("UPDATE", service("svc", HARD, version="6"), service("svc", version="6"))) is None
+        assert api.data == {"ns.svc": "RoleSet"} and cluster.reads == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_replayed_update_is_taken_back_and_never_listed_again() -> None:
+    """Someone who can read another tenant's StormService forges an update with its current version:
+    listed until CONFIRM_SECONDS, then taken back, and that version is never listed again."""
+
+    async def scenario() -> None:
+        gate, api, cluster, clock = make_gate()
+        plain = service("plain", version="9")
+        cluster.put(plain)
+        forged = review("UPDATE", service("plain", HARD, version="9"), service("plain", version="9"))
+        assert await gate.review(forged) is None
+        assert api.data == {"ns.plain": "RoleSet"}
+        writes = api.writes
+        assert await gate.review(forged) is None and api.writes == writes  # repeated: no ConfigMap rewrite
+        clock.now += 10.0
+        await gate.sweep()
+        assert api.data == {}
+        assert await gate.review(forged) is None
+        assert api.data == {}
+        cluster.put(service("plain", HARD, version="10"))  # a real opt-in later: a new version, listed
+        assert await gate.review(review("UPDATE", service("plain", HARD, version="10"), service("plain", version="10"))) is None
+        assert api.data == {"ns.plain": "RoleSet"}
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_write_refuses_and_releases_its_slot() -> None:
+    async def scenario() -> None:
+        gate, api, _, _ = make_gate(limit=1)
+        api.fail = True
+        answer = await gate.review(review("CREATE", service("a", HARD)))
+        assert answer is not None and "retry" in answer
+        assert gate.unconfirmed.since == {}
+        api.fail = False
+        assert await gate.review(review("CREATE", service("a", HARD))) is None
+
+    asyncio.run(scenario())
+
+
+def test_a_dry_run_lists_nothing() -> None:
+    async def scenario() -> None:
+        gate, api, _, _ = make_gate()
+        assert await gate.review(review("CREATE", service("a", HARD), dryRun=True)) is None
+        assert api.data is None
+
+    asyncio.run(scenario())
+
+
+def test_the_sweep_survives_a_failing_api_server() -> None:
+    async def scenario() -> None:
+        gate, api, _, clock = make_gate()
+        assert await gate.review(review("CREATE", service("a", HARD))) is None
+        clock.now += 20.0
+        api.fail = True
+        running = asyncio.create_task(gate.run(interval=0.01))
+        await asyncio.sleep(0.05)
+        assert not running.done() and "ns.a" in gate.unconfirmed.since  # kept: retried next time
+        api.fail = False
+        await asyncio.sleep(0.05)
+        assert api.data == {} and gate.unconfirmed.since == {}
+        running.cancel()
+
+    asyncio.run(scenario())
+
+
+# -- the webhook over TLS, with and without a client CA ------------------------------------------
+class FakeIndex:
+    def __init__(self, api: FakeApi) -> None:
+        self.api = api
+        self.stormservices: dict[tuple[str, str], dict[str, Any]] = {}
+        self.podgroups: dict[str, dict[str, Any]] = {}
+        self.asked: list[str] = []
+
+    async def owners_of(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        return {"metadata": {"name": "svc-roleset-1", "namespace": "ns"}, "spec": {}}, self.stormservices.get(("ns", "svc"))
+
+    def cluster_tiers(self) -> None:
+        return None
+
+    async def service_of_group(self, namespace: str, group: str) -> str | None:
+        return None
+
+    async def podgroup(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.asked.append(name)
+        return self.podgroups.get(name)
+
+
+def _tls_files(tmp_path: Path) -> tuple[str, str, certificates.KeyPair, certificates.KeyPair]:
+    server_ca = certificates.new_ca("server-ca")
+    serving = certificates.new_serving_cert(server_ca, "webhook", ["127.0.0.1"])
+    (tmp_path / "tls.crt").write_bytes(serving.cert_pem)
+    (tmp_path / "tls.key").write_bytes(serving.key_pem)
+    client_ca = certificates.new_ca("client-ca")
+    (tmp_path / "client-ca.crt").write_bytes(client_ca.cert_pem)
+    return str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), server_ca, client_ca
+
+
+def _post(port: int, path: str, body: dict[str, Any], server_ca: bytes, client: certificates.KeyPair | None, tmp: Path) -> dict[str, Any]:
+    context = ssl.create_default_context(cadata=server_ca.decode())
+    if client is not None:
+        (tmp / "c.crt").write_bytes(client.cert_pem)
+        (tmp / "c.key").write_bytes(client.key_pem)
+        context.load_cert_chain(str(tmp / "c.crt"), str(tmp / "c.key"))
+    req = urllib.request.Request(
+        f"https://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, context=context, timeout=10) as answer:
+        return dict(json.loads(answer.read())["response"])
+
+
+def _serve(app: web.Application, context: ssl.SSLContext, port: int) -> tuple[asyncio.AbstractEventLoop, web.AppRunner]:
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start())
+    return loop, runner
+
+
+@pytest.mark.timeout(60)
+def test_with_a_client_ca_the_gate_answers_only_callers_with_its_certificate(tmp_path: Path) -> None:
+    cert, key, server_ca, client_ca = _tls_files(tmp_path)
+    api = FakeApi()
+    index = FakeIndex(api)
+    gate = Gate(OptedInList(api, "stormtopo-system"), lambda ns, n: None, _absent)  # type: ignore[arg-type]
+    app = webhook.build_app(index, OptedInList(api, "stormtopo-system"), client_ca=str(tmp_path / "client-ca.crt"), gate=gate)  # type: ignore[arg-type]
+    context = webhook.tls_context(cert, key, client_ca=str(tmp_path / "client-ca.crt"))
+    port = processes.free_port()
+    loop, runner = _serve(app, context, port)
+    stranger_ca = certificates.new_ca("stranger")
+    try:
+        body = {"request": review("CREATE", service("new", HARD))}
+
+        def post(client: certificates.KeyPair | None) -> dict[str, Any]:
+            return loop.run_until_complete(
+                asyncio.to_thread(_post, port, webhook.STORMSERVICES_PATH, body, server_ca.cert_pem, client, tmp_path)
+            )
+
+        refused = post(None)
+        assert not refused["allowed"] and "presented none" in refused["status"]["message"]
+        assert api.data is None
+        with pytest.raises((ssl.SSLError, OSError)):  # a certificate from another CA fails the handshake
+            post(webhook_auth.new_client_cert(stranger_ca, "someone"))
+        assert post(webhook_auth.new_client_cert(client_ca, "kube-apiserver"))["allowed"]
+        assert api.data == {"ns.new": "RoleSet"}
+        # The mutating webhooks answer without a certificate: they write nothing.
+        pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {"storm-service-name": "svc"}}}
+        answer = loop.run_until_complete(
+            asyncio.to_thread(_post, port, webhook.PODS_PATH, {"request": {"uid": "p", "object": pod}}, server_ca.cert_pem, None, tmp_path)
+        )
+        assert answer["allowed"]
+    finally:
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+
+async def _absent(namespace: str, name: str) -> None:
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_the_pod_webhook_passes_both_podgroups_of_an_opted_in_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the request's validity, admit_pod sees the replica's PodGroup and the StormService-scope one."""
+    seen: list[Mapping[str, Any]] = []
+
+    def fake_admit_pod(pod: Any, roleset: Any, stormservice: Any, tiers: Any, owner: Any, podgroups: Mapping[str, Any]) -> Any:
+        seen.append(dict(podgroups))
+        return Decision()
+
+    monkeypatch.setattr(webhook, "admit_pod", fake_admit_pod)
+    cert, key, server_ca, _ = _tls_files(tmp_path)
+    api = FakeApi()
+    index = FakeIndex(api)
+    index.podgroups = {"svc-roleset-1": {"metadata": {"name": "svc-roleset-1"}}, "svc": {"metadata": {"name": "svc"}}}
+    app = webhook.build_app(index, OptedInList(api, "stormtopo-system"), client_ca="")  # type: ignore[arg-type]
+    port = processes.free_port()
+    loop, runner = _serve(app, webhook.tls_context(cert, key, client_ca=""), port)
+    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {"storm-service-name": "svc", "roleset-name": "svc-roleset-1"}}}
+
+    def admit() -> None:
+        body = {"request": {"uid": "p", "object": pod}}
+        loop.run_until_complete(asyncio.to_thread(_post, port, webhook.PODS_PATH, body, server_ca.cert_pem, None, tmp_path))
+
+    try:
+        for annotations in (HARD, {MODE: "hard"}, {MODE: "hard", HIGHEST_TIER: "9", SCOPE: "StormService"}):  # valid, invalid, invalid
+            index.stormservices[("ns", "svc")] = service("svc", annotations)
+            admit()
+            assert set(seen[-1]) == {"svc-roleset-1", "svc"}
+        index.podgroups = {}
+        admit()
+        assert seen[-1] == {}  # none known: none passed
+        index.stormservices[("ns", "svc")] = service("svc")  # not opted in: no lookups
+        index.asked.clear()
+        admit()
+        assert seen[-1] == {} and index.asked == []
+    finally:
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+
+def test_dev_up_hands_the_operator_the_client_ca(tmp_path: Path) -> None:
+    (tmp_path / "pki").mkdir()
+    assert webhook.CLIENT_CA_ENV not in operator_env(tmp_path)
+    config = webhook_auth.write(tmp_path / "pki")
+    assert operator_env(tmp_path)[webhook.CLIENT_CA_ENV] == str(tmp_path / "pki" / webhook_auth.CLIENT_CA)
+    assert "WebhookAdmissionConfiguration" in config.read_text()
