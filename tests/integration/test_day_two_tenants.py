@@ -1,0 +1,424 @@
+"""Day two beside other tenants (issue 20, item 5, and two of its lesser findings), on the real local
+control plane: reviews made up by someone on the cluster network cannot change what another tenant
+depends on, and stormtopo's own identity cannot reach beyond the PodGroup fields it owns."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from stormtopo.core.optin import CONFIRM_SECONDS, UNCONFIRMED_LIMIT
+from stormtopo.core.topology.tree import Topology
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, OPTED_IN_CONFIGMAP
+from stormtopo.devenv import components, webhook_auth
+from stormtopo.devenv.client import DevCluster, node_names
+from stormtopo.devenv.workloads import stormservice
+from stormtopo.operator import webhook
+from tests.conftest import REPO
+
+HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
+OPERATOR_NAMESPACE = "default"  # `dev up` runs the operator with its default namespace: the opted-in list is there
+# The issue's numbers: 10 forged reviews a second for 60 s, then made-up names for 60 s as fast as one client sends.
+NAMED_RATE, NAMED_SECONDS, MADE_UP_SECONDS = 10.0, 60.0, 60.0
+ETCD_GROWTH_LIMIT = 100 * 2**20
+
+
+# -- the attackers -----------------------------------------------------------------------------------
+@dataclass
+class Attacker:
+    """One client on the cluster network POSTing AdmissionReviews straight to the webhook port over one
+    kept-alive connection. `certificate`: a client certificate it presents (None: none)."""
+
+    port: int
+    label: str
+    certificate: tuple[Path, Path] | None = None
+    sent: int = 0
+    allowed: int = 0
+    refused: int = 0
+    failed: int = 0
+    names: set[str] = field(default_factory=set)  # keys it made up, "<namespace>.<name>"
+    _conn: http.client.HTTPSConnection | None = None
+
+    def _connection(self) -> http.client.HTTPSConnection:
+        if self._conn is None:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE  # it does not care who answers
+            if self.certificate is not None:
+                context.load_cert_chain(str(self.certificate[0]), str(self.certificate[1]))
+            self._conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=context, timeout=10)
+        return self._conn
+
+    def send(self, request: dict[str, Any]) -> None:
+        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}).encode()
+        self.sent += 1
+        try:
+            conn = self._connection()
+            conn.request("POST", webhook.STORMSERVICES_PATH, body=body, headers={"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            data = answer.read()
+        except (OSError, http.client.HTTPException):
+            self.failed += 1
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            return
+        if answer.status == 200 and json.loads(data)["response"]["allowed"]:
+            self.allowed += 1
+        else:
+            self.refused += 1
+
+
+def forged(operation: str, namespace: str, name: str, old: dict[str, str] | None = None) -> dict[str, Any]:
+    """A StormService review as the API server would send it, asking for a hard leaf."""
+    obj = stormservice(name, namespace, annotations=HARD_LEAF)
+    request: dict[str, Any] = {
+        "uid": str(uuid.uuid4()),
+        "kind": {"group": "orchestration.aibrix.ai", "version": "v1alpha1", "kind": "StormService"},
+        "resource": {"group": "orchestration.aibrix.ai", "version": "v1alpha1", "resource": "stormservices"},
+        "name": name,
+        "namespace": namespace,
+        "operation": operation,
+        "userInfo": {"username": "system:serviceaccount:tenant-b:default"},
+        "object": obj,
+    }
+    if operation == "UPDATE":
+        request["oldObject"] = {**stormservice(name, namespace), "metadata": {"name": name, "namespace": namespace, **(old or {})}}
+    return request
+
+
+def flood(attackers: list[Attacker], seconds: float, make: Callable[[Attacker, int], dict[str, Any]], rate: float | None) -> None:
+    """Each attacker on a thread of its own: `rate` reviews a second, or (None) as fast as it is answered."""
+
+    def run(attacker: Attacker) -> None:
+        started, i = time.monotonic(), 0
+        while time.monotonic() - started < seconds:
+            if rate is not None:
+                time.sleep(max(0.0, started + i / rate - time.monotonic()))
+            attacker.send(make(attacker, i))
+            i += 1
+
+    threads = [threading.Thread(target=run, args=(a,), daemon=True) for a in attackers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 30)
+
+
+class ListWatcher:
+    """Reads the opted-in list every 0.25 s on a thread: what was ever listed, and the most made-up keys at once."""
+
+    def __init__(self, cluster: DevCluster, made_up: Callable[[str], bool]) -> None:
+        self.cluster, self.made_up = cluster, made_up
+        self.ever: set[str] = set()
+        self.most_made_up = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def listed(self) -> dict[str, str]:
+        return dict(self.cluster.core.read_namespaced_config_map(OPTED_IN_CONFIGMAP, OPERATOR_NAMESPACE).data or {})
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            keys = set(self.listed())
+            self.ever |= keys
+            self.most_made_up = max(self.most_made_up, sum(1 for k in keys if self.made_up(k)))
+            self.samples += 1
+            self._stop.wait(0.25)
+
+    def __enter__(self) -> ListWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def etcd_size(cluster: DevCluster) -> tuple[int, int]:
+    """(bytes under etcd's data directory, etcd's own db size metric)."""
+    data = sum(f.stat().st_size for f in (cluster.state_dir / "etcd-data").rglob("*") if f.is_file())
+    port = json.loads((cluster.state_dir / "cluster.json").read_text())["ports"]["etcd"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()
+    db = next(int(float(line.split()[-1])) for line in metrics.splitlines() if line.startswith("etcd_mvcc_db_total_size_in_bytes "))
+    return data, db
+
+
+@pytest.mark.timeout(900)
+def test_forged_reviews_cannot_change_what_another_tenant_depends_on(cluster: DevCluster, topology: Topology, namespace: str) -> None:
+    """Proves (issue 20, item 5): forged StormService reviews POSTed straight to the webhook port, 10 a
+    second for 60 s naming another tenant's plain StormService, then made-up names for 60 s as fast
+    as one client sends them, by two clients at once:
+    - one with no client certificate (anyone on the cluster network): the gate refuses every review;
+    - one presenting the API server's own webhook client certificate: what the webhook faces where
+      it cannot tell a forged review from a real one (a cluster without client auth). What it may
+      list is checked against the cluster;
+    the plain StormService's replaced pod is created and bound during the flood and it is never
+    listed, no made-up name of the first client is ever listed, those of the second never more than
+    the bound at once and none once they are due, etcd grows by less than 100 MB, and a genuine
+    opt-in afterwards is listed and placed within its tier."""
+    port = json.loads((cluster.state_dir / "cluster.json").read_text())["ports"]["operator_webhook"]
+    pki = cluster.state_dir / "pki"
+    anyone = Attacker(port, "no certificate")
+    # An older state directory (or the code before this fix) has no client certificate: both then send without one.
+    api_cert = (pki / webhook_auth.CLIENT_CERT, pki / webhook_auth.CLIENT_KEY) if (pki / webhook_auth.CLIENT_CERT).exists() else None
+    as_api = Attacker(port, "the API server's certificate", api_cert)
+    attackers = [anyone, as_api]
+
+    # Another tenant's plain StormService, running.
+    victim = cluster.create(stormservice("plain", namespace))
+    pods = cluster.bound_pods(namespace, "storm-service-name=plain", 2, timeout=90)
+    first_uids = {p["metadata"]["uid"] for p in pods}
+    victim_key = f"{namespace}.plain"
+    seen_version = victim["metadata"]["resourceVersion"]  # from its creation: stale by now (AIBrix wrote its status)
+    cluster.wait(lambda: cluster.stormservice(namespace, "plain")["metadata"]["resourceVersion"] != seen_version, 60, "a newer version")
+    uid = victim["metadata"]["uid"]
+
+    def named(attacker: Attacker, i: int) -> dict[str, Any]:
+        kind = i % 3
+        if kind == 0:
+            return forged("CREATE", namespace, "plain")
+        if kind == 1:  # a replay of an update the API server once sent: its real uid, an old version
+            return forged("UPDATE", namespace, "plain", {"uid": uid, "resourceVersion": seen_version})
+        return forged("UPDATE", namespace, "plain", {"uid": str(uuid.uuid4()), "resourceVersion": str(i + 1)})
+
+    def made_up(attacker: Attacker, i: int) -> dict[str, Any]:
+        ns, name = f"tenant-{uuid.uuid4().hex[:6]}", f"forged-{'a' if attacker is anyone else 'b'}-{i}"
+        attacker.names.add(f"{ns}.{name}")
+        return forged("CREATE", ns, name)
+
+    def is_made_up(key: str) -> bool:
+        return ".forged-" in key
+
+    before = etcd_size(cluster)
+    with ListWatcher(cluster, is_made_up) as watcher:
+        # Phase 1: the plain StormService named, while one of its pods is deleted and AIBrix replaces it.
+        naming = threading.Thread(target=flood, args=(attackers, NAMED_SECONDS, named, NAMED_RATE), daemon=True)
+        naming.start()
+        time.sleep(10)
+        cluster.core.delete_namespaced_pod(pods[0]["metadata"]["name"], namespace, grace_period_seconds=0)
+        replaced_at = time.monotonic()
+
+        def replaced() -> list[dict[str, Any]]:
+            now = cluster.pods(namespace, "storm-service-name=plain")
+            new = [p for p in now if p["metadata"]["uid"] not in first_uids and p["spec"].get("nodeName")]
+            return [p for p in new if p["status"].get("phase") == "Running"]
+
+        cluster.wait(replaced, 45, "the plain StormService's replaced pod, created and bound during the flood")
+        replacement_seconds = time.monotonic() - replaced_at
+        naming.join(NAMED_SECONDS + 30)
+        named_counts = {a.label: (a.sent, a.allowed, a.refused, a.failed) for a in attackers}
+        for attacker in attackers:
+            attacker.sent = attacker.allowed = attacker.refused = attacker.failed = 0
+
+        # Phase 2: made-up names, as fast as each client is answered.
+        flood(attackers, MADE_UP_SECONDS, made_up, None)
+        flooded = time.monotonic()
+        # Every listing of a made-up name falls due CONFIRM_SECONDS after it was written and goes at the next sweep.
+        cluster.wait(lambda: not any(is_made_up(k) for k in watcher.listed()), CONFIRM_SECONDS + 20, "no made-up name listed")
+        cleared_seconds = time.monotonic() - flooded
+    after = etcd_size(cluster)
+
+    growth = (after[0] - before[0], after[1] - before[1])
+    print(
+        f"\n  named the plain StormService (sent, allowed, refused, failed): {named_counts}"
+        f"\n  made-up names: {[(a.label, a.sent, a.allowed, a.refused, a.failed) for a in attackers]}"
+        f"\n  replaced pod bound {replacement_seconds:.1f} s after the deletion; list samples {watcher.samples}, "
+        f"most made-up names listed at once {watcher.most_made_up}, none listed {cleared_seconds:.1f} s after the flood"
+        f"\n  etcd data dir {before[0] / 2**20:.1f} -> {after[0] / 2**20:.1f} MB, db {before[1] / 2**20:.1f} -> {after[1] / 2**20:.1f} MB"
+    )
+    assert victim_key not in watcher.ever, "the plain StormService was listed by a forged review"
+    assert not (watcher.ever & anyone.names), "a made-up name of a client without a certificate was listed"
+    assert anyone.allowed == 0 or api_cert is None
+    assert watcher.most_made_up <= UNCONFIRMED_LIMIT, f"{watcher.most_made_up} made-up names listed at once"
+    assert as_api.sent > 10 * MADE_UP_SECONDS and anyone.sent > 10 * MADE_UP_SECONDS  # a real flood reached the webhook
+    assert growth[0] < ETCD_GROWTH_LIMIT and growth[1] < ETCD_GROWTH_LIMIT, growth
+
+    # A genuine opt-in afterwards, through the API server (which the gate answers): listed and placed in one leaf.
+    cluster.create(stormservice("genuine", namespace, annotations=HARD_LEAF))
+    assert f"{namespace}.genuine" in watcher.listed()
+    bound = cluster.bound_pods(namespace, "storm-service-name=genuine", 2, timeout=90)
+    domain = topology.lowest_common_switch(node_names(bound))
+    assert domain is not None and domain.tier == 1, domain
+
+
+# -- stormtopo's own identity and PodGroups (a lesser finding of issue 20) -------------------------
+RELEASE, RELEASE_NAMESPACE = "tenants", "stormtopo-system"
+SA_USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{RELEASE}-stormtopo"
+
+
+def helm_template(*sets: str) -> list[dict[str, Any]]:
+    helm = components.ensure_binary("helm")
+    cmd = [
+        str(helm),
+        "template",
+        RELEASE,
+        str(REPO / "deploy/helm/stormtopo"),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--kube-version",
+        "1.35.3",
+    ]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def _kubectl(cluster: DevCluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(cluster.state_dir / "bin" / "kubectl"), *args], input=stdin, capture_output=True, text=True)
+
+
+@pytest.fixture
+def podgroup_policy(cluster: DevCluster, namespace: str) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
+    """The chart's PodGroup policy in force, and kubectl as the chart's ServiceAccount (impersonated;
+    RBAC lets it create and patch PodGroups in `namespace`)."""
+    objects = [
+        o
+        for o in helm_template()
+        if o["kind"].startswith("ValidatingAdmissionPolicy") and o["metadata"]["name"].endswith("own-podgroup-fields")
+    ]
+    assert len(objects) == 2
+    applied = _kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    assert applied.returncode == 0, applied.stderr
+    rbac = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "podgroups", "namespace": namespace},
+            "rules": [{"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"], "verbs": ["get", "create", "patch", "update"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "podgroups", "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "podgroups"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SA_USER}],
+        },
+    ]
+    assert _kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump_all(rbac)).returncode == 0
+
+    def as_sa(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return _kubectl(cluster, f"--as={SA_USER}", "-n", namespace, *args, stdin=stdin)
+
+    try:
+        yield as_sa
+    finally:
+        for obj in objects:
+            _kubectl(cluster, "delete", obj["kind"], obj["metadata"]["name"], "--ignore-not-found")
+
+
+def _refused(result: subprocess.CompletedProcess[str]) -> bool:
+    return result.returncode != 0 and "own-podgroup-fields" in result.stderr
+
+
+@pytest.mark.timeout(300)
+def test_stormtopos_identity_changes_only_the_podgroup_fields_it_owns(
+    cluster: DevCluster, namespace: str, podgroup_policy: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    """Proves (issue 20, lesser finding): the chart's PodGroup policy judges an update by the stored
+    PodGroup's labels, not the new one's; limits a create's spec to the gang, topology, queue and
+    priority class; and on an update allows no metadata change but stormtopo's request annotation."""
+    as_sa = podgroup_policy
+    # A real owner: the garbage collector deletes a PodGroup whose owner does not exist.
+    owned_by = cluster.create(stormservice("owner", namespace, scheduler_name="nobody"))
+    owner = {"apiVersion": owned_by["apiVersion"], "kind": "StormService", "name": "owner", "uid": owned_by["metadata"]["uid"]}
+
+    def podgroup(name: str, labels: dict[str, str], spec: dict[str, Any], **meta: Any) -> str:
+        return json.dumps(
+            {
+                "apiVersion": "scheduling.volcano.sh/v1beta1",
+                "kind": "PodGroup",
+                "metadata": {"name": name, "namespace": namespace, "labels": labels, **meta},
+                "spec": spec,
+            }
+        )
+
+    own = {"app.kubernetes.io/managed-by": "stormtopo", "roleset-name": "rs"}
+    # The policy takes effect once the API server has loaded it: a create beyond the owned fields is refused.
+    greedy = podgroup("greedy", own, {"minMember": 1, "minResources": {"cpu": "1000"}}, ownerReferences=[owner])
+    cluster.wait(lambda: _refused(as_sa("create", "-f", "-", stdin=greedy)), 30, "the policy to be in force")
+    allowed = as_sa("create", "-f", "-", stdin=podgroup("mine", own, {"minMember": 2, "queue": "default"}, ownerReferences=[owner]))
+    assert allowed.returncode == 0, allowed.stderr
+    extra_label = podgroup("labelled", {**own, "team": "x"}, {"minMember": 1}, ownerReferences=[owner])
+    assert _refused(as_sa("create", "-f", "-", stdin=extra_label))
+
+    # Someone else's PodGroup: not made stormtopo's by adding the label in the same update.
+    cluster.create(
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": "theirs", "namespace": namespace, "labels": {"team": "other"}},
+            "spec": {"minMember": 1, "queue": "default"},
+        }
+    )
+    takeover = {"metadata": {"labels": {"roleset-name": "rs"}}, "spec": {"minMember": 9}}
+    assert _refused(as_sa("patch", "podgroup", "theirs", "--type=merge", "-p", json.dumps(takeover)))
+    # stormtopo's own: the gang and the request annotation, yes; other metadata, no.
+    assert as_sa("patch", "podgroup", "mine", "--type=merge", "-p", json.dumps({"spec": {"minMember": 3}})).returncode == 0
+    request = {"metadata": {"annotations": {"stormtopo.io/request": "hard, tier 1"}}}
+    assert as_sa("patch", "podgroup", "mine", "--type=merge", "-p", json.dumps(request)).returncode == 0
+    for change in (
+        {"metadata": {"labels": {"team": "x"}}},
+        {"metadata": {"annotations": {"example.com/x": "1"}}},
+        {"metadata": {"finalizers": ["example.com/keep"]}},
+        {"metadata": {"labels": {"roleset-name": "another"}}},
+        {"spec": {"queue": "other"}},
+    ):
+        assert _refused(as_sa("patch", "podgroup", "mine", "--type=merge", "-p", json.dumps(change))), change
+
+
+def test_chart_client_auth_and_network_policy_render() -> None:
+    """The chart's options for the webhook's callers: the client CA mounted where the operator reads it
+    (webhook.CLIENT_CA_ENV), and a NetworkPolicy that admits the webhook port only from `webhookFrom`."""
+    objects = helm_template(
+        "webhook.clientAuth.caCrt=PEM",
+        "networkPolicy.enabled=true",
+        "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.0/24",
+    )
+    by_kind = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    deployment = by_kind[("Deployment", f"{RELEASE}-stormtopo")]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert env[webhook.CLIENT_CA_ENV] == f"{mounts['client-ca']}/ca.crt"
+    assert by_kind[("ConfigMap", f"{RELEASE}-stormtopo-webhook-client-ca")]["data"] == {"ca.crt": "PEM"}
+    policy = by_kind[("NetworkPolicy", f"{RELEASE}-stormtopo")]
+    webhook_rule, metrics_rule = policy["spec"]["ingress"]
+    assert webhook_rule == {"from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}], "ports": [{"protocol": "TCP", "port": 9443}]}
+    assert "from" not in metrics_rule and metrics_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+
+    plain = helm_template()
+    assert not any(o["kind"] == "NetworkPolicy" or o["metadata"]["name"].endswith("client-ca") for o in plain)
+    plain_container = next(o for o in plain if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert webhook.CLIENT_CA_ENV not in {e["name"] for e in plain_container["env"]}
+
+    helm = components.ensure_binary("helm")
+    cmd = [
+        str(helm),
+        "template",
+        RELEASE,
+        str(REPO / "deploy/helm/stormtopo"),
+        "--kube-version",
+        "1.35.3",
+        "--set",
+        "networkPolicy.enabled=true",
+    ]
+    refused = subprocess.run(cmd, capture_output=True, text=True)
+    assert refused.returncode != 0 and "networkPolicy.webhookFrom" in refused.stderr
