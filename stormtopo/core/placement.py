@@ -144,22 +144,30 @@ def plan_release(
         return []  # wait for every anchor pod (`expected` of them) to be bound
     span = topology.span(nodes)
     domain = sorted(topology.nodes_under(span.hypernode)) if span.hypernode else []  # none: released unconstrained
-    # By the nodes' hostname label: one term with one requirement, a few bytes a node (a node-name
-    # field selector takes one value, so by name it would be a term per node: 121 KB at 1,024 nodes).
-    hosts = sorted({(hostnames or {}).get(node) or node for node in domain})
-    return [PatchPod(p["metadata"].get("namespace", ""), p["metadata"]["name"], _release_ops(p, hosts)) for p in held]
+    hosts = by_hostname(domain, hostnames or {})
+    return [PatchPod(p["metadata"].get("namespace", ""), p["metadata"]["name"], _release_ops(p, domain, hosts)) for p in held]
 
 
-def _release_ops(pod: Mapping[str, Any], hosts: Sequence[str]) -> list[dict[str, Any]]:
+def by_hostname(domain: Sequence[str], hostnames: Mapping[str, str]) -> list[str] | None:
+    """The domain as hostname label values, if that names exactly its nodes: each has the label, and no
+    node of the cluster shares a value. One requirement, a few bytes a node; by node name it takes a
+    term per node (a node-name field selector takes one value): 121 KB at 1,024 nodes."""
+    hosts = [hostnames.get(node) or "" for node in domain]
+    if not all(hosts) or len(set(hostnames.values())) < len(hostnames):
+        return None
+    return sorted(hosts)
+
+
+def _release_ops(pod: Mapping[str, Any], domain: Sequence[str], hosts: Sequence[str] | None) -> list[dict[str, Any]]:
     spec = pod.get("spec") or {}
     gate = next(i for i, g in enumerate(spec.get("schedulingGates") or []) if g.get("name") == DOMAIN_GATE)
     ops: list[dict[str, Any]] = [
         {"op": "test", "path": f"/spec/schedulingGates/{gate}/name", "value": DOMAIN_GATE},
         {"op": "remove", "path": f"/spec/schedulingGates/{gate}"},
     ]
-    if not hosts:
+    if not domain:
         return ops  # no anchor, or one on nodes no HyperNode holds: nothing to keep it within
-    within = {"key": HOSTNAME_LABEL, "operator": "In", "values": list(hosts)}
+    within = {"key": HOSTNAME_LABEL, "operator": "In", "values": list(hosts or domain)}
     affinity = spec.get("affinity") or {}
     node_affinity = affinity.get("nodeAffinity") or {}
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
@@ -174,7 +182,11 @@ def _release_ops(pod: Mapping[str, Any], hosts: Sequence[str]) -> list[dict[str,
                 else {"op": "add", "path": f"{base}/{i}/matchExpressions", "value": [within]}
             )
         return ops
-    wanted = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [within]}]}}
+    if hosts is not None:
+        each = [{"matchExpressions": [within]}]
+    else:  # exact whatever the nodes' labels: one term per node, by name (terms are ORed)
+        each = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]} for node in domain]
+    wanted = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": each}}
     if node_affinity:
         ops.append(
             {

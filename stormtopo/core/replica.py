@@ -10,7 +10,7 @@ doubling intervals while the explanation stays the same. `stormtopo explain` rea
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,7 +19,7 @@ from stormtopo.core.gang import followers, gang_of, replica_pods
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, plan_placed, plan_release, recorded_placement
 from stormtopo.core.podgroup import service_group_name
-from stormtopo.core.request import ClusterTiers, Scope, TopologyRequest, is_opted_in, valid_request
+from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import PLACEMENT_ANNOTATION, ROLE_LABEL
 from stormtopo.core.writes import RecordPlacement, Say, Write
@@ -28,6 +28,19 @@ from stormtopo.core.writes import RecordPlacement, Say, Write
 # same (a gang pending for an hour is explained about every EXPLAIN_INTERVAL_MAX, not 360 times).
 EXPLAIN_INTERVAL = 10.0
 EXPLAIN_INTERVAL_MAX = 160.0
+
+
+@dataclass(frozen=True)
+class KnownNodes:
+    """The cluster's nodes as last read (they are read, not watched): each node's hostname label."""
+
+    hostnames: Mapping[str, str] = field(default_factory=dict)  # node -> its kubernetes.io/hostname label ("" if none)
+    fresh: bool = False  # read moments ago: a node missing from it is not in the cluster
+    shapes_tree: bool = False  # HyperNodes select nodes by pattern or label: the tree is only as current as this reading
+
+    def stale_for(self, nodes: Iterable[str]) -> bool:
+        """Whether the tree may not know these nodes yet (a node added since the last reading)."""
+        return self.shapes_tree and not self.fresh and any(n not in self.hostnames for n in nodes)
 
 
 @dataclass(frozen=True)
@@ -42,7 +55,7 @@ class ReplicaSnapshot:
     podgroup: Mapping[str, Any] | None
     tiers: ClusterTiers
     topology: Topology
-    hostnames: Mapping[str, str] = field(default_factory=dict)  # node -> its kubernetes.io/hostname label
+    nodes: KnownNodes = KnownNodes()
     live_replicas: tuple[str, ...] = ()  # names of the StormService's RoleSets (the placement record keeps only these)
     all_pods: bool = False  # `pods` were read from the API: every pod of the replica, admitted or not
     now: float = 0.0  # monotonic seconds, for the back-off
@@ -101,6 +114,7 @@ class ReplicaPlan:
     first: FirstPlacement | None = None
     violations: int = 0  # TopologyViolated Warnings newly said
     needs_all_pods: bool = False  # pods are held and their anchors are not all known: read every pod and plan again
+    needs_nodes: bool = False  # a bound pod is on a node the last reading did not have: read the nodes and plan again
 
 
 @dataclass(frozen=True)
@@ -146,6 +160,8 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
     """Everything the placement path decides for one replica, but the explanation itself (which needs
     every node's free GPUs: see `plan_explained`)."""
     state = replica_state(snapshot)
+    if snapshot.nodes.stale_for(p["spec"]["nodeName"] for p in state.bound):
+        return ReplicaPlan(memory=memory, needs_nodes=True)  # never release into, or judge by, a tree that lacks a node
     writes: list[Write] = []
     if state.held:
         release = _release(snapshot, state)
@@ -177,7 +193,10 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
             if recorded is None:
                 tier = placed.record["tier"]
                 first = FirstPlacement(tier if isinstance(tier, int) else None, placement_seconds(state.bound))
-    says += _unplaceable_followers(snapshot, state, request)
+    for pod_name, say in _unplaceable_followers(snapshot, request):
+        said, memory = _say_once(memory, say, pod_name)
+        if said:
+            says.append(say)
     plan = ReplicaPlan(tuple(writes), tuple(says), memory, first=first, violations=violations)
     if state.complete:
         return replace(plan, memory=replace(plan.memory, unsatisfiable=False))
@@ -196,23 +215,25 @@ def plan_explained(
     if pending is None:
         return ReplicaPlan(memory=memory)
     if pending.explanation.fits:  # room again: Volcano binds it at its next session
-        return ReplicaPlan(memory=replace(memory, unsatisfiable=False))
+        return ReplicaPlan(memory=replace(memory, unsatisfiable=False, interval=EXPLAIN_INTERVAL))
     message = (
         f"replica {key[1]} stays Pending: no domain within tier {pending.tier} has room for the whole gang "
         f"({request.describe()}); {pending.explanation.render()}"
     )
     said, memory = _say_once(replace(memory, unsatisfiable=True), Say("Warning", "TopologyUnsatisfiable", message))
-    if said:
-        return ReplicaPlan(says=(Say("Warning", "TopologyUnsatisfiable", message),), memory=memory)
+    if said:  # something changed: the back-off starts over
+        return ReplicaPlan(says=(Say("Warning", "TopologyUnsatisfiable", message),), memory=replace(memory, interval=EXPLAIN_INTERVAL))
     interval = min(2 * memory.interval, EXPLAIN_INTERVAL_MAX)  # nothing changed: look again later
     return ReplicaPlan(memory=replace(memory, next_check=now + interval, interval=interval))
 
 
-def _say_once(memory: ReplicaMemory, say: Say) -> tuple[bool, ReplicaMemory]:
-    """The same check repeats with every pod event: an Event is said once per message and replica."""
-    if memory.said.get(say.reason) == say.message:
+def _say_once(memory: ReplicaMemory, say: Say, about: str = "") -> tuple[bool, ReplicaMemory]:
+    """The same check repeats with every pod event: an Event is said once per message and replica (and
+    per pod, for what is said of one pod)."""
+    key = f"{say.reason}/{about}" if about else say.reason
+    if memory.said.get(key) == say.message:
         return False, memory
-    return True, replace(memory, said={**memory.said, say.reason: say.message})
+    return True, replace(memory, said={**memory.said, key: say.message})
 
 
 def anchors_of(snapshot: ReplicaSnapshot) -> list[Mapping[str, Any]]:
@@ -232,17 +253,16 @@ def _release(snapshot: ReplicaSnapshot, state: ReplicaState) -> list[Write] | No
     spec = snapshot.roleset.get("spec") or {}
     expected = gang_of(spec, followers(spec)).min_member
     anchors = anchors_of(snapshot)
-    bound = [p for p in anchors if (p.get("spec") or {}).get("nodeName")]
-    if len(bound) < expected and not snapshot.all_pods:
-        return None
-    return list(plan_release(snapshot.topology, anchors, expected, state.held, snapshot.hostnames))
+    if len(anchors) < expected and not snapshot.all_pods:
+        return None  # (anchors known but not bound yet need no read: their events will come)
+    return list(plan_release(snapshot.topology, anchors, expected, state.held, snapshot.nodes.hostnames))
 
 
-def _unplaceable_followers(snapshot: ReplicaSnapshot, state: ReplicaState, request: TopologyRequest) -> list[Say]:
+def _unplaceable_followers(snapshot: ReplicaSnapshot, request: TopologyRequest) -> list[tuple[str, Say]]:
     """A released pod that the scheduler cannot place within its domain (no pod slots left there, a
     taint) stays Pending: say so once, with the scheduler's reason, rather than nothing."""
     following = followers(snapshot.roleset.get("spec") or {})
-    if not following or request.mode.value != "hard":
+    if not following or request.mode is not Mode.HARD:
         return []
     says = []
     for pod in snapshot.live_pods():
@@ -256,11 +276,14 @@ def _unplaceable_followers(snapshot: ReplicaSnapshot, state: ReplicaState, reque
                 and condition.get("reason") == "Unschedulable"
             ):
                 says.append(
-                    Say(
-                        "Warning",
-                        "ReleasedPodUnschedulable",
-                        f"pod {pod['metadata']['name']} of replica {snapshot.key[1]} was released into its replica's domain and "
-                        f"cannot be placed there: {condition.get('message') or 'no reason given'}",
+                    (
+                        pod["metadata"]["name"],
+                        Say(
+                            "Warning",
+                            "ReleasedPodUnschedulable",
+                            f"pod {pod['metadata']['name']} of replica {snapshot.key[1]} was released into its replica's domain and "
+                            f"cannot be placed there: {condition.get('message') or 'no reason given'}",
+                        ),
                     )
                 )
     return says

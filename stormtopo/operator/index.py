@@ -7,17 +7,17 @@ moments before its watch event arrives) it reads through to the API server.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.podgroup import carries_constraint, service_group_name
 from stormtopo.core.reconciliation import ServiceSnapshot
-from stormtopo.core.replica import ReplicaSnapshot
+from stormtopo.core.replica import KnownNodes, ReplicaSnapshot
 from stormtopo.core.request import ClusterTiers
-from stormtopo.core.topology.hypernodes import topology_from_hypernodes
+from stormtopo.core.topology.hypernodes import selector_label_keys, selects_among_nodes, topology_from_hypernodes
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import AIBRIX, HOSTNAME_LABEL, PODGROUP_CRD, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api
@@ -46,6 +46,12 @@ def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
     if "spec" in obj:
         out["spec"] = _slim_spec(obj["spec"] or {}) if obj.get("kind") in ("StormService", "RoleSet") else obj["spec"]
     return out
+
+
+def slim_listed_pods(items: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """Pods from a list response as the index keeps them: list items carry no kind, and a pod slimmed
+    without it would lose its status (a Failed pod would look live)."""
+    return tuple(slim({**item, "kind": "Pod"}) for item in items)
 
 
 def _slim_pod(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,12 +127,13 @@ class Index:
     # schema changes, not per request (a pass over every HyperNode).
     _hypernode_changes: int = 0
     _tiers: tuple[int, object, ClusterTiers] | None = None  # (_hypernode_changes, podgroup_schema, tiers)
-    # Node name -> labels, read (not watched) at most every NODES_TTL when a placement check needs the
-    # tree: regexMatch and labelMatch HyperNodes select among all nodes, and a release pins by hostname.
+    # Node name -> the labels the tree and a release read (hostname, labelMatch keys), read (not watched)
+    # by the placement shell when a placement check needs them: regexMatch and labelMatch HyperNodes
+    # select among all nodes, and a release pins by hostname.
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
-    nodes_read_at: float = float("-inf")  # monotonic
+    nodes_read_at: float = float("-inf")  # monotonic; -inf: never, or HyperNodes changed what to keep of them
     _node_reads: int = 0
-    _topology: tuple[int, int, Topology] | None = None  # (_hypernode_changes, _node_reads, tree)
+    _topology: tuple[int, int, Topology, KnownNodes] | None = None  # (_hypernode_changes, _node_reads, tree, nodes)
 
     # -- watch events --------------------------------------------------------------------------
     def observe(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
@@ -144,6 +151,7 @@ class Index:
             else:
                 self.hypernodes[name] = slim(obj)
             self._hypernode_changes += 1
+            self.nodes_read_at = float("-inf")  # its selectors may read other node labels now
             return
         store = {"StormService": self.stormservices, "RoleSet": self.rolesets, "PodGroup": self.podgroups, "Pod": self.pods}[kind]
         key = key_of(obj)
@@ -211,7 +219,7 @@ class Index:
                 return sibling
         return None
 
-    def replica_snapshot(self, key: Key, now: float) -> ReplicaSnapshot | None:
+    def replica_snapshot(self, key: Key, now: float, fresh_within: float = 0.0) -> ReplicaSnapshot | None:
         """One replica as the index sees it now, for the placement planner; None if its RoleSet or
         StormService is not known (deleted, or its event on the way)."""
         roleset = self.rolesets.get(key)
@@ -225,28 +233,38 @@ class Index:
             self.podgroups.get(key),
             self.cluster_tiers(),
             self.topology(),
-            self.hostnames(),
+            self.known_nodes(now - self.nodes_read_at <= fresh_within),
             tuple(r["metadata"]["name"] for r in self.rolesets_of(*service_key_of(roleset))),
             now=now,
         )
 
     def set_nodes(self, labels: dict[str, dict[str, str]], read_at: float) -> None:
-        """A fresh reading of every node's labels; the tree is rebuilt only if they changed."""
+        """A fresh reading of the nodes (see node_label_keys); the tree is rebuilt only if they changed."""
         self.nodes_read_at = read_at
         if labels != self.nodes:
             self.nodes = labels
             self._node_reads += 1
 
+    def node_label_keys(self) -> frozenset[str]:
+        """What to keep of a node's labels: its hostname and what the HyperNodes' labelMatch reads."""
+        return selector_label_keys(self.hypernodes.values()) | {HOSTNAME_LABEL}
+
     def topology(self) -> Topology:
-        """The switch tree the HyperNodes describe, over every node known: built once per HyperNode or
+        """The switch tree the HyperNodes describe, over every node read: built once per HyperNode or
         node change, like the tiers, not per placement check."""
+        return self._tree()[0]
+
+    def known_nodes(self, fresh: bool) -> KnownNodes:
+        return replace(self._tree()[1], fresh=fresh)
+
+    def _tree(self) -> tuple[Topology, KnownNodes]:
         changes, reads = self._hypernode_changes, self._node_reads
         if self._topology is None or self._topology[:2] != (changes, reads):
-            self._topology = (changes, reads, topology_from_hypernodes(self.hypernodes.values(), self.nodes))
-        return self._topology[2]
-
-    def hostnames(self) -> dict[str, str]:
-        return {node: labels.get(HOSTNAME_LABEL, node) for node, labels in self.nodes.items()}
+            hypernodes = list(self.hypernodes.values())
+            tree = topology_from_hypernodes(hypernodes, self.nodes)
+            hostnames = {node: labels.get(HOSTNAME_LABEL, "") for node, labels in self.nodes.items()}
+            self._topology = (changes, reads, tree, KnownNodes(hostnames, shapes_tree=selects_among_nodes(hypernodes)))
+        return self._topology[2], self._topology[3]
 
     def cluster_tiers(self) -> ClusterTiers:
         # Keyed by what it is computed from, read first: HyperNodes primed or a schema re-read on a

@@ -10,18 +10,31 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from stormtopo.core.replica import Explain, ReplicaMemory, ReplicaPlan, ReplicaSnapshot, plan_explained, plan_replica
+from stormtopo.core.placement import is_held
+from stormtopo.core.replica import (
+    Explain,
+    ReplicaMemory,
+    ReplicaPlan,
+    ReplicaSnapshot,
+    is_unschedulable,
+    plan_explained,
+    plan_replica,
+    replica_state,
+)
+from stormtopo.core.request import is_opted_in
 from stormtopo.core.topology.tree import Topology
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.explainer import Explainer
-from stormtopo.operator.index import Index, Key, slim
+from stormtopo.operator.index import Index, Key, slim_listed_pods
 from stormtopo.operator.workqueue import WorkQueue
 from stormtopo.operator.writer import execute
 
-NODES_TTL = 30.0  # seconds a reading of every node's labels is reused for the switch tree
+NODES_TTL = 30.0  # seconds a reading of the nodes is reused for the switch tree and releases
+NODES_FRESH = 5.0  # a reading this recent knows every node: one it lacks is not in the cluster
 
 
 @dataclass
@@ -29,9 +42,11 @@ class PlacementReporter:
     index: Index
     report: Report
     explainer: Explainer
-    _memory: dict[Key, ReplicaMemory] = field(default_factory=dict)
+    leading: Callable[[], bool] = lambda: True  # a deposed leader posts no queued explanation
+    _memory: dict[Key, ReplicaMemory] = field(default_factory=dict)  # only replicas with something to remember
     _asks: dict[Key, tuple[Explain, Topology]] = field(default_factory=dict)  # explanations waiting for the worker
     _explanations: WorkQueue[Key] | None = None
+    _reading_nodes: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def replica_changed(self, key: Key) -> None:
         """From the placements queue, a few replicas at a time: a pod of replica `key` (namespace,
@@ -39,28 +54,50 @@ class PlacementReporter:
         snapshot = await self._snapshot(key)
         if snapshot is None:
             return
-        plan = plan_replica(snapshot, self._memory.get(key, ReplicaMemory()))
+        memory = self._memory.get(key, ReplicaMemory())
+        plan = plan_replica(snapshot, memory)
+        if plan.needs_nodes:  # a pod bound on a node the last reading lacked: read again, once
+            await self._read_nodes(NODES_FRESH)
+            snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH) or snapshot
+            plan = plan_replica(replace(snapshot, nodes=replace(snapshot.nodes, fresh=True)), memory)
         if plan.needs_all_pods:  # anchors created before the opt-in were never admitted: read them all
             pods = await asyncio.to_thread(self.index.api.pods_of_group, *key)
-            snapshot = replace(snapshot, pods=tuple(slim(p) for p in pods), all_pods=True)
-            plan = plan_replica(snapshot, self._memory.get(key, ReplicaMemory()))
+            snapshot = replace(snapshot, pods=slim_listed_pods(pods), all_pods=True)
+            plan = plan_replica(snapshot, memory)
         await self._carry_out(key, snapshot, plan)
         if plan.explain is not None:
             self._asks[key] = (plan.explain, snapshot.topology)
             self._explanation_queue().add(key)
 
     async def _snapshot(self, key: Key) -> ReplicaSnapshot | None:
-        if time.monotonic() - self.index.nodes_read_at > NODES_TTL:
-            read_at = time.monotonic()
-            self.index.set_nodes(await asyncio.to_thread(self.index.api.node_labels), read_at)
-        return self.index.replica_snapshot(key, time.monotonic())
+        snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH)
+        if snapshot is None or not is_opted_in(snapshot.stormservice["metadata"].get("annotations")):
+            return snapshot  # (held pods of a service that opted out go free: no node is needed)
+        # Nodes are read only where the tree depends on them, or to pin a held pod by hostname.
+        if snapshot.nodes.shapes_tree or any(is_held(p) for p in snapshot.pods):
+            await self._read_nodes(NODES_TTL)
+            snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH)
+        return snapshot
+
+    async def _read_nodes(self, older_than: float) -> None:
+        """Read every node, a page at a time, keeping only the labels the tree and releases use. One read
+        at a time: the placement workers that find it stale together wait for the one reading."""
+        async with self._reading_nodes:
+            if time.monotonic() - self.index.nodes_read_at <= older_than:
+                return  # another worker just read them
+            keys = self.index.node_label_keys()
+            started = time.monotonic()
+            nodes = await asyncio.to_thread(_node_labels, self.index, keys)
+            self.index.set_nodes(nodes, started)
 
     async def _carry_out(self, key: Key, snapshot: ReplicaSnapshot, plan: ReplicaPlan) -> None:
-        self._remember(key, plan.memory)
+        recorded = self._memory.get(key, ReplicaMemory()).recorded
+        self._remember(key, replace(plan.memory, recorded=recorded))  # what was said stays said, even if a write fails
         for say in plan.says:
             self.report(snapshot.stormservice, say.type, say.reason, say.message)
         metrics.TOPOLOGY_VIOLATIONS.inc(plan.violations)
         await execute(self.index.api, plan.writes)
+        self._remember(key, plan.memory)  # the record, only once written: a failed one is written again next time
         if plan.first is not None:
             if plan.first.tier is not None:
                 metrics.REPLICAS_BY_TIER.labels(str(plan.first.tier)).inc()
@@ -69,7 +106,10 @@ class PlacementReporter:
 
     def _remember(self, key: Key, memory: ReplicaMemory) -> None:
         was = self._memory.get(key, ReplicaMemory()).unsatisfiable
-        self._memory[key] = memory
+        if memory == ReplicaMemory() or key not in self.index.rolesets:  # nothing to keep, or deleted meanwhile
+            self._memory.pop(key, None)
+        else:
+            self._memory[key] = memory
         if was != memory.unsatisfiable:
             metrics.PENDING_GANGS.set(sum(m.unsatisfiable for m in self._memory.values()))
 
@@ -82,19 +122,31 @@ class PlacementReporter:
 
     async def _explain(self, key: Key) -> None:
         ask = self._asks.pop(key, None)
-        if ask is None:
-            return  # forgotten meanwhile
+        if ask is None or not self.leading():
+            return  # forgotten meanwhile, or no longer this replica's to say
         explain, topology = ask
         pending = await self.explainer.explain(explain.request, explain.pods, explain.created, topology)
-        if key not in self._memory:
-            return  # the replica was deleted while it was explained
-        plan = plan_explained(key, explain.request, pending, self._memory[key], time.monotonic())
         snapshot = self.index.replica_snapshot(key, time.monotonic())
-        if snapshot is not None:
-            await self._carry_out(key, snapshot, plan)
+        memory = self._memory.get(key, ReplicaMemory())
+        if snapshot is None or snapshot.request is None or not self.leading():
+            return  # deleted, opted out or deposed while it was explained
+        if replica_state(snapshot).complete or not is_unschedulable(snapshot.podgroup):
+            self._remember(key, replace(memory, unsatisfiable=False))  # placed meanwhile: the answer is stale
+            return
+        await self._carry_out(key, snapshot, plan_explained(key, explain.request, pending, memory, time.monotonic()))
 
     def forget(self, key: Key) -> None:
         """A replica was deleted: drop what was said and checked about it."""
         self._asks.pop(key, None)
         self._remember(key, ReplicaMemory())
-        del self._memory[key]
+
+
+def _node_labels(index: Index, keys: frozenset[str]) -> dict[str, dict[str, str]]:
+    """Every node's name and the labels in `keys`, reduced page by page: a full list of 5,000 nodes
+    held at once is about 150 MB."""
+    out: dict[str, dict[str, str]] = {}
+    for page in index.api.pages("/api/v1/nodes"):
+        for node in page:
+            labels = node["metadata"].get("labels") or {}
+            out[node["metadata"]["name"]] = {k: v for k, v in labels.items() if k in keys}
+    return out

@@ -33,3 +33,33 @@ def test_a_replica_whose_service_opts_out_leaves_the_pending_gauge() -> None:
     assert _gauge() == 0.0
     reporter.forget(key)
     assert _gauge() == 0.0 and said == []
+
+
+def test_pods_read_from_a_list_keep_their_status_so_a_failed_anchor_is_not_live() -> None:
+    from stormtopo.core.placement import is_live
+    from stormtopo.operator.index import slim_listed_pods
+
+    item = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "node0"}, "status": {"phase": "Failed"}}  # no kind
+    (pod,) = slim_listed_pods([item])
+    assert pod["status"]["phase"] == "Failed" and not is_live(pod)
+
+
+def test_an_explanation_that_answers_after_the_replica_was_placed_says_nothing() -> None:
+    from stormtopo.core.explanation import Explanation, Pending
+    from stormtopo.core.replica import Explain
+    from tests.unit.test_replica import PD, index_of, pod, roleset, service
+
+    index = index_of(service(roles=PD), roleset(PD), pod("p", "prefill", "node4"), pod("d", "decode", "node5"))
+    said: list[str] = []
+
+    class Worker:  # the explanation worker process, answering late: the replica was bound meanwhile
+        async def explain(self, *_: object) -> Pending:
+            return Pending(1, Explanation((1, 1), 1, (), None))
+
+    reporter = PlacementReporter(index, lambda _obj, _kind, reason, _msg: said.append(reason), cast(Any, Worker()))
+    snapshot = index.replica_snapshot(("ns", "svc-rs"), 0.0)
+    assert snapshot is not None and snapshot.request is not None
+    reporter._remember(("ns", "svc-rs"), ReplicaMemory(next_check=10.0))  # asked while it was pending
+    reporter._asks[("ns", "svc-rs")] = (Explain(snapshot.request, (1, 1), 2), snapshot.topology)
+    asyncio.run(reporter._explain(("ns", "svc-rs")))
+    assert said == [] and not _gauge()

@@ -302,8 +302,8 @@ def test_held_pods_are_released_into_their_anchors_domain_once_every_anchor_is_b
         {"op": "test", "path": "/spec/schedulingGates/1/name", "value": "stormtopo.io/domain"},
         {"op": "remove", "path": "/spec/schedulingGates/1"},
     ]
-    # One term, by hostname: every node of leaf s2, a few bytes each (by node name it took a term per node).
-    terms = [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node4", "node5"]}]}]
+    # Hostnames unknown: one term per node of leaf s2 (a node-name field selector takes exactly one value).
+    terms = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]} for n in ("node4", "node5")]
     assert release.ops[2] == {
         "op": "add",
         "path": "/spec/affinity",

@@ -88,11 +88,36 @@ def test_a_held_router_goes_to_the_whole_regexmatch_leaf_not_only_its_anchors_no
 def test_a_held_router_waits_for_every_anchor_and_is_pinned_by_hostname() -> None:
     index = index_of(service(), roleset(), pod("p", "prefill", "node4"), pod("d", "decode"), pod("r", "router", held=True))
     plan = plan_replica(snapshot(index), ReplicaMemory())
-    assert plan.needs_all_pods and not plan.writes  # decode not bound: read every pod, then wait
-    bound = replace(snapshot(index), all_pods=True)
-    assert not [w for w in plan_replica(bound, ReplicaMemory()).writes if isinstance(w, PatchPod)]
+    assert not plan.needs_all_pods  # every anchor is known: no API read, its binding comes as an event
+    assert not [w for w in plan.writes if isinstance(w, PatchPod)]
     index.observe("Pod", "MODIFIED", pod("d", "decode", "node5"))
     assert released_to(plan_replica(snapshot(index), ReplicaMemory()).writes) == ["node4", "node5"]  # leaf s2
+
+
+def test_without_unique_hostnames_a_release_pins_by_node_name() -> None:
+    index = index_of(service(), roleset(), pod("p", "prefill", "node4"), pod("d", "decode", "node5"), pod("r", "router", held=True))
+    index.set_nodes(
+        {**{f"node{i}": {"kubernetes.io/hostname": f"node{i}"} for i in range(8)}, "node6": {"kubernetes.io/hostname": "node4"}}, 0
+    )
+    (patch,) = [w for w in plan_replica(snapshot(index), ReplicaMemory()).writes if isinstance(w, PatchPod)]
+    terms = patch.ops[2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]} for n in ("node4", "node5")]
+
+
+def test_a_node_the_last_reading_lacked_is_read_again_before_a_release_or_a_verdict() -> None:
+    leaf = {
+        "kind": "HyperNode",
+        "metadata": {"name": "leaf0"},
+        "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"regexMatch": {"pattern": "^node[0-9]$"}}}]},
+    }
+    index = index_of(
+        service(), roleset(), pod("p", "prefill", "node1"), pod("d", "decode", "node9"), pod("r", "router", held=True),
+        hypernodes=[leaf], nodes=["node0", "node1"],
+    )  # fmt: skip
+    plan = plan_replica(snapshot(index), ReplicaMemory())
+    assert plan.needs_nodes and plan.writes == () and plan.says == ()  # node9 is newer than the reading
+    index.set_nodes({n: {"kubernetes.io/hostname": n} for n in ("node0", "node1", "node9")}, 100.0)
+    assert released_to(plan_replica(snapshot(index), ReplicaMemory()).writes) == ["node0", "node1", "node9"]
 
 
 def test_anchors_created_before_the_opt_in_are_read_and_release_the_router() -> None:
@@ -130,6 +155,7 @@ def test_a_released_router_that_cannot_fit_its_domain_is_said_once() -> None:
     plan = plan_replica(snapshot(index), ReplicaMemory())
     (warning,) = [s for s in plan.says if s.reason == "ReleasedPodUnschedulable"]
     assert "pod r" in warning.message and "Too many pods" in warning.message
+    assert not [s for s in plan_replica(snapshot(index), plan.memory).says if s.reason == "ReleasedPodUnschedulable"]
 
 
 # -- placed and violated --------------------------------------------------------------------------
@@ -202,6 +228,9 @@ def test_an_explanation_is_said_once_then_checked_at_doubling_intervals_and_sett
     assert second.says == () and second.memory.interval == 2 * EXPLAIN_INTERVAL and second.memory.next_check == 110.0 + 20.0
     third = plan_explained(KEY, ask.request, short, second.memory, 130.0)
     assert third.memory.interval == 4 * EXPLAIN_INTERVAL
+    shorter = Pending(1, Explanation((1, 1, 1), 1, (), None))  # a new message: said, and the back-off starts over
+    changed = plan_explained(KEY, ask.request, shorter, third.memory, 170.0)
+    assert changed.says and changed.memory.interval == EXPLAIN_INTERVAL
     bound = plan_replica(snapshot(index), third.memory)
     assert bound.memory.unsatisfiable  # still pending
     index.observe("Pod", "MODIFIED", pod("p", "prefill", "node4"))

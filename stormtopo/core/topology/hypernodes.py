@@ -126,3 +126,26 @@ def selects_by_label(hypernodes: Iterable[Mapping[str, Any]]) -> bool:
         for member in (hn.get("spec") or {}).get("members") or []
         if member.get("type") == "Node"
     )
+
+
+def selects_among_nodes(hypernodes: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether any HyperNode picks its nodes by pattern or label: only then does the tree depend on which
+    nodes exist (exactMatch names its nodes)."""
+    return any(
+        "labelMatch" in (member.get("selector") or {}) or "regexMatch" in (member.get("selector") or {})
+        for hn in hypernodes
+        for member in (hn.get("spec") or {}).get("members") or []
+        if member.get("type") == "Node"
+    )
+
+
+def selector_label_keys(hypernodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The node label keys the HyperNodes' labelMatch selectors read: all a node's labels that the tree needs."""
+    keys: set[str] = set()
+    for hn in hypernodes:
+        for member in (hn.get("spec") or {}).get("members") or []:
+            labels = (member.get("selector") or {}).get("labelMatch")
+            if member.get("type") == "Node" and labels:
+                keys |= {str(k) for k in labels.get("matchLabels") or {}}
+                keys |= {str(e.get("key", "")) for e in labels.get("matchExpressions") or []}
+    return frozenset(keys)
