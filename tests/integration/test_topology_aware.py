@@ -280,7 +280,9 @@ def test_pods_without_resource_requests_stay_within_their_replicas_leaf(cluster:
     for router in routers:
         terms = router["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         (term,) = terms  # one term: the domain's nodes by hostname
-        assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(topology.nodes_under(domain.name))}]
+        assert term["matchExpressions"] == [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(topology.nodes_under(domain.name))}
+        ]
         assert not router["spec"].get("schedulingGates")
     replica = cluster.only(lambda: cluster.rolesets(namespace, "routed"), "RoleSet")["metadata"]["name"]
     gang = next(g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == replica)
