@@ -142,14 +142,16 @@ def up(
     topology_file: Path | None = None,
     with_operator: bool = True,
     timeout: float = 120.0,
-    vc_controllers: tuple[str, ...] = ("queue-controller",),
+    vc_controllers: tuple[str, ...] = ("queue-controller", "pg-controller"),
     audit: bool = False,
 ) -> Path:
     """Start the control plane; return the kubeconfig path. Raises AlreadyRunning or ClusterError.
 
-    `vc_controllers` are the Volcano controllers to run; add "pg-controller" for Volcano's own
-    do-it-yourself PodGroups (the benchmarks' baseline). `audit` writes the API server's audit log
-    (request metadata, with user agents) to DIR/logs/audit.log, for counting requests per client.
+    `vc_controllers` are the Volcano controllers to run. Volcano's own install runs pg-controller: it
+    gives a pod that asks for Volcano and names no PodGroup one of its own, so that such a pod (a
+    StormService without a scheduling strategy, and no stormtopo request or an invalid one) is placed.
+    `audit` writes the API server's audit log (request metadata, with user agents) to
+    DIR/logs/audit.log, for counting requests per client.
     """
     state_dir = state_dir.resolve()
     topology = parse_topology(topology_file.read_text()) if topology_file else None

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from stormtopo import certificates, cli
-from stormtopo.kube.client import Api, CredentialsError, IssuedCredential, auth_provider_token, load_credentials
+from stormtopo.kube.client import Api
+from stormtopo.kube.credentials import CredentialsError, IssuedCredential, auth_provider_token, load_credentials
 
 BETA = "client.authentication.k8s.io/v1beta1"
 PLUGIN = """\
