@@ -21,8 +21,8 @@ from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, plan_plac
 from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import PLACEMENT_ANNOTATION, ROLE_LABEL
-from stormtopo.core.writes import RecordPlacement, Say, Write
+from stormtopo.core.vocabulary import ADMITTED_LABEL, GROUP_NAME_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL, TASK_SPEC_ANNOTATION
+from stormtopo.core.writes import AdoptPod, RecordPlacement, Say, Write
 
 # Seconds between two capacity checks of one pending gang; doubled while its explanation stays the
 # same (a gang pending for an hour is explained about every EXPLAIN_INTERVAL_MAX, not 360 times).
@@ -86,6 +86,7 @@ class ReplicaMemory:
     interval: float = EXPLAIN_INTERVAL
     unsatisfiable: bool = False  # counted in the pending-gangs gauge
     recorded: Mapping[str, object] | None = None  # the record last written, until the StormService's event shows it
+    pods_read_at: float = float("-inf")  # when every pod of the replica was last read from the API (monotonic)
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,9 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
     state = replica_state(snapshot)
     if snapshot.nodes.stale_for(p["spec"]["nodeName"] for p in state.bound):
         return ReplicaPlan(memory=memory, needs_nodes=True)  # never release into, or judge by, a tree that lacks a node
-    writes: list[Write] = []
+    if _has_unadmitted_pods(snapshot, state, memory):
+        return ReplicaPlan(memory=memory, needs_all_pods=True)
+    writes: list[Write] = list(_adoptions(snapshot))
     if state.held:
         release = _release(snapshot, state)
         if release is None:
@@ -234,6 +237,40 @@ def _say_once(memory: ReplicaMemory, say: Say, about: str = "") -> tuple[bool, R
     if memory.said.get(key) == say.message:
         return False, memory
     return True, replace(memory, said={**memory.said, key: say.message})
+
+
+ADOPTION_READ_INTERVAL = 30.0  # seconds between two reads of a placed replica's pods in search of unadmitted ones
+
+
+def _has_unadmitted_pods(snapshot: ReplicaSnapshot, state: ReplicaState, memory: ReplicaMemory) -> bool:
+    """A placed replica (its gang Running) with fewer pods known than it has: some ran before its
+    StormService opted in, so stormtopo never admitted, nor watches, them. Volcano counts them in no
+    role of minTaskMember, so the gang turns invalid and no replacement pod is placed: read them."""
+    if snapshot.all_pods or snapshot.request is None or state.created >= len(state.wanted):
+        return False
+    running = ((snapshot.podgroup or {}).get("status") or {}).get("phase") == "Running"
+    return running and snapshot.now - memory.pods_read_at >= ADOPTION_READ_INTERVAL
+
+
+def _adoptions(snapshot: ReplicaSnapshot) -> list[AdoptPod]:
+    """Pods read from the API that stormtopo never admitted (created before the opt-in): given what
+    admission would have given them, so that Volcano counts them in their role of the gang and the
+    watch of admitted pods follows them from now on."""
+    request = snapshot.request
+    if not snapshot.all_pods or request is None:
+        return []
+    gang = gang_name(snapshot.stormservice, snapshot.roleset, request)
+    adopted = []
+    for pod in snapshot.live_pods():
+        meta = pod.get("metadata") or {}
+        if ADMITTED_LABEL in (meta.get("labels") or {}):
+            continue
+        annotations = {GROUP_NAME_ANNOTATION: gang}
+        role = (meta.get("labels") or {}).get(ROLE_LABEL)
+        if role:
+            annotations[TASK_SPEC_ANNOTATION] = role
+        adopted.append(AdoptPod(meta.get("namespace", ""), meta["name"], {ADMITTED_LABEL: "true"}, annotations))
+    return adopted
 
 
 def anchors_of(snapshot: ReplicaSnapshot) -> list[Mapping[str, Any]]:

@@ -38,6 +38,17 @@ class PatchPod:
 
 
 @dataclass(frozen=True)
+class AdoptPod:
+    """Take a running pod into its replica's gang as stormtopo would have admitted it: its StormService
+    opted in after the pod was created. Metadata only: its Volcano task and gang, and the admitted label."""
+
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class RecordPlacement:
     """Set one replica's record in its StormService's placement annotation, dropping replicas that no
     longer exist (`live`); merged into the stored value, so concurrent records of two replicas both stay."""
@@ -58,4 +69,4 @@ class Say:
     message: str
 
 
-Write = CreatePodGroup | PatchPodGroup | LabelPod | PatchPod | RecordPlacement
+Write = CreatePodGroup | PatchPodGroup | LabelPod | PatchPod | AdoptPod | RecordPlacement

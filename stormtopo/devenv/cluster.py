@@ -457,7 +457,7 @@ class _Starter:
                 f"--listen-address=127.0.0.1:{p.scheduler_metrics}",
                 "--schedule-period=200ms",
                 f"--cache-dump-dir={self.dir}",
-                "-v=2",
+                f"-v={os.environ.get('STORMTOPO_VOLCANO_VERBOSITY', '2')}",  # 4 or 5: every predicate and decision
             ],
         )
         return _Launched(scheduler, lambda: _http_ok(f"http://127.0.0.1:{p.scheduler_healthz}/healthz"))

@@ -174,6 +174,10 @@ class Api:
     def patch_pod(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
         self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", ops, JSON_PATCH)
 
+    def patch_pod_metadata(self, namespace: str, name: str, labels: dict[str, str], annotations: dict[str, str]) -> None:
+        body = {"metadata": {"labels": labels, "annotations": annotations}}
+        self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body, MERGE_PATCH)
+
     def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
         self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"labels": labels}}, MERGE_PATCH)
 

@@ -60,9 +60,10 @@ class PlacementReporter:
             await self._read_nodes(NODES_FRESH)
             snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH) or snapshot
             plan = plan_replica(replace(snapshot, nodes=replace(snapshot.nodes, fresh=True)), memory)
-        if plan.needs_all_pods:  # anchors created before the opt-in were never admitted: read them all
+        if plan.needs_all_pods:  # pods created before the opt-in were never admitted: read them all
             pods = await asyncio.to_thread(self.index.api.pods_of_group, *key)
             snapshot = replace(snapshot, pods=slim_listed_pods(pods), all_pods=True)
+            memory = replace(memory, pods_read_at=snapshot.now)
             plan = plan_replica(snapshot, memory)
         await self._carry_out(key, snapshot, plan)
         if plan.explain is not None:

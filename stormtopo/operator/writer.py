@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from stormtopo.core.placement import merge_placements
 from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION
-from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPod, PatchPodGroup, RecordPlacement, Write
+from stormtopo.core.writes import AdoptPod, CreatePodGroup, LabelPod, PatchPod, PatchPodGroup, RecordPlacement, Write
 from stormtopo.kube.client import Api, ApiError, Conflict, NotFound
 from stormtopo.operator import metrics
 
@@ -37,6 +37,11 @@ async def execute(api: Api, writes: Iterable[Write]) -> None:
                         raise
                     # Released already (its "test" op failed), or a patch the API server refuses: say which.
                     log.warning("pod %s/%s not patched: %s", namespace, name, exc)
+            case AdoptPod(namespace, name, labels, annotations):
+                try:
+                    await asyncio.to_thread(api.patch_pod_metadata, namespace, name, dict(labels), dict(annotations))
+                except NotFound:
+                    continue  # gone meanwhile
             case RecordPlacement():
                 await asyncio.to_thread(record_placement, api, write)
 
