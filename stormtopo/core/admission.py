@@ -128,9 +128,7 @@ def admit_pod(
         return Decision()
     # While the request looks invalid, its pods still join the gang whose PodGroup keeps the last valid constraint.
     scope = request.scope if isinstance(request, TopologyRequest) else _scope_written(stormservice)
-    group = roleset["metadata"]["name"]
-    if scope is Scope.STORMSERVICE:
-        group = service_group_name(stormservice["metadata"]["name"])
+    group = joined_gang(roleset, stormservice, cluster)
     gang = (podgroups or {}).get(group)
     if isinstance(request, RequestError) and not carries_constraint(gang):
         # A typo with no constraint to keep: the pod stays as it would be without stormtopo (naming a
@@ -161,6 +159,16 @@ def admit_pod(
     if (pod.get("spec") or {}).get("schedulerName") in DEFAULT_SCHEDULERS:
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": VOLCANO_SCHEDULER})
     return Decision(patch=patch)
+
+
+def joined_gang(roleset: Mapping[str, Any], stormservice: Mapping[str, Any], cluster: ClusterTiers | None) -> str:
+    """The PodGroup an opted-in replica's pods join: the StormService's own with scope StormService
+    (as written, while the request looks invalid), else the replica's."""
+    request = request_of(stormservice, cluster)
+    scope = request.scope if isinstance(request, TopologyRequest) else _scope_written(stormservice)
+    if scope is Scope.STORMSERVICE:
+        return service_group_name(stormservice["metadata"]["name"])
+    return str(roleset["metadata"]["name"])
 
 
 def _annotation(obj: Mapping[str, Any], key: str) -> str:

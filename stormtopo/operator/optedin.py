@@ -20,7 +20,7 @@ from stormtopo.core.optin import (
     opted_in_key,
 )
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
-from stormtopo.kube.client import MERGE_PATCH, Api, ApiError
+from stormtopo.kube.client import MERGE_PATCH, Api, ApiError, KubeError
 
 log = logging.getLogger("stormtopo.optedin")
 
@@ -91,7 +91,7 @@ class OptedInList:
         never stops the PodGroups from being reconciled (the list is the outage safety net)."""
         try:
             await self.aset(namespace, stormservice, want)
-        except (ApiError, OSError) as exc:
+        except (KubeError, OSError) as exc:
             log.warning("could not update the opted-in list for %s/%s: %s", namespace, stormservice, exc)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from stormtopo.core.optin import listing, opted_in_key
 from stormtopo.core.reconciliation import plan_stormservice
-from stormtopo.kube.client import ApiError
+from stormtopo.kube.client import KubeError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key, key_of
@@ -58,7 +58,7 @@ class Reconciler:
             return
         try:
             await asyncio.to_thread(self.opted_in.refresh)
-        except (ApiError, OSError) as exc:
+        except (KubeError, OSError) as exc:
             log.warning("could not read the opted-in list: %s", exc)
             return
         present = {opted_in_key(*key): None for key in self.index.stormservices}

@@ -27,9 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
-from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint
+from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint, joined_gang
 from stormtopo.core.optin import admission_policy, opted_in_configmap, requests_topology_condition
-from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
 from stormtopo.kube.client import Api
@@ -88,13 +87,13 @@ def build_app(index: Index, opted_in: OptedInList, client_ca: str | None = None,
             named = (meta.get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
             namespace = meta.get("namespace", "")
             owner = await index.service_of_group(namespace, named) if named else None
-            replica = (roleset or {}).get("metadata", {}).get("name", "")
             groups: dict[str, dict[str, Any]] = {}
-            # Any request annotation, valid or not: which gang the pod may join depends on both PodGroups.
-            if stormservice is not None and is_opted_in(stormservice["metadata"].get("annotations")):
-                names = list(dict.fromkeys(n for n in (replica, service_group_name(stormservice["metadata"]["name"])) if n))
-                found = await asyncio.gather(*(index.podgroup(namespace, n) for n in names))
-                groups = {n: g for n, g in zip(names, found, strict=True) if g is not None}
+            # Any request annotation, valid or not: the PodGroup of the gang the pod would join (the
+            # replica's, or the StormService's with scope StormService), read through on a miss.
+            if roleset is not None and stormservice is not None and is_opted_in(stormservice["metadata"].get("annotations")):
+                group = joined_gang(roleset, stormservice, tiers)
+                gang = await index.podgroup(namespace, group)
+                groups = {group: gang} if gang is not None else {}
             return admit_pod(pod, roleset, stormservice, tiers, owner, groups)
 
         return await handle(request, "pod", admit)

@@ -449,8 +449,10 @@ async def _absent(namespace: str, name: str) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_the_pod_webhook_passes_both_podgroups_of_an_opted_in_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whatever the request's validity, admit_pod sees the replica's PodGroup and the StormService-scope one."""
+def test_the_pod_webhook_passes_the_podgroup_of_the_gang_the_pod_joins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the request's validity, admit_pod sees the PodGroup of the gang its scope makes the pod
+    join (the replica's, or the StormService's), and no other is read: a RoleSet-scope admission must
+    not miss the index, and read through, for a service PodGroup that never exists."""
     seen: list[Mapping[str, Any]] = []
 
     def fake_admit_pod(pod: Any, roleset: Any, stormservice: Any, tiers: Any, owner: Any, podgroups: Mapping[str, Any]) -> Any:
@@ -472,10 +474,14 @@ def test_the_pod_webhook_passes_both_podgroups_of_an_opted_in_service(tmp_path: 
         loop.run_until_complete(asyncio.to_thread(_post, port, webhook.PODS_PATH, body, server_ca.cert_pem, None, tmp_path))
 
     try:
-        for annotations in (HARD, {MODE: "hard"}, {MODE: "hard", HIGHEST_TIER: "9", SCOPE: "StormService"}):  # valid, invalid, invalid
+        for annotations, gang in (
+            (HARD, "svc-roleset-1"),  # valid
+            ({MODE: "hard"}, "svc-roleset-1"),  # invalid, scope RoleSet
+            ({MODE: "hard", HIGHEST_TIER: "9", SCOPE: "StormService"}, "svc"),  # invalid, scope StormService as written
+        ):
             index.stormservices[("ns", "svc")] = service("svc", annotations)
             admit()
-            assert set(seen[-1]) == {"svc-roleset-1", "svc"}
+            assert set(seen[-1]) == {gang}
         index.podgroups = {}
         admit()
         assert seen[-1] == {}  # none known: none passed
