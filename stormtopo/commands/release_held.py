@@ -3,7 +3,6 @@
 While stormtopo runs, it releases a held pod (a role that asks for no resources, under a hard
 request) into its replica's domain once the replica's other pods are bound. After `helm uninstall`,
 or a rollback to a release without stormtopo, nobody would: their pods would stay SchedulingGated.
-The chart runs this as a pre-delete hook; run it by hand after any other removal.
 """
 
 from __future__ import annotations
@@ -12,15 +11,28 @@ from collections.abc import Callable
 
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, plan_release
 from stormtopo.core.vocabulary import ADMITTED_LABEL
-from stormtopo.kube.client import Api
+from stormtopo.kube.client import Api, KubeError
+
+WEBHOOK_CONFIGURATION = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/stormtopo"
 
 
 def run(api: Api, namespace: str | None, dry_run: bool, say: Callable[[str], None]) -> int:
+    """Returns 1 if a held pod could not be released (each is named; the others are still released)."""
+    if api.get(("admissionregistration.k8s.io", "v1"), "mutatingwebhookconfigurations", None, "stormtopo") is not None:
+        say("note: stormtopo's webhook is still installed; pods released now leave without their replica's domain")
     path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
     held = [pod for page in api.pages(path, labelSelector=ADMITTED_LABEL) for pod in page if is_held(pod)]
+    failed = 0
     for release in plan_release(EMPTY_TOPOLOGY, [], 0, held):  # no domain: the gate goes, nothing else changes
-        if not dry_run:
+        where = f"{release.namespace}/{release.name}"
+        if dry_run:
+            say(f"would release {where}")
+            continue
+        try:
             api.patch_pod(release.namespace, release.name, [dict(op) for op in release.ops])
-        say(f"{'would release' if dry_run else 'released'} {release.namespace}/{release.name}")
+            say(f"released {where}")
+        except KubeError as exc:  # gone, released meanwhile (its test op fails), or refused: the others go on
+            failed += 1
+            say(f"could not release {where}: {exc}")
     say(f"{len(held)} pod(s) held at stormtopo's gate{' (dry run: nothing changed)' if dry_run else ''}")
-    return 0
+    return 1 if failed else 0
