@@ -13,8 +13,6 @@ from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, plan_release
 from stormtopo.core.vocabulary import ADMITTED_LABEL
 from stormtopo.kube.client import Api, KubeError
 
-WEBHOOK_CONFIGURATION = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/stormtopo"
-
 
 def run(api: Api, namespace: str | None, dry_run: bool, say: Callable[[str], None]) -> int:
     """Returns 1 if a held pod could not be released (each is named; the others are still released)."""
