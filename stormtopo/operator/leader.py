@@ -18,14 +18,16 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from stormtopo.kube.client import Api, ApiError, micro_time
 from stormtopo.operator.loops import Loop, backoff
 
 log = logging.getLogger("stormtopo.leader")
 LEASE_NAME = "stormtopo-operator"
+T = TypeVar("T")
 
 
 def default_identity() -> str:
@@ -72,6 +74,13 @@ class Leadership:
         self._renewed_at: float | None = None  # monotonic start of the last successful renewal
         self._observed: Observation | None = None
         self._catching_up: asyncio.Task[None] | None = None  # on_elected, running beside the renewals
+        # Threads of the Lease's own: a burst of API work (a resync's writes, a flood of admissions'
+        # read-throughs) fills the default pool, and a renewal queued behind it would miss its deadline.
+        # Two: one renewal may hang until its HTTP timeout while the next one goes on.
+        self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lease")
+
+    async def _in_lease_thread(self, call: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, call)
 
     @property
     def is_leader(self) -> bool:
@@ -105,7 +114,7 @@ class Leadership:
         budget = self._renewed_at + self.renew_deadline - started if was and self._renewed_at is not None else self.renew_deadline
         answered = False
         try:
-            held = await asyncio.wait_for(asyncio.to_thread(self._try_acquire_or_renew), timeout=max(0.1, budget))
+            held = await asyncio.wait_for(self._in_lease_thread(self._try_acquire_or_renew), timeout=max(0.1, budget))
             self._renewed_at = started if held else None
             answered = True
         except TimeoutError:
@@ -148,7 +157,7 @@ class Leadership:
             return
         self._renewed_at = None
         try:
-            await asyncio.wait_for(asyncio.to_thread(self._release), timeout=self.renew_deadline)
+            await asyncio.wait_for(self._in_lease_thread(self._release), timeout=self.renew_deadline)
             log.info("%s released lease %s/%s", self.identity, self.namespace, LEASE_NAME)
         except Exception:
             log.exception("lease %s/%s could not be released; a follower takes over when it expires", self.namespace, LEASE_NAME)

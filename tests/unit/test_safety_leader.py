@@ -143,3 +143,23 @@ def test_a_failing_catch_up_at_election_is_retried_and_never_ends_the_election()
             await running
 
     asyncio.run(scenario())
+
+
+def test_renewals_do_not_queue_behind_api_work_in_the_default_thread_pool() -> None:
+    """Lesser finding of issue 20: Lease renewals shared the default pool with the API workers."""
+
+    async def scenario() -> float:
+        leadership = Leadership(FakeLeases(), "ns", "a", duration=15)  # type: ignore[arg-type]
+        release = threading.Event()
+        loop = asyncio.get_running_loop()
+        # Every thread of the default pool busy, as during a burst of API work.
+        busy = [loop.run_in_executor(None, release.wait) for _ in range(64)]
+        started = time.monotonic()
+        await leadership._attempt()
+        took = time.monotonic() - started
+        assert leadership.is_leader
+        release.set()
+        await asyncio.gather(*busy)
+        return took
+
+    assert asyncio.run(scenario()) < 5.0
