@@ -74,7 +74,7 @@ class Operator:
     async def _reconcile(self, key: Key) -> None:
         stormservice = self.index.stormservices.get(key)
         if stormservice is not None and self.leadership.is_leader:  # None: deleted, or its own event is on the way
-            await self.reconciler.stormservice(stormservice)
+            await self.reconciler.reconcile(stormservice)
 
     async def _report(self, key: Key) -> None:
         if self.leadership.is_leader:

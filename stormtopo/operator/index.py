@@ -284,10 +284,10 @@ class Index:
             self.observe("HyperNode", None, hypernode)
 
     # -- lookups for admission -----------------------------------------------------------------
-    async def roleset(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def read_roleset(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._read_through(self.rolesets, "rolesets", namespace, name)
 
-    async def podgroup(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def read_podgroup(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A PodGroup, read through on a miss: a replica that just started must not admit a pod into a
         PodGroup it has not seen yet (one created unconstrained while stormtopo was down)."""
         found = self.podgroups.get((namespace, name))
@@ -296,7 +296,7 @@ class Index:
             found = slim(read) if read is not None else None
         return found
 
-    async def stormservice(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def read_stormservice(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._read_through(self.stormservices, "stormservices", namespace, name)
 
     async def _read_through(self, store: dict[Key, dict[str, Any]], plural: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -316,7 +316,7 @@ class Index:
             return None
         service = stormservice_name(podgroup)
         if service is None and roleset_name(podgroup):
-            roleset = await self.roleset(namespace, roleset_name(podgroup) or "")
+            roleset = await self.read_roleset(namespace, roleset_name(podgroup) or "")
             service = stormservice_name(roleset) if roleset else None
         return service
 
@@ -324,7 +324,7 @@ class Index:
         """The RoleSet and StormService an AIBrix pod or PodGroup belongs to."""
         namespace = (obj.get("metadata") or {}).get("namespace", "")
         replica = roleset_name(obj)
-        roleset = await self.roleset(namespace, replica) if replica else None
+        roleset = await self.read_roleset(namespace, replica) if replica else None
         service = stormservice_name(obj) or (stormservice_name(roleset) if roleset else None)
-        stormservice = await self.stormservice(namespace, service) if service else None
+        stormservice = await self.read_stormservice(namespace, service) if service else None
         return roleset, stormservice

@@ -34,7 +34,7 @@ class Reconciler:
     _invalid: set[Key] = field(default_factory=set)
     _unlisting: set[asyncio.Task[None]] = field(default_factory=set)
 
-    async def stormservice(self, stormservice: Mapping[str, Any]) -> None:
+    async def reconcile(self, stormservice: Mapping[str, Any]) -> None:
         key = key_of(stormservice)
         plan = plan_stormservice(self.index.snapshot_of(stormservice), self._said.get(key))
         if plan.verdict is None:

@@ -92,7 +92,7 @@ def build_app(index: Index, opted_in: OptedInList, client_ca: str | None = None,
             # replica's, or the StormService's with scope StormService), read through on a miss.
             if roleset is not None and stormservice is not None and is_opted_in(stormservice["metadata"].get("annotations")):
                 group = joined_gang(roleset, stormservice, tiers)
-                gang = await index.podgroup(namespace, group)
+                gang = await index.read_podgroup(namespace, group)
                 groups = {group: gang} if gang is not None else {}
             return admit_pod(pod, roleset, stormservice, tiers, owner, groups)
 

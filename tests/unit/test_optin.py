@@ -371,7 +371,7 @@ class FakeIndex:
     async def service_of_group(self, namespace: str, group: str) -> str | None:
         return None
 
-    async def podgroup(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def read_podgroup(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.asked.append(name)
         return self.podgroups.get(name)
 
