@@ -161,79 +161,27 @@ def health_response(loops: Loops) -> web.Response:
 
 
 async def run(args: argparse.Namespace) -> None:
+    """The operator, in its steps: the cluster's state, the loops and handlers that keep it, the
+    webhook, the probes, and kopf's watches; on the way out, the Lease handed over first."""
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
     api = Api(args.kubeconfig)
     index = Index(api)
-    try:
-        primed = await asyncio.to_thread(detect_volcano, index)
-    except Exception:  # the API server not reachable yet: serve anyway, detect later
-        log.exception("detecting Volcano's CRDs failed; retrying in %.0f s", VOLCANO_RECHECK_SECONDS)
-        primed = False
     loops = Loops()  # every background task, supervised; cancelled on the way out
-    loops.every("volcano-detection", VOLCANO_RECHECK_SECONDS, VolcanoWatch(index, primed).check)
+    await _start_volcano_detection(index, loops)
     registry = kopf.OperatorRegistry()
     leadership = Leadership(api if args.leader_elect else None, args.leader_election_namespace, args.identity, args.lease_duration)
     events = EventRecorder(api, leadership.identity)
     opted_in = OptedInList(api, args.leader_election_namespace)  # the namespace stormtopo runs in
-    reconciler = Reconciler(index, events, opted_in)
     explainer = Explainer(args.kubeconfig)  # its own process: see explainer.py
-    operator = handlers.register(registry, index, reconciler, PlacementReporter(index, events, explainer), leadership, loops)
+    reporter = PlacementReporter(index, events, explainer, leading=lambda: leadership.is_leader)
+    operator = handlers.register(registry, index, Reconciler(index, events, opted_in), reporter, leadership, loops)
     loops.supervise("event-poster", IDLE_BEAT, events.run)
-
-    cert, key, ca = _certificates(args)
-    tls = webhook.tls_context(cert, key)
-    reloader = CertificateReloader(tls, cert, key)
-    loops.every("certificate-reloader", reloader.interval, reloader.check)
-    runner = web.AppRunner(webhook.build_app(index, opted_in), access_log=None)
-    await runner.setup()
-    # reuse_port: replicas on one host can share the webhook port, as endpoints behind one Service do.
-    await web.TCPSite(runner, args.webhook_host, args.webhook_port, ssl_context=tls, reuse_port=True).start()
-
+    ca, webhook_runner = await _serve_webhook(args, index, opted_in, loops)
     ready = asyncio.Event()
-
-    async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="ok") if ready.is_set() else web.Response(status=503, text="starting")
-
-    async def prometheus(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(), content_type="text/plain")
-
-    side = web.Application()
-    side.router.add_get("/readyz", readyz)
-
-    async def healthz(_: web.Request) -> web.Response:
-        return health_response(loops)
-
-    side.router.add_get("/healthz", healthz)
-    side.router.add_get("/metrics", prometheus)
-    side_runner = web.AppRunner(side, access_log=None)
-    await side_runner.setup()
-    await web.TCPSite(side_runner, args.metrics_host, args.metrics_port).start()
-
+    probes_runner = await _serve_probes(args, loops, ready)
     kopf_ready = asyncio.Event()
-
-    async def register_when_watching() -> None:
-        await kopf_ready.wait()
-        if not args.no_register_webhook:
-            service = None
-            if args.webhook_service:
-                ref, _, port = args.webhook_service.partition(":")
-                namespace, name = ref.split("/")
-                service = (namespace, name, int(port or 443))
-            url_base = f"https://{args.webhook_url_host or args.webhook_host}:{args.webhook_port}"
-            await asyncio.to_thread(
-                webhook.register,
-                api,
-                webhook.configuration(ca, url_base=url_base, service=service, namespace=args.leader_election_namespace),
-            )
-        # Everything loaded so far (kopf, aiohttp, the modules, the first lists) lives as long as the
-        # process: out of the collector's reach, a full collection no longer scans it. Measured during
-        # bench --admission: full collections of 20-141 ms, each stalling every admission in flight.
-        gc.freeze()
-        ready.set()
-        log.info("stormtopo operator ready; webhook on %s:%s", args.webhook_host, args.webhook_port)
-
-    registration = asyncio.create_task(register_when_watching())
+    registration = asyncio.create_task(_register_when_watching(args, api, ca, kopf_ready, ready))
     try:
         await kopf.operator(registry=registry, clusterwide=True, standalone=True, ready_flag=kopf_ready)
     finally:
@@ -243,8 +191,72 @@ async def run(args: argparse.Namespace) -> None:
         registration.cancel()
         await loops.stop()
         await operator.close()
-        await runner.cleanup()
-        await side_runner.cleanup()
+        await webhook_runner.cleanup()
+        await probes_runner.cleanup()
+
+
+async def _start_volcano_detection(index: Index, loops: Loops) -> None:
+    try:
+        primed = await asyncio.to_thread(detect_volcano, index)
+    except Exception:  # the API server not reachable yet: serve anyway, detect later
+        log.exception("detecting Volcano's CRDs failed; retrying in %.0f s", VOLCANO_RECHECK_SECONDS)
+        primed = False
+    loops.every("volcano-detection", VOLCANO_RECHECK_SECONDS, VolcanoWatch(index, primed).check)
+
+
+async def _serve_webhook(args: argparse.Namespace, index: Index, opted_in: OptedInList, loops: Loops) -> tuple[bytes, web.AppRunner]:
+    """The admission webhook over TLS, its certificate reloaded as it changes; returns the CA bundle."""
+    cert, key, ca = _certificates(args)
+    tls = webhook.tls_context(cert, key)
+    reloader = CertificateReloader(tls, cert, key)
+    loops.every("certificate-reloader", reloader.interval, reloader.check)
+    runner = web.AppRunner(webhook.build_app(index, opted_in), access_log=None)
+    await runner.setup()
+    # reuse_port: replicas on one host can share the webhook port, as endpoints behind one Service do.
+    await web.TCPSite(runner, args.webhook_host, args.webhook_port, ssl_context=tls, reuse_port=True).start()
+    return ca, runner
+
+
+async def _serve_probes(args: argparse.Namespace, loops: Loops, ready: asyncio.Event) -> web.AppRunner:
+    """/readyz (once registered and watching), /healthz (every loop alive) and /metrics."""
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok") if ready.is_set() else web.Response(status=503, text="starting")
+
+    async def healthz(_: web.Request) -> web.Response:
+        return health_response(loops)
+
+    async def prometheus(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), content_type="text/plain")
+
+    probes = web.Application()
+    probes.router.add_get("/readyz", readyz)
+    probes.router.add_get("/healthz", healthz)
+    probes.router.add_get("/metrics", prometheus)
+    runner = web.AppRunner(probes, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.metrics_host, args.metrics_port).start()
+    return runner
+
+
+async def _register_when_watching(args: argparse.Namespace, api: Api, ca: bytes, kopf_ready: asyncio.Event, ready: asyncio.Event) -> None:
+    """Once kopf watches: register the admission objects (unless Helm manages them), then say ready."""
+    await kopf_ready.wait()
+    if not args.no_register_webhook:
+        service = None
+        if args.webhook_service:
+            ref, _, port = args.webhook_service.partition(":")
+            namespace, name = ref.split("/")
+            service = (namespace, name, int(port or 443))
+        url_base = f"https://{args.webhook_url_host or args.webhook_host}:{args.webhook_port}"
+        configuration = webhook.configuration(ca, url_base=url_base, service=service, namespace=args.leader_election_namespace)
+        await asyncio.to_thread(webhook.register, api, configuration)
+    # Everything loaded so far (kopf, aiohttp, the modules, the first lists) lives as long as the
+    # process: out of the collector's reach, a full collection no longer scans it. Measured during
+    # bench --admission: full collections of 20-141 ms, each stalling every admission in flight.
+    gc.freeze()
+    ready.set()
+    log.info("stormtopo operator ready; webhook on %s:%s", args.webhook_host, args.webhook_port)
 
 
 def main(argv: list[str] | None = None) -> None:
