@@ -174,8 +174,8 @@ async def run(args: argparse.Namespace) -> None:
     events = EventRecorder(api, leadership.identity)
     opted_in = OptedInList(api, args.leader_election_namespace)  # the namespace stormtopo runs in
     explainer = Explainer(args.kubeconfig)  # its own process: see explainer.py
-    reporter = PlacementReporter(index, events, explainer, leading=lambda: leadership.is_leader)
-    operator = handlers.register(registry, index, Reconciler(index, events, opted_in), reporter, leadership, loops)
+    reporter = PlacementReporter(index, api, events, explainer, leading=lambda: leadership.is_leader)
+    operator = handlers.register(registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops)
     loops.supervise("event-poster", IDLE_BEAT, events.run)
     ca, webhook_runner = await _serve_webhook(args, index, opted_in, loops)
     ready = asyncio.Event()

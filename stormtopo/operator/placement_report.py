@@ -26,6 +26,7 @@ from stormtopo.core.replica import (
 )
 from stormtopo.core.request import is_opted_in
 from stormtopo.core.topology.tree import Topology
+from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.explainer import Explainer
@@ -40,6 +41,7 @@ NODES_FRESH = 5.0  # a reading this recent knows every node: one it lacks is not
 @dataclass
 class PlacementReporter:
     index: Index
+    api: Api  # what the planner decides is written, and what the index lacks is read, through this
     report: Report
     explainer: Explainer
     leading: Callable[[], bool] = lambda: True  # a deposed leader posts no queued explanation
@@ -61,7 +63,7 @@ class PlacementReporter:
             snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH) or snapshot
             plan = plan_replica(replace(snapshot, nodes=replace(snapshot.nodes, fresh=True)), memory)
         if plan.needs_all_pods:  # pods created before the opt-in were never admitted: read them all
-            pods = await asyncio.to_thread(self.index.api.pods_of_group, *key)
+            pods = await asyncio.to_thread(self.api.pods_of_group, *key)
             snapshot = replace(snapshot, pods=slim_listed_pods(pods), all_pods=True)
             memory = replace(memory, pods_read_at=snapshot.now)
             plan = plan_replica(snapshot, memory)
@@ -88,7 +90,7 @@ class PlacementReporter:
                 return  # another worker just read them
             keys = self.index.node_label_keys()
             started = time.monotonic()
-            nodes = await asyncio.to_thread(_node_labels, self.index, keys)
+            nodes = await asyncio.to_thread(_node_labels, self.api, keys)
             self.index.set_nodes(nodes, started)
 
     async def _carry_out(self, key: Key, snapshot: ReplicaSnapshot, plan: ReplicaPlan) -> None:
@@ -97,7 +99,7 @@ class PlacementReporter:
         for say in plan.says:
             self.report(snapshot.stormservice, say.type, say.reason, say.message)
         metrics.TOPOLOGY_VIOLATIONS.inc(plan.violations)
-        await execute(self.index.api, plan.writes)
+        await execute(self.api, plan.writes)
         self._remember(key, plan.memory)  # the record, only once written: a failed one is written again next time
         if plan.first is not None:
             if plan.first.tier is not None:
@@ -142,11 +144,11 @@ class PlacementReporter:
         self._remember(key, ReplicaMemory())
 
 
-def _node_labels(index: Index, keys: frozenset[str]) -> dict[str, dict[str, str]]:
+def _node_labels(api: Api, keys: frozenset[str]) -> dict[str, dict[str, str]]:
     """Every node's name and the labels in `keys`, reduced page by page: a full list of 5,000 nodes
     held at once is about 150 MB."""
     out: dict[str, dict[str, str]] = {}
-    for page in index.api.pages("/api/v1/nodes"):
+    for page in api.pages("/api/v1/nodes"):
         for node in page:
             labels = node["metadata"].get("labels") or {}
             out[node["metadata"]["name"]] = {k: v for k, v in labels.items() if k in keys}

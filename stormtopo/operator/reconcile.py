@@ -15,7 +15,7 @@ from typing import Any
 
 from stormtopo.core.optin import listing, opted_in_key
 from stormtopo.core.reconciliation import plan_stormservice
-from stormtopo.kube.client import KubeError
+from stormtopo.kube.client import Api, KubeError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key, key_of
@@ -28,6 +28,7 @@ log = logging.getLogger("stormtopo.reconcile")
 @dataclass
 class Reconciler:
     index: Index
+    api: Api  # the planned writes are executed through this
     report: Report
     opted_in: OptedInList | None = None  # None: no admission policy to feed (tests of the planner's shell)
     _said: dict[Key, str] = field(default_factory=dict)  # what was last said of each request
@@ -50,7 +51,7 @@ class Reconciler:
         metrics.INVALID_REQUESTS.set(len(self._invalid))
         if self.opted_in is not None:
             await self.opted_in.keep(*key, listing(stormservice))
-        await execute(self.index.api, plan.writes)
+        await execute(self.api, plan.writes)
 
     async def refresh_opted_in(self) -> None:
         """Re-read the opted-in list: every replica's webhook adds to it."""
