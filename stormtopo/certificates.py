@@ -49,18 +49,28 @@ def new_ca(common_name: str) -> KeyPair:
 
 def new_serving_cert(ca: KeyPair, common_name: str, hosts: list[str]) -> KeyPair:
     """A TLS server certificate signed by `ca` for DNS names and IP addresses in `hosts`."""
-    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
-    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = []
     for host in hosts:
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             sans.append(x509.DNSName(host))
+    return _signed(ca, common_name, ExtendedKeyUsageOID.SERVER_AUTH, x509.SubjectAlternativeName(sans))
+
+
+def new_client_cert(ca: KeyPair, common_name: str) -> KeyPair:
+    """A TLS client certificate signed by `ca` (extended key usage clientAuth: a server verifying
+    clients refuses a serving certificate)."""
+    return _signed(ca, common_name, ExtendedKeyUsageOID.CLIENT_AUTH)
+
+
+def _signed(ca: KeyPair, common_name: str, usage: x509.ObjectIdentifier, names: x509.SubjectAlternativeName | None = None) -> KeyPair:
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca_cert.subject)
@@ -68,10 +78,10 @@ def new_serving_cert(ca: KeyPair, common_name: str, hosts: list[str]) -> KeyPair
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
     )
+    if names is not None:
+        builder = builder.add_extension(names, critical=False)
+    cert = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False).sign(ca_key, hashes.SHA256())
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 

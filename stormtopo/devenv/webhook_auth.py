@@ -8,14 +8,9 @@ API server: a review made up by anyone else on the network is refused (README, "
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from stormtopo import certificates
 
@@ -27,34 +22,11 @@ WEBHOOK_KUBECONFIG = "webhook-client.kubeconfig"
 COMMON_NAME = "kube-apiserver-webhook-client"
 
 
-def new_client_cert(ca: certificates.KeyPair, common_name: str) -> certificates.KeyPair:
-    """A TLS client certificate signed by `ca` (extended key usage clientAuth: a server verifying
-    clients refuses a serving certificate)."""
-    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
-    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=365))
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    return certificates.KeyPair(cert.public_bytes(serialization.Encoding.PEM), key_pem)
-
-
 def write(pki: Path) -> Path:
     """Write a client CA, the API server's client certificate, the kubeconfig naming it for every
     webhook host ('*'), and the AdmissionConfiguration; return the configuration's path."""
     ca = certificates.new_ca("stormtopo-webhook-client-ca")
-    client = new_client_cert(ca, COMMON_NAME)
+    client = certificates.new_client_cert(ca, COMMON_NAME)
     for name, data in ((CLIENT_CA, ca.cert_pem), (CLIENT_CERT, client.cert_pem), (CLIENT_KEY, client.key_pem)):
         (pki / name).write_bytes(data)
         (pki / name).chmod(0o600)

@@ -271,6 +271,12 @@ SA_USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{RELEASE}-stormtopo"
 
 
 def helm_template(*sets: str) -> list[dict[str, Any]]:
+    proc = _helm_template(*sets)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def _helm_template(*sets: str) -> subprocess.CompletedProcess[str]:
     helm = components.ensure_binary("helm")
     cmd = [
         str(helm),
@@ -284,9 +290,7 @@ def helm_template(*sets: str) -> list[dict[str, Any]]:
     ]
     for s in sets:
         cmd += ["--set", s]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return subprocess.run(cmd, capture_output=True, text=True)
 
 
 def _kubectl(cluster: DevCluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -417,16 +421,5 @@ def test_chart_client_auth_and_network_policy_render() -> None:
     plain_container = next(o for o in plain if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert webhook.CLIENT_CA_ENV not in {e["name"] for e in plain_container["env"]}
 
-    helm = components.ensure_binary("helm")
-    cmd = [
-        str(helm),
-        "template",
-        RELEASE,
-        str(REPO / "deploy/helm/stormtopo"),
-        "--kube-version",
-        "1.35.3",
-        "--set",
-        "networkPolicy.enabled=true",
-    ]
-    refused = subprocess.run(cmd, capture_output=True, text=True)
+    refused = _helm_template("networkPolicy.enabled=true")
     assert refused.returncode != 0 and "networkPolicy.webhookFrom" in refused.stderr

@@ -430,8 +430,8 @@ def test_with_a_client_ca_the_gate_answers_only_callers_with_its_certificate(tmp
         assert not refused["allowed"] and "presented none" in refused["status"]["message"]
         assert api.data is None
         with pytest.raises((ssl.SSLError, OSError)):  # a certificate from another CA fails the handshake
-            post(webhook_auth.new_client_cert(stranger_ca, "someone"))
-        assert post(webhook_auth.new_client_cert(client_ca, "kube-apiserver"))["allowed"]
+            post(certificates.new_client_cert(stranger_ca, "someone"))
+        assert post(certificates.new_client_cert(client_ca, "kube-apiserver"))["allowed"]
         assert api.data == {"ns.new": "RoleSet"}
         # The mutating webhooks answer without a certificate: they write nothing.
         pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {"storm-service-name": "svc"}}}
