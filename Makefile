@@ -22,7 +22,7 @@ lint: $(BIN)/.installed
 	$(BIN)/lint-imports
 
 unit: $(BIN)/.installed
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests --ignore=tests/integration
 
 integration: binaries
 	$(BIN)/pytest -q tests/integration

@@ -1,6 +1,6 @@
 """The chart registers exactly the admission objects the operator registers itself (webhook.py,
 core/optin.py): files/admission.json is generated from that code, and this test fails when it is
-stale. After a deliberate change: UPDATE_SNAPSHOTS=1 pytest tests/unit/test_safety_chart.py, review,
+stale. After a deliberate change: UPDATE_SNAPSHOTS=1 pytest tests/deploy/test_safety_chart.py, review,
 commit. The chart's templates only fill in names, namespaces and how the API server reaches the webhook."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def chart_admission_objects() -> dict[str, Any]:
     for obj in objects:
         for hook in obj.get("webhooks") or []:
             hook["clientConfig"] = {"path": hook["clientConfig"]["url"]}
-    return {"_comment": "generated from stormtopo.operator.webhook.configuration by tests/unit/test_safety_chart.py", "objects": objects}
+    return {"_comment": "generated from stormtopo.operator.webhook.configuration by tests/deploy/test_safety_chart.py", "objects": objects}
 
 
 def test_the_charts_admission_objects_are_the_operators() -> None:

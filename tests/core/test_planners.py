@@ -18,7 +18,7 @@ from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REQUEST_ANNOTATION, SCOPE
 from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPodGroup
 from stormtopo.devenv.workloads import stormservice
-from tests.unit.test_podgroup import roleset
+from tests.core.test_podgroup import roleset
 
 EXAMPLE = parse_topology((Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml").read_text())
 TIERS = ClusterTiers(frozenset({1, 2, 3}))
