@@ -20,7 +20,7 @@ from stormtopo.core.optin import (
     opted_in_key,
 )
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
-from stormtopo.kube.client import MERGE_PATCH, Api, ApiError, KubeError
+from stormtopo.kube.client import MERGE_PATCH, Api, Conflict, NotFound
 
 log = logging.getLogger("stormtopo.optedin")
 
@@ -40,42 +40,36 @@ class OptedInList:
         """Read the list (other replicas' webhooks add to it too)."""
         try:
             self.listed = dict((self.api.request("GET", self.path) or {}).get("data") or {})
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
+        except NotFound:
             self.listed = {}
 
-    def set(self, namespace: str, stormservice: str, want: str | None, force: bool = False) -> None:
-        """List a StormService with its scope, or unlist it (None); writes only on a change unless
-        `force` (this replica's copy of the list may be stale)."""
+    async def record(self, namespace: str, stormservice: str, want: str | None, force: bool = False) -> None:
+        """Say in the list what it says of a StormService: its scope, or nothing (None, unlisted).
+        Writes only on a change unless `force` (this replica's copy of the list may be stale)."""
+        if force or listing_change(self.listed, opted_in_key(namespace, stormservice), want) is not None:
+            await asyncio.to_thread(self._write, namespace, stormservice, want, force)
+
+    def _write(self, namespace: str, stormservice: str, want: str | None, force: bool) -> None:
         key = opted_in_key(namespace, stormservice)
         change = {key: want} if force else listing_change(self.listed, key, want)
         if change is None:
             return
         try:
             self.api.request("PATCH", self.path, {"data": change}, MERGE_PATCH)
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
+        except NotFound:
             if want is None:
                 return
             try:
                 self.api.request(
                     "POST", f"/api/v1/namespaces/{self.namespace}/configmaps", {**opted_in_configmap(self.namespace), "data": change}
                 )
-            except ApiError as exists:
-                if exists.status != 409:
-                    raise
+            except Conflict:
                 # Another replica (or this one's other admission) created it meanwhile: add to theirs.
                 self.api.request("PATCH", self.path, {"data": change}, MERGE_PATCH)
         if want is None:
             self.listed.pop(key, None)
         else:
             self.listed[key] = want
-
-    async def aset(self, namespace: str, stormservice: str, want: str | None, force: bool = False) -> None:
-        if force or listing_change(self.listed, opted_in_key(namespace, stormservice), want) is not None:
-            await asyncio.to_thread(self.set, namespace, stormservice, want, force)
 
     def stale(self, present: Mapping[str, object]) -> list[str]:
         """Listed keys whose StormService was absent at this and the previous check (`present`: the
@@ -85,14 +79,6 @@ class OptedInList:
         gone = sorted(absent & self._absent)
         self._absent = absent - set(gone)
         return gone
-
-    async def keep(self, namespace: str, stormservice: str, want: str | None) -> None:
-        """As aset, from reconciliation: a failure is logged and retried at the next resync, and
-        never stops the PodGroups from being reconciled (the list is the outage safety net)."""
-        try:
-            await self.aset(namespace, stormservice, want)
-        except (KubeError, OSError) as exc:
-            log.warning("could not update the opted-in list for %s/%s: %s", namespace, stormservice, exc)
 
 
 Lookup = Callable[[str, str], Awaitable[dict[str, Any] | None]]  # (namespace, name) -> the StormService or None
@@ -146,7 +132,7 @@ class Gate:
             return None  # listed by this replica moments ago: no rewrite of the ConfigMap
         try:
             # force: this replica's copy of the list may be stale (another replica's reconciler unlisted it)
-            await self.opted_in.aset(namespace, name, want, force=True)
+            await self.opted_in.record(namespace, name, want, force=True)
         except Exception as exc:  # any failure refuses: the API server retries nothing for us
             if new:
                 self.unconfirmed.drop(key)
@@ -190,7 +176,7 @@ class Gate:
                     if verdict == "unlist-refuted":
                         self.unconfirmed.refute(key, ((stored or {}).get("metadata") or {}).get("resourceVersion"))
                     # A real opt-in racing this is listed again by the reconciler at its watch event.
-                    await self.opted_in.aset(namespace, name, None, force=True)
+                    await self.opted_in.record(namespace, name, None, force=True)
                     log.info(
                         "took back the listing of %s: %s", key, "no such StormService" if stored is None else "it asks for no topology"
                     )

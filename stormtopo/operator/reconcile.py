@@ -50,7 +50,7 @@ class Reconciler:
             self._invalid.discard(key)
         metrics.INVALID_REQUESTS.set(len(self._invalid))
         if self.opted_in is not None:
-            await self.opted_in.keep(*key, listing(stormservice))
+            await self._record_listing(*key, listing(stormservice))
         await execute(self.api, plan.writes)
 
     async def refresh_opted_in(self) -> None:
@@ -65,7 +65,16 @@ class Reconciler:
         present = {opted_in_key(*key): None for key in self.index.stormservices}
         for key in self.opted_in.stale(present):
             namespace, _, name = key.partition(".")
-            await self.opted_in.keep(namespace, name, None)
+            await self._record_listing(namespace, name, None)
+
+    async def _record_listing(self, namespace: str, name: str, want: str | None) -> None:
+        """A failure is logged and retried at the next resync: it never stops the PodGroups from being
+        reconciled (the list is the outage safety net)."""
+        assert self.opted_in is not None
+        try:
+            await self.opted_in.record(namespace, name, want)
+        except (KubeError, OSError) as exc:
+            log.warning("could not update the opted-in list for %s/%s: %s", namespace, name, exc)
 
     def forget(self, key: Key) -> None:
         """A StormService was deleted: drop what was said about it."""
@@ -73,6 +82,6 @@ class Reconciler:
         self._invalid.discard(key)
         metrics.INVALID_REQUESTS.set(len(self._invalid))
         if self.opted_in is not None:
-            task = asyncio.get_running_loop().create_task(self.opted_in.keep(*key, None))
+            task = asyncio.get_running_loop().create_task(self._record_listing(*key, None))
             self._unlisting.add(task)
             task.add_done_callback(self._unlisting.discard)

@@ -112,9 +112,10 @@ def test_cluster_tiers_follow_hypernode_events_and_the_schema() -> None:
 def test_listing_when_another_replica_creates_the_list_first() -> None:
     """Two webhooks list their StormServices at once while the ConfigMap does not exist yet: the one
     whose create loses (409) adds to the other's list instead of refusing its StormService."""
+    import asyncio
     from typing import Any, cast
 
-    from stormtopo.kube.client import ApiError
+    from stormtopo.kube.client import Conflict, NotFound
     from stormtopo.operator.optedin import OptedInList
 
     calls: list[str] = []
@@ -124,14 +125,14 @@ def test_listing_when_another_replica_creates_the_list_first() -> None:
         def request(self, method: str, path: str, body: Any = None, *_: Any, **__: Any) -> Any:
             calls.append(method)
             if method == "PATCH" and calls.count("PATCH") == 1:
-                raise ApiError(404, method, path, "not found")  # not created yet
+                raise NotFound(404, method, path, "not found")  # not created yet
             if method == "POST":
                 stored.update({"other/svc": "StormService"})  # the other replica's create landed first
-                raise ApiError(409, method, path, "already exists")
+                raise Conflict(409, method, path, "already exists")
             stored.update(body["data"])
             return {"data": dict(stored)}
 
     listed = OptedInList(cast(Any, Racing()), "stormtopo")
-    listed.set("ns", "svc", "StormService")
+    asyncio.run(listed.record("ns", "svc", "StormService"))
     assert calls == ["PATCH", "POST", "PATCH"]
     assert len(stored) == 2 and listed.listed

@@ -155,18 +155,18 @@ class FakeApi:
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "", **_: str) -> Any:
         if self.fail:
-            raise ApiError(500, method, path, "etcdserver: request timed out")
+            raise ApiError.of(500, method, path, "etcdserver: request timed out")
         if method == "GET":
             if self.data is None:
-                raise ApiError(404, method, path, "not found")
+                raise ApiError.of(404, method, path, "not found")
             return {"data": dict(self.data)}
         if method == "PATCH":
             if self.data is None:
-                raise ApiError(404, method, path, "not found")
+                raise ApiError.of(404, method, path, "not found")
             changed = dict(self.data)
         else:  # POST: create
             if self.data is not None:
-                raise ApiError(409, method, path, "exists")
+                raise ApiError.of(409, method, path, "exists")
             changed = {}
         for key, value in (body or {}).get("data", {}).items():
             if value is None:
