@@ -24,9 +24,9 @@ from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index
 from stormtopo.operator.leader import Leadership
 from stormtopo.operator.loops import Loop, Loops, run_every
-from stormtopo.operator.optedin import OptedInList
-from stormtopo.operator.placement_report import PlacementReporter
-from stormtopo.operator.reconcile import Reconciler
+from stormtopo.operator.optin import OptedInList
+from stormtopo.operator.reconciliation import Reconciler
+from stormtopo.operator.replica import PlacementReporter
 
 log = logging.getLogger("stormtopo.operator")
 VOLCANO_RECHECK_SECONDS = 30.0  # how soon CRDs installed or upgraded after start are noticed

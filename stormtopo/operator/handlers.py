@@ -33,8 +33,8 @@ from stormtopo.operator import watch
 from stormtopo.operator.index import Index, Key, key_of, service_key_of
 from stormtopo.operator.leader import Leadership
 from stormtopo.operator.loops import Loops
-from stormtopo.operator.placement_report import PlacementReporter
-from stormtopo.operator.reconcile import Reconciler
+from stormtopo.operator.reconciliation import Reconciler
+from stormtopo.operator.replica import PlacementReporter
 from stormtopo.operator.workqueue import WorkQueue
 
 log = logging.getLogger("stormtopo.handlers")

@@ -7,7 +7,7 @@ that fails closed only for StormServices carrying a request lists each before it
 
 The gate has a side effect (it writes the opted-in list with stormtopo's identity), so a review that
 anyone on the cluster network made up must not change what another tenant depends on: what it lists
-is checked against the cluster (operator/optedin.py, Gate), and where the API server authenticates
+is checked against the cluster (operator/optin.py, Gate), and where the API server authenticates
 itself to webhooks with a client certificate (its AdmissionConfiguration), setting CLIENT_CA_ENV to
 that certificate's CA makes the gate answer only callers that present one. The mutating webhooks only
 answer: a made-up review there changes nothing in the cluster.
@@ -34,7 +34,7 @@ from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY,
 from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index
-from stormtopo.operator.optedin import Gate, OptedInList
+from stormtopo.operator.optin import Gate, OptedInList
 
 CONFIGURATION_NAME = "stormtopo"
 PODS_PATH = "/mutate/pods"

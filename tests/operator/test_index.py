@@ -77,7 +77,7 @@ def test_a_relist_forgets_what_was_deleted_while_the_watch_was_down_but_not_what
 
 
 def test_the_opted_in_list_forgets_a_stormservice_only_after_two_checks_without_it() -> None:
-    from stormtopo.operator.optedin import OptedInList
+    from stormtopo.operator.optin import OptedInList
 
     listed = OptedInList(api=None, namespace="stormtopo")  # type: ignore[arg-type]  # stale() makes no API calls
     listed.listed = {"ns.gone": "RoleSet", "ns.here": "RoleSet", "ns.new": "RoleSet"}
@@ -116,7 +116,7 @@ def test_listing_when_another_replica_creates_the_list_first() -> None:
     from typing import Any, cast
 
     from stormtopo.kube.client import Conflict, NotFound
-    from stormtopo.operator.optedin import OptedInList
+    from stormtopo.operator.optin import OptedInList
 
     calls: list[str] = []
     stored: dict[str, str] = {}

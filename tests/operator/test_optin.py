@@ -32,7 +32,7 @@ from stormtopo.devenv import processes, webhook_auth
 from stormtopo.devenv.cluster import operator_env
 from stormtopo.kube.client import ApiError
 from stormtopo.operator import webhook
-from stormtopo.operator.optedin import Gate, OptedInList
+from stormtopo.operator.optin import Gate, OptedInList
 
 HARD = {MODE: "hard", HIGHEST_TIER: "1"}
 

@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY
 
 from stormtopo.core.replica import ReplicaMemory
 from stormtopo.operator.index import Index
-from stormtopo.operator.placement_report import PlacementReporter
+from stormtopo.operator.replica import PlacementReporter
 
 
 def _gauge() -> float | None:

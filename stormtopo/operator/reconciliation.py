@@ -19,7 +19,7 @@ from stormtopo.kube.client import Api, KubeError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key, key_of
-from stormtopo.operator.optedin import OptedInList
+from stormtopo.operator.optin import OptedInList
 from stormtopo.operator.writer import execute
 
 log = logging.getLogger("stormtopo.reconcile")

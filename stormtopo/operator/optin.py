@@ -22,7 +22,7 @@ from stormtopo.core.optin import (
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
 from stormtopo.kube.client import MERGE_PATCH, Api, Conflict, NotFound
 
-log = logging.getLogger("stormtopo.optedin")
+log = logging.getLogger("stormtopo.optin")
 
 
 class OptedInList:
