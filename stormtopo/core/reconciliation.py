@@ -13,6 +13,7 @@ from typing import Any
 
 from stormtopo.core.gang import requests_resources
 from stormtopo.core.jsonpatch import remove_annotation, set_annotations, set_spec_fields
+from stormtopo.core.optin import listing
 from stormtopo.core.podgroup import (
     carries_constraint,
     desired_fields,
@@ -24,7 +25,7 @@ from stormtopo.core.podgroup import (
 )
 from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.vocabulary import REQUEST_ANNOTATION
-from stormtopo.core.writes import CreatePodGroup, PatchPodGroup, Say, Write
+from stormtopo.core.writes import CreatePodGroup, ListOptedIn, PatchPodGroup, PostEvent, Say, Write
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,17 @@ class ServiceSnapshot:
 
 @dataclass(frozen=True)
 class ServicePlan:
-    writes: tuple[Write, ...]
+    writes: tuple[Write, ...]  # the PodGroups' writes
     verdict: str | None  # what is said of the request; an Event only when it changes
     say: Say | None
     invalid: bool = False
+    listing: ListOptedIn | None = None  # what the opted-in list says of it: written before the PodGroups
+
+    def all_writes(self, stormservice: Mapping[str, Any]) -> tuple[Write, ...]:
+        """Everything to carry out, in order: the Event, the listing, the PodGroups."""
+        said: tuple[Write, ...] = (PostEvent(stormservice, self.say),) if self.say is not None else ()
+        listed: tuple[Write, ...] = (self.listing,) if self.listing is not None else ()
+        return said + listed + self.writes
 
 
 def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None) -> ServicePlan:
@@ -49,8 +57,10 @@ def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None) -> Ser
     verdict, say = _verdict(snapshot, request)
     if say is not None and verdict == said:
         say = None
+    meta = snapshot.stormservice["metadata"]
+    listed = ListOptedIn(meta.get("namespace", ""), meta["name"], listing(snapshot.stormservice))  # valid or not
     if isinstance(request, RequestError):
-        return ServicePlan((), verdict, say, invalid=True)  # bad input changes nothing; the Warning says why
+        return ServicePlan((), verdict, say, invalid=True, listing=listed)  # bad input changes nothing; the Warning says why
     namespace = snapshot.stormservice["metadata"]["namespace"]
     service_group = snapshot.podgroups.get(service_group_name(snapshot.stormservice["metadata"]["name"]))
     writes: list[Write] = []
@@ -62,7 +72,7 @@ def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None) -> Ser
         writes += _withdraw(namespace, service_group)
         for roleset in snapshot.rolesets:
             writes += _replica_group(namespace, roleset, snapshot.podgroups.get(roleset["metadata"]["name"]), request)
-    return ServicePlan(tuple(writes), verdict, say)
+    return ServicePlan(tuple(writes), verdict, say, listing=listed)
 
 
 def _verdict(snapshot: ServiceSnapshot, request: TopologyRequest | RequestError | None) -> tuple[str | None, Say | None]:

@@ -22,7 +22,7 @@ from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import ADMITTED_LABEL, GROUP_NAME_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL, TASK_SPEC_ANNOTATION
-from stormtopo.core.writes import AdoptPod, RecordPlacement, Say, Write
+from stormtopo.core.writes import AdoptPod, PostEvent, RecordPlacement, Say, Write
 
 # Seconds between two capacity checks of one pending gang; doubled while its explanation stays the
 # same (a gang pending for an hour is explained about every EXPLAIN_INTERVAL_MAX, not 360 times).
@@ -116,6 +116,10 @@ class ReplicaPlan:
     violations: int = 0  # TopologyViolated Warnings newly said
     needs_all_pods: bool = False  # pods are held and their anchors are not all known: read every pod and plan again
     needs_nodes: bool = False  # a bound pod is on a node the last reading did not have: read the nodes and plan again
+
+    def all_writes(self, stormservice: Mapping[str, Any]) -> tuple[Write, ...]:
+        """Everything to carry out, in order: the Events on the StormService, then the writes."""
+        return tuple(PostEvent(stormservice, say) for say in self.says) + self.writes
 
 
 @dataclass(frozen=True)

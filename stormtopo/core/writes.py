@@ -61,6 +61,16 @@ class RecordPlacement:
 
 
 @dataclass(frozen=True)
+class ListOptedIn:
+    """What the opted-in list (the outage policy's parameter) says of a StormService: its scope, or
+    nothing (None: unlisted)."""
+
+    namespace: str
+    stormservice: str
+    scope: str | None
+
+
+@dataclass(frozen=True)
 class Say:
     """An Event on the StormService the plan is about."""
 
@@ -69,4 +79,12 @@ class Say:
     message: str
 
 
-Write = CreatePodGroup | PatchPodGroup | LabelPod | PatchPod | AdoptPod | RecordPlacement
+@dataclass(frozen=True)
+class PostEvent:
+    """An Event on `about` (the StormService a plan is about)."""
+
+    about: Mapping[str, Any]
+    say: Say
+
+
+Write = CreatePodGroup | PatchPodGroup | LabelPod | PatchPod | AdoptPod | RecordPlacement | ListOptedIn | PostEvent

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.optin import listing, opted_in_key
+from stormtopo.core.optin import opted_in_key
 from stormtopo.core.reconciliation import plan_stormservice
+from stormtopo.core.writes import ListOptedIn
 from stormtopo.kube.client import Api, KubeError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
@@ -42,16 +43,12 @@ class Reconciler:
             self._said.pop(key, None)
         else:
             self._said[key] = plan.verdict
-        if plan.say is not None:
-            self.report(stormservice, plan.say.type, plan.say.reason, plan.say.message)
         if plan.invalid:
             self._invalid.add(key)
         else:
             self._invalid.discard(key)
         metrics.INVALID_REQUESTS.set(len(self._invalid))
-        if self.opted_in is not None:
-            await self._record_listing(*key, listing(stormservice))
-        await execute(self.api, plan.writes)
+        await execute(self.api, plan.all_writes(stormservice), self.report, self.opted_in)
 
     async def refresh_opted_in(self) -> None:
         """Re-read the opted-in list: every replica's webhook adds to it."""
@@ -65,16 +62,7 @@ class Reconciler:
         present = {opted_in_key(*key): None for key in self.index.stormservices}
         for key in self.opted_in.stale(present):
             namespace, _, name = key.partition(".")
-            await self._record_listing(namespace, name, None)
-
-    async def _record_listing(self, namespace: str, name: str, want: str | None) -> None:
-        """A failure is logged and retried at the next resync: it never stops the PodGroups from being
-        reconciled (the list is the outage safety net)."""
-        assert self.opted_in is not None
-        try:
-            await self.opted_in.record(namespace, name, want)
-        except (KubeError, OSError) as exc:
-            log.warning("could not update the opted-in list for %s/%s: %s", namespace, name, exc)
+            await execute(self.api, [ListOptedIn(namespace, name, None)], opted_in=self.opted_in)
 
     def forget(self, key: Key) -> None:
         """A StormService was deleted: drop what was said about it."""
@@ -82,6 +70,6 @@ class Reconciler:
         self._invalid.discard(key)
         metrics.INVALID_REQUESTS.set(len(self._invalid))
         if self.opted_in is not None:
-            task = asyncio.get_running_loop().create_task(self._record_listing(*key, None))
+            task = asyncio.get_running_loop().create_task(execute(self.api, [ListOptedIn(*key, None)], opted_in=self.opted_in))
             self._unlisting.add(task)
             task.add_done_callback(self._unlisting.discard)

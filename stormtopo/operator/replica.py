@@ -96,10 +96,8 @@ class PlacementReporter:
     async def _carry_out(self, key: Key, snapshot: ReplicaSnapshot, plan: ReplicaPlan) -> None:
         recorded = self._memory.get(key, ReplicaMemory()).recorded
         self._remember(key, replace(plan.memory, recorded=recorded))  # what was said stays said, even if a write fails
-        for say in plan.says:
-            self.report(snapshot.stormservice, say.type, say.reason, say.message)
         metrics.TOPOLOGY_VIOLATIONS.inc(plan.violations)
-        await execute(self.api, plan.writes)
+        await execute(self.api, plan.all_writes(snapshot.stormservice), self.report)
         self._remember(key, plan.memory)  # the record, only once written: a failed one is written again next time
         if plan.first is not None:
             if plan.first.tier is not None:

@@ -8,17 +8,41 @@ from collections.abc import Iterable
 
 from stormtopo.core.placement import merge_placements
 from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION
-from stormtopo.core.writes import AdoptPod, CreatePodGroup, LabelPod, PatchPod, PatchPodGroup, RecordPlacement, Write
-from stormtopo.kube.client import Api, ApiError, Conflict, NotFound
+from stormtopo.core.writes import (
+    AdoptPod,
+    CreatePodGroup,
+    LabelPod,
+    ListOptedIn,
+    PatchPod,
+    PatchPodGroup,
+    PostEvent,
+    RecordPlacement,
+    Write,
+)
+from stormtopo.kube.client import Api, ApiError, Conflict, KubeError, NotFound
 from stormtopo.operator import metrics
+from stormtopo.operator.events import Report
+from stormtopo.operator.optin import OptedInList
 
 log = logging.getLogger("stormtopo.writer")
 RECORD_ATTEMPTS = 5  # conflicting writers of one StormService's placement annotation, re-read and merged each time
 
 
-async def execute(api: Api, writes: Iterable[Write]) -> None:
+async def execute(api: Api, writes: Iterable[Write], report: Report | None = None, opted_in: OptedInList | None = None) -> None:
+    """Carry out what a planner decided, in order: Events through `report` (queued, never blocking),
+    listings through `opted_in` (none: no admission policy to feed), the rest through the API."""
     for write in writes:
         match write:
+            case PostEvent(about, say):
+                if report is not None:
+                    report(about, say.type, say.reason, say.message)
+            case ListOptedIn(namespace, stormservice, scope):
+                if opted_in is None:
+                    continue
+                try:
+                    await opted_in.record(namespace, stormservice, scope)
+                except (KubeError, OSError) as exc:  # retried at the next resync; the PodGroups go on
+                    log.warning("could not update the opted-in list for %s/%s: %s", namespace, stormservice, exc)
             case CreatePodGroup(body):
                 if await asyncio.to_thread(api.create_podgroup, dict(body)):
                     metrics.PODGROUP_WRITES.labels("create").inc()

@@ -387,3 +387,17 @@ def test_terminating_or_finished_pods_are_no_anchor_and_held_pods_of_an_opted_ou
     held = {"metadata": {"name": "router-0", "namespace": "ns"}, "spec": {"schedulingGates": [{"name": "stormtopo.io/domain"}]}}
     (release,) = plan_release(EMPTY_TOPOLOGY, [], 0, [held])
     assert [op["op"] for op in release.ops] == ["test", "remove"]  # the gate goes, no affinity is set
+
+
+def test_the_listing_and_the_event_are_writes_carried_out_first() -> None:
+    from stormtopo.core.writes import ListOptedIn, PostEvent
+
+    ss = service(HARD1, strategy=False)
+    plan = plan_stormservice(ServiceSnapshot(ss, (replica(False),), {}, TIERS))
+    first, listed, create = plan.all_writes(ss)
+    assert isinstance(first, PostEvent) and first.say.reason == "TopologyRequest"
+    assert listed == ListOptedIn("ns", "svc", "RoleSet") and isinstance(create, CreatePodGroup)
+    invalid = plan_stormservice(ServiceSnapshot(service({MODE: "hard", HIGHEST_TIER: "7"}), (replica(),), {}, TIERS))
+    assert invalid.listing == ListOptedIn("ns", "svc", "RoleSet")  # still listed: its last valid constraint is kept
+    plain = plan_stormservice(ServiceSnapshot(service(None), (replica(),), {}, TIERS))
+    assert plain.all_writes(service(None)) == (ListOptedIn("ns", "svc", None),)
