@@ -103,7 +103,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _api(args: argparse.Namespace) -> Api:
     from stormtopo.kube.client import Api
 
-    return Api(args.kubeconfig)
+    return Api(args.kubeconfig, getattr(args, "context", None))
 
 
 def _topology(args: argparse.Namespace) -> int:
@@ -133,12 +133,14 @@ def _explain(args: argparse.Namespace) -> int:
 
     from stormtopo.commands import explain
 
-    namespace, sep, name = args.target.partition("/")
-    if not sep or not namespace or not name:
-        print(f"stormtopo: explain takes NAMESPACE/STORMSERVICE, got {args.target!r}", file=sys.stderr)
+    namespace, sep, name = args.target.rpartition("/")
+    if not sep:  # kubectl's habit: NAME with -n/--namespace (default: "default")
+        namespace, name = args.namespace or "default", args.target
+    if not namespace or not name or (sep and args.namespace and args.namespace != namespace):
+        print(f"stormtopo: explain takes NAMESPACE/STORMSERVICE, or STORMSERVICE with -n NAMESPACE; got {args.target!r}", file=sys.stderr)
         return 2
     try:
-        return explain.run(_api(args), namespace, name, Console())
+        return explain.run(_api(args), namespace, name, Console(), args.output)
     except explain.NotFound as exc:
         print(f"stormtopo: {exc}", file=sys.stderr)
         return 1
@@ -150,8 +152,8 @@ def _release_held(args: argparse.Namespace) -> int:
     return release_held.run(_api(args), args.namespace, args.dry_run, print)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stormtopo", description="Network-topology-aware scheduling for AIBrix StormService on Volcano")
+def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Network-topology-aware scheduling for AIBrix StormService on Volcano")
     sub = parser.add_subparsers(dest="command", required=True)
 
     dev = sub.add_parser("dev", help="a local control plane from real upstream components").add_subparsers(
@@ -173,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         releases.add_argument("--volcano-version", help="Volcano release (default: $STORMTOPO_VOLCANO_VERSION, else the newest served)")
     kube = argparse.ArgumentParser(add_help=False)
     kube.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+    kube.add_argument("--context", help="the kubeconfig context to use (default: its current context)")
     topo = sub.add_parser("topology", help="declare HyperNodes and see the tree").add_subparsers(dest="topology_command", required=True)
     apply = topo.add_parser("apply", parents=[kube], help="create, update and prune HyperNodes from a switch-tree file")
     apply.add_argument("-f", "--file", required=True)
@@ -181,11 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     labels.add_argument("--levels", required=True, help="node labels naming each switch level, top tier first, comma-separated")
     labels.add_argument("--dry-run", action="store_true")
     show = topo.add_parser("show", parents=[kube], help="the HyperNode tree with free/total GPUs and the replicas on each node")
-    show.add_argument("--output", choices=("tree", "json"), default="tree")
+    show.add_argument("-o", "--output", choices=("tree", "json", "yaml"), default="tree")
     for p in (apply, labels, show):
         p.set_defaults(func=_topology)
     explain = sub.add_parser("explain", parents=[kube], help="where each replica of a StormService landed, or why it is Pending")
-    explain.add_argument("target", metavar="NAMESPACE/STORMSERVICE")
+    explain.add_argument("target", metavar="[NAMESPACE/]STORMSERVICE")
+    explain.add_argument("-n", "--namespace", help="the StormService's namespace, with a bare STORMSERVICE (default: default)")
+    explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     explain.set_defaults(func=_explain)
 
     held = sub.add_parser(
@@ -216,14 +221,14 @@ def describe_api_error(exc: ApiError) -> str:
     return "; ".join(part for part in (f"{exc.request} failed (HTTP {exc.status})", message, advice) if part)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "stormtopo") -> int:
     import ssl
 
     import urllib3
 
     from stormtopo.kube.client import ApiError, CredentialsError
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     try:
         return int(args.func(args))
     except ApiError as exc:
@@ -234,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         reason = getattr(exc, "reason", None) or exc
         print(f"stormtopo: cannot reach the API server: {reason}; check the cluster is up and the kubeconfig's server", file=sys.stderr)
     return 1
+
+
+def kubectl_main(argv: list[str] | None = None) -> int:
+    """`kubectl stormtopo ...`: kubectl runs the `kubectl-stormtopo` it finds on PATH with the rest of
+    the command line (kubectl's plugin mechanism)."""
+    return main(argv, prog="kubectl stormtopo")
 
 
 if __name__ == "__main__":

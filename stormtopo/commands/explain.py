@@ -3,8 +3,12 @@ operator's own planner (core/replica.py) over what the API says now."""
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Mapping
+from typing import Any
 
+import yaml
 from rich.console import Console
 
 from stormtopo.core.capabilities import cluster_tiers
@@ -21,7 +25,21 @@ class NotFound(LookupError):
     pass
 
 
-def run(api: Api, namespace: str, name: str, console: Console) -> int:
+def run(api: Api, namespace: str, name: str, console: Console, output: str = "text") -> int:
+    """Print where each replica landed or why it is Pending: as text, or as json or yaml for tools."""
+    report = explain_stormservice(api, namespace, name)
+    if output == "json":
+        console.print_json(json.dumps(report))
+    elif output == "yaml":
+        console.print(yaml.safe_dump(report, sort_keys=False), end="", highlight=False)
+    else:
+        for line in render(report):
+            console.print(line, highlight=False)
+    return 1 if report.get("invalid") else 0
+
+
+def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
+    """The same state the operator's planner reads, as data."""
     stormservice = api.get(AIBRIX, "stormservices", namespace, name)
     if stormservice is None:
         raise NotFound(f"StormService {namespace}/{name} not found")
@@ -30,31 +48,54 @@ def run(api: Api, namespace: str, name: str, console: Console) -> int:
     topology = topology_from_hypernodes(hypernodes, api.node_labels())  # every node: HyperNodes may select by regex or label
     tiers = cluster_tiers(hypernodes, api.crd_schema(PODGROUP_CRD))
     request = request_of(stormservice, tiers)
+    report: dict[str, Any] = {"namespace": namespace, "stormservice": name}
     if isinstance(request, RequestError):
-        console.print(f"{namespace}/{name}: invalid network-topology request, nothing is applied: {request}", highlight=False)
-        return 1
-    console.print(f"{namespace}/{name}: {request.describe() if request else 'no network-topology request'}", highlight=False)
+        return {**report, "invalid": str(request)}
+    report["request"] = request.describe() if request else None
+    report["replicas"] = []
     rolesets = api.list_objects(AIBRIX, "rolesets", namespace, label_selector=f"{STORMSERVICE_LABEL}={name}")
-    if not rolesets:
-        console.print("  no replicas (RoleSets) yet")
     for roleset in sorted(rolesets, key=lambda r: r["metadata"]["name"]):
         replica = roleset["metadata"]["name"]
         group = gang_name(stormservice, roleset, request)
         podgroup = api.get(VOLCANO_SCHEDULING, "podgroups", namespace, group)
-        phase = ((podgroup or {}).get("status") or {}).get("phase", "no PodGroup")
         pods = tuple(api.pods_of_group(namespace, replica))
         state = replica_state(ReplicaSnapshot(roleset, stormservice, pods, podgroup, tiers, topology, all_pods=True, now=time.monotonic()))
         nodes = sorted(p["spec"]["nodeName"] for p in state.bound)
+        entry: dict[str, Any] = {
+            "replica": replica,
+            "podGroup": group,
+            "phase": ((podgroup or {}).get("status") or {}).get("phase", "no PodGroup"),
+            "bound": len(nodes),
+            "pods": len(state.wanted),
+        }
         if state.created and state.complete:
-            record = placement_record(topology, nodes)
-            where = f"{record['hyperNode']} (tier {record['tier']})" if record["hyperNode"] else "no common HyperNode"
-            console.print(f"  replica {replica}: placed in {where} on {', '.join(nodes)}; PodGroup {group} {phase}", highlight=False)
+            entry["placed"] = placement_record(topology, nodes)
+        else:
+            tier = allowed_tier(request, topology) if request else None
+            if tier is not None:
+                explanation = explain(topology, free, state.wanted, tier)
+                entry["pending"] = {"fits": explanation.fits, "explanation": explanation.render()}
+        report["replicas"].append(entry)
+    return report
+
+
+def render(report: Mapping[str, Any]) -> list[str]:
+    where = f"{report['namespace']}/{report['stormservice']}"
+    if report.get("invalid"):
+        return [f"{where}: invalid network-topology request, nothing is applied: {report['invalid']}"]
+    lines = [f"{where}: {report['request'] or 'no network-topology request'}"]
+    if not report["replicas"]:
+        lines.append("  no replicas (RoleSets) yet")
+    for entry in report["replicas"]:
+        placed = entry.get("placed")
+        gang = f"PodGroup {entry['podGroup']} {entry['phase']}"
+        if placed:
+            at = f"{placed['hyperNode']} (tier {placed['tier']})" if placed["hyperNode"] else "no common HyperNode"
+            lines.append(f"  replica {entry['replica']}: placed in {at} on {', '.join(placed['nodes'])}; {gang}")
             continue
-        console.print(f"  replica {replica}: {len(nodes)}/{len(state.wanted)} pods bound; PodGroup {group} {phase}", highlight=False)
-        tier = allowed_tier(request, topology) if request else None
-        if tier is None:
-            continue
-        explanation = explain(topology, free, state.wanted, tier)
-        verdict = "capacity exists; Volcano should place it in its next cycles" if explanation.fits else "it cannot be placed now"
-        console.print(f"    {verdict}: {explanation.render()}", highlight=False)
-    return 0
+        lines.append(f"  replica {entry['replica']}: {entry['bound']}/{entry['pods']} pods bound; {gang}")
+        pending = entry.get("pending")
+        if pending:
+            verdict = "capacity exists; Volcano should place it in its next cycles" if pending["fits"] else "it cannot be placed now"
+            lines.append(f"    {verdict}: {pending['explanation']}")
+    return lines

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
+import yaml
 from rich.console import Console
 
 from stormtopo.core.topology.fabric import check_size, parse_topology
@@ -144,6 +145,8 @@ def show(api: Api, output: str, console: Console) -> int:
     marks = _replicas_by_node(api)
     if output == "json":
         console.print_json(json.dumps(_as_json(topology, free, totals, marks)))
+    elif output == "yaml":
+        console.print(yaml.safe_dump(_as_json(topology, free, totals, marks), sort_keys=False), end="", highlight=False)
         return 0
     if not topology.switches:
         console.print("no HyperNodes in this cluster: create them with `stormtopo topology apply -f FILE` or `from-labels`")

@@ -35,8 +35,8 @@ PAGE_SIZE = 250  # objects per list request
 
 
 class Api:
-    def __init__(self, kubeconfig: str | None = None) -> None:
-        self.credentials = load_credentials(kubeconfig)
+    def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
+        self.credentials = load_credentials(kubeconfig, context)
         self.in_cluster = self.credentials.in_cluster
         creds = self.credentials
         ctx = ssl.create_default_context(cafile=creds.ca_path)

@@ -173,8 +173,8 @@ def kubeconfig_path(kubeconfig: str | None) -> str | None:
     raise CredentialsError("no kubeconfig: pass --kubeconfig, set KUBECONFIG, or create ~/.kube/config (not running in a pod)")
 
 
-def load_credentials(kubeconfig: str | None) -> Credentials:
-    """From a kubeconfig file (its current context), else the pod's service account."""
+def load_credentials(kubeconfig: str | None, use_context: str | None = None) -> Credentials:
+    """From a kubeconfig file (context `use_context`, else its current one), else the pod's service account."""
     path = kubeconfig_path(kubeconfig)
     if not path:
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
@@ -187,13 +187,14 @@ def load_credentials(kubeconfig: str | None) -> Credentials:
         raise CredentialsError(f"cannot read kubeconfig {path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise CredentialsError(f"kubeconfig {path} is not valid YAML: {exc}") from None
-    context_name = config.get("current-context")
+    context_name = use_context or config.get("current-context")
     try:
         context = next(c["context"] for c in config.get("contexts") or [] if c["name"] == context_name)
         cluster = next(c["cluster"] for c in config.get("clusters") or [] if c["name"] == context["cluster"])
     except (StopIteration, KeyError, TypeError):
         raise CredentialsError(
-            f"kubeconfig {path}: its current context {context_name!r} or that context's cluster is not defined"
+            f"kubeconfig {path}: {'context' if use_context else 'its current context'} {context_name!r} "
+            "or that context's cluster is not defined"
         ) from None
     user: dict[str, Any] = next((u["user"] for u in config.get("users") or [] if u["name"] == context.get("user")), {}) or {}
     base = Path(path).resolve().parent

@@ -66,3 +66,14 @@ def test_a_failure_after_the_dry_run_names_what_was_and_was_not_written(capsys: 
     assert "create HyperNode leaf-b failed: HTTP 422: admission webhook denied: no leaf-b" in err
     assert "written: create HyperNode leaf-a\n" in err
     assert "not written: create HyperNode leaf-b, create HyperNode spine\n" in err
+
+
+def test_explain_takes_kubectls_namespace_flag_and_output_formats() -> None:
+    from stormtopo.cli import build_parser
+
+    parser = build_parser("kubectl stormtopo")
+    bare = parser.parse_args(["explain", "svc", "-n", "ns", "-o", "yaml", "--context", "c"])
+    assert (bare.target, bare.namespace, bare.output, bare.context) == ("svc", "ns", "yaml", "c")
+    qualified = parser.parse_args(["explain", "ns/svc"])
+    assert (qualified.target, qualified.namespace, qualified.output) == ("ns/svc", None, "text")
+    assert parser.parse_args(["topology", "show", "-o", "yaml"]).output == "yaml"
