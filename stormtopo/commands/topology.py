@@ -145,7 +145,8 @@ def show(api: Api, output: str, console: Console) -> int:
     marks = _replicas_by_node(api)
     if output == "json":
         console.print_json(json.dumps(_as_json(topology, free, totals, marks)))
-    elif output == "yaml":
+        return 0
+    if output == "yaml":
         console.print(yaml.safe_dump(_as_json(topology, free, totals, marks), sort_keys=False), end="", highlight=False)
         return 0
     if not topology.switches:
