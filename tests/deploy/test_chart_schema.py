@@ -1,0 +1,37 @@
+"""The chart as users expect (issue 22, in part): `helm lint --strict` passes, and values.schema.json
+refuses a bad value or a misspelt key with a message naming it, before anything is rendered."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stormtopo.devenv import components
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "stormtopo"
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(components.ensure_binary("helm")), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_chart_lints_strictly() -> None:
+    linted = helm("lint", "--strict", str(CHART))
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("replicaCount=two", "/replicaCount"),
+        ("webhook.port=99999", "/webhook/port"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("webhok.port=9443", "'webhok' not allowed"),
+        ("networkPolicy.enabled=yes-please", "/networkPolicy/enabled"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_it(value: str, named: str) -> None:
+    refused = helm("template", "x", str(CHART), "--kube-version", "1.35.3", "--set", value)
+    assert refused.returncode != 0 and named in refused.stderr, refused.stderr
