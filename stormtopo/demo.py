@@ -47,6 +47,8 @@ class Outcome:
     tier: int
     domain: str
     kv_seconds: float
+    free: dict[str, int]  # free GPUs per node while this run's replica was placed
+    total: dict[str, int]
 
 
 def run(state_dir: Path | None = None, kv_config: Path = DEFAULT_KV_CONFIG, picture: Path | None = None, keep: bool = False) -> int:
@@ -63,9 +65,13 @@ def run(state_dir: Path | None = None, kv_config: Path = DEFAULT_KV_CONFIG, pict
         for node, gpus in BUSY.items():
             client.create(filler_pod(f"busy-{node}", NAMESPACE, node, gpus))
         client.bound_pods(NAMESPACE, "stormtopo.io/filler=true", len(BUSY))
-        outcomes = [_deploy(client, topology, kv, name, title, annotations) for name, title, annotations in SCENARIOS]
-        free, total = client.gpu_capacity()
-        _show(console, topology, free, total, outcomes, kv)
+        # One run at a time, from the same busy cluster: each tree shows its own run, not the sum of both.
+        outcomes = []
+        for i, (name, title, annotations) in enumerate(SCENARIOS):
+            outcomes.append(_deploy(client, topology, kv, name, title, annotations))
+            if i + 1 < len(SCENARIOS):
+                _remove(client, name)
+        _show(console, topology, outcomes, kv)
         picture.parent.mkdir(parents=True, exist_ok=True)
         draw(
             topology,
@@ -89,16 +95,22 @@ def _deploy(client: DevCluster, topology: Topology, kv: KVModel, name: str, titl
     span = topology.span([node["prefill"], node["decode"]])
     tier = crossed_tier(span, topology.tiers)
     domain = "one node" if span.tier == 0 else (span.hypernode or "no common switch")
-    return Outcome(name, title, node["prefill"], node["decode"], tier, domain, kv.seconds(tier))
+    free, total = client.gpu_capacity()
+    return Outcome(name, title, node["prefill"], node["decode"], tier, domain, kv.seconds(tier), free, total)
 
 
-def _show(console: Console, topology: Topology, free: dict[str, int], total: dict[str, int], outcomes: list[Outcome], kv: KVModel) -> None:
+def _remove(client: DevCluster, name: str) -> None:
+    client.delete_stormservice(NAMESPACE, name)
+    client.wait(lambda: not client.pods(NAMESPACE, f"storm-service-name={name}"), 120, f"the pods of {name} gone")
+
+
+def _show(console: Console, topology: Topology, outcomes: list[Outcome], kv: KVModel) -> None:
     trees = []
     for o in outcomes:
         marks: dict[str, list[str]] = {}
         marks.setdefault(o.prefill, []).append(f"P {o.name}")
         marks.setdefault(o.decode, []).append(f"D {o.name}")
-        trees.append(topology_tree(topology, free, total, marks, title=f"{o.name}: {o.title}", highlight=[o.domain]))
+        trees.append(topology_tree(topology, o.free, o.total, marks, title=f"{o.name}: {o.title}", highlight=[o.domain]))
     console.print(Columns(trees, equal=True, expand=True))
     table = Table(title=f"Modeled KV-cache transfer of one {kv.prompt_tokens}-token request ({kv.request_bytes / 1e9:.2f} GB)")
     for column in ("StormService", "prefill", "decode", "crosses", "link", "KV transfer"):
@@ -117,7 +129,7 @@ def _show(console: Console, topology: Topology, free: dict[str, int], total: dic
     for o in outcomes:
         console.print(
             f"{o.name}: prefill on {o.prefill}, decode on {o.decode}, crosses {o.domain} (tier {o.tier}), "
-            f"KV transfer {o.kv_seconds * 1000:.1f} ms",
+            f"KV transfer {o.kv_seconds * 1000:.1f} ms; {sum(o.free.values())} GPUs free in its run",
             soft_wrap=True,
         )
     if len(outcomes) == 2 and outcomes[1].kv_seconds > 0:
