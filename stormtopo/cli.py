@@ -133,10 +133,10 @@ def _explain(args: argparse.Namespace) -> int:
 
     from stormtopo.commands import explain
 
-    namespace, sep, name = args.target.rpartition("/")
+    namespace, sep, name = args.target.partition("/")
     if not sep:  # kubectl's habit: NAME with -n/--namespace (default: "default")
         namespace, name = args.namespace or "default", args.target
-    if not namespace or not name or (sep and args.namespace and args.namespace != namespace):
+    if not namespace or not name or "/" in name or (sep and args.namespace and args.namespace != namespace):
         print(f"stormtopo: explain takes NAMESPACE/STORMSERVICE, or STORMSERVICE with -n NAMESPACE; got {args.target!r}", file=sys.stderr)
         return 2
     try:

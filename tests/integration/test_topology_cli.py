@@ -198,4 +198,6 @@ def test_explain_says_why_a_replica_is_pending(cluster: DevCluster, namespace: s
     cluster.wait(lambda: len(cluster.pods(namespace, "storm-service-name=stuck")) == 2, 90, "the stuck replica's pods")
     out = cli(cluster, "explain", f"{namespace}/stuck").stdout
     assert "0/2 pods bound" in out and "cannot be placed now" in out and "would fit within tier 2" in out
-    assert cli(cluster, "explain", "nope", check=False).returncode == 2
+    assert cli(cluster, "explain", "ns/", check=False).returncode == 2  # not NAMESPACE/NAME
+    missing = cli(cluster, "explain", "nope", check=False)  # a bare name: kubectl's default namespace
+    assert missing.returncode == 1 and "StormService default/nope not found" in missing.stderr
