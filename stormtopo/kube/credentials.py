@@ -3,7 +3,9 @@ plugins (EKS, GKE, AKS, kubelogin) and the legacy `auth-provider` tokens."""
 
 from __future__ import annotations
 
+import atexit
 import base64
+import contextlib
 import datetime
 import json
 import os
@@ -145,10 +147,24 @@ class Credentials:
         return self.token
 
 
+_WRITTEN: list[str] = []  # PEM files this process wrote: removed when it exits (310 were found left in /tmp)
+
+
+def _remove_written() -> None:
+    for name in _WRITTEN:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+
+
+atexit.register(_remove_written)
+
+
 def materialize(data: str | bytes | None, path: str | None, base: Path, encoded: bool = True) -> str | None:
-    """A kubeconfig names a file or embeds base64 data; TLS needs a file."""
+    """A kubeconfig names a file or embeds base64 data; TLS needs a file (private to this user, and
+    removed when the process exits)."""
     if data:
         fd, name = tempfile.mkstemp(prefix="stormtopo-", suffix=".pem")
+        _WRITTEN.append(name)
         with os.fdopen(fd, "wb") as f:
             f.write(base64.b64decode(data) if encoded else data if isinstance(data, bytes) else data.encode())
         return name

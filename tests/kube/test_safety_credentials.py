@@ -194,3 +194,17 @@ def test_cli_prints_one_line_and_exits_1_on_api_connection_and_kubeconfig_errors
     assert cli.main(["explain", "ns/name", "--kubeconfig", str(tmp_path / "missing")]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("stormtopo: cannot read kubeconfig") and err.count("\n") == 0
+
+
+def test_pem_files_written_for_embedded_credentials_are_removed_when_the_process_exits(tmp_path: Path) -> None:
+    import subprocess
+
+    script = (
+        "from pathlib import Path\n"
+        "from stormtopo.kube.credentials import materialize\n"
+        "name = materialize('UEVN', None, Path('.'))\n"
+        "assert Path(name).read_bytes() == b'PEM'\n"
+        "print(name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert not Path(done.stdout.strip()).exists()
