@@ -132,6 +132,14 @@ class DevCluster:
                 raise Timeout(f"timed out after {timeout:.0f}s waiting for {what}")
             time.sleep(interval)
 
+    def api_ready(self) -> bool:
+        """The API server's own /readyz: every path installed, etcd reachable; False while it cannot answer."""
+        try:
+            response = self.api_client.call_api("/readyz", "GET", auth_settings=["BearerToken"], _preload_content=False, _request_timeout=3)
+            return bool(response[1] == 200)
+        except Exception:  # refused, reset, timed out: not ready
+            return False
+
     def bound_pods(self, namespace: str, selector: str, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
         """Wait until `count` pods matching `selector` are bound to nodes and Running; return them."""
 

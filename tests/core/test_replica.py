@@ -67,17 +67,22 @@ def released_to(plan_writes: tuple[object, ...]) -> list[str]:
     return list(requirement["values"])
 
 
+def regex_leaf(pattern: str) -> dict[str, Any]:
+    """A tier-1 HyperNode whose nodes are those whose names match `pattern`."""
+    return {
+        "kind": "HyperNode",
+        "metadata": {"name": "leaf0"},
+        "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"regexMatch": {"pattern": pattern}}}]},
+    }
+
+
 # -- release ---------------------------------------------------------------------------------------
 
 
 def test_a_held_router_goes_to_the_whole_regexmatch_leaf_not_only_its_anchors_node() -> None:
     # Measured before: leaf ^node[01]$, prefill and decode on node1, and the router pinned to node1
     # alone (the tree was built from the anchors' own nodes), Pending while node0 was empty.
-    leaf = {
-        "kind": "HyperNode",
-        "metadata": {"name": "leaf0"},
-        "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"regexMatch": {"pattern": "^node[01]$"}}}]},
-    }
+    leaf = regex_leaf("^node[01]$")
     index = index_of(
         service(), roleset(), pod("p", "prefill", "node1"), pod("d", "decode", "node1"), pod("r", "router", held=True),
         hypernodes=[leaf], nodes=["node0", "node1", "node2"],
@@ -105,11 +110,7 @@ def test_without_unique_hostnames_a_release_pins_by_node_name() -> None:
 
 
 def test_a_node_the_last_reading_lacked_is_read_again_before_a_release_or_a_verdict() -> None:
-    leaf = {
-        "kind": "HyperNode",
-        "metadata": {"name": "leaf0"},
-        "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"regexMatch": {"pattern": "^node[0-9]$"}}}]},
-    }
+    leaf = regex_leaf("^node[0-9]$")
     index = index_of(
         service(), roleset(), pod("p", "prefill", "node1"), pod("d", "decode", "node9"), pod("r", "router", held=True),
         hypernodes=[leaf], nodes=["node0", "node1"],

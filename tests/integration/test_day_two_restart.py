@@ -78,14 +78,6 @@ def elected(cluster_dir: Path, lease_seconds: int) -> Iterator[str]:
         dev.start_operator(cluster_dir)
 
 
-def _api_up(cluster: DevCluster) -> bool:
-    try:
-        response = cluster.api_client.call_api("/readyz", "GET", auth_settings=["BearerToken"], _preload_content=False, _request_timeout=3)
-        return bool(response[1] == 200)
-    except Exception:
-        return False
-
-
 def _lease(cluster: DevCluster) -> tuple[str, str]:
     """(holder, renewTime); empty while the API server cannot answer."""
     try:
@@ -156,7 +148,7 @@ def _survives(cluster: DevCluster, cluster_dir: Path, namespace: str, kind: str,
 
     started = time.monotonic()
     _outage(cluster_dir, kind)
-    cluster.wait(lambda: _api_up(cluster), 120, f"the API server back after the {kind}", interval=0.5)
+    cluster.wait(lambda: cluster.api_ready(), 120, f"the API server back after the {kind}", interval=0.5)
     back = time.monotonic()
 
     stale = f"{namespace}.ghost-{kind}"

@@ -103,22 +103,13 @@ def test_operator_watches_resume_after_a_control_plane_restart(
     changes made right after; the recovery time is printed."""
     started = time.monotonic()
     dev.restart_component(cluster_dir, component, kill=True, down_for=2.0)
-    cluster.wait(lambda: _api_up(cluster), 120, f"the API after the {component} restart", interval=0.5)
+    cluster.wait(lambda: cluster.api_ready(), 120, f"the API after the {component} restart", interval=0.5)
     api_back = time.monotonic() - started
     cluster.create(stormservice("after-restart", namespace, annotations=HARD_LEAF, volcano_strategy=False))
     cluster.bound_pods(namespace, "storm-service-name=after-restart", 2, timeout=120)
     group = cluster.only(lambda: cluster.podgroups(namespace), "PodGroup")
     assert group["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "stormtopo"  # the operator saw the new RoleSet
     print(f"\n  {component} restart: API back in {api_back:.1f}s, a new replica placed {time.monotonic() - started:.1f}s after the kill")
-
-
-def _api_up(cluster: DevCluster) -> bool:
-    """The API server's own /readyz: every path installed, etcd reachable."""
-    try:
-        response = cluster.api_client.call_api("/readyz", "GET", auth_settings=["BearerToken"], _preload_content=False)
-        return bool(response[1] == 200)
-    except Exception:
-        return False
 
 
 @pytest.mark.timeout(900)

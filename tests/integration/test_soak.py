@@ -138,15 +138,6 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _api_ready(cluster: DevCluster) -> bool:
-    """The API server's /readyz: every path installed, etcd reachable."""
-    try:
-        response = cluster.api_client.call_api("/readyz", "GET", auth_settings=["BearerToken"], _preload_content=False, _request_timeout=3)
-        return bool(response[1] == 200)
-    except Exception:
-        return False
-
-
 def _lease_holder(cluster: DevCluster) -> str:
     try:
         lease = client.CoordinationV1Api(cluster.api_client).read_namespaced_lease(
@@ -335,7 +326,7 @@ class Monkey:
         else:
             dev.restart_component(self.state, component, kill=True, down_for=self.rng.uniform(0.0, 2.0))
             ready = self.readiness(component)
-            self.cluster.wait(lambda: ready() and _api_ready(self.cluster), 180, f"{component} healthy after its SIGKILL", interval=0.25)
+            self.cluster.wait(lambda: ready() and self.cluster.api_ready(), 180, f"{component} healthy after its SIGKILL", interval=0.25)
         self.recovery.setdefault(component, []).append(time.monotonic() - started)
 
     def kill_leader(self) -> None:
@@ -367,7 +358,7 @@ class Monkey:
     def readiness(self, component: str) -> Callable[[], bool]:
         ports = json.loads((self.state / "cluster.json").read_text())["ports"]
         return {
-            "kube-apiserver": lambda: True,  # _api_ready is checked for every component
+            "kube-apiserver": lambda: True,  # the API server's readiness is checked for every component
             "etcd": lambda: _http_ok(f"http://127.0.0.1:{ports['etcd']}/health"),
             "vc-scheduler": lambda: _http_ok(f"http://127.0.0.1:{ports['scheduler_healthz']}/healthz"),
             "aibrix-controller-manager": lambda: _http_ok(f"http://127.0.0.1:{ports['aibrix_probe']}/readyz"),
