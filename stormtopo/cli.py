@@ -128,20 +128,53 @@ def _topology(args: argparse.Namespace) -> int:
         return 2
 
 
+def _stormservice_target(args: argparse.Namespace) -> tuple[str, str] | None:
+    """NAMESPACE/NAME, or NAME with -n/--namespace (kubectl's habit; default: "default"); None if neither."""
+    namespace, sep, name = args.target.partition("/")
+    if not sep:
+        namespace, name = args.namespace or "default", args.target
+    if not namespace or not name or "/" in name or (sep and args.namespace and args.namespace != namespace):
+        print(
+            f"stormtopo: {args.command} takes NAMESPACE/STORMSERVICE, or STORMSERVICE with -n NAMESPACE; got {args.target!r}",
+            file=sys.stderr,
+        )
+        return None
+    return namespace, name
+
+
 def _explain(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from stormtopo.commands import explain
 
-    namespace, sep, name = args.target.partition("/")
-    if not sep:  # kubectl's habit: NAME with -n/--namespace (default: "default")
-        namespace, name = args.namespace or "default", args.target
-    if not namespace or not name or "/" in name or (sep and args.namespace and args.namespace != namespace):
-        print(f"stormtopo: explain takes NAMESPACE/STORMSERVICE, or STORMSERVICE with -n NAMESPACE; got {args.target!r}", file=sys.stderr)
+    target = _stormservice_target(args)
+    if target is None:
         return 2
     try:
-        return explain.run(_api(args), namespace, name, Console(), args.output)
+        return explain.run(_api(args), *target, Console(), args.output)
     except explain.NotFound as exc:
+        print(f"stormtopo: {exc}", file=sys.stderr)
+        return 1
+
+
+def _heal(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from stormtopo.commands import heal
+
+    target = _stormservice_target(args)
+    if target is None:
+        return 2
+    if not args.dry_run:
+        print(
+            'stormtopo: heal takes --dry-run: the operator moves the replicas of StormServices annotated stormtopo.io/heal: "true"; '
+            "--dry-run shows which it would move now, and where",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return heal.run(_api(args), *target, Console(), args.output)
+    except heal.NotFound as exc:
         print(f"stormtopo: {exc}", file=sys.stderr)
         return 1
 
@@ -192,6 +225,13 @@ def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
     explain.add_argument("-n", "--namespace", help="the StormService's namespace, with a bare STORMSERVICE (default: default)")
     explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     explain.set_defaults(func=_explain)
+
+    heal = sub.add_parser("heal", parents=[kube], help="which replicas healing would move now, and where (with --dry-run)")
+    heal.add_argument("target", metavar="[NAMESPACE/]STORMSERVICE")
+    heal.add_argument("-n", "--namespace", help="the StormService's namespace, with a bare STORMSERVICE (default: default)")
+    heal.add_argument("--dry-run", action="store_true", help="say which replicas would move and where; move nothing")
+    heal.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    heal.set_defaults(func=_heal)
 
     held = sub.add_parser(
         "release-held", parents=[kube], help="free every pod held at stormtopo's scheduling gate (after uninstalling stormtopo)"

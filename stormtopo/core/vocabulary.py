@@ -39,6 +39,8 @@ REQUEST_ANNOTATIONS = (MODE, HIGHEST_TIER, HIGHEST_TIER_NAME, SCOPE, REPLICA_HIG
 # What stormtopo writes.
 REQUEST_ANNOTATION = "stormtopo.io/request"  # on PodGroups: the request they carry, for humans and `explain`
 PLACEMENT_ANNOTATION = "stormtopo.io/placement"  # on the StormService: where each replica landed
+HEAL_ANNOTATION = "stormtopo.io/heal"  # on the StormService: "true" moves a replica wider than its request into one domain
+MOVES_ANNOTATION = "stormtopo.io/moves"  # on the StormService: each replica's last move (the cool-down survives restarts)
 DOMAIN_LABEL_PREFIX = "stormtopo.io/hypernode-tier-"  # on bound pods: the HyperNode of each tier
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 OPERATOR_NAME = "stormtopo"

@@ -61,6 +61,25 @@ class RecordPlacement:
 
 
 @dataclass(frozen=True)
+class RecordMove:
+    """Set one replica's last move in its StormService's moves annotation, merged like RecordPlacement."""
+
+    namespace: str
+    stormservice: str
+    replica: str
+    record: Mapping[str, object]
+    live: Sequence[str]
+
+
+@dataclass(frozen=True)
+class EvictPod:
+    """Evict a pod through the Eviction API, which honours its PodDisruptionBudgets (a refusal is an error)."""
+
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
 class ListOptedIn:
     """What the opted-in list (the outage policy's parameter) says of a StormService: its scope, or
     nothing (None: unlisted)."""
@@ -87,4 +106,4 @@ class PostEvent:
     say: Say
 
 
-Write = CreatePodGroup | PatchPodGroup | LabelPod | PatchPod | AdoptPod | RecordPlacement | ListOptedIn | PostEvent
+Write = CreatePodGroup | PatchPodGroup | LabelPod | PatchPod | AdoptPod | RecordPlacement | RecordMove | EvictPod | ListOptedIn | PostEvent

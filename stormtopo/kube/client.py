@@ -189,6 +189,15 @@ class Api:
             meta["resourceVersion"] = resource_version
         self.request("PATCH", self.path(AIBRIX, "stormservices", namespace, name), {"metadata": meta}, MERGE_PATCH)
 
+    def evict_pod(self, namespace: str, name: str) -> None:
+        """Evict through the Eviction API, which honours the pod's PodDisruptionBudgets: a refusal is
+        an ApiError with status 429 (or 500 when several budgets cover the pod)."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
+
+    def disruption_budgets(self, namespace: str) -> list[dict[str, Any]]:
+        return self.list_objects(("policy", "v1"), "poddisruptionbudgets", namespace)
+
     def create_event(self, event: Mapping[str, Any], instance: str) -> None:
         """A core/v1 Event: `event` has involvedObject, type, reason and message."""
         involved = event["involvedObject"]

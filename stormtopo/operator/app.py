@@ -17,8 +17,9 @@ import kopf
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from stormtopo.core.healing import COOLDOWN
 from stormtopo.kube.client import Api, ApiError
-from stormtopo.operator import handlers, webhook
+from stormtopo.operator import handlers, healing, webhook
 from stormtopo.operator.events import IDLE_BEAT, EventRecorder
 from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index
@@ -26,7 +27,7 @@ from stormtopo.operator.leader import Leadership
 from stormtopo.operator.loops import Loop, Loops, run_every
 from stormtopo.operator.optin import OptedInList
 from stormtopo.operator.reconciliation import Reconciler
-from stormtopo.operator.replica import PlacementReporter
+from stormtopo.operator.replica import NODES_TTL, PlacementReporter
 
 log = logging.getLogger("stormtopo.operator")
 VOLCANO_RECHECK_SECONDS = 30.0  # how soon CRDs installed or upgraded after start are noticed
@@ -47,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--leader-election-namespace", default="default", help="namespace of the Lease")
     p.add_argument("--lease-duration", type=int, default=15, help="seconds without renewal before another replica takes over")
     p.add_argument("--identity", default="", help="this replica's name in the Lease (default: $POD_NAME or host-pid)")
+    p.add_argument("--heal-interval", type=float, default=healing.INTERVAL, help="seconds between two healing passes")
+    p.add_argument("--heal-cooldown", type=float, default=COOLDOWN, help="seconds before a moved replica may move again")
     return p.parse_args(argv)
 
 
@@ -177,6 +180,10 @@ async def run(args: argparse.Namespace) -> None:
     reporter = PlacementReporter(index, api, events, explainer, leading=lambda: leadership.is_leader)
     operator = handlers.register(registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops)
     loops.supervise("event-poster", IDLE_BEAT, events.run)
+    healer = healing.Healer(
+        index, api, events, explainer, lambda: reporter.read_nodes(NODES_TTL), args.heal_cooldown, leading=lambda: leadership.is_leader
+    )
+    loops.every("healing", args.heal_interval, healer.check)
     ca, webhook_runner = await _serve_webhook(args, index, opted_in, loops)
     ready = asyncio.Event()
     probes_runner = await _serve_probes(args, loops, ready)

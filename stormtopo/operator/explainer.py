@@ -64,11 +64,16 @@ def explain_in_worker(
 ) -> Pending | None:
     """Runs in the worker: read free GPUs, then plan over the operator's own tree (the one its
     placement checks use, built from every node)."""
+    return plan_pending(request, pods, created, topology, free_gpus_in_worker(kubeconfig))
+
+
+def free_gpus_in_worker(kubeconfig: str | None) -> dict[str, int]:
+    """Runs in the worker: every node's free GPUs, the reading the explanations share."""
     if _Worker.api is None:
         _Worker.api = Api(kubeconfig)
     if _stale(_Worker.free[0], FREE_GPUS_TTL):
         _Worker.free = (time.monotonic(), _Worker.api.free_gpus())
-    return plan_pending(request, pods, created, topology, _Worker.free[1])
+    return _Worker.free[1]
 
 
 class Explainer:
@@ -102,6 +107,17 @@ class Explainer:
             log.warning("the explanation worker died; starting another for the next explanation")
             self.close()
             return None
+
+    async def free_gpus(self) -> dict[str, int]:
+        """Every node's free GPUs, read in the worker (healing's reading; shared for FREE_GPUS_TTL)."""
+        loop = asyncio.get_running_loop()
+        try:
+            work = loop.run_in_executor(self._executor(), free_gpus_in_worker, self.kubeconfig)
+            return await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
+        except BrokenProcessPool:
+            log.warning("the explanation worker died; starting another for the next reading")
+            self.close()
+            raise
 
     def close(self) -> None:
         if self._pool is not None:

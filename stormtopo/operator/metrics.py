@@ -31,3 +31,11 @@ OBSERVED = Counter(
     "Watch events and listed objects the index recorded, by kind: what the operator's CPU follows",
     ["kind"],
 )
+REPLICA_MOVES = Counter("stormtopo_replica_moves_total", "Replicas moved into one domain by healing, by why", ["reason"])
+EVICTIONS = Counter("stormtopo_evictions_total", "Pods evicted through the Eviction API to move their replica")
+EVICTIONS_REFUSED = Counter("stormtopo_evictions_refused_total", "Evictions the API server refused (a PodDisruptionBudget)")
+MOVE_UNAVAILABLE_SECONDS = Histogram(
+    "stormtopo_move_unavailable_seconds",
+    "From a replica's move to all of its pods ready again",
+    buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600),
+)

@@ -59,7 +59,7 @@ class PlacementReporter:
         memory = self._memory.get(key, ReplicaMemory())
         plan = plan_replica(snapshot, memory)
         if plan.needs_nodes:  # a pod bound on a node the last reading lacked: read again, once
-            await self._read_nodes(NODES_FRESH)
+            await self.read_nodes(NODES_FRESH)
             snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH) or snapshot
             plan = plan_replica(replace(snapshot, nodes=replace(snapshot.nodes, fresh=True)), memory)
         if plan.needs_all_pods:  # pods created before the opt-in were never admitted: read them all
@@ -78,11 +78,11 @@ class PlacementReporter:
             return snapshot  # (held pods of a service that opted out go free: no node is needed)
         # Nodes are read only where the tree depends on them, or to pin a held pod by hostname.
         if snapshot.nodes.shapes_tree or any(is_held(p) for p in snapshot.pods):
-            await self._read_nodes(NODES_TTL)
+            await self.read_nodes(NODES_TTL)
             snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH)
         return snapshot
 
-    async def _read_nodes(self, older_than: float) -> None:
+    async def read_nodes(self, older_than: float) -> None:
         """Read every node, a page at a time, keeping only the labels the tree and releases use. One read
         at a time: the placement workers that find it stale together wait for the one reading."""
         async with self._reading_nodes:

@@ -7,15 +7,17 @@ import logging
 from collections.abc import Iterable
 
 from stormtopo.core.placement import merge_placements
-from stormtopo.core.vocabulary import AIBRIX, PLACEMENT_ANNOTATION
+from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import (
     AdoptPod,
     CreatePodGroup,
+    EvictPod,
     LabelPod,
     ListOptedIn,
     PatchPod,
     PatchPodGroup,
     PostEvent,
+    RecordMove,
     RecordPlacement,
     Write,
 )
@@ -68,26 +70,39 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                     continue  # gone meanwhile
             case RecordPlacement():
                 await asyncio.to_thread(record_placement, api, write)
+            case RecordMove():
+                await asyncio.to_thread(record_placement, api, write, MOVES_ANNOTATION)
+            case EvictPod(namespace, name):
+                try:
+                    await asyncio.to_thread(api.evict_pod, namespace, name)
+                except NotFound:
+                    continue  # gone already: as good as evicted
+                metrics.EVICTIONS.inc()
 
 
-def record_placement(api: Api, write: RecordPlacement) -> None:
-    """Set a replica's record in the StormService's placement annotation. Two replicas of one
-    StormService are placed concurrently: each write is conditional on the version it merged into,
-    and a conflict re-reads and merges again, so neither record overwrites the other."""
+def record_placement(api: Api, write: RecordPlacement | RecordMove, annotation: str = PLACEMENT_ANNOTATION) -> None:
+    """Set a replica's record in one of the StormService's tables (where it landed; its last move). Two
+    replicas of one StormService are placed concurrently: each write is conditional on the version it
+    merged into, and a conflict re-reads and merges again, so neither record overwrites the other."""
     for _ in range(RECORD_ATTEMPTS):
         current = api.get(AIBRIX, "stormservices", write.namespace, write.stormservice)
         if current is None:
             return  # deleted meanwhile
         meta = current["metadata"]
-        recorded = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+        recorded = (meta.get("annotations") or {}).get(annotation)
         value = merge_placements(recorded, write.replica, write.record, write.live)
         if value == recorded:
             return
         try:
-            api.annotate_stormservice(write.namespace, write.stormservice, PLACEMENT_ANNOTATION, value, meta.get("resourceVersion"))
+            api.annotate_stormservice(write.namespace, write.stormservice, annotation, value, meta.get("resourceVersion"))
             return
         except Conflict:
             continue  # another replica's record landed first: merge into it
     log.warning(
-        "placement of %s not recorded on %s/%s: %d conflicting writes", write.replica, write.namespace, write.stormservice, RECORD_ATTEMPTS
+        "%s of %s not recorded on %s/%s: %d conflicting writes",
+        annotation,
+        write.replica,
+        write.namespace,
+        write.stormservice,
+        RECORD_ATTEMPTS,
     )

@@ -1,0 +1,101 @@
+"""`stormtopo heal NAMESPACE/STORMSERVICE --dry-run`: which replicas healing would move now, where to and
+why, or why not; by the operator's own planner (core/healing.py) over what the API says now. It never
+moves anything: the operator moves replicas of StormServices annotated stormtopo.io/heal: "true"."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from stormtopo.core.capabilities import cluster_tiers
+from stormtopo.core.healing import HealMemory, HealSnapshot, Replica, plan_healing, wants_healing
+from stormtopo.core.request import RequestError, request_of
+from stormtopo.core.topology.hypernodes import topology_from_hypernodes
+from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
+from stormtopo.kube.client import Api
+
+
+class NotFound(LookupError):
+    pass
+
+
+def run(api: Api, namespace: str, name: str, console: Console, output: str = "text") -> int:
+    report = heal_report(api, namespace, name)
+    if output == "json":
+        console.print_json(json.dumps(report))
+    elif output == "yaml":
+        console.print(yaml.safe_dump(report, sort_keys=False), end="", highlight=False)
+    else:
+        for line in render(report):
+            console.print(line, highlight=False)
+    return 1 if report.get("invalid") else 0
+
+
+def heal_snapshot(api: Api, namespace: str, name: str) -> HealSnapshot:
+    """What the operator's healing pass reads for one StormService, read the same way."""
+    stormservice = api.get(AIBRIX, "stormservices", namespace, name)
+    if stormservice is None:
+        raise NotFound(f"StormService {namespace}/{name} not found")
+    hypernodes = api.list_objects(VOLCANO_TOPOLOGY, "hypernodes")
+    topology = topology_from_hypernodes(hypernodes, api.node_labels())
+    tiers = cluster_tiers(hypernodes, api.crd_schema(PODGROUP_CRD))
+    pods = api.raw_list(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"{STORMSERVICE_LABEL}={name}")
+    rolesets = api.list_objects(AIBRIX, "rolesets", namespace, label_selector=f"{STORMSERVICE_LABEL}={name}")
+    replicas = tuple(
+        Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))
+        for r in sorted(rolesets, key=lambda r: r["metadata"]["name"])
+    )
+    return HealSnapshot(stormservice, replicas, tiers, topology, api.free_gpus(), tuple(api.disruption_budgets(namespace)), time.time())
+
+
+def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
+    snapshot = heal_snapshot(api, namespace, name)
+    report: dict[str, Any] = {"namespace": namespace, "stormservice": name, "healing": wants_healing(snapshot.stormservice)}
+    request = request_of(snapshot.stormservice, snapshot.tiers)
+    if isinstance(request, RequestError):
+        return {**report, "invalid": str(request)}
+    report["request"] = request.describe() if request else None
+    plan = plan_healing(snapshot, HealMemory(), opted_in_only=False)
+    report["replicas"] = [
+        {
+            "replica": v.replica,
+            "span": v.span,
+            "wide": v.why is not None,
+            **({"why": str(v.why)} if v.why else {}),
+            **({"to": v.target.switch.name, "toTier": v.target.switch.tier, "freeGPUs": v.target.free_gpus} if v.target else {}),
+            **({"blocked": v.blocked} if v.blocked else {}),
+            "wouldMove": plan.moving is not None and plan.moving.replica == v.replica,
+        }
+        for v in plan.verdicts
+    ]
+    return report
+
+
+def render(report: Mapping[str, Any]) -> list[str]:
+    where = f"{report['namespace']}/{report['stormservice']}"
+    if report.get("invalid"):
+        return [f"{where}: invalid network-topology request, nothing would move: {report['invalid']}"]
+    if not report["request"]:
+        return [f"{where}: no network-topology request: nothing to heal"]
+    lines = [f"{where}: {report['request']}"]
+    if not report["healing"]:
+        lines.append('  not opted in to healing (stormtopo.io/heal: "true"): the operator moves nothing; as if it were:')
+    if not report["replicas"]:
+        lines.append("  no replicas (RoleSets) yet")
+    for entry in report["replicas"]:
+        if not entry["wide"]:
+            lines.append(f"  replica {entry['replica']}: {entry['span']}, within its request: stays")
+        elif entry["wouldMove"]:
+            lines.append(
+                f"  replica {entry['replica']}: {entry['span']} ({entry['why']}): would move to {entry['to']} "
+                f"(tier {entry['toTier']}, {entry['freeGPUs']} free GPUs)"
+            )
+        else:
+            lines.append(f"  replica {entry['replica']}: {entry['span']} ({entry['why']}): stays: {entry.get('blocked', '')}")
+    lines.append("  (dry run: nothing was moved)")
+    return lines

@@ -1,0 +1,245 @@
+"""The healing planner (core/healing.py): which replica of a StormService moves into one domain, and
+when nothing moves: not opted in, no room, a PodDisruptionBudget, the service's budget, one at a time,
+the cool-down and the back-off. On the feature request's tree: leaves s0..s3 of two 8-GPU nodes each."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stormtopo.core.capabilities import cluster_tiers
+from stormtopo.core.healing import (
+    BACKOFF,
+    HealMemory,
+    HealSnapshot,
+    Replica,
+    Why,
+    may_need_healing,
+    plan_healing,
+    plan_refused,
+    replica_budget,
+)
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.hypernodes import hypernode_manifests
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, MODE, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
+from stormtopo.core.writes import EvictPod, PostEvent, RecordMove
+from stormtopo.devenv.workloads import Role, stormservice
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml"
+TOPOLOGY = parse_topology(EXAMPLE.read_text())
+TIERS = cluster_tiers(hypernode_manifests(TOPOLOGY), None)
+BIG = (Role("prefill", gpus=8), Role("decode", gpus=8))  # a whole leaf: 16 GPUs
+SOFT1 = {MODE: "soft", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"}
+HARD1 = {MODE: "hard", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"}
+NOW = 1_800_000_000.0  # 2027-01-15
+
+
+def stamp(seconds: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def service(annotations: dict[str, str], replicas: int = 1, **extra: str) -> dict[str, Any]:
+    svc = stormservice("svc", "ns", BIG, replicas=replicas, annotations={**annotations, **extra})
+    svc["spec"]["updateStrategy"] = {"type": "RollingUpdate"}
+    return svc
+
+
+def replica(name: str, prefill: str | None, decode: str | None, created: float = NOW - 3600, ready: bool = True) -> Replica:
+    spec = stormservice("svc", "ns", BIG)["spec"]["template"]["spec"]
+    roleset = {"metadata": {"name": name, "namespace": "ns", "labels": {"storm-service-name": "svc"}}, "spec": spec}
+    pods = []
+    for role, node in (("prefill", prefill), ("decode", decode)):
+        if node is None:
+            continue
+        conditions = [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": stamp(created + 5)}]
+        pods.append(
+            {
+                "metadata": {
+                    "name": f"{name}-{role}-0",
+                    "namespace": "ns",
+                    "creationTimestamp": stamp(created),
+                    "labels": {"storm-service-name": "svc", "roleset-name": name, "role-name": role, "app": "svc"},
+                },
+                "spec": {"nodeName": node},
+                "status": {"phase": "Running", "conditions": conditions},
+            }
+        )
+    return Replica(roleset, tuple(pods))
+
+
+def free(busy: dict[str, int]) -> dict[str, int]:
+    """Free GPUs per node with the given GPUs in use (fillers and replicas alike)."""
+    return {n: 8 - busy.get(n, 0) for n in TOPOLOGY.nodes}
+
+
+# A soft replica that found no leaf with room: prefill on node1 (s0), decode on node3 (s1); fillers on
+# node2, node4..node7. node0 has just freed up: s0 holds the whole replica once it leaves node1.
+WIDE = replica("svc-a", "node1", "node3")
+BUSY = {"node1": 8, "node3": 8, "node2": 8, "node4": 8, "node5": 8, "node6": 8, "node7": 8}
+
+
+def snap(svc: dict[str, Any], *replicas: Replica, busy: dict[str, int] = BUSY, budgets: tuple[dict[str, Any], ...] = ()) -> HealSnapshot:
+    return HealSnapshot(svc, replicas, TIERS, TOPOLOGY, free(busy), budgets, NOW)
+
+
+def evictions(plan: Any) -> list[str]:
+    return [w.name for w in plan.writes if isinstance(w, EvictPod)]
+
+
+def said(plan: Any, reason: str) -> list[str]:
+    return [w.say.message for w in plan.writes if isinstance(w, PostEvent) and w.say.reason == reason]
+
+
+def test_a_soft_replica_above_its_tier_moves_whole_into_the_leaf_that_has_room() -> None:
+    plan = plan_healing(snap(service(SOFT1), WIDE), HealMemory())
+    assert plan.moving is not None and plan.moving.why is Why.SOFT_WIDE
+    assert plan.moving.target is not None and plan.moving.target.switch.name == "s0"
+    assert evictions(plan) == ["svc-a-decode-0", "svc-a-prefill-0"]  # every pod: the gang is placed again as one
+    (moving,) = said(plan, "ReplicaMoving")
+    assert "from s4, tier 2 to s0 (tier 1)" in moving and "landed above tier 1" in moving
+    records = [w for w in plan.writes if isinstance(w, RecordMove)]
+    assert records and records[0].record["at"] == stamp(NOW) and not records[0].record.get("done")
+    # The record comes before the evictions: a restart in between still knows the move began.
+    assert plan.writes.index(records[0]) < min(plan.writes.index(w) for w in plan.writes if isinstance(w, EvictPod))
+
+
+def test_nothing_moves_without_the_opt_in_but_the_dry_run_says_what_would() -> None:
+    svc = service({MODE: "soft", HIGHEST_TIER: "1"})
+    assert plan_healing(snap(svc, WIDE), HealMemory()).writes == ()
+    dry = plan_healing(snap(svc, WIDE), HealMemory(), opted_in_only=False)
+    assert dry.moving is not None and dry.moving.replica == "svc-a"
+
+
+def test_a_replica_within_its_tier_stays() -> None:
+    placed = replica("svc-a", "node0", "node1")
+    plan = plan_healing(snap(service(SOFT1), placed, busy={**BUSY, "node0": 8, "node3": 0}), HealMemory())
+    assert plan.moving is None and plan.writes == ()
+    assert plan.verdicts[0].why is None
+
+
+def test_no_move_while_no_leaf_holds_the_whole_replica() -> None:
+    plan = plan_healing(snap(service(SOFT1), WIDE, busy={**BUSY, "node0": 4}), HealMemory())
+    assert plan.moving is None and evictions(plan) == []
+    assert "no domain within tier 1 has room" in plan.verdicts[0].blocked
+    assert said(plan, "ReplicaNotMoved") == []  # nothing to say while there is nowhere to go
+
+
+def test_its_own_gpus_count_as_free_where_it_leaves() -> None:
+    # s0 has 8 free GPUs (node0) and 8 held by the replica itself (node1): enough once it moves.
+    plan = plan_healing(snap(service(SOFT1), WIDE), HealMemory())
+    assert plan.moving is not None and plan.moving.target is not None and plan.moving.target.free_gpus == 16
+
+
+def test_a_hard_replica_in_violation_moves_back_within_its_tier() -> None:
+    plan = plan_healing(snap(service(HARD1), WIDE), HealMemory())
+    assert plan.moving is not None and plan.moving.why is Why.VIOLATION
+    assert "violates its hard request" in said(plan, "ReplicaMoving")[0]
+
+
+def pdb(name: str, allowed: int, selector: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns"}, "spec": {"selector": selector}, "status": {"disruptionsAllowed": allowed}}
+
+
+def test_a_disruption_budget_that_forbids_the_eviction_stops_the_move_and_says_so_once() -> None:
+    budgets = (pdb("other", 0, {"matchLabels": {"app": "elsewhere"}}), pdb("keep-one", 1, {"matchLabels": {"app": "svc"}}))
+    plan = plan_healing(snap(service(SOFT1), WIDE, budgets=budgets), HealMemory())
+    assert plan.moving is None and evictions(plan) == []
+    (message,) = said(plan, "ReplicaNotMoved")
+    assert "PodDisruptionBudget keep-one allows 1 disruptions" in message and "evicts 2 of its pods" in message
+    again = plan_healing(snap(service(SOFT1), WIDE, budgets=budgets), plan.memory)
+    assert said(again, "ReplicaNotMoved") == []
+
+
+def test_a_budget_with_room_for_every_pod_lets_it_move() -> None:
+    budgets = (pdb("two", 2, {"matchExpressions": [{"key": "app", "operator": "In", "values": ["svc"]}]}),)
+    assert plan_healing(snap(service(SOFT1), WIDE, budgets=budgets), HealMemory()).moving is not None
+
+
+def test_two_wide_replicas_move_one_at_a_time() -> None:
+    other = replica("svc-b", "node5", "node7")
+    busy = {**BUSY, "node4": 0, "node6": 8}  # s2 has node4 free too
+    svc = service(SOFT1, replicas=2)
+    first = plan_healing(snap(svc, WIDE, other, busy=busy), HealMemory())
+    assert first.moving is not None and first.moving.replica == "svc-a"
+    assert evictions(first) == ["svc-a-decode-0", "svc-a-prefill-0"]
+    # While svc-a is on its way (its record not settled, its new pods not ready), svc-b waits.
+    moving = {"svc-a": {"at": stamp(NOW), "from": "s4, tier 2", "reason": "soft-above-tier"}}
+    svc[("metadata")]["annotations"][MOVES_ANNOTATION] = json.dumps(moving)
+    back = replica("svc-a", None, None)
+    later = plan_healing(replace(snap(svc, back, other, busy=busy), now=NOW + 5), first.memory)
+    assert later.moving is None
+    assert "svc-a is moving" in later.verdicts[1].blocked
+
+
+def test_never_below_the_services_replicas_minus_its_budget() -> None:
+    svc = service(SOFT1, replicas=2)
+    svc["spec"]["updateStrategy"] = {"type": "RollingUpdate", "maxSurge": 1, "maxUnavailable": 0}
+    unready = replica("svc-b", "node5", "node7", ready=False)
+    plan = plan_healing(snap(svc, WIDE, unready), HealMemory())
+    assert plan.moving is None
+    assert "keeps at least 2 of 2 (maxUnavailable 0)" in plan.verdicts[0].blocked
+
+
+def test_not_twice_within_the_cool_down_even_after_a_restart() -> None:
+    svc = service(SOFT1)
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 100), "done": True}})
+    plan = plan_healing(snap(svc, WIDE), HealMemory())  # a new operator: empty memory, the record on the StormService
+    assert plan.moving is None and "the cool-down of 900 s ends at" in plan.verdicts[0].blocked
+    assert plan_healing(replace(snap(svc, WIDE), now=NOW + 900), HealMemory()).moving is not None
+
+
+def test_a_move_settles_once_its_replica_is_ready_on_new_pods() -> None:
+    svc = service(SOFT1)
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 30)}})
+    moved = replica("svc-a", "node0", "node1", created=NOW - 28)
+    plan = plan_healing(snap(svc, moved, busy={**BUSY, "node0": 8, "node3": 0}), HealMemory())
+    (settled,) = plan.settled
+    assert settled.unavailable == pytest.approx(7.0)  # ready 5 s after its pods were created, 2 s after the move
+    (record,) = [w for w in plan.writes if isinstance(w, RecordMove)]
+    assert record.record["done"] is True
+    # Old pods still running (a partial eviction) do not count as the move's end.
+    assert plan_healing(snap(svc, WIDE), HealMemory()).settled == ()
+
+
+def test_a_refused_eviction_ends_the_move_and_backs_off() -> None:
+    snapshot = snap(service(SOFT1), WIDE)
+    plan = plan_healing(snapshot, HealMemory())
+    writes, memory = plan_refused(snapshot, plan, "svc-a-decode-0", "Cannot evict pod as it would violate the pod's disruption budget.", plan.memory)
+    record = next(w for w in writes if isinstance(w, RecordMove))
+    assert record.record["done"] is True and "disruption budget" in str(record.record["refused"])
+    assert "eviction of pod svc-a-decode-0 was refused" in next(w.say.message for w in writes if isinstance(w, PostEvent))
+    assert memory.next_try["svc-a"] == NOW + BACKOFF
+    assert "trying again at" in plan_healing(replace(snapshot, now=NOW + 1), memory).verdicts[0].blocked
+    assert plan_refused(snapshot, plan, "x", "again", memory)[1].backoff["svc-a"] == 2 * BACKOFF
+
+
+@pytest.mark.parametrize(
+    ("strategy", "replicas", "budget"),
+    [
+        ({}, 3, 1),  # both 0: one may be unavailable
+        ({"maxUnavailable": "50%"}, 3, 1),  # rounds down
+        ({"maxUnavailable": 2}, 3, 2),
+        ({"maxSurge": 1, "maxUnavailable": 0}, 3, 0),
+        ({"maxUnavailable": 5}, 2, 2),  # never more than it has
+    ],
+)
+def test_the_budget_is_resolved_as_aibrix_resolves_it(strategy: dict[str, Any], replicas: int, budget: int) -> None:
+    svc = {"spec": {"replicas": replicas, "updateStrategy": strategy}}
+    assert replica_budget(svc) == (replicas, budget)
+
+
+def test_a_service_needs_a_pass_only_with_a_wide_record_or_a_move_under_way() -> None:
+    svc = service(SOFT1)
+    assert not may_need_healing(svc, TIERS, TOPOLOGY)  # nothing recorded yet
+    svc["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s0", "tier": 1}})
+    assert not may_need_healing(svc, TIERS, TOPOLOGY)
+    svc["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s4", "tier": 2}})
+    assert may_need_healing(svc, TIERS, TOPOLOGY)
+    svc["metadata"]["annotations"][HEAL_ANNOTATION] = "false"
+    assert not may_need_healing(svc, TIERS, TOPOLOGY)
