@@ -32,7 +32,7 @@ def run(api: Api, namespace: str, name: str, console: Console, output: str = "te
         console.print(yaml.safe_dump(report, sort_keys=False), end="", highlight=False)
     else:
         for line in render(report):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, soft_wrap=True)  # one line per replica, whatever the width
     return 1 if report.get("invalid") else 0
 
 

@@ -65,6 +65,12 @@ class DevCluster:
             return dict(self.custom.create_cluster_custom_object(*VOLCANO_TOPOLOGY, "hypernodes", obj))
         if kind == "PodGroup":
             return dict(self.custom.create_namespaced_custom_object(*VOLCANO_SCHEDULING, ns, "podgroups", obj))
+        if kind == "PodDisruptionBudget":
+            return dict(
+                self.api_client.sanitize_for_serialization(
+                    client.PolicyV1Api(self.api_client).create_namespaced_pod_disruption_budget(ns, obj)
+                )
+            )
         raise ValueError(f"DevCluster.create does not know kind {kind}")
 
     def stormservice(self, namespace: str, name: str) -> dict[str, Any]:

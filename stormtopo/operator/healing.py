@@ -65,6 +65,7 @@ class Healer:
                 log.exception("healing %s/%s failed; trying again at the next pass", *key)
         for gone in set(self._memory) - set(self.index.stormservices):
             del self._memory[gone]
+        metrics.HEALING_PASSES.inc()
 
     async def heal(self, key: Key) -> HealPlan | None:
         snapshot = await self.snapshot(key)

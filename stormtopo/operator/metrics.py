@@ -31,6 +31,7 @@ OBSERVED = Counter(
     "Watch events and listed objects the index recorded, by kind: what the operator's CPU follows",
     ["kind"],
 )
+HEALING_PASSES = Counter("stormtopo_healing_passes_total", "Healing passes over the StormServices (by the leader)")
 REPLICA_MOVES = Counter("stormtopo_replica_moves_total", "Replicas moved into one domain by healing, by why", ["reason"])
 EVICTIONS = Counter("stormtopo_evictions_total", "Pods evicted through the Eviction API to move their replica")
 EVICTIONS_REFUSED = Counter("stormtopo_evictions_refused_total", "Evictions the API server refused (a PodDisruptionBudget)")

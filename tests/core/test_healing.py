@@ -210,7 +210,9 @@ def test_a_move_settles_once_its_replica_is_ready_on_new_pods() -> None:
 def test_a_refused_eviction_ends_the_move_and_backs_off() -> None:
     snapshot = snap(service(SOFT1), WIDE)
     plan = plan_healing(snapshot, HealMemory())
-    writes, memory = plan_refused(snapshot, plan, "svc-a-decode-0", "Cannot evict pod as it would violate the pod's disruption budget.", plan.memory)
+    writes, memory = plan_refused(
+        snapshot, plan, "svc-a-decode-0", "Cannot evict pod as it would violate the pod's disruption budget.", plan.memory
+    )
     record = next(w for w in writes if isinstance(w, RecordMove))
     assert record.record["done"] is True and "disruption budget" in str(record.record["refused"])
     assert "eviction of pod svc-a-decode-0 was refused" in next(w.say.message for w in writes if isinstance(w, PostEvent))
