@@ -72,8 +72,10 @@ class Replica:
         return replica_pods(self.roleset.get("spec") or {})
 
     def complete(self) -> bool:
-        """Every pod it should have is bound, and none is on its way out."""
-        return len(self.bound()) >= len(self.wanted()) and all(is_live(p) for p in self.pods)
+        """Every pod it should have is bound, and none is on its way out (a finished pod left behind, say
+        one the kubelet evicted, is neither)."""
+        terminating = any((p.get("metadata") or {}).get("deletionTimestamp") for p in self.pods)
+        return len(self.bound()) >= len(self.wanted()) and not terminating
 
     def ready(self) -> bool:
         return self.complete() and all(_is_ready(p) for p in self.bound())
@@ -356,7 +358,7 @@ def _settled(replica: Replica, move: Mapping[str, Any], now: float) -> Settled |
     at = _seconds(move.get("at"))
     if at is None:
         return Settled(replica.name, None)
-    fresh = all((_seconds((p.get("metadata") or {}).get("creationTimestamp")) or 0) >= math.floor(at) for p in replica.pods)
+    fresh = all((_seconds((p.get("metadata") or {}).get("creationTimestamp")) or 0) >= math.floor(at) for p in replica.live())
     if replica.ready() and fresh:
         ready_at = [t for p in replica.bound() if (t := _ready_since(p)) is not None]
         return Settled(replica.name, max(0.0, max(ready_at) - at) if ready_at else None)

@@ -245,3 +245,23 @@ def test_a_service_needs_a_pass_only_with_a_wide_record_or_a_move_under_way() ->
     assert may_need_healing(svc, TIERS, TOPOLOGY)
     svc["metadata"]["annotations"][HEAL_ANNOTATION] = "false"
     assert not may_need_healing(svc, TIERS, TOPOLOGY)
+
+
+def test_a_finished_pod_left_behind_neither_blocks_a_move_nor_its_settling() -> None:
+    evicted_by_kubelet = {
+        "metadata": {
+            "name": "svc-a-decode-old",
+            "namespace": "ns",
+            "creationTimestamp": stamp(NOW - 7200),
+            "labels": {"roleset-name": "svc-a"},
+        },
+        "spec": {"nodeName": "node6"},
+        "status": {"phase": "Failed"},
+    }
+    wide = replace(WIDE, pods=(*WIDE.pods, evicted_by_kubelet))
+    assert plan_healing(snap(service(SOFT1), wide), HealMemory()).moving is not None
+    svc = service(SOFT1)
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 30)}})
+    moved = replica("svc-a", "node0", "node1", created=NOW - 28)
+    moved = replace(moved, pods=(*moved.pods, evicted_by_kubelet))
+    assert len(plan_healing(snap(svc, moved, busy={**BUSY, "node0": 8, "node3": 0}), HealMemory()).settled) == 1
