@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import hashlib
@@ -17,9 +16,9 @@ import kopf
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from stormtopo.core.healing import COOLDOWN
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import handlers, healing, webhook
+from stormtopo.operator.config import OperatorConfig, parse_args
 from stormtopo.operator.events import IDLE_BEAT, EventRecorder
 from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index
@@ -33,38 +32,17 @@ log = logging.getLogger("stormtopo.operator")
 VOLCANO_RECHECK_SECONDS = 30.0  # how soon CRDs installed or upgraded after start are noticed
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m stormtopo.operator")
-    p.add_argument("--kubeconfig", help="kubeconfig file; in-cluster configuration when omitted")
-    p.add_argument("--webhook-host", default="0.0.0.0", help="address the webhook listens on")
-    p.add_argument("--webhook-port", type=int, default=9443)
-    p.add_argument("--webhook-url-host", help="host the API server calls (default: --webhook-host); for a local cluster")
-    p.add_argument("--webhook-service", help="NAMESPACE/NAME[:PORT] of the webhook Service, when running in a cluster")
-    p.add_argument("--cert-dir", help="directory with tls.crt, tls.key and ca.crt; a certificate is generated when omitted")
-    p.add_argument("--metrics-host", default="127.0.0.1")
-    p.add_argument("--metrics-port", type=int, default=8080)
-    p.add_argument("--no-register-webhook", action="store_true", help="the webhook configuration is managed elsewhere (Helm)")
-    p.add_argument("--leader-elect", action="store_true", help="several replicas: all serve the webhook, the Lease holder reconciles")
-    p.add_argument("--leader-election-namespace", default="default", help="namespace of the Lease")
-    p.add_argument("--lease-duration", type=int, default=15, help="seconds without renewal before another replica takes over")
-    p.add_argument("--identity", default="", help="this replica's name in the Lease (default: $POD_NAME or host-pid)")
-    p.add_argument("--heal-interval", type=float, default=healing.INTERVAL, help="seconds between two healing passes")
-    p.add_argument("--heal-cooldown", type=float, default=COOLDOWN, help="seconds before a moved replica may move again")
-    return p.parse_args(argv)
-
-
-def _certificates(args: argparse.Namespace) -> tuple[str, str, bytes]:
-    if args.cert_dir:
-        d = Path(args.cert_dir)
+def _certificates(config: OperatorConfig) -> tuple[str, str, bytes]:
+    if config.cert_dir:
+        d = Path(config.cert_dir)
         return str(d / "tls.crt"), str(d / "tls.key"), (d / "ca.crt").read_bytes()
     # Imported only here: with --cert-dir (as the Helm chart runs it) the operator never loads
     # cryptography: 8 MB less resident after imports (55 -> 47 MB, measured).
     from stormtopo import certificates
 
-    hosts = [args.webhook_url_host or args.webhook_host, "localhost"]
-    if args.webhook_service:
-        namespace, name = args.webhook_service.split(":")[0].split("/")
-        hosts += [f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"]
+    hosts = [config.webhook_url_host or config.webhook_host, "localhost"]
+    if config.webhook_service:
+        hosts += config.webhook_service.hosts
     ca = certificates.new_ca("stormtopo-webhook-ca")
     serving = certificates.new_serving_cert(ca, "stormtopo-webhook", hosts)
     d = Path(tempfile.mkdtemp(prefix="stormtopo-webhook-"))
@@ -163,32 +141,32 @@ def health_response(loops: Loops) -> web.Response:
     return web.json_response({"ok": ok, "loops": report}, status=200 if ok else 500)
 
 
-async def run(args: argparse.Namespace) -> None:
+async def run(config: OperatorConfig) -> None:
     """The operator, in its steps: the cluster's state, the loops and handlers that keep it, the
     webhook, the probes, and kopf's watches; on the way out, the Lease handed over first."""
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
-    api = Api(args.kubeconfig)
+    if config.kubeconfig:
+        os.environ["KUBECONFIG"] = config.kubeconfig  # kopf's own login reads it too
+    api = Api(config.kubeconfig)
     index = Index(api)
     loops = Loops()  # every background task, supervised; cancelled on the way out
     await _start_volcano_detection(index, loops)
     registry = kopf.OperatorRegistry()
-    leadership = Leadership(api if args.leader_elect else None, args.leader_election_namespace, args.identity, args.lease_duration)
+    leadership = Leadership(api if config.leader_elect else None, config.leader_election_namespace, config.identity, config.lease_duration)
     events = EventRecorder(api, leadership.identity)
-    opted_in = OptedInList(api, args.leader_election_namespace)  # the namespace stormtopo runs in
-    explainer = Explainer(args.kubeconfig)  # its own process: see explainer.py
+    opted_in = OptedInList(api, config.leader_election_namespace)  # the namespace stormtopo runs in
+    explainer = Explainer(config.kubeconfig)  # its own process: see explainer.py
     reporter = PlacementReporter(index, api, events, explainer, leading=lambda: leadership.is_leader)
     operator = handlers.register(registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops)
     loops.supervise("event-poster", IDLE_BEAT, events.run)
     healer = healing.Healer(
-        index, api, events, explainer, lambda: reporter.read_nodes(NODES_TTL), args.heal_cooldown, leading=lambda: leadership.is_leader
+        index, api, events, explainer, lambda: reporter.read_nodes(NODES_TTL), config.heal_cooldown, leading=lambda: leadership.is_leader
     )
-    loops.every("healing", args.heal_interval, healer.check)
-    ca, webhook_runner = await _serve_webhook(args, index, opted_in, loops)
+    loops.every("healing", config.heal_interval, healer.check)
+    ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops)
     ready = asyncio.Event()
-    probes_runner = await _serve_probes(args, loops, ready)
+    probes_runner = await _serve_probes(config, loops, ready)
     kopf_ready = asyncio.Event()
-    registration = asyncio.create_task(_register_when_watching(args, api, ca, kopf_ready, ready))
+    registration = asyncio.create_task(_register_when_watching(config, api, ca, kopf_ready, ready))
     try:
         await kopf.operator(registry=registry, clusterwide=True, standalone=True, ready_flag=kopf_ready)
     finally:
@@ -211,20 +189,20 @@ async def _start_volcano_detection(index: Index, loops: Loops) -> None:
     loops.every("volcano-detection", VOLCANO_RECHECK_SECONDS, VolcanoWatch(index, primed).check)
 
 
-async def _serve_webhook(args: argparse.Namespace, index: Index, opted_in: OptedInList, loops: Loops) -> tuple[bytes, web.AppRunner]:
+async def _serve_webhook(config: OperatorConfig, index: Index, opted_in: OptedInList, loops: Loops) -> tuple[bytes, web.AppRunner]:
     """The admission webhook over TLS, its certificate reloaded as it changes; returns the CA bundle."""
-    cert, key, ca = _certificates(args)
+    cert, key, ca = _certificates(config)
     tls = webhook.tls_context(cert, key)
     reloader = CertificateReloader(tls, cert, key)
     loops.every("certificate-reloader", reloader.interval, reloader.check)
     runner = web.AppRunner(webhook.build_app(index, opted_in), access_log=None)
     await runner.setup()
     # reuse_port: replicas on one host can share the webhook port, as endpoints behind one Service do.
-    await web.TCPSite(runner, args.webhook_host, args.webhook_port, ssl_context=tls, reuse_port=True).start()
+    await web.TCPSite(runner, config.webhook_host, config.webhook_port, ssl_context=tls, reuse_port=True).start()
     return ca, runner
 
 
-async def _serve_probes(args: argparse.Namespace, loops: Loops, ready: asyncio.Event) -> web.AppRunner:
+async def _serve_probes(config: OperatorConfig, loops: Loops, ready: asyncio.Event) -> web.AppRunner:
     """/readyz (once registered and watching), /healthz (every loop alive) and /metrics."""
 
     async def readyz(_: web.Request) -> web.Response:
@@ -242,28 +220,26 @@ async def _serve_probes(args: argparse.Namespace, loops: Loops, ready: asyncio.E
     probes.router.add_get("/metrics", prometheus)
     runner = web.AppRunner(probes, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, args.metrics_host, args.metrics_port).start()
+    await web.TCPSite(runner, config.metrics_host, config.metrics_port).start()
     return runner
 
 
-async def _register_when_watching(args: argparse.Namespace, api: Api, ca: bytes, kopf_ready: asyncio.Event, ready: asyncio.Event) -> None:
+async def _register_when_watching(config: OperatorConfig, api: Api, ca: bytes, kopf_ready: asyncio.Event, ready: asyncio.Event) -> None:
     """Once kopf watches: register the admission objects (unless Helm manages them), then say ready."""
     await kopf_ready.wait()
-    if not args.no_register_webhook:
-        service = None
-        if args.webhook_service:
-            ref, _, port = args.webhook_service.partition(":")
-            namespace, name = ref.split("/")
-            service = (namespace, name, int(port or 443))
-        url_base = f"https://{args.webhook_url_host or args.webhook_host}:{args.webhook_port}"
-        configuration = webhook.configuration(ca, url_base=url_base, service=service, namespace=args.leader_election_namespace)
+    if config.register_webhook:
+        ref = config.webhook_service
+        service = (ref.namespace, ref.name, ref.port) if ref else None
+        configuration = webhook.configuration(
+            ca, url_base=config.webhook_url_base, service=service, namespace=config.leader_election_namespace
+        )
         await asyncio.to_thread(webhook.register, api, configuration)
     # Everything loaded so far (kopf, aiohttp, the modules, the first lists) lives as long as the
     # process: out of the collector's reach, a full collection no longer scans it. Measured during
     # bench --admission: full collections of 20-141 ms, each stalling every admission in flight.
     gc.freeze()
     ready.set()
-    log.info("stormtopo operator ready; webhook on %s:%s", args.webhook_host, args.webhook_port)
+    log.info("stormtopo operator ready; webhook on %s:%s", config.webhook_host, config.webhook_port)
 
 
 def main(argv: list[str] | None = None) -> None:

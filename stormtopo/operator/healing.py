@@ -36,7 +36,6 @@ from stormtopo.operator.index import Index, Key
 from stormtopo.operator.writer import execute
 
 log = logging.getLogger("stormtopo.healing")
-INTERVAL = 10.0  # seconds between two passes
 
 
 @dataclass
@@ -51,7 +50,7 @@ class Healer:
     _memory: dict[Key, HealMemory] = field(default_factory=dict)
 
     async def check(self) -> None:
-        """One pass over the StormServices (a loop of the operator runs it every INTERVAL)."""
+        """One pass over the StormServices (a loop of the operator runs it every --heal-interval)."""
         if not self.leading():
             return
         tiers, topology = self.index.cluster_tiers(), self.index.topology()

@@ -1,0 +1,115 @@
+"""The operator's configuration, typed and checked once at start: a bad flag is refused with a message
+naming it and what is accepted, before anything is started."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from stormtopo.core.healing import COOLDOWN
+
+HEAL_INTERVAL = 10.0  # seconds between two healing passes
+
+
+@dataclass(frozen=True)
+class ServiceRef:
+    """The webhook's Service, when the operator runs in a cluster: how the API server reaches it."""
+
+    namespace: str
+    name: str
+    port: int = 443
+
+    @property
+    def hosts(self) -> list[str]:
+        return [f"{self.name}.{self.namespace}.svc", f"{self.name}.{self.namespace}.svc.cluster.local"]
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    kubeconfig: str | None = None
+    webhook_host: str = "0.0.0.0"
+    webhook_port: int = 9443
+    webhook_url_host: str | None = None
+    webhook_service: ServiceRef | None = None
+    cert_dir: str | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 8080
+    register_webhook: bool = True
+    leader_elect: bool = False
+    leader_election_namespace: str = "default"
+    lease_duration: int = 15
+    identity: str = ""
+    heal_interval: float = HEAL_INTERVAL
+    heal_cooldown: float = COOLDOWN
+
+    @property
+    def webhook_url_base(self) -> str:
+        return f"https://{self.webhook_url_host or self.webhook_host}:{self.webhook_port}"
+
+
+def service_ref(text: str) -> ServiceRef:
+    """NAMESPACE/NAME[:PORT], as --webhook-service takes it."""
+    ref, colon, port = text.partition(":")
+    namespace, slash, name = ref.partition("/")
+    if not slash or not namespace or not name or "/" in name or (colon and not port.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: accepted: NAMESPACE/NAME or NAMESPACE/NAME:PORT, e.g. stormtopo/stormtopo-webhook:443")
+    return ServiceRef(namespace, name, int(port) if colon else 443)
+
+
+def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: accepted: a positive {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: accepted: a positive {kind.__name__}")
+        return value
+
+    return parse
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: accepted: a port from 1 to 65535")
+    return int(text)
+
+
+def parse_args(argv: list[str] | None = None) -> OperatorConfig:
+    d = OperatorConfig()
+    p = argparse.ArgumentParser(prog="python -m stormtopo.operator")
+    p.add_argument("--kubeconfig", help="kubeconfig file; in-cluster configuration when omitted")
+    p.add_argument("--webhook-host", default=d.webhook_host, help="address the webhook listens on")
+    p.add_argument("--webhook-port", type=_port, default=d.webhook_port)
+    p.add_argument("--webhook-url-host", help="host the API server calls (default: --webhook-host); for a local cluster")
+    p.add_argument("--webhook-service", type=service_ref, help="NAMESPACE/NAME[:PORT] of the webhook Service, when running in a cluster")
+    p.add_argument("--cert-dir", help="directory with tls.crt, tls.key and ca.crt; a certificate is generated when omitted")
+    p.add_argument("--metrics-host", default=d.metrics_host)
+    p.add_argument("--metrics-port", type=_port, default=d.metrics_port)
+    p.add_argument("--no-register-webhook", action="store_true", help="the webhook configuration is managed elsewhere (Helm)")
+    p.add_argument("--leader-elect", action="store_true", help="several replicas: all serve the webhook, the Lease holder reconciles")
+    p.add_argument("--leader-election-namespace", default=d.leader_election_namespace, help="namespace of the Lease")
+    p.add_argument(
+        "--lease-duration", type=_positive(int), default=d.lease_duration, help="seconds without renewal before another replica takes over"
+    )
+    p.add_argument("--identity", default=d.identity, help="this replica's name in the Lease (default: $POD_NAME or host-pid)")
+    p.add_argument("--heal-interval", type=_positive(float), default=d.heal_interval, help="seconds between two healing passes")
+    p.add_argument("--heal-cooldown", type=_positive(float), default=d.heal_cooldown, help="seconds before a moved replica may move again")
+    a = p.parse_args(argv)
+    return OperatorConfig(
+        kubeconfig=a.kubeconfig,
+        webhook_host=a.webhook_host,
+        webhook_port=a.webhook_port,
+        webhook_url_host=a.webhook_url_host,
+        webhook_service=a.webhook_service,
+        cert_dir=a.cert_dir,
+        metrics_host=a.metrics_host,
+        metrics_port=a.metrics_port,
+        register_webhook=not a.no_register_webhook,
+        leader_elect=a.leader_elect,
+        leader_election_namespace=a.leader_election_namespace,
+        lease_duration=a.lease_duration,
+        identity=a.identity,
+        heal_interval=a.heal_interval,
+        heal_cooldown=a.heal_cooldown,
+    )

@@ -1,0 +1,37 @@
+"""The operator's flags, typed once at start: what the chart and `dev up` pass, and bad values refused
+with a message naming the flag and what it accepts."""
+
+from __future__ import annotations
+
+import pytest
+
+from stormtopo.operator.config import OperatorConfig, ServiceRef, parse_args
+
+
+def test_the_charts_flags_become_a_typed_config() -> None:
+    config = parse_args(
+        ["--webhook-service", "stormtopo/stormtopo-webhook:8443", "--no-register-webhook", "--leader-elect", "--heal-interval", "5"]
+    )
+    assert config.webhook_service == ServiceRef("stormtopo", "stormtopo-webhook", 8443)
+    assert config.webhook_service.hosts[0] == "stormtopo-webhook.stormtopo.svc"
+    assert not config.register_webhook and config.leader_elect and config.heal_interval == 5.0
+    assert parse_args([]) == OperatorConfig()
+    assert parse_args(["--webhook-service", "ns/svc"]).webhook_service == ServiceRef("ns", "svc", 443)
+    assert parse_args(["--webhook-url-host", "127.0.0.1", "--webhook-port", "9444"]).webhook_url_base == "https://127.0.0.1:9444"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--webhook-service", "svc-without-namespace"], "--webhook-service: 'svc-without-namespace': accepted: NAMESPACE/NAME"),
+        (["--webhook-service", "ns/svc:https"], "--webhook-service: 'ns/svc:https'"),
+        (["--metrics-port", "99999"], "--metrics-port: '99999': accepted: a port from 1 to 65535"),
+        (["--heal-cooldown", "-1"], "--heal-cooldown: '-1': accepted: a positive float"),
+        (["--lease-duration", "soon"], "--lease-duration: 'soon': accepted: a positive int"),
+    ],
+)
+def test_a_bad_flag_is_refused_before_anything_starts(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    assert exited.value.code == 2
+    assert named in capsys.readouterr().err
