@@ -80,7 +80,8 @@ class Healer:
         return plan
 
     async def snapshot(self, key: Key) -> HealSnapshot | None:
-        await self.read_nodes()
+        if self.index.known_nodes(fresh=False).shapes_tree:  # HyperNodes select nodes by pattern or label
+            await self.read_nodes()
         stormservice = self.index.stormservices.get(key)
         if stormservice is None:
             return None
