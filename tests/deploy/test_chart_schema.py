@@ -30,6 +30,7 @@ def test_the_chart_lints_strictly() -> None:
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
         ("webhok.port=9443", "'webhok' not allowed"),
         ("networkPolicy.enabled=yes-please", "/networkPolicy/enabled"),
+        ("healing.cooldownSeconds=0", "/healing/cooldownSeconds"),
     ],
 )
 def test_a_bad_value_is_refused_naming_it(value: str, named: str) -> None:
