@@ -13,6 +13,7 @@ from typing import Any
 
 from stormtopo.core.gang import followers
 from stormtopo.core.jsonpatch import set_annotations, set_labels, set_spec_fields
+from stormtopo.core.moves import moving_tier
 from stormtopo.core.ownership import stormservice_name
 from stormtopo.core.podgroup import carries_constraint as carries_constraint  # the webhook's import
 from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_name
@@ -72,7 +73,7 @@ def admit_podgroup(
     elif request is None or request.scope is Scope.STORMSERVICE:
         return Decision()  # with scope StormService the replicas' pods join the service's own PodGroup
     else:
-        fields = desired_fields(request, roleset.get("spec") or {})
+        fields = desired_fields(request, roleset.get("spec") or {}, moving_tier(stormservice, roleset["metadata"]["name"]))
         described = request.describe()
     patch = set_spec_fields(podgroup.get("spec"), fields)
     patch += set_annotations(podgroup, {**_dropped(podgroup, old, "annotations"), REQUEST_ANNOTATION: described})

@@ -4,21 +4,21 @@ A replica that landed wider than its request (a soft replica above its tier, a h
 stays there for the rest of its life unless something moves it. With `stormtopo.io/heal: "true"` on
 its StormService, stormtopo evicts the whole replica, through the Eviction API, once its own packing
 check finds a domain within the tier that holds the whole replica now; AIBrix re-creates the pods and
-Volcano places them again as one gang. Evicting every pod, not one, matters: a gang with a running pod
-is placed around it, back into the old domain.
+Volcano places them again as one gang, held `hard` to the target's tier while it moves (core/moves.py).
+Every pod, not one: a gang with a running pod is placed around it, back into the old domain.
 
 Safe by construction, as the descheduler is: one replica of a service moving at a time; never below
 the service's replicas minus its budget (AIBrix's maxUnavailable, resolved as AIBrix resolves it);
 every PodDisruptionBudget checked before the first eviction (and enforced by the Eviction API); a
-cool-down per replica, recorded on the StormService so a restarted operator keeps it; a back-off
-after a refused eviction.
+cool-down per replica, recorded on the StormService so a restarted operator keeps it, and doubled
+after a move that did not land within the tier; a back-off after a refused eviction.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -26,18 +26,24 @@ from typing import Any
 
 from stormtopo.core.explanation import allowed_tier
 from stormtopo.core.gang import gpus_per_pod, replica_pods
+from stormtopo.core.jsonpatch import set_spec_fields
+from stormtopo.core.moves import HOLD, annotation_table, recorded_moves
 from stormtopo.core.packing import DomainFit, domains_at_tier
 from stormtopo.core.placement import is_live
+from stormtopo.core.podgroup import desired_fields
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, valid_request
 from stormtopo.core.topology.selectors import label_requirements
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import HEAL_ANNOTATION, MOVES_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL
-from stormtopo.core.writes import EvictPod, PostEvent, RecordMove, Say, Write
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL
+from stormtopo.core.writes import EvictPod, PatchPodGroup, PostEvent, RecordMove, Say, Write
 
 COOLDOWN = 900.0  # seconds: a replica is not moved again within this of its last move
+COOLDOWN_MAX = 4 * 3600.0  # the cool-down doubles after each move that did not land within the tier, up to this
 MOVE_DEADLINE = 600.0  # seconds: a move not settled by then (its pods never ready again) no longer holds the others back
 BACKOFF = 30.0  # seconds after a refused eviction before the replica is tried again; doubled per refusal
 BACKOFF_MAX = 1800.0
+ROOM_SEARCHES = 4  # packing searches per service and pass (each up to ~20 ms; they run on the operator's loop)
+NO_ROOM_RECHECK = 30.0  # seconds before a service whose wide replicas had nowhere to go is looked at again
 
 
 class Why(StrEnum):
@@ -47,13 +53,25 @@ class Why(StrEnum):
     VIOLATION = "hard-violation"
 
 
+class Block(StrEnum):
+    """Why a wide replica does not move now: said once per kind, whatever the numbers in the message."""
+
+    MOVING = "another-moving"
+    COOLDOWN = "cool-down"
+    BACKOFF = "back-off"
+    BUDGET = "service-budget"
+    DISRUPTION_BUDGET = "pod-disruption-budget"
+    NEXT = "one-at-a-time"
+    NO_ROOM = "no-room"
+
+
 def wants_healing(stormservice: Mapping[str, Any]) -> bool:
     return str(_annotations(stormservice).get(HEAL_ANNOTATION, "")).strip().lower() == "true"
 
 
 @dataclass(frozen=True)
 class Replica:
-    """One RoleSet and every live or terminating pod carrying its label, as read from the API."""
+    """One RoleSet and every pod carrying its label, as read from the API."""
 
     roleset: Mapping[str, Any]
     pods: tuple[Mapping[str, Any], ...]
@@ -62,8 +80,16 @@ class Replica:
     def name(self) -> str:
         return str(self.roleset["metadata"]["name"])
 
+    def own(self) -> list[Mapping[str, Any]]:
+        """Its pods: those the RoleSet controls, where the RoleSet's uid is known (another tool's pod
+        that copies AIBrix's labels is never evicted); by label otherwise."""
+        uid = (self.roleset.get("metadata") or {}).get("uid")
+        if not uid:
+            return list(self.pods)
+        return [p for p in self.pods if any(o.get("uid") == uid for o in (p.get("metadata") or {}).get("ownerReferences") or [])]
+
     def live(self) -> list[Mapping[str, Any]]:
-        return [p for p in self.pods if is_live(p)]
+        return [p for p in self.own() if is_live(p)]
 
     def bound(self) -> list[Mapping[str, Any]]:
         return [p for p in self.live() if (p.get("spec") or {}).get("nodeName")]
@@ -72,10 +98,10 @@ class Replica:
         return replica_pods(self.roleset.get("spec") or {})
 
     def complete(self) -> bool:
-        """Every pod it should have is bound, and none is on its way out (a finished pod left behind, say
-        one the kubelet evicted, is neither)."""
-        terminating = any((p.get("metadata") or {}).get("deletionTimestamp") for p in self.pods)
-        return len(self.bound()) >= len(self.wanted()) and not terminating
+        """Exactly the pods it should have are bound, and none is on its way out (a finished pod left
+        behind, say one the kubelet evicted, is neither); surge pods of a rollout are not complete."""
+        terminating = any((p.get("metadata") or {}).get("deletionTimestamp") for p in self.own())
+        return bool(self.wanted()) and len(self.bound()) == len(self.wanted()) == len(self.live()) and not terminating
 
     def ready(self) -> bool:
         return self.complete() and all(_is_ready(p) for p in self.bound())
@@ -95,17 +121,19 @@ class Replica:
 
 @dataclass(frozen=True)
 class HealSnapshot:
-    """A StormService that may heal, read now: its replicas with all their pods, every node's free GPUs,
-    and the PodDisruptionBudgets of its namespace."""
+    """A StormService that may heal, read now: the StormService as the API server has it (the moves
+    record decides what may move), its replicas with all their pods and PodGroups, every node's free
+    GPUs (schedulable nodes only), and the PodDisruptionBudgets of its namespace."""
 
     stormservice: Mapping[str, Any]
     replicas: tuple[Replica, ...]
     tiers: ClusterTiers
     topology: Topology
-    free: Mapping[str, int]  # free GPUs per node, counting every bound pod of the cluster
+    free: Mapping[str, int]  # free GPUs per schedulable node, counting every bound pod of the cluster
     budgets: tuple[Mapping[str, Any], ...] = ()
     now: float = 0.0  # wall-clock seconds (the cool-down is recorded on the StormService, across restarts)
     cooldown: float = COOLDOWN
+    podgroups: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # replica -> its PodGroup
 
     @property
     def request(self) -> TopologyRequest | None:
@@ -114,11 +142,12 @@ class HealSnapshot:
 
 @dataclass(frozen=True)
 class HealMemory:
-    """Per replica: no attempt before (after a refused eviction), and the back-off it is on. Say-once."""
+    """Per replica: the back-off after a refused eviction. Say-once. When the service is next worth a look."""
 
     next_try: Mapping[str, float] = field(default_factory=dict)
     backoff: Mapping[str, float] = field(default_factory=dict)
-    said: Mapping[str, str] = field(default_factory=dict)
+    said: Mapping[str, str] = field(default_factory=dict)  # "replica/kind" -> the message said
+    quiet_until: float = float("-inf")  # no move under way and nowhere to go: no reading before this
 
     def refused(self, replica: str, now: float) -> HealMemory:
         """An eviction of `replica` was refused: wait, twice as long as last time."""
@@ -132,9 +161,10 @@ class Verdict:
 
     replica: str
     span: str  # where it is: "s4, tier 2"
-    why: Why | None  # None: within its request
+    why: Why | None  # None: within its request (or not judged: `blocked` says why)
     target: DomainFit | None = None  # the domain with room, lowest tier first, most free GPUs first
     blocked: str = ""  # why it does not move now ("" when it does, or is within its request)
+    block: Block | None = None
 
     @property
     def moves(self) -> bool:
@@ -143,16 +173,17 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Settled:
-    """A move that finished: its replica bound and ready again (or the deadline passed)."""
+    """A move that finished: its replica bound and ready again, or given up."""
 
     replica: str
     unavailable: float | None  # seconds from the move to all pods ready again; None: it did not come back in time
+    landed: bool  # within its tier
 
 
 @dataclass(frozen=True)
 class HealPlan:
     verdicts: tuple[Verdict, ...] = ()
-    writes: tuple[Write, ...] = ()  # Events, the move's record, then the evictions
+    writes: tuple[Write, ...] = ()  # Events, the records, the PodGroups held or let go, then the evictions
     memory: HealMemory = HealMemory()
     moving: Verdict | None = None
     settled: tuple[Settled, ...] = ()
@@ -162,78 +193,134 @@ def may_need_healing(stormservice: Mapping[str, Any], tiers: ClusterTiers, topol
     """Whether a StormService is worth a healing pass, from what the index holds (no API read): it opted
     in with a valid request, and its placement record shows a replica above its tier, or a move of
     one of its replicas has not settled yet."""
-    if not wants_healing(stormservice):
-        return False
-    request = valid_request(stormservice, tiers)
-    if request is None or request.scope is not Scope.ROLESET:
-        return False
-    tier = allowed_tier(request, topology)
+    tier = _healing_tier(stormservice, tiers, topology, opted_in_only=True)
     if tier is None:
         return False
     if any(not move.get("done") for move in recorded_moves(stormservice).values()):
         return True
-    return any(not isinstance(r.get("tier"), int) or r["tier"] > tier for r in _table(stormservice, PLACEMENT_ANNOTATION).values())
+    return any(
+        not isinstance(r.get("tier"), int) or r["tier"] > tier for r in annotation_table(stormservice, PLACEMENT_ANNOTATION).values()
+    )
 
 
-def plan_refused(snapshot: HealSnapshot, plan: HealPlan, pod: str, message: str, memory: HealMemory) -> tuple[list[Write], HealMemory]:
-    """The API server refused to evict `pod` of the moving replica (its PodDisruptionBudget, checked
-    moments ago, changed): the move is over and recorded so (the others need not wait for its deadline),
-    said as a Warning, and the replica backs off."""
-    assert plan.moving is not None
-    replica = plan.moving.replica
-    moves = recorded_moves(snapshot.stormservice)
-    live = [r.name for r in snapshot.replicas]
-    record = {**(moves.get(replica) or {}), "at": _timestamp(snapshot.now), "done": True, "refused": message[:300]}
-    say = Say("Warning", "ReplicaNotMoved", f"replica {replica} is not moved: the eviction of pod {pod} was refused: {message[:300]}")
-    return [PostEvent(snapshot.stormservice, say), _record(snapshot, replica, record, live)], memory.refused(replica, snapshot.now)
+def _healing_tier(stormservice: Mapping[str, Any], tiers: ClusterTiers, topology: Topology, opted_in_only: bool) -> int | None:
+    """The tier a replica of this service must be within, if healing applies to it at all."""
+    if opted_in_only and not wants_healing(stormservice):
+        return None
+    request = valid_request(stormservice, tiers)
+    if request is None or request.scope is not Scope.ROLESET:
+        return None
+    return allowed_tier(request, topology)  # None: soft with no tier, any placement is within it
 
 
 def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool = True) -> HealPlan:
-    """At most one replica of the StormService to move now, and the records of moves that settled.
+    """Moves under way looked after (finished, resumed, settled), then at most one replica to move now.
 
     `opted_in_only=False` (`stormtopo heal --dry-run`) judges a service that has not opted in as if it had."""
     request = snapshot.request
-    if (opted_in_only and not wants_healing(snapshot.stormservice)) or request is None or request.scope is not Scope.ROLESET:
-        return HealPlan(memory=memory)
-    tier = allowed_tier(request, snapshot.topology)
-    if tier is None:  # soft with no tier: any placement is within it
+    tier = _healing_tier(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only)
+    if request is None or tier is None:
         return HealPlan(memory=memory)
     moves = recorded_moves(snapshot.stormservice)
-    live = [r.name for r in snapshot.replicas]
     writes: list[Write] = []
-    settled = []
-    in_flight = []
+    settled: list[Settled] = []
+    in_flight: list[str] = []
     for replica in snapshot.replicas:
         move = moves.get(replica.name)
         if move is None or move.get("done"):
             continue
-        outcome = _settled(replica, move, snapshot.now)
+        outcome = _settled(snapshot, replica, move, tier)
         if outcome is None:
             in_flight.append(replica.name)
+            writes += _resume(snapshot, replica, move)
             continue
         settled.append(outcome)
-        writes.append(_record(snapshot, replica.name, {**move, "done": True, "unavailableSeconds": outcome.unavailable}, live))
-    verdicts = tuple(_verdict(snapshot, request, tier, replica, moves, memory, in_flight) for replica in snapshot.replicas)
-    says: list[tuple[str, Say]] = []  # (replica, what to say of it)
-    for verdict in verdicts:
-        if verdict.why is not None and verdict.target is not None and verdict.blocked:
-            kind = "Warning" if _is_refusal(verdict.blocked) else "Normal"
-            says.append((verdict.replica, Say(kind, "ReplicaNotMoved", _not_moved(verdict, request, tier))))
+        cooldown = _cooldown(move, snapshot.cooldown)
+        done = {**move, "done": True, "landed": outcome.landed, "unavailableSeconds": outcome.unavailable}
+        done["cooldown"] = snapshot.cooldown if outcome.landed else min(COOLDOWN_MAX, 2 * cooldown)  # a move that did not help waits longer
+        writes.append(_record(snapshot, replica.name, done))
+        writes += _hold(snapshot, request, replica.name, None)  # the gang back to what its request asks
+    verdicts = _verdicts(snapshot, request, tier, moves, memory, in_flight)
+    says = [(v, _not_moved(v, request, tier)) for v in verdicts if v.why is not None and v.target is not None and v.blocked]
     moving = next((v for v in verdicts if v.moves), None)
-    if moving is not None:
+    if moving is not None and moving.target is not None:
         replica = next(r for r in snapshot.replicas if r.name == moving.replica)
-        says.append((moving.replica, Say("Normal", "ReplicaMoving", _moving(moving, request, tier, replica))))
         record = {
             "at": _timestamp(snapshot.now),
             "from": moving.span,
-            "to": moving.target.switch.name if moving.target else "",
+            "to": moving.target.switch.name,
+            "toTier": moving.target.switch.tier,
             "reason": str(moving.why),
+            "pods": sorted(str(p["metadata"].get("uid", "")) for p in replica.live()),
+            "cooldown": _cooldown(moves.get(moving.replica) or {}, snapshot.cooldown),
         }
-        writes.append(_record(snapshot, moving.replica, record, live))
-        namespace = snapshot.stormservice["metadata"].get("namespace", "")
-        writes += [EvictPod(namespace, p["metadata"]["name"]) for p in sorted(replica.live(), key=lambda p: p["metadata"]["name"])]
+        says.append((moving, Say("Normal", "ReplicaMoving", _moving(moving, request, tier, replica))))
+        writes.append(_record(snapshot, moving.replica, record))
+        writes += _hold(snapshot, request, moving.replica, moving.target.switch.tier)
+        writes += _evictions(snapshot, replica.live())
     said_writes, memory = _say_once(memory, snapshot.stormservice, says)
+    if not in_flight and moving is None and any(v.block is Block.NO_ROOM for v in verdicts):
+        memory = replace(memory, quiet_until=snapshot.now + NO_ROOM_RECHECK)
     return HealPlan(verdicts, tuple(said_writes + writes), memory, moving, tuple(settled))
+
+
+def plan_refused(
+    snapshot: HealSnapshot, plan: HealPlan, pod: str, message: str, memory: HealMemory, evicted: int = 0
+) -> tuple[list[Write], HealMemory]:
+    """The API server refused to evict `pod` of the moving replica (a PodDisruptionBudget changed since
+    it was read): the move is over and recorded so (the others need not wait for its deadline), said
+    as a Warning, and the replica backs off. With no pod evicted yet it never moved: its cool-down
+    stays as it was and the back-off alone decides when it is tried again."""
+    assert plan.moving is not None
+    replica = plan.moving.replica
+    memory = memory.refused(replica, snapshot.now)
+    before = recorded_moves(snapshot.stormservice).get(replica) or {}
+    base: Mapping[str, Any] = (
+        next((w.record for w in plan.writes if isinstance(w, RecordMove) and w.replica == replica), {}) if evicted else before
+    )
+    record = {**base, "done": True, "refused": message[:300], "retryAt": _timestamp(memory.next_try[replica])}
+    say = Say("Warning", "ReplicaNotMoved", f"replica {replica} is not moved: the eviction of pod {pod} was refused: {message[:300]}")
+    writes: list[Write] = [PostEvent(snapshot.stormservice, say), _record(snapshot, replica, record)]
+    return writes + _hold(snapshot, snapshot.request, replica, None), memory
+
+
+def _verdicts(
+    snapshot: HealSnapshot,
+    request: TopologyRequest,
+    tier: int,
+    moves: Mapping[str, Mapping[str, Any]],
+    memory: HealMemory,
+    in_flight: Sequence[str],
+) -> tuple[Verdict, ...]:
+    """Every replica judged, the cheap reasons not to move first. The packing search runs for wide
+    replicas free to move until one has a domain to go to (at most ROOM_SEARCHES a pass), and for the
+    first blocked one, so that why it waits is said only where it has somewhere to go."""
+    out = []
+    chosen: str | None = None
+    searches = 0
+    said_for_blocked = False
+    for replica in snapshot.replicas:
+        verdict = _verdict(snapshot, request, tier, replica, moves, memory, in_flight)
+        if verdict.why is not None and verdict.block is None:
+            if chosen is not None:
+                verdict = replace(verdict, blocked=f"one replica moves at a time: {chosen} first", block=Block.NEXT)
+            elif searches >= ROOM_SEARCHES:
+                verdict = replace(verdict, blocked="not checked for room in this pass", block=Block.NO_ROOM)
+            else:
+                searches += 1
+                target = _room(snapshot, replica, tier)
+                if target is not None:
+                    chosen = replica.name
+                    verdict = replace(verdict, target=target)
+                else:
+                    verdict = replace(
+                        verdict, blocked=f"no domain within tier {tier} has room for the whole replica now", block=Block.NO_ROOM
+                    )
+        elif verdict.why is not None and verdict.block is not Block.MOVING and not said_for_blocked:
+            said_for_blocked = True
+            verdict = replace(verdict, target=_room(snapshot, replica, tier))
+        out.append(verdict)
+    return tuple(out)
 
 
 def _verdict(
@@ -245,18 +332,21 @@ def _verdict(
     memory: HealMemory,
     in_flight: Sequence[str],
 ) -> Verdict:
+    if replica.name in in_flight:
+        return Verdict(replica.name, "moving", None, blocked="its move is under way", block=Block.MOVING)
     if not replica.complete():
-        return Verdict(replica.name, "not all bound", None)
-    span = snapshot.topology.span(replica.nodes())
+        return Verdict(replica.name, "incomplete", None, blocked="not every pod is bound (or one is on its way out)")
+    nodes = replica.nodes()
+    unknown = [n for n in nodes if n not in snapshot.topology.nodes]
+    if unknown:  # a node no HyperNode lists (yet): nothing shows it is wide
+        return Verdict(replica.name, "unknown", None, blocked=f"node {unknown[0]} is in no HyperNode")
+    span = snapshot.topology.span(nodes)
     where = f"{span.hypernode}, tier {span.tier}" if span.hypernode else "no common HyperNode"
     if span.tier is not None and span.tier <= tier:
         return Verdict(replica.name, where, None)
     why = Why.VIOLATION if request.mode is Mode.HARD else Why.SOFT_WIDE
-    target = _room(snapshot, replica, tier)
-    if target is None:
-        return Verdict(replica.name, where, why, None, f"no domain within tier {tier} has room for the whole replica now")
-    blocked = _blocked(snapshot, replica, moves, memory, in_flight)
-    return Verdict(replica.name, where, why, target, blocked)
+    blocked, block = _blocked(snapshot, replica, moves, memory, in_flight)
+    return Verdict(replica.name, where, why, None, blocked, block)
 
 
 def _room(snapshot: HealSnapshot, replica: Replica, tier: int) -> DomainFit | None:
@@ -264,7 +354,8 @@ def _room(snapshot: HealSnapshot, replica: Replica, tier: int) -> DomainFit | No
     as free (it leaves those nodes when it moves); lowest tier first."""
     free = dict(snapshot.free)
     for node, gpus in replica.gpus_by_node().items():
-        free[node] = free.get(node, 0) + gpus
+        if node in free:  # (a node left out of `free` is not schedulable: nothing there is free)
+            free[node] += gpus
     for t in range(1, tier + 1):
         domains = domains_at_tier(snapshot.topology, free, replica.wanted(), t)
         if domains and domains[0].fits:
@@ -278,66 +369,94 @@ def _blocked(
     moves: Mapping[str, Mapping[str, Any]],
     memory: HealMemory,
     in_flight: Sequence[str],
-) -> str:
-    """Why a wide replica with a domain to go to does not move now; "" when it may."""
+) -> tuple[str, Block | None]:
+    """Why a wide replica does not move now, cheapest check first; ("", None) when it may."""
     if in_flight:
-        return f"replica {in_flight[0]} is moving; one replica of a StormService moves at a time"
-    last = _seconds((moves.get(replica.name) or {}).get("at"))
-    if last is not None and snapshot.now - last < snapshot.cooldown:
+        return f"replica {in_flight[0]} is moving; one replica of a StormService moves at a time", Block.MOVING
+    move = moves.get(replica.name) or {}
+    last = _seconds(move.get("at"))
+    cooldown = _cooldown(move, snapshot.cooldown)
+    if last is not None and snapshot.now - last < cooldown:
         # Timestamps, not "n s ago": the message stays the same from pass to pass, and is said once.
-        return f"it moved at {_timestamp(last)}; the cool-down of {snapshot.cooldown:.0f} s ends at {_timestamp(last + snapshot.cooldown)}"
-    if snapshot.now < memory.next_try.get(replica.name, float("-inf")):
-        return f"an eviction was refused; trying again at {_timestamp(memory.next_try[replica.name])}"
+        return f"it moved at {_timestamp(last)}; its cool-down of {cooldown:.0f} s ends at {_timestamp(last + cooldown)}", Block.COOLDOWN
+    retry = max(memory.next_try.get(replica.name, float("-inf")), _seconds(move.get("retryAt")) or float("-inf"))
+    if snapshot.now < retry:
+        return f"an eviction was refused; trying again at {_timestamp(retry)}", Block.BACKOFF
     replicas, budget = replica_budget(snapshot.stormservice)
     ready_others = sum(1 for r in snapshot.replicas if r.name != replica.name and r.ready())
     if ready_others < replicas - budget:
         return (
             f"{ready_others} other replicas are ready and the service keeps at least {replicas - budget} "
-            f"of {replicas} (maxUnavailable {budget})"
+            f"of {replicas} (maxUnavailable {budget})",
+            Block.BUDGET,
         )
-    for pdb in snapshot.budgets:
-        covered = [p for p in replica.live() if _selects(pdb, p)]
+    return _disruption_budgets(snapshot.budgets, replica.live())
+
+
+def _disruption_budgets(budgets: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]) -> tuple[str, Block | None]:
+    """Whether evicting `pods` at once is within every PodDisruptionBudget, as the Eviction API counts:
+    a pod under more than one budget is refused outright, a budget not yet observed by its controller
+    refuses every eviction, and each budget must allow as many disruptions as it covers pods."""
+    for pod in pods:
+        covering = [b["metadata"]["name"] for b in budgets if _selects(b, pod)]
+        if len(covering) > 1:
+            return (
+                f"pod {pod['metadata']['name']} is covered by PodDisruptionBudgets {', '.join(sorted(covering))}: "
+                "the Eviction API refuses a pod under more than one",
+                Block.DISRUPTION_BUDGET,
+            )
+    for pdb in budgets:
+        covered = [p for p in pods if _selects(pdb, p)]
         if not covered:
             continue
-        allowed = int(((pdb.get("status") or {}).get("disruptionsAllowed")) or 0)
+        status = pdb.get("status") or {}
+        name = pdb["metadata"]["name"]
+        if int(status.get("observedGeneration") or 0) < int((pdb.get("metadata") or {}).get("generation") or 0):
+            return (
+                f"PodDisruptionBudget {name} is not yet observed by its controller, and refuses every eviction until it is",
+                Block.DISRUPTION_BUDGET,
+            )
+        allowed = int(status.get("disruptionsAllowed") or 0)
         if allowed < len(covered):
-            name = pdb["metadata"]["name"]
-            return f"PodDisruptionBudget {name} allows {allowed} disruptions and moving the replica evicts {len(covered)} of its pods"
-    return ""
-
-
-def _is_refusal(blocked: str) -> bool:
-    return blocked.startswith("PodDisruptionBudget") or blocked.startswith("an eviction")
+            return (
+                f"PodDisruptionBudget {name} allows {allowed} disruptions and moving the replica evicts {len(covered)} of its pods",
+                Block.DISRUPTION_BUDGET,
+            )
+    return "", None
 
 
 def replica_budget(stormservice: Mapping[str, Any]) -> tuple[int, int]:
     """The service's replicas and how many may be unavailable, as AIBrix resolves its update strategy's
     maxSurge and maxUnavailable (pkg/controller/stormservice/utils.go, ResolveFenceposts): both default
-    to 0, a percentage of maxUnavailable rounds down, and if both come to 0, one may be unavailable."""
+    to 0, a percentage rounds (maxSurge up, maxUnavailable down), and if both come to 0, one may be
+    unavailable. A value AIBrix refuses (a string without %, a fraction) leaves none unavailable."""
     spec = stormservice.get("spec") or {}
-    replicas = _scaled(spec.get("replicas", 1), 0, round_up=False)
+    replicas = spec.get("replicas", 1)
+    replicas = replicas if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas >= 0 else 1
     strategy = spec.get("updateStrategy") or {}
     surge = _scaled(strategy.get("maxSurge"), replicas, round_up=True)
     unavailable = _scaled(strategy.get("maxUnavailable"), replicas, round_up=False)
+    if surge is None or unavailable is None:
+        return replicas, 0
     if surge == 0 and unavailable == 0:
         unavailable = 1
     return replicas, min(unavailable, replicas)
 
 
-def _scaled(value: object, total: int, round_up: bool) -> int:
+_PERCENT = re.compile(r"([0-9]+)%")
+
+
+def _scaled(value: object, total: int, round_up: bool) -> int | None:
+    """intstr.GetScaledValueFromIntOrPercent: an int as it is, "<int>%" of `total`; None if refused."""
     if value is None:
         return 0
-    text = str(value).strip()
-    if text.endswith("%"):
-        try:
-            share = float(text[:-1]) * total / 100
-        except ValueError:
-            return 0
-        return math.ceil(share) if round_up else math.floor(share)
-    try:
-        return int(text)
-    except ValueError:
-        return 0
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    found = _PERCENT.fullmatch(value) if isinstance(value, str) else None
+    if found is None:
+        return None
+    share = int(found.group(1)) * total / 100
+    return math.ceil(share) if round_up else math.floor(share)
 
 
 def _selects(pdb: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
@@ -353,39 +472,69 @@ def _selects(pdb: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
     return all(r.matches(labels) for r in requirements)
 
 
-def _settled(replica: Replica, move: Mapping[str, Any], now: float) -> Settled | None:
-    """A move settles once the replica is ready again on pods created since, or at its deadline."""
+def _settled(snapshot: HealSnapshot, replica: Replica, move: Mapping[str, Any], tier: int) -> Settled | None:
+    """A move settles once the replica is ready again on pods other than those it had (by uid: no two
+    clocks compared); or, still not bound HOLD seconds after the move, the hold on its gang is let go
+    (it is placed wherever there is room, as before); or at the deadline."""
     at = _seconds(move.get("at"))
     if at is None:
-        return Settled(replica.name, None)
-    fresh = all((_seconds((p.get("metadata") or {}).get("creationTimestamp")) or 0) >= math.floor(at) for p in replica.live())
+        return Settled(replica.name, None, False)
+    old = set(move.get("pods") or ())
+    fresh = bool(replica.live()) and not any(str(p["metadata"].get("uid", "")) in old for p in replica.live())
     if replica.ready() and fresh:
         ready_at = [t for p in replica.bound() if (t := _ready_since(p)) is not None]
-        return Settled(replica.name, max(0.0, max(ready_at) - at) if ready_at else None)
-    if now - at > MOVE_DEADLINE:
-        return Settled(replica.name, None)
+        span = snapshot.topology.span(replica.nodes())
+        landed = span.tier is not None and span.tier <= tier
+        return Settled(replica.name, max(0.0, max(ready_at) - at) if ready_at else None, landed)
+    if snapshot.now - at > MOVE_DEADLINE or (snapshot.now - at > HOLD and not replica.complete() and fresh):
+        return Settled(replica.name, None, False)
     return None
 
 
-def recorded_moves(stormservice: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """The last move of each replica, from the StormService's moves annotation (unreadable: none)."""
-    return _table(stormservice, MOVES_ANNOTATION)
+def _resume(snapshot: HealSnapshot, replica: Replica, move: Mapping[str, Any]) -> list[Write]:
+    """A move cut short (the API server unreachable, the operator restarted between two evictions):
+    its pods from before the move that still run are evicted too, within the budgets, or the gang is
+    placed around them, back where it was."""
+    old = set(move.get("pods") or ())
+    left = [p for p in replica.live() if str(p["metadata"].get("uid", "")) in old and not p["metadata"].get("deletionTimestamp")]
+    if not left or _disruption_budgets(snapshot.budgets, left)[1] is not None:
+        return []
+    return _evictions(snapshot, left)
 
 
-def _table(stormservice: Mapping[str, Any], annotation: str) -> dict[str, Mapping[str, Any]]:
-    """A per-replica table stormtopo keeps in an annotation of the StormService (unreadable: empty)."""
-    try:
-        table = json.loads(_annotations(stormservice).get(annotation) or "{}")
-    except ValueError:
-        return {}
-    if not isinstance(table, dict):
-        return {}
-    return {str(k): v for k, v in table.items() if isinstance(v, dict)}
+def _evictions(snapshot: HealSnapshot, pods: Sequence[Mapping[str, Any]]) -> list[Write]:
+    namespace = snapshot.stormservice["metadata"].get("namespace", "")
+    return [EvictPod(namespace, p["metadata"]["name"]) for p in sorted(pods, key=lambda p: p["metadata"]["name"])]
 
 
-def _record(snapshot: HealSnapshot, replica: str, record: Mapping[str, object], live: Sequence[str]) -> RecordMove:
+def _hold(snapshot: HealSnapshot, request: TopologyRequest | None, replica: str, tier: int | None) -> list[Write]:
+    """The replica's PodGroup held hard within `tier` while it moves (None: as its request asks). The
+    reconciler writes the same once it sees the move record; written here first, so that no session of
+    Volcano between the evictions and that event places the gang soft."""
+    podgroup = snapshot.podgroups.get(replica)
+    roleset = next((r.roleset for r in snapshot.replicas if r.name == replica), None)
+    if podgroup is None or roleset is None or request is None:
+        return []
+    ops = set_spec_fields(podgroup.get("spec"), desired_fields(request, roleset.get("spec") or {}, tier))
+    namespace = snapshot.stormservice["metadata"].get("namespace", "")
+    return [PatchPodGroup(namespace, podgroup["metadata"]["name"], ops)] if ops else []
+
+
+def _cooldown(move: Mapping[str, Any], default: float) -> float:
+    value = move.get("cooldown")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else default
+
+
+def _record(snapshot: HealSnapshot, replica: str, record: Mapping[str, object]) -> RecordMove:
     meta = snapshot.stormservice["metadata"]
-    return RecordMove(meta.get("namespace", ""), meta["name"], replica, record, tuple(live))
+    return RecordMove(
+        meta.get("namespace", ""),
+        meta["name"],
+        replica,
+        record,
+        tuple(r.name for r in snapshot.replicas),
+        meta.get("resourceVersion"),
+    )
 
 
 def _moving(verdict: Verdict, request: TopologyRequest, tier: int, replica: Replica) -> str:
@@ -398,8 +547,13 @@ def _moving(verdict: Verdict, request: TopologyRequest, tier: int, replica: Repl
     )
 
 
-def _not_moved(verdict: Verdict, request: TopologyRequest, tier: int) -> str:
-    return f"replica {verdict.replica} spans {verdict.span} and is not moved: {verdict.blocked} ({_because(verdict, request, tier)})"
+def _not_moved(verdict: Verdict, request: TopologyRequest, tier: int) -> Say:
+    kind = "Warning" if verdict.block in (Block.DISRUPTION_BUDGET, Block.BACKOFF) else "Normal"
+    return Say(
+        kind,
+        "ReplicaNotMoved",
+        f"replica {verdict.replica} spans {verdict.span} and is not moved: {verdict.blocked} ({_because(verdict, request, tier)})",
+    )
 
 
 def _because(verdict: Verdict, request: TopologyRequest, tier: int) -> str:
@@ -408,16 +562,17 @@ def _because(verdict: Verdict, request: TopologyRequest, tier: int) -> str:
     return f"it landed above tier {tier} ({request.describe()})"
 
 
-def _say_once(memory: HealMemory, about: Mapping[str, Any], says: Sequence[tuple[str, Say]]) -> tuple[list[Write], HealMemory]:
-    """Why a replica is not moved is said once per message (the check repeats every pass); a move,
-    every time."""
+def _say_once(memory: HealMemory, about: Mapping[str, Any], says: Sequence[tuple[Verdict, Say]]) -> tuple[list[Write], HealMemory]:
+    """Why a replica is not moved is said once per kind of reason (the check repeats every pass, and
+    the numbers in the message change); a move, every time."""
     out: list[Write] = []
     said = dict(memory.said)
-    for replica, say in says:
-        key = f"{say.reason}/{replica}"
-        if say.reason != "ReplicaMoving" and said.get(key) == say.message:
+    for verdict, say in says:
+        key = f"{verdict.replica}/{say.reason}"
+        kind = str(verdict.block or "")
+        if say.reason != "ReplicaMoving" and said.get(key) == kind:
             continue
-        said[key] = say.message
+        said[key] = kind
         out.append(PostEvent(about, say))
     return out, replace(memory, said=said)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from stormtopo.core.topology.tree import Switch, Topology
 
@@ -74,6 +75,15 @@ class _Search:
                 if self.place(rest, demand, i + 1):
                     return True
         return False
+
+
+def takes_new_pods(node: Mapping[str, Any]) -> bool:
+    """A node a scheduler may place a new pod on: not cordoned (drained), and Ready. A node's taints
+    are not judged: GPU nodes are commonly tainted for GPU pods, which tolerate them."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return all(c.get("status") == "True" for c in conditions if c.get("type") == "Ready")
 
 
 @dataclass(frozen=True)

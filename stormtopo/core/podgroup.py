@@ -14,14 +14,22 @@ from stormtopo.core.vocabulary import MANAGED_BY_LABEL, OPERATOR_NAME, PODGROUP_
 OWNED_FIELDS = ("minMember", "minTaskMember", "networkTopology", "subGroupPolicy")  # of a PodGroup spec
 
 
-def desired_fields(request: TopologyRequest, roleset_spec: Mapping[str, Any]) -> dict[str, Any]:
+def desired_fields(request: TopologyRequest, roleset_spec: Mapping[str, Any], moving_tier: int | None = None) -> dict[str, Any]:
     """The spec fields stormtopo owns on a replica's PodGroup. Under a hard request, roles whose pods
-    ask for no resources follow the gang instead of being part of it (see gang.followers)."""
+    ask for no resources follow the gang instead of being part of it (see gang.followers). A replica
+    that healing moves is held `hard` within `moving_tier` until it lands (see core/moves.py); its gang
+    stays as its request makes it."""
     gang = gang_of(roleset_spec, followers(roleset_spec) if request.mode is Mode.HARD else ())
+    topology = request.network_topology()
+    if moving_tier is not None:
+        topology = {k: v for k, v in topology.items() if k != "highestTierName"} | {
+            "mode": Mode.HARD.value,
+            "highestTierAllowed": moving_tier,
+        }
     return {
         "minMember": gang.min_member,
         "minTaskMember": dict(gang.min_task_member),
-        "networkTopology": request.network_topology(),
+        "networkTopology": topology,
     }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from stormtopo.core.gang import requests_resources
 from stormtopo.core.jsonpatch import remove_annotation, set_annotations, set_spec_fields
+from stormtopo.core.moves import moving_tier
 from stormtopo.core.optin import listing
 from stormtopo.core.podgroup import (
     carries_constraint,
@@ -71,7 +72,8 @@ def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None) -> Ser
     else:
         writes += _withdraw(namespace, service_group)
         for roleset in snapshot.rolesets:
-            writes += _replica_group(namespace, roleset, snapshot.podgroups.get(roleset["metadata"]["name"]), request)
+            moving = moving_tier(snapshot.stormservice, roleset["metadata"]["name"])
+            writes += _replica_group(namespace, roleset, snapshot.podgroups.get(roleset["metadata"]["name"]), request, moving)
     return ServicePlan(tuple(writes), verdict, say, listing=listed)
 
 
@@ -113,7 +115,11 @@ def _service_group(snapshot: ServiceSnapshot, request: TopologyRequest, current:
 
 
 def _replica_group(
-    namespace: str, roleset: Mapping[str, Any], current: Mapping[str, Any] | None, request: TopologyRequest | None
+    namespace: str,
+    roleset: Mapping[str, Any],
+    current: Mapping[str, Any] | None,
+    request: TopologyRequest | None,
+    moving: int | None = None,
 ) -> list[Write]:
     if request is None:
         return _withdraw(namespace, current)
@@ -121,7 +127,7 @@ def _replica_group(
         if has_scheduling_strategy(roleset.get("spec") or {}):
             return []  # AIBrix creates its own; the webhook gives it the constraint at creation
         return [CreatePodGroup(owned_podgroup(roleset, request))]
-    ops = set_spec_fields(current.get("spec"), desired_fields(request, roleset.get("spec") or {}))
+    ops = set_spec_fields(current.get("spec"), desired_fields(request, roleset.get("spec") or {}, moving))
     # The request annotation marks a constrained gang; without it the pod webhook waits for one forever.
     if REQUEST_ANNOTATION not in ((current.get("metadata") or {}).get("annotations") or {}):
         ops += set_annotations(current, {REQUEST_ANNOTATION: request.describe()})

@@ -62,13 +62,16 @@ class RecordPlacement:
 
 @dataclass(frozen=True)
 class RecordMove:
-    """Set one replica's last move in its StormService's moves annotation, merged like RecordPlacement."""
+    """Set one replica's last move in its StormService's moves annotation. Conditional on the version
+    the plan was made from (`resource_version`): the move table is what keeps moves one at a time and
+    apart by their cool-down, so it is written only over what was read, never merged blindly."""
 
     namespace: str
     stormservice: str
     replica: str
     record: Mapping[str, object]
     live: Sequence[str]
+    resource_version: str | None = None
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ KCM_CONTROLLERS = ",".join(
         "replicaset-controller",
         "deployment-controller",
         "pod-garbage-collector-controller",
+        "disruption-controller",  # PodDisruptionBudgets' status, which the Eviction API (and healing) read
     ]
 )
 

@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 
 import urllib3
 
+from stormtopo.core.packing import takes_new_pods
 from stormtopo.core.vocabulary import AIBRIX, GPU, ROLESET_LABEL, VOLCANO_SCHEDULING
 from stormtopo.kube.credentials import Credentials, CredentialsError, IssuedCredential, load_credentials, materialize
 from stormtopo.kube.errors import ApiError, ApiUnavailable, Conflict, KubeError, NotFound
@@ -127,9 +128,10 @@ class Api:
         served = [v for v in crd["spec"]["versions"] if v.get("served")]
         return dict(served[-1].get("schema", {}).get("openAPIV3Schema") or {}) if served else None
 
-    def free_gpus(self, resource: str = GPU) -> dict[str, int]:
-        """Free GPUs per node: allocatable minus what bound, unfinished pods request."""
-        free = self.gpu_totals(resource)
+    def free_gpus(self, resource: str = GPU, taking_new_pods: bool = False) -> dict[str, int]:
+        """Free GPUs per node: allocatable minus what bound, unfinished pods request. `taking_new_pods`:
+        only nodes a new pod may be placed on (not cordoned, Ready), for a decision to move pods there."""
+        free = self.gpu_totals(resource, taking_new_pods)
         bound = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
         for page in self.pages("/api/v1/pods", fieldSelector=bound):
             for pod in page:
@@ -139,11 +141,12 @@ class Api:
                         free[node] -= _quantity(((c.get("resources") or {}).get("requests") or {}).get(resource, "0"))
         return free
 
-    def gpu_totals(self, resource: str = GPU) -> dict[str, int]:
+    def gpu_totals(self, resource: str = GPU, taking_new_pods: bool = False) -> dict[str, int]:
         return {
             n["metadata"]["name"]: _quantity((n.get("status", {}).get("allocatable") or {}).get(resource, "0"))
             for page in self.pages("/api/v1/nodes")
             for n in page
+            if not taking_new_pods or takes_new_pods(n)
         }
 
     def pods_of_group(self, namespace: str, roleset: str) -> list[dict[str, Any]]:
@@ -181,13 +184,13 @@ class Api:
     def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
         self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"labels": labels}}, MERGE_PATCH)
 
-    def annotate_stormservice(self, namespace: str, name: str, key: str, value: str, resource_version: str | None = None) -> None:
+    def annotate_stormservice(self, namespace: str, name: str, key: str, value: str, resource_version: str | None = None) -> dict[str, Any]:
         """Merge-patch one annotation: stormtopo's own key, nothing else of the StormService. With a
         resourceVersion the patch applies only to that version (409 otherwise): a read-modify-write."""
         meta: dict[str, Any] = {"annotations": {key: value}}
         if resource_version:
             meta["resourceVersion"] = resource_version
-        self.request("PATCH", self.path(AIBRIX, "stormservices", namespace, name), {"metadata": meta}, MERGE_PATCH)
+        return dict(self.request("PATCH", self.path(AIBRIX, "stormservices", namespace, name), {"metadata": meta}, MERGE_PATCH) or {})
 
     def evict_pod(self, namespace: str, name: str) -> None:
         """Evict through the Eviction API, which honours the pod's PodDisruptionBudgets: a refusal is

@@ -38,6 +38,7 @@ class _Worker:
 
     api: Api | None = None
     free: tuple[float, dict[str, int]] = (float("-inf"), {})
+    schedulable: tuple[float, dict[str, int]] = (float("-inf"), {})  # healing's: nodes that take new pods only
 
 
 def _start_worker(parent: int) -> None:
@@ -67,10 +68,15 @@ def explain_in_worker(
     return plan_pending(request, pods, created, topology, free_gpus_in_worker(kubeconfig))
 
 
-def free_gpus_in_worker(kubeconfig: str | None) -> dict[str, int]:
-    """Runs in the worker: every node's free GPUs, the reading the explanations share."""
+def free_gpus_in_worker(kubeconfig: str | None, taking_new_pods: bool = False) -> dict[str, int]:
+    """Runs in the worker: every node's free GPUs, the reading the explanations share (healing's:
+    only nodes that take new pods)."""
     if _Worker.api is None:
         _Worker.api = Api(kubeconfig)
+    if taking_new_pods:
+        if _stale(_Worker.schedulable[0], FREE_GPUS_TTL):
+            _Worker.schedulable = (time.monotonic(), _Worker.api.free_gpus(taking_new_pods=True))
+        return _Worker.schedulable[1]
     if _stale(_Worker.free[0], FREE_GPUS_TTL):
         _Worker.free = (time.monotonic(), _Worker.api.free_gpus())
     return _Worker.free[1]
@@ -109,10 +115,10 @@ class Explainer:
             return None
 
     async def free_gpus(self) -> dict[str, int]:
-        """Every node's free GPUs, read in the worker (healing's reading; shared for FREE_GPUS_TTL)."""
+        """Free GPUs of every node that takes new pods, read in the worker (healing's reading)."""
         loop = asyncio.get_running_loop()
         try:
-            work = loop.run_in_executor(self._executor(), free_gpus_in_worker, self.kubeconfig)
+            work = loop.run_in_executor(self._executor(), free_gpus_in_worker, self.kubeconfig, True)
             return await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
         except BrokenProcessPool:
             log.warning("the explanation worker died; starting another for the next reading")

@@ -3,39 +3,53 @@ its request (or a move under way), read what the planner needs, plan (core/heali
 
 Nothing is read for a service until its own placement record shows a wide replica: a cluster where
 every replica landed within its request costs one pass over the index. A service that needs a look
-costs one list of its own pods, one of its namespace's PodDisruptionBudgets, and a reading of every
-node's free GPUs, taken in the explanation worker's process (so its parsing never delays an admission)
-and shared with the explanations for a few seconds.
+costs a read of the StormService itself (the move table on the API server, not the index's copy,
+decides what may move), a list of its own pods and of its namespace's PodDisruptionBudgets; one
+reading of every node's free GPUs is shared by the whole pass, taken in the explanation worker's
+process so that its parsing never delays an admission. A service whose wide replicas had nowhere to
+go is not read again for NO_ROOM_RECHECK seconds.
+
+A move is begun only once its record is on the StormService, written conditionally on the version
+the plan was made from: two leaders, or a pass planned from a stale read, cannot both begin one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from stormtopo.core.healing import (
-    COOLDOWN,
-    HealMemory,
-    HealPlan,
-    HealSnapshot,
-    Replica,
-    may_need_healing,
-    plan_healing,
-    plan_refused,
-)
-from stormtopo.core.vocabulary import ROLESET_LABEL, STORMSERVICE_LABEL
-from stormtopo.core.writes import EvictPod, Write
-from stormtopo.kube.client import Api, ApiError
+from stormtopo.core.healing import COOLDOWN, HealMemory, HealPlan, HealSnapshot, Replica, may_need_healing, plan_healing, plan_refused
+from stormtopo.core.placement import merge_placements
+from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
+from stormtopo.core.writes import EvictPod, RecordMove, Write
+from stormtopo.kube.client import Api, ApiError, Conflict
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index, Key
-from stormtopo.operator.writer import execute
+from stormtopo.operator.writer import execute, record_placement
 
 log = logging.getLogger("stormtopo.healing")
+
+
+def is_budget_refusal(exc: ApiError) -> bool:
+    """The Eviction API's answers when a PodDisruptionBudget forbids it: 429 with the budget's message,
+    or 500 for a pod under several budgets. Anything else (RBAC, API priority and fairness, a server
+    error) is no refusal: the move stays under way and the next pass resumes it."""
+    return "disruption budget" in exc.body.lower() or "poddisruptionbudget" in exc.body.lower()
+
+
+def status_message(exc: ApiError) -> str:
+    """The API server's own words, not its Status object."""
+    try:
+        return str(json.loads(exc.body).get("message") or exc.body)
+    except (ValueError, AttributeError):
+        return exc.body
 
 
 @dataclass
@@ -48,15 +62,20 @@ class Healer:
     cooldown: float = COOLDOWN
     leading: Callable[[], bool] = lambda: True
     _memory: dict[Key, HealMemory] = field(default_factory=dict)
+    _free: dict[str, int] | None = None  # this pass's reading
 
     async def check(self) -> None:
         """One pass over the StormServices (a loop of the operator runs it every --heal-interval)."""
         if not self.leading():
             return
+        self._free = None
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
+        now = time.time()
         for key, stormservice in list(self.index.stormservices.items()):
             if not may_need_healing(stormservice, tiers, topology):
                 self._memory.pop(key, None)
+                continue
+            if now < self._memory.get(key, HealMemory()).quiet_until:
                 continue
             try:
                 await self.heal(key)
@@ -70,53 +89,103 @@ class Healer:
         snapshot = await self.snapshot(key)
         if snapshot is None:
             return None
-        memory = self._memory.get(key, HealMemory())
-        plan = plan_healing(snapshot, memory)
+        # The packing search is CPU work: on a thread, the loop still answers admissions between slices.
+        plan = await asyncio.to_thread(plan_healing, snapshot, self._memory.get(key, HealMemory()))
         self._memory[key] = plan.memory
-        for settled in plan.settled:
-            if settled.unavailable is not None:
-                metrics.MOVE_UNAVAILABLE_SECONDS.observe(settled.unavailable)
         await self.carry_out(key, snapshot, plan)
         return plan
 
     async def snapshot(self, key: Key) -> HealSnapshot | None:
         if self.index.known_nodes(fresh=False).shapes_tree:  # HyperNodes select nodes by pattern or label
             await self.read_nodes()
-        stormservice = self.index.stormservices.get(key)
+        namespace, name = key
+        stormservice = await asyncio.to_thread(self.api.get, AIBRIX, "stormservices", namespace, name)
         if stormservice is None:
             return None
-        namespace, name = key
+        self.index.observe("StormService", "MODIFIED", stormservice)
         pods = await asyncio.to_thread(
             self.api.raw_list, f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"{STORMSERVICE_LABEL}={name}"
         )
         budgets = await asyncio.to_thread(self.api.disruption_budgets, namespace)
-        free = await self.explainer.free_gpus()
+        if self._free is None:
+            self._free = await self.explainer.free_gpus()
+        rolesets = self.index.rolesets_of(namespace, name)
         replicas = tuple(
-            Replica(
-                roleset, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == roleset["metadata"]["name"])
-            )
-            for roleset in self.index.rolesets_of(namespace, name)
+            Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))
+            for r in rolesets
         )
+        podgroups = {r["metadata"]["name"]: pg for r in rolesets if (pg := self.index.podgroups.get((namespace, r["metadata"]["name"])))}
         return HealSnapshot(
-            stormservice, replicas, self.index.cluster_tiers(), self.index.topology(), free, tuple(budgets), time.time(), self.cooldown
+            stormservice,
+            replicas,
+            self.index.cluster_tiers(),
+            self.index.topology(),
+            self._free,
+            tuple(budgets),
+            time.time(),
+            self.cooldown,
+            podgroups,
         )
 
     async def carry_out(self, key: Key, snapshot: HealSnapshot, plan: HealPlan) -> None:
-        """The Events and records first, then the evictions in order; the first refused eviction stops
-        the move: said, recorded as over, and the replica backs off."""
-        first: list[Write] = [w for w in plan.writes if not isinstance(w, EvictPod)]
-        await execute(self.api, first, self.report)
-        if plan.moving is None:
-            return
-        metrics.REPLICA_MOVES.labels(str(plan.moving.why)).inc()
-        for write in plan.writes:
-            if not isinstance(write, EvictPod):
-                continue
+        """In order: the records (conditional: none lands, nothing else is done), the Events, the
+        PodGroups held or let go, then the evictions, each only while this replica still leads. The
+        first eviction a PodDisruptionBudget refuses ends the move: said, recorded, backed off."""
+        records = [w for w in plan.writes if isinstance(w, RecordMove)]
+        if records and not await self._record(records):
+            return  # the StormService changed since it was read: plan again at the next pass
+        for settled in plan.settled:
+            if settled.unavailable is not None:
+                metrics.MOVE_UNAVAILABLE_SECONDS.observe(settled.unavailable)
+        rest: list[Write] = [w for w in plan.writes if not isinstance(w, RecordMove | EvictPod)]
+        await execute(self.api, rest, self.report)
+        evictions = [w for w in plan.writes if isinstance(w, EvictPod)]
+        if plan.moving is not None:
+            metrics.REPLICA_MOVES.labels(str(plan.moving.why)).inc()
+        for done, write in enumerate(evictions):
+            if not self.leading():
+                log.warning("no longer leading: the move of %s/%s stops here; the next leader resumes it", *key)
+                return
             try:
                 await execute(self.api, [write], self.report)
             except ApiError as exc:
+                if plan.moving is None or not is_budget_refusal(exc):
+                    raise  # logged by the pass; the move stays under way and is resumed
                 metrics.EVICTIONS_REFUSED.inc()
-                writes, memory = plan_refused(snapshot, plan, write.name, exc.body or str(exc), self._memory.get(key, HealMemory()))
+                memory = self._memory.get(key, HealMemory())
+                writes, memory = plan_refused(snapshot, plan, write.name, status_message(exc), memory, evicted=done)
                 self._memory[key] = memory
-                await execute(self.api, writes, self.report)
+                await execute(self.api, [w for w in writes if not isinstance(w, RecordMove)], self.report)
+                for record in (w for w in writes if isinstance(w, RecordMove)):
+                    await asyncio.to_thread(record_placement, self.api, record, MOVES_ANNOTATION)  # merged: after our own write
                 return
+
+    async def _record(self, writes: list[RecordMove]) -> bool:
+        """Write a plan's move records over the version it was planned from, in one write; the index
+        learns the result at once."""
+        try:
+            updated = await asyncio.to_thread(record_moves, self.api, writes)
+        except Conflict:
+            log.info(
+                "%s/%s changed since it was read; its moves are planned again at the next pass", writes[0].namespace, writes[0].stormservice
+            )
+            return False
+        if updated:
+            self.index.observe("StormService", "MODIFIED", updated)
+        return True
+
+
+def record_moves(api: Api, writes: list[RecordMove]) -> dict[str, Any]:
+    """One write of the move table, conditional on the version the plan read (Conflict otherwise):
+    the records merged into the table as it was then."""
+    first = writes[0]
+    current = api.get(AIBRIX, "stormservices", first.namespace, first.stormservice)
+    if current is None:
+        return {}
+    meta = current["metadata"]
+    if first.resource_version and meta.get("resourceVersion") != first.resource_version:
+        raise Conflict(409, "PATCH", f"stormservices/{first.stormservice}", "changed since the plan was made")
+    value = (meta.get("annotations") or {}).get(MOVES_ANNOTATION)
+    for write in writes:
+        value = merge_placements(value, write.replica, write.record, write.live)
+    return api.annotate_stormservice(first.namespace, first.stormservice, MOVES_ANNOTATION, value or "{}", meta.get("resourceVersion"))

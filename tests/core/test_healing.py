@@ -14,6 +14,7 @@ import pytest
 from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.healing import (
     BACKOFF,
+    NO_ROOM_RECHECK,
     HealMemory,
     HealSnapshot,
     Replica,
@@ -26,7 +27,7 @@ from stormtopo.core.healing import (
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, MODE, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
-from stormtopo.core.writes import EvictPod, PostEvent, RecordMove
+from stormtopo.core.writes import EvictPod, PatchPodGroup, PostEvent, RecordMove
 from stormtopo.devenv.workloads import Role, stormservice
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml"
@@ -62,6 +63,7 @@ def replica(name: str, prefill: str | None, decode: str | None, created: float =
             {
                 "metadata": {
                     "name": f"{name}-{role}-0",
+                    "uid": f"{name}-{role}-{created:.0f}",
                     "namespace": "ns",
                     "creationTimestamp": stamp(created),
                     "labels": {"storm-service-name": "svc", "roleset-name": name, "role-name": role, "app": "svc"},
@@ -190,19 +192,20 @@ def test_not_twice_within_the_cool_down_even_after_a_restart() -> None:
     svc = service(SOFT1)
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 100), "done": True}})
     plan = plan_healing(snap(svc, WIDE), HealMemory())  # a new operator: empty memory, the record on the StormService
-    assert plan.moving is None and "the cool-down of 900 s ends at" in plan.verdicts[0].blocked
+    assert plan.moving is None and "its cool-down of 900 s ends at" in plan.verdicts[0].blocked
     assert plan_healing(replace(snap(svc, WIDE), now=NOW + 900), HealMemory()).moving is not None
 
 
 def test_a_move_settles_once_its_replica_is_ready_on_new_pods() -> None:
     svc = service(SOFT1)
-    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 30)}})
+    old = [p["metadata"]["uid"] for p in WIDE.pods]
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 30), "pods": old}})
     moved = replica("svc-a", "node0", "node1", created=NOW - 28)
     plan = plan_healing(snap(svc, moved, busy={**BUSY, "node0": 8, "node3": 0}), HealMemory())
     (settled,) = plan.settled
     assert settled.unavailable == pytest.approx(7.0)  # ready 5 s after its pods were created, 2 s after the move
     (record,) = [w for w in plan.writes if isinstance(w, RecordMove)]
-    assert record.record["done"] is True
+    assert record.record["done"] is True and record.record["landed"] is True
     # Old pods still running (a partial eviction) do not count as the move's end.
     assert plan_healing(snap(svc, WIDE), HealMemory()).settled == ()
 
@@ -229,6 +232,8 @@ def test_a_refused_eviction_ends_the_move_and_backs_off() -> None:
         ({"maxUnavailable": 2}, 3, 2),
         ({"maxSurge": 1, "maxUnavailable": 0}, 3, 0),
         ({"maxUnavailable": 5}, 2, 2),  # never more than it has
+        ({"maxUnavailable": "2"}, 3, 0),  # AIBrix refuses a string without %: none unavailable
+        ({"maxUnavailable": "50.5%"}, 3, 0),
     ],
 )
 def test_the_budget_is_resolved_as_aibrix_resolves_it(strategy: dict[str, Any], replicas: int, budget: int) -> None:
@@ -261,7 +266,133 @@ def test_a_finished_pod_left_behind_neither_blocks_a_move_nor_its_settling() -> 
     wide = replace(WIDE, pods=(*WIDE.pods, evicted_by_kubelet))
     assert plan_healing(snap(service(SOFT1), wide), HealMemory()).moving is not None
     svc = service(SOFT1)
-    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 30)}})
+    old = [p["metadata"]["uid"] for p in WIDE.pods]
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 30), "pods": old}})
     moved = replica("svc-a", "node0", "node1", created=NOW - 28)
     moved = replace(moved, pods=(*moved.pods, evicted_by_kubelet))
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 30), "pods": ["svc-a-decode-old"]}})
     assert len(plan_healing(snap(svc, moved, busy={**BUSY, "node0": 8, "node3": 0}), HealMemory()).settled) == 1
+
+
+# -- the review's findings, each a test that failed before its fix ---------------------------------
+
+
+def test_while_it_moves_its_podgroup_is_held_hard_within_the_targets_tier_then_let_go() -> None:
+    podgroup = {
+        "metadata": {"name": "svc-a", "namespace": "ns"},
+        "spec": {"minMember": 2, "networkTopology": {"mode": "soft", "highestTierAllowed": 1}},
+    }
+    snapshot = replace(snap(service(SOFT1), WIDE), podgroups={"svc-a": podgroup})
+    plan = plan_healing(snapshot, HealMemory())
+    (held,) = [w for w in plan.writes if isinstance(w, PatchPodGroup)]
+    assert {"op": "replace", "path": "/spec/networkTopology", "value": {"mode": "hard", "highestTierAllowed": 1}} in held.ops
+    # Before the evictions: no Volcano session between them sees the gang soft.
+    assert plan.writes.index(held) < min(plan.writes.index(w) for w in plan.writes if isinstance(w, EvictPod))
+    record = next(w for w in plan.writes if isinstance(w, RecordMove)).record
+    assert record["toTier"] == 1 and sorted(record["pods"]) == sorted(p["metadata"]["uid"] for p in WIDE.pods)  # type: ignore[arg-type]
+    # Settled: the PodGroup is let go back to soft.
+    svc = service(SOFT1)
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": dict(record)})
+    hard = {**podgroup, "spec": {"minMember": 2, "networkTopology": {"mode": "hard", "highestTierAllowed": 1}}}
+    moved = replica("svc-a", "node0", "node1", created=NOW + 5)
+    after = plan_healing(
+        replace(snap(svc, moved, busy={**BUSY, "node0": 8, "node3": 0}), now=NOW + 30, podgroups={"svc-a": hard}), HealMemory()
+    )
+    (let_go,) = [w for w in after.writes if isinstance(w, PatchPodGroup)]
+    assert {"op": "replace", "path": "/spec/networkTopology", "value": {"mode": "soft", "highestTierAllowed": 1}} in let_go.ops
+
+
+def test_a_gang_still_unplaced_after_the_hold_is_let_go_soft_and_its_cool_down_doubles() -> None:
+    svc = service(SOFT1)
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 130), "toTier": 1, "pods": ["gone"]}})
+    pending = replace(
+        replica("svc-a", None, None), pods=tuple({**p, "spec": {}} for p in replica("svc-a", "node0", "node1", created=NOW - 120).pods)
+    )
+    plan = plan_healing(snap(svc, pending), HealMemory())
+    (settled,) = plan.settled
+    assert not settled.landed
+    record = next(w for w in plan.writes if isinstance(w, RecordMove)).record
+    assert record["done"] is True and record["cooldown"] == 2 * 900
+
+
+def test_a_refused_eviction_backs_off_30_s_not_the_whole_cool_down() -> None:
+    svc = service(SOFT1)
+    snapshot = snap(svc, WIDE)
+    plan = plan_healing(snapshot, HealMemory())
+    writes, memory = plan_refused(snapshot, plan, "svc-a-decode-0", "Cannot evict pod ...", plan.memory)
+    record = next(w for w in writes if isinstance(w, RecordMove))
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": dict(record.record)})
+    assert "at" not in record.record  # it never moved
+    assert "trying again at" in plan_healing(replace(snap(svc, WIDE), now=NOW + 10), HealMemory()).verdicts[0].blocked  # a restart keeps it
+    assert plan_healing(replace(snap(svc, WIDE), now=NOW + BACKOFF + 1), memory).moving is not None
+
+
+def test_a_replica_on_nodes_the_tree_does_not_know_is_not_evicted() -> None:
+    unknown = replica("svc-a", "new-node-a", "new-node-b")
+    plan = plan_healing(snap(service(SOFT1), unknown, busy={**BUSY, "node1": 0, "node3": 0}), HealMemory())
+    assert plan.moving is None and "is in no HyperNode" in plan.verdicts[0].blocked
+
+
+def test_a_pod_covered_by_two_budgets_is_not_begun() -> None:
+    budgets = (pdb("service", 5, {"matchLabels": {"app": "svc"}}), pdb("prefill", 5, {"matchLabels": {"role-name": "prefill"}}))
+    plan = plan_healing(snap(service(SOFT1), WIDE, budgets=budgets), HealMemory())
+    assert plan.moving is None and evictions(plan) == []
+    assert "covered by PodDisruptionBudgets prefill, service" in said(plan, "ReplicaNotMoved")[0]
+
+
+def test_a_budget_its_controller_has_not_observed_refuses_as_the_eviction_api_does() -> None:
+    unobserved = pdb("new", 5, {"matchLabels": {"app": "svc"}})
+    unobserved["metadata"]["generation"] = 2
+    unobserved["status"]["observedGeneration"] = 1
+    assert plan_healing(snap(service(SOFT1), WIDE, budgets=(unobserved,)), HealMemory()).moving is None
+
+
+def test_settling_compares_pods_not_clocks() -> None:
+    svc = service(SOFT1)
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps(
+        {"svc-a": {"at": stamp(NOW - 30), "pods": [p["metadata"]["uid"] for p in WIDE.pods]}}
+    )
+    moved = replica("svc-a", "node0", "node1", created=NOW - 32)  # the API server's clock 3 s behind the operator's
+    assert plan_healing(snap(svc, moved, busy={**BUSY, "node0": 8, "node3": 0}), HealMemory()).settled
+
+
+def test_a_changing_count_in_the_reason_is_said_once() -> None:
+    posted = 0
+    memory = HealMemory()
+    for allowed in (1, 0, 1, 0, 1):
+        plan = plan_healing(snap(service(SOFT1), WIDE, budgets=(pdb("keep", allowed, {"matchLabels": {"app": "svc"}}),)), memory)
+        memory = plan.memory
+        posted += len(said(plan, "ReplicaNotMoved"))
+    assert posted == 1
+
+
+def test_a_half_evicted_replica_is_finished() -> None:
+    svc = service(SOFT1)
+    old = [p["metadata"]["uid"] for p in WIDE.pods]
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 60), "to": "s0", "toTier": 1, "pods": old}})
+    old_prefill = WIDE.pods[0]
+    new_decode = replica("svc-a", None, "node3", created=NOW - 50).pods[0]
+    plan = plan_healing(snap(svc, replace(WIDE, pods=(old_prefill, new_decode))), HealMemory())
+    assert evictions(plan) == ["svc-a-prefill-0"]
+    assert plan.moving is None  # resumed, not begun again
+
+
+def test_a_replica_blocked_by_its_cool_down_does_not_hold_back_the_next() -> None:
+    other = replica("svc-b", "node5", "node7")
+    svc = service(SOFT1, replicas=2)
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 100), "done": True}})
+    busy = {**BUSY, "node4": 0, "node6": 8}
+    plan = plan_healing(snap(svc, WIDE, other, busy=busy), HealMemory())
+    assert plan.moving is not None and plan.moving.replica == "svc-b"
+
+
+def test_an_empty_replica_and_a_drained_node_never_move_anything() -> None:
+    empty = Replica({"metadata": {"name": "svc-e", "namespace": "ns"}, "spec": {"roles": []}}, ())
+    assert plan_healing(snap(service(SOFT1), empty), HealMemory()).moving is None
+    drained = {n: g for n, g in free(BUSY).items() if n != "node0"}  # a cordoned node is left out of the reading
+    assert plan_healing(replace(snap(service(SOFT1), WIDE), free=drained), HealMemory()).moving is None
+
+
+def test_nowhere_to_go_quiets_the_service_for_a_while() -> None:
+    plan = plan_healing(snap(service(SOFT1), WIDE, busy={**BUSY, "node0": 4}), HealMemory())
+    assert plan.memory.quiet_until == NOW + NO_ROOM_RECHECK

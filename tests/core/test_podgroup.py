@@ -122,3 +122,20 @@ def test_pod_of_one_stormservice_cannot_join_anothers_group_even_without_a_reque
     decision = admit_pod(pod, None, stormservice("b", "ns"), CLUSTER, named_group_service="a")
     assert not decision.allowed and "belongs to StormService 'a'" in decision.message
     assert admit_pod(pod, None, stormservice("b", "ns"), CLUSTER, named_group_service="b").allowed
+
+
+def test_a_moving_replicas_podgroup_is_held_hard_within_the_targets_tier_by_the_webhook_too() -> None:
+    import json
+
+    soft = stormservice("svc", "ns", annotations={MODE: "soft", HIGHEST_TIER: "2"})
+    rs = roleset()
+    podgroup = {"metadata": {"name": rs["metadata"]["name"], "namespace": "ns"}, "spec": {"minMember": 2}}
+    as_asked = admit_podgroup(podgroup, rs, soft, CLUSTER).patch
+    assert {"op": "add", "path": "/spec/networkTopology", "value": {"mode": "soft", "highestTierAllowed": 2}} in as_asked
+    soft["metadata"]["annotations"]["stormtopo.io/moves"] = json.dumps(
+        {rs["metadata"]["name"]: {"toTier": 1, "at": "2026-12-01T00:00:00Z"}}
+    )
+    held = admit_podgroup(podgroup, rs, soft, CLUSTER).patch
+    assert {"op": "add", "path": "/spec/networkTopology", "value": {"mode": "hard", "highestTierAllowed": 1}} in held
+    soft["metadata"]["annotations"]["stormtopo.io/moves"] = json.dumps({rs["metadata"]["name"]: {"toTier": 1, "done": True}})
+    assert admit_podgroup(podgroup, rs, soft, CLUSTER).patch == as_asked  # settled: as its request asks again

@@ -9,6 +9,7 @@ across the spine (soft) or holds it (hard). Then a leaf is freed.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import threading
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, MODE
@@ -126,31 +129,54 @@ def test_without_the_opt_in_nothing_moves(cluster: DevCluster, cluster_dir: Path
     assert not events(cluster, namespace, name, "ReplicaMoving")
 
 
+@pytest.mark.parametrize(("budget", "allowed"), [("keep-all", 0), ("allow-two", 2)])
 def test_a_disruption_budget_that_forbids_the_eviction_moves_nothing_and_says_why(
-    cluster: DevCluster, cluster_dir: Path, topology: Topology, namespace: str
+    cluster: DevCluster, topology: Topology, namespace: str, budget: str, allowed: int
 ) -> None:
-    name = f"pdb-{namespace}"
+    """kube-controller-manager's disruption controller keeps the budget's status, as in any cluster:
+    one that allows no disruption stops the move before its first eviction; one that allows both pods'
+    lets it happen."""
+    name = f"pdb{allowed}-{namespace}"
     fill(cluster, namespace, ["node0", "node2", "node4", "node5", "node6", "node7"])
     cluster.create(stormservice(name, namespace, roles=BIG, annotations={**SOFT_LEAF, **HEAL}))
-    budget = {
+    pdb = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": {"name": "keep-all", "namespace": namespace},
-        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": name}}},
+        "metadata": {"name": budget, "namespace": namespace},
+        "spec": {"maxUnavailable": allowed, "selector": {"matchLabels": {"app": name}}},
     }
-    cluster.create(budget)
+    cluster.create(pdb)
     before = wide_placement(cluster, topology, namespace, name)
     free(cluster, namespace, "node0")
+    if allowed:
+        cluster.wait(lambda: events(cluster, namespace, name, "ReplicaMoving"), MOVE_WITHIN, "the move the budget allows")
+        return
 
     def refused() -> str:
         found = events(cluster, namespace, name, "ReplicaNotMoved")
         return found[0] if found else ""
 
     message = cluster.wait(refused, MOVE_WITHIN, "a ReplicaNotMoved Event")
-    assert "PodDisruptionBudget keep-all allows 0 disruptions" in message, message
+    assert f"PodDisruptionBudget {budget} allows 0 disruptions" in message, message
     after = {r: sorted(p["metadata"]["uid"] for p in pods) for r, pods in replicas(cluster, namespace, name).items()}
     assert after == before
     assert not events(cluster, namespace, name, "ReplicaMoving")
+
+
+def ready_replicas(cluster: DevCluster, namespace: str, name: str) -> list[str]:
+    """Replicas with both pods bound and Ready."""
+
+    def ready(pods: list[dict[str, Any]]) -> bool:
+        return len(pods) == 2 and all(
+            p["spec"].get("nodeName") and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+            for p in pods
+        )
+
+    return [r for r, pods in replicas(cluster, namespace, name).items() if ready(pods)]
+
+
+def parse_time(text: str) -> float:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 @contextmanager
@@ -159,15 +185,9 @@ def watching_ready_replicas(cluster: DevCluster, namespace: str, name: str) -> I
     seen: list[int] = []
     stop = threading.Event()
 
-    def ready(pods: list[dict[str, Any]]) -> bool:
-        return len(pods) == 2 and all(
-            p["spec"].get("nodeName") and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
-            for p in pods
-        )
-
     def watch() -> None:
         while not stop.is_set():
-            seen.append(sum(ready(pods) for pods in replicas(cluster, namespace, name).values()))
+            seen.append(len(ready_replicas(cluster, namespace, name)))
             stop.wait(0.2)
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -184,6 +204,7 @@ def test_two_wide_replicas_move_one_at_a_time_within_the_services_budget(cluster
     fill(cluster, namespace, ["node0", "node2", "node4", "node6"])  # free: one node of every leaf
     cluster.create(stormservice(name, namespace, roles=BIG, replicas=2, annotations={**SOFT_LEAF, **HEAL}))
     before = wide_placement(cluster, topology, namespace, name, count=2)
+    cluster.wait(lambda: len(ready_replicas(cluster, namespace, name)) == 2, 60, "both replicas ready")
     with watching_ready_replicas(cluster, namespace, name) as ready:
         free(cluster, namespace, "node0")
         free(cluster, namespace, "node4")  # room for both at once: s0 and s2
@@ -197,8 +218,12 @@ def test_two_wide_replicas_move_one_at_a_time_within_the_services_budget(cluster
         cluster.wait(both_moved, 2 * MOVE_WITHIN + 30, "both replicas moved into a leaf each")
     # maxUnavailable unset: AIBrix resolves it to 1, so at least one of the two replicas was always ready.
     assert min(ready) >= 1, ready
-    first, second = events(cluster, namespace, name, "ReplicaMoving")[:2]
-    assert re.match(r"replica (\S+)", first).group(1) != re.match(r"replica (\S+)", second).group(1)  # type: ignore[union-attr]
+    moves = json.loads(cluster.stormservice(namespace, name)["metadata"]["annotations"]["stormtopo.io/moves"])
+    assert len(moves) == 2 and all(m["landed"] for m in moves.values()), moves
+    # One at a time: the second move began after the first replica was ready again on its new pods.
+    first, second = sorted(moves.values(), key=lambda m: m["at"])
+    assert first["unavailableSeconds"] is not None
+    assert parse_time(second["at"]) >= parse_time(first["at"]) + first["unavailableSeconds"] - 1.0, moves
 
 
 def test_a_hard_replica_in_violation_is_moved_back_within_its_tier(cluster: DevCluster, topology: Topology, namespace: str) -> None:
