@@ -50,7 +50,8 @@ def heal_snapshot(api: Api, namespace: str, name: str) -> HealSnapshot:
         Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))
         for r in sorted(rolesets, key=lambda r: r["metadata"]["name"])
     )
-    return HealSnapshot(stormservice, replicas, tiers, topology, api.free_gpus(), tuple(api.disruption_budgets(namespace)), time.time())
+    free = api.free_gpus(taking_new_pods=True)
+    return HealSnapshot(stormservice, replicas, tiers, topology, free, tuple(api.disruption_budgets(namespace)), time.time())
 
 
 def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
@@ -88,7 +89,9 @@ def render(report: Mapping[str, Any]) -> list[str]:
     if not report["replicas"]:
         lines.append("  no replicas (RoleSets) yet")
     for entry in report["replicas"]:
-        if not entry["wide"]:
+        if not entry["wide"] and entry.get("blocked"):
+            lines.append(f"  replica {entry['replica']}: not judged: {entry['blocked']}")
+        elif not entry["wide"]:
             lines.append(f"  replica {entry['replica']}: {entry['span']}, within its request: stays")
         elif entry["wouldMove"]:
             lines.append(
