@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, MODE
@@ -129,13 +130,14 @@ def test_without_the_opt_in_nothing_moves(cluster: DevCluster, cluster_dir: Path
     assert not events(cluster, namespace, name, "ReplicaMoving")
 
 
-@pytest.mark.parametrize(("budget", "allowed"), [("keep-all", 0), ("allow-two", 2)])
+@pytest.mark.parametrize(("budget", "allowed"), [("keep-all", 0), ("allow-two", 2)])  # minAvailable 2 and 0
 def test_a_disruption_budget_that_forbids_the_eviction_moves_nothing_and_says_why(
     cluster: DevCluster, topology: Topology, namespace: str, budget: str, allowed: int
 ) -> None:
     """kube-controller-manager's disruption controller keeps the budget's status, as in any cluster:
     one that allows no disruption stops the move before its first eviction; one that allows both pods'
-    lets it happen."""
+    lets it happen. minAvailable, not maxUnavailable: for pods whose controller (a RoleSet) has no
+    scale subresource, the disruption controller cannot count maxUnavailable and allows nothing."""
     name = f"pdb{allowed}-{namespace}"
     fill(cluster, namespace, ["node0", "node2", "node4", "node5", "node6", "node7"])
     cluster.create(stormservice(name, namespace, roles=BIG, annotations={**SOFT_LEAF, **HEAL}))
@@ -143,10 +145,17 @@ def test_a_disruption_budget_that_forbids_the_eviction_moves_nothing_and_says_wh
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": budget, "namespace": namespace},
-        "spec": {"maxUnavailable": allowed, "selector": {"matchLabels": {"app": name}}},
+        "spec": {"minAvailable": 2 - allowed, "selector": {"matchLabels": {"app": name}}},
     }
     cluster.create(pdb)
     before = wide_placement(cluster, topology, namespace, name)
+    policy = client.PolicyV1Api(cluster.api_client)
+
+    def counted() -> bool:
+        status = policy.read_namespaced_pod_disruption_budget(budget, namespace).status
+        return status is not None and status.current_healthy == 2 and status.disruptions_allowed == allowed
+
+    cluster.wait(counted, 60, f"the disruption controller counting 2 healthy pods, {allowed} disruptions allowed")
     free(cluster, namespace, "node0")
     if allowed:
         cluster.wait(lambda: events(cluster, namespace, name, "ReplicaMoving"), MOVE_WITHIN, "the move the budget allows")
@@ -216,10 +225,16 @@ def test_two_wide_replicas_move_one_at_a_time_within_the_services_budget(cluster
             )
 
         cluster.wait(both_moved, 2 * MOVE_WITHIN + 30, "both replicas moved into a leaf each")
+
+        def settled() -> dict[str, Any]:
+            raw = cluster.stormservice(namespace, name)["metadata"]["annotations"].get("stormtopo.io/moves")
+            table = json.loads(raw) if raw else {}
+            return table if len(table) == 2 and all(m.get("done") for m in table.values()) else {}
+
+        moves = cluster.wait(settled, 60, "both moves settled in the move table")
     # maxUnavailable unset: AIBrix resolves it to 1, so at least one of the two replicas was always ready.
     assert min(ready) >= 1, ready
-    moves = json.loads(cluster.stormservice(namespace, name)["metadata"]["annotations"]["stormtopo.io/moves"])
-    assert len(moves) == 2 and all(m["landed"] for m in moves.values()), moves
+    assert all(m["landed"] for m in moves.values()), moves
     # One at a time: the second move began after the first replica was ready again on its new pods.
     first, second = sorted(moves.values(), key=lambda m: m["at"])
     assert first["unavailableSeconds"] is not None
