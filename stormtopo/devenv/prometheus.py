@@ -81,6 +81,8 @@ def _apt_download(directory: Path, options: list[str]) -> Path | None:
     """`apt-get download` of the candidate; None if it failed (stale lists) or is another version."""
     for old in directory.glob("*.deb"):
         old.unlink()
+    if shutil.which("apt-get") is None:
+        raise BuildError(f"fetching {PACKAGE} {PROMETHEUS_VERSION} needs apt-get (Debian 12, as CI runs)")
     done = subprocess.run(["apt-get", "-q", *options, "download", PACKAGE], cwd=directory, capture_output=True, text=True)
     debs = sorted(directory.glob(f"{PACKAGE}_{PROMETHEUS_VERSION}+*.deb")) + sorted(directory.glob(f"{PACKAGE}_{PROMETHEUS_VERSION}-*.deb"))
     if done.returncode != 0 or not debs:
