@@ -124,6 +124,13 @@ def test_every_dashboard_and_alert_query_returns_series_from_the_real_scrape(
     pending = series_parts(alerts()["StormtopoHardGangPending"])[0]
     cluster.wait(lambda: [s for s in scraping.query(pending) if float(s["value"][1]) >= 1], 120, "a pending hard gang in Prometheus")
     cluster.wait(lambda: scraping.query('stormtopo_explanations_total{outcome="exact"} > 0'), 60, "an explanation counted")
+
+    def alert_state(name: str) -> str:
+        states = [a["state"] for a in scraping.get("/api/v1/alerts")["data"]["alerts"] if a["labels"]["alertname"] == name]
+        return states[0] if states else ""
+
+    # The rule itself, evaluated by Prometheus on the real scrape: active, and firing after its `for`.
+    assert cluster.wait(lambda: alert_state("StormtopoHardGangPending"), 30, "StormtopoHardGangPending to be active") == "pending"
     cluster.wait(lambda: scraping.query('stormtopo_replicas_placed_total{tier="1"} > 0'), 60, "a tier-1 placement counted")
 
     queries = {f"dashboard: {title}": expr for title, expr in dashboard_queries().items()}
