@@ -135,7 +135,7 @@ def test_every_dashboard_and_alert_query_returns_series_from_the_real_scrape(
 
     queries = {f"dashboard: {title}": expr for title, expr in dashboard_queries().items()}
     for name, expr in alerts().items():
-        assert scraping.query(expr) is not None  # the whole expression evaluates (quiet here: no result)
+        scraping.query(expr)  # the whole expression evaluates without error (most are quiet here: no series)
         for i, part in enumerate(series_parts(expr)):
             queries[f"alert {name} [{i}]"] = part
     # rate() and increase() need two samples of a series: wait for each query to return series rather
