@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit integration bench bench-quick binaries clean soak compat
+.PHONY: demo test lint unit integration bench bench-quick binaries prometheus clean soak compat
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,11 @@ $(BIN)/.installed: pyproject.toml
 binaries: $(BIN)/.installed
 	$(BIN)/stormtopo dev build
 
+# prometheus and promtool from Debian's package, unpacked into ~/.cache/stormtopo (no root, no system
+# change): the chart's alert rules are unit-tested with promtool and its queries against a real scrape.
+prometheus: $(BIN)/.installed
+	$(BIN)/python -m stormtopo.devenv.prometheus
+
 lint: $(BIN)/.installed
 	$(BIN)/ruff check stormtopo tests bench
 	$(BIN)/ruff format --check stormtopo tests bench
@@ -24,10 +29,10 @@ lint: $(BIN)/.installed
 unit: $(BIN)/.installed
 	$(BIN)/pytest -q tests --ignore=tests/integration
 
-integration: binaries
+integration: binaries prometheus
 	$(BIN)/pytest -q tests/integration
 
-test: binaries lint
+test: binaries prometheus lint
 	$(BIN)/pytest -q tests
 
 demo: binaries

@@ -17,7 +17,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from stormtopo.kube.client import Api, ApiError
-from stormtopo.operator import handlers, healing, webhook
+from stormtopo.operator import handlers, healing, metrics, webhook
 from stormtopo.operator.config import OperatorConfig, parse_args
 from stormtopo.operator.events import IDLE_BEAT, EventRecorder
 from stormtopo.operator.explainer import Explainer
@@ -152,6 +152,7 @@ async def run(config: OperatorConfig) -> None:
     await _start_volcano_detection(index, loops)
     registry = kopf.OperatorRegistry()
     leadership = Leadership(api if config.leader_elect else None, config.leader_election_namespace, config.identity, config.lease_duration)
+    metrics.watch(loops, lambda: leadership.is_leader)
     events = EventRecorder(api, leadership.identity)
     opted_in = OptedInList(api, config.leader_election_namespace)  # the namespace stormtopo runs in
     explainer = Explainer(config.kubeconfig)  # its own process: see explainer.py

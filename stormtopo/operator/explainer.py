@@ -82,6 +82,12 @@ def free_gpus_in_worker(kubeconfig: str | None, taking_new_pods: bool = False) -
     return _Worker.free[1]
 
 
+def outcome(pending: Pending) -> str:
+    """How an explanation ended, for stormtopo_explanations_total: out_of_budget when a domain's packing
+    search ran out of its step budget and first-fit said no, which may be wrong."""
+    return "exact" if pending.explanation.exact else "out_of_budget"
+
+
 class Explainer:
     """Sends explanations to one worker process, started at the first pending gang and restarted if
     it dies. One worker: explanations queue behind each other rather than take both cores."""
@@ -108,7 +114,12 @@ class Explainer:
             work = loop.run_in_executor(self._executor(), explain_in_worker, self.kubeconfig, request, list(pods), created, topology)
             pending = await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
             metrics.EXPLANATION_SECONDS.observe(time.monotonic() - started)
+            if pending is not None:
+                metrics.EXPLANATIONS.labels(outcome(pending)).inc()
             return pending
+        except TimeoutError:
+            metrics.EXPLANATIONS.labels("timed_out").inc()
+            raise
         except BrokenProcessPool:
             log.warning("the explanation worker died; starting another for the next explanation")
             self.close()

@@ -1,8 +1,18 @@
-"""Prometheus metrics of the operator, served on its plain-HTTP metrics port with /readyz."""
+"""Prometheus metrics of the operator, served on its plain-HTTP metrics port with /readyz.
+
+The chart's alerts and dashboard (deploy/helm/stormtopo/files) query these names; the integration test
+tests/integration/test_prometheus.py checks every one of those queries against a real scrape.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Callable, Iterator
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from stormtopo.operator.loops import Loops
 
 ADMISSION_SECONDS = Histogram(
     "stormtopo_admission_seconds",
@@ -40,3 +50,50 @@ MOVE_UNAVAILABLE_SECONDS = Histogram(
     "From a replica's move to all of its pods ready again",
     buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600),
 )
+LEADER = Gauge("stormtopo_leader", "1 while this replica holds the Lease and reconciles (always 1 without leader election)")
+EXPLANATIONS = Counter(
+    "stormtopo_explanations_total",
+    "Explanations of pending gangs by outcome: exact; out_of_budget, the packing search ran out of its step"
+    " budget and first-fit answered (its no may be wrong); timed_out, no answer within the explainer's timeout",
+    ["outcome"],
+)
+EXPLANATION_OUTCOMES = ("exact", "out_of_budget", "timed_out")
+
+# Every known label value from the start: a series that appears only at its first event would leave
+# rate() and increase() without a base, and alerts and dashboards with no series until then.
+for _outcome in EXPLANATION_OUTCOMES:
+    EXPLANATIONS.labels(_outcome)
+for _verb in ("create", "patch"):
+    PODGROUP_WRITES.labels(_verb)
+for _kind in ("pod", "podgroup"):
+    ADMISSION_SECONDS.labels(_kind)
+
+
+class LoopHealth(Collector):
+    """What /healthz says of each background loop, as metrics read at scrape time: stuck (1 when the loop
+    has not completed an iteration for much longer than its period, or its task ended) and its
+    consecutive failures. /healthz makes the kubelet restart a stuck replica; these make it an alert."""
+
+    def __init__(self) -> None:
+        self.loops: Loops | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        stuck = GaugeMetricFamily("stormtopo_loop_stuck", "1 while a background loop is stuck or dead, as /healthz says", labels=["loop"])
+        failures = GaugeMetricFamily("stormtopo_loop_consecutive_failures", "Failures of a loop since its success", labels=["loop"])
+        if self.loops is not None:
+            now = self.loops.clock()
+            for name, loop in sorted(self.loops.loops.items()):
+                stuck.add_metric([name], 0.0 if loop.problem(now) is None else 1.0)
+                failures.add_metric([name], float(loop.failures))
+        yield stuck
+        yield failures
+
+
+LOOPS = LoopHealth()
+REGISTRY.register(LOOPS)
+
+
+def watch(loops: Loops, leading: Callable[[], bool]) -> None:
+    """Export the operator's loops and whether it leads, both read at each scrape as /healthz reads them."""
+    LOOPS.loops = loops
+    LEADER.set_function(lambda: float(leading()))

@@ -17,8 +17,9 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(components.ensure_binary("helm")), *args], capture_output=True, text=True, timeout=120)
 
 
-def test_the_chart_lints_strictly() -> None:
-    linted = helm("lint", "--strict", str(CHART))
+@pytest.mark.parametrize("sets", [[], ["--set", "monitoring.enabled=true"]])
+def test_the_chart_lints_strictly(sets: list[str]) -> None:
+    linted = helm("lint", "--strict", str(CHART), *sets)
     assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
@@ -31,6 +32,10 @@ def test_the_chart_lints_strictly() -> None:
         ("webhok.port=9443", "'webhok' not allowed"),
         ("networkPolicy.enabled=yes-please", "/networkPolicy/enabled"),
         ("healing.cooldownSeconds=0", "/healing/cooldownSeconds"),
+        ("monitoring.enabled=yes-please", "/monitoring/enabled"),
+        ("monitoring.alerts.noLeader.for=2 minutes", "/monitoring/alerts/noLeader/for"),
+        ("monitoring.alerts.workQueueBacklog.depth=-1", "/monitoring/alerts/workQueueBacklog/depth"),
+        ("monitoring.alerts.admissionSlow.p99=1", "'p99' not allowed"),
     ],
 )
 def test_a_bad_value_is_refused_naming_it(value: str, named: str) -> None:

@@ -1,0 +1,58 @@
+"""The metrics the chart's alerts need beyond the counters (issue 22): whether this replica leads, each
+background loop's health, and explanations that ran out of their budget."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+
+from stormtopo.core.explanation import Pending, explain
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.operator import metrics
+from stormtopo.operator.explainer import outcome
+from stormtopo.operator.leader import Leadership
+from stormtopo.operator.loops import BACKOFF_CAP, Loop, Loops
+
+
+def sample(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_leader_and_loop_health_are_read_at_each_scrape() -> None:
+    now = [0.0]
+    loops = Loops(clock=lambda: now[0])
+    loops.loops = {"resync": Loop("resync", 30.0, 0.0, clock=loops.clock), "relist": Loop("relist", 300.0, 0.0, clock=loops.clock)}
+    leading = [True]
+    metrics.watch(loops, lambda: leading[0])
+    assert sample("stormtopo_leader") == 1.0
+    assert sample("stormtopo_loop_stuck", loop="resync") == 0.0 and sample("stormtopo_loop_stuck", loop="relist") == 0.0
+
+    now[0] = 3 * 30.0 + BACKOFF_CAP + 1  # resync has not completed an iteration for too long; relist has time
+    loops.loops["resync"].failed(RuntimeError("the API server is down"))
+    leading[0] = False
+    assert sample("stormtopo_leader") == 0.0
+    assert sample("stormtopo_loop_stuck", loop="resync") == 1.0 and sample("stormtopo_loop_stuck", loop="relist") == 0.0
+    assert sample("stormtopo_loop_consecutive_failures", loop="resync") == 1.0
+
+
+def test_a_follower_exports_that_it_does_not_lead() -> None:
+    follower = Leadership(api=object(), namespace="x", identity="b")  # type: ignore[arg-type]
+    metrics.watch(Loops(), lambda: follower.is_leader)
+    assert sample("stormtopo_leader") == 0.0  # never renewed a Lease
+    metrics.watch(Loops(), lambda: Leadership(None).is_leader)  # election off: the one replica leads
+    assert sample("stormtopo_leader") == 1.0
+
+
+def test_every_explanation_outcome_and_write_verb_exists_before_its_first_event() -> None:
+    for name in metrics.EXPLANATION_OUTCOMES:
+        assert sample("stormtopo_explanations_total", outcome=name) is not None
+    assert sample("stormtopo_podgroup_writes_total", verb="create") is not None
+    assert sample("stormtopo_admission_seconds_count", kind="pod") is not None
+
+
+def test_an_explanation_whose_search_ran_out_of_budget_counts_as_out_of_budget() -> None:
+    topology = parse_topology("switches:\n  leaf: [" + ", ".join(f"n{i}" for i in range(9)) + "]\n")
+    free = {f"n{i}": 3 for i in range(9)}  # 27 free GPUs
+    # 13 pods (beyond the exact search's limit) of 2 GPUs: 26 GPUs, first-fit places 9 and says no.
+    inexact = explain(topology, free, [2] * 13, 1)
+    assert not inexact.fits and outcome(Pending(1, inexact)) == "out_of_budget"
+    assert outcome(Pending(1, explain(topology, free, [2, 2], 1))) == "exact"
