@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from stormtopo.core.healing import Why
 from stormtopo.operator.loops import Loops
 
 ADMISSION_SECONDS = Histogram(
@@ -67,6 +68,8 @@ for _verb in ("create", "patch"):
     PODGROUP_WRITES.labels(_verb)
 for _kind in ("pod", "podgroup"):
     ADMISSION_SECONDS.labels(_kind)
+for _why in Why:
+    REPLICA_MOVES.labels(str(_why))
 
 
 class LoopHealth(Collector):
