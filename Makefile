@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit integration bench bench-quick binaries prometheus clean soak compat
+.PHONY: demo test lint unit integration bench bench-quick binaries prometheus clean soak compat lock
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,16 @@ integration: binaries prometheus
 
 test: binaries prometheus lint
 	$(BIN)/pytest -q tests
+
+# The image's dependencies, pinned with hashes (the Dockerfile installs them with --require-hashes), resolved
+# for the image's Python (read from the Dockerfile's base image) on Linux x86_64 (Debian bookworm's glibc).
+# Versions already in the lock are kept while pyproject.toml allows them; `make lock LOCK_UPGRADE=--upgrade`
+# moves everything to the newest allowed.
+IMAGE_PYTHON := $(shell sed -n 's/^FROM python:\([0-9.]*\)-.*/\1/p' Dockerfile | head -n1)
+lock: $(BIN)/.installed
+	$(BIN)/uv pip compile --quiet --generate-hashes $(LOCK_UPGRADE) --python-version $(IMAGE_PYTHON) \
+		--python-platform x86_64-manylinux_2_36 pyproject.toml -o requirements/operator.lock
+	sed -i '1i # `make lock` writes this file from pyproject.toml; the Dockerfile installs it with pip --require-hashes.' requirements/operator.lock
 
 demo: binaries
 	$(BIN)/stormtopo demo
