@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ import pytest
 import yaml
 from kubernetes import client
 
-from stormtopo import certificates
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
@@ -28,11 +26,21 @@ from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.nodes import node_manifests
 from stormtopo.devenv.workloads import Role, stormservice
 from stormtopo.operator import webhook
-from tests.conftest import REPO, stormtopo
+from tests.conftest import REPO
+from tests.integration.chart import (
+    NAMESPACE,
+    RELEASE,
+    SA,
+    http_ok,
+    install,
+    kubectl,
+    of_kind,
+    provided_certificates,
+    render,
+    service_account_kubeconfig,
+    without_operator,
+)
 
-NAMESPACE = "stormtopo-system"
-RELEASE = "rel"
-SA = f"{RELEASE}-stormtopo"
 CHART_POLICIES = ["own-keys-only", "own-podgroup-fields"]  # templates/admission-policy.yaml
 OPERATOR_POLICIES = [o["metadata"]["name"] for o in webhook.configuration(b"") if o["kind"] == "ValidatingAdmissionPolicy"]
 
@@ -40,50 +48,8 @@ OPERATOR_POLICIES = [o["metadata"]["name"] for o in webhook.configuration(b"") i
 @pytest.fixture(scope="module")
 def chart_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, DevCluster]]:
     state = tmp_path_factory.mktemp("chart")
-    stormtopo("dev", "up", "--state-dir", str(state), "--without-operator")
-    try:
-        yield state, DevCluster(state)
-    finally:
-        stormtopo("dev", "down", "--state-dir", str(state), check=False)
-
-
-def kubectl(state: Path, *args: str, stdin: str | None = None, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [str(state / "bin" / "kubectl"), *args]
-    if kubeconfig:
-        cmd = [str(components.ensure_binary("kubectl")), f"--kubeconfig={kubeconfig}", *args]
-    return subprocess.run(cmd, input=stdin, capture_output=True, text=True)
-
-
-def render(*sets: str, cluster: Path | None = None) -> str:
-    """`helm template`; with `cluster` (a state dir) against it, as an install or upgrade renders: `lookup`
-    sees the installed objects."""
-    helm = components.ensure_binary("helm")
-    cmd = [str(helm), "template", RELEASE, str(REPO / "deploy/helm/stormtopo"), "--namespace", NAMESPACE, "--kube-version", "1.35.3"]
-    if cluster is not None:
-        cmd += ["--dry-run=server", f"--kubeconfig={cluster / 'kubeconfig'}"]
-    for s in sets:
-        cmd += ["--set-string" if not s.startswith("@") else "--set-file", s.lstrip("@")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def install(state: Path, rendered: str) -> None:
-    """Apply a rendered chart as Helm would (server-side validation), its namespace first."""
-    kubectl(state, "create", "namespace", NAMESPACE)  # may exist: the cluster is shared by this module
-    applied = kubectl(state, "apply", "--server-side", "--force-conflicts", "--field-manager=helm", "-f", "-", stdin=rendered)
-    assert applied.returncode == 0, applied.stderr
-
-
-def service_account_kubeconfig(state: Path, directory: Path) -> Path:
-    """A kubeconfig that authenticates as the chart's ServiceAccount, with a token from TokenRequest."""
-    token = kubectl(state, "create", "token", SA, "-n", NAMESPACE, "--duration=1h").stdout.strip()
-    assert token
-    config = yaml.safe_load((state / "kubeconfig").read_text())
-    config["users"][0]["user"] = {"token": token}
-    path = directory / "sa-kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    with without_operator(state) as admin:
+        yield state, admin
 
 
 def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> None:
@@ -136,19 +102,8 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
 def test_operator_under_the_charts_service_account_with_leader_election(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
     state, admin = chart_cluster
     port = processes.free_port()
-    ca = certificates.new_ca("test-ca")
-    serving = certificates.new_serving_cert(ca, "webhook", ["127.0.0.1"])
     certs = tmp_path / "tls"
-    certs.mkdir()
-    for name, data in {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem, "ca.crt": ca.cert_pem}.items():
-        (certs / name).write_bytes(data)
-    rendered = render(
-        "webhook.certMode=provided",
-        f"@webhook.provided.tlsCrt={certs / 'tls.crt'}",
-        f"@webhook.provided.tlsKey={certs / 'tls.key'}",
-        f"@webhook.provided.caCrt={certs / 'ca.crt'}",
-        f"webhook.url=https://127.0.0.1:{port}",
-    )
+    rendered = render(*provided_certificates(certs), f"webhook.url=https://127.0.0.1:{port}")
     install(state, rendered)
 
     sa_kubeconfig = service_account_kubeconfig(state, tmp_path)
@@ -232,23 +187,19 @@ def _holder(read) -> str:  # type: ignore[no-untyped-def]
         return ""
 
 
-def _of_kind(rendered: str, kind: str) -> dict:  # type: ignore[type-arg]
-    return next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == kind)
-
-
 def test_generated_ca_is_kept_when_the_chart_is_rendered_again(chart_cluster: tuple[Path, DevCluster]) -> None:
     """Proves: an upgrade (a render against a cluster with the release's Secret) keeps the CA, the serving
     pair and the caBundle; without the Secret every render makes a new CA (so this test could fail)."""
     state, _ = chart_cluster
     kubectl(state, "delete", "secret", f"{SA}-webhook-tls", "-n", NAMESPACE, "--ignore-not-found")
     first, second = render(cluster=state), render(cluster=state)
-    assert _of_kind(first, "Secret")["data"]["ca.crt"] != _of_kind(second, "Secret")["data"]["ca.crt"]  # nothing installed yet
+    assert of_kind(first, "Secret")["data"]["ca.crt"] != of_kind(second, "Secret")["data"]["ca.crt"]  # nothing installed yet
 
     install(state, first)
-    installed = _of_kind(first, "Secret")["data"]
+    installed = of_kind(first, "Secret")["data"]
     for again in (render(cluster=state), render(cluster=state)):
-        assert _of_kind(again, "Secret")["data"] == installed
-        for hook in _of_kind(again, "MutatingWebhookConfiguration")["webhooks"]:
+        assert of_kind(again, "Secret")["data"] == installed
+        for hook in of_kind(again, "MutatingWebhookConfiguration")["webhooks"]:
             assert hook["clientConfig"]["caBundle"] == installed["ca.crt"]
 
 
@@ -410,7 +361,7 @@ def test_helm_upgrade_keeps_the_ca_and_no_admission_fails(chart_cluster: tuple[P
                 failures.append(f"{name} was not mutated by the webhook")
 
     try:
-        admin.wait(lambda: _http_ok(f"http://127.0.0.1:{metrics}/readyz"), 90, "the operator to be ready")
+        admin.wait(lambda: http_ok(f"http://127.0.0.1:{metrics}/readyz"), 90, "the operator to be ready")
         admin.create_namespace("upgrade-ns")
         admin.create(stormservice("load", "upgrade-ns", annotations={MODE: "hard", HIGHEST_TIER: "1"}, scheduler_name="nobody"))
         roleset = admin.wait(lambda: admin.rolesets("upgrade-ns", "load"), 60, "the RoleSet")[0]["metadata"]["name"]
@@ -435,11 +386,3 @@ def test_helm_upgrade_keeps_the_ca_and_no_admission_fails(chart_cluster: tuple[P
     assert len(admitted) >= 15
     assert upgraded == installed
     assert all(h["clientConfig"]["caBundle"] == installed["ca.crt"] for h in hooks)
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False

@@ -1,0 +1,98 @@
+"""The chart as the integration tests use it: rendered by `helm template`, applied as Helm applies it, on a
+local control plane started without an operator (the test runs its own, as the chart's Deployment would)."""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stormtopo import certificates
+from stormtopo.devenv import components
+from stormtopo.devenv.client import DevCluster
+from tests.conftest import REPO, stormtopo
+
+NAMESPACE = "stormtopo-system"
+RELEASE = "rel"
+SA = f"{RELEASE}-stormtopo"
+
+
+@contextmanager
+def without_operator(state: Path, topology: Path | None = None) -> Iterator[DevCluster]:
+    """`stormtopo dev up --without-operator` in `state` (with `topology`'s nodes and HyperNodes), down again afterwards."""
+    stormtopo("dev", "up", "--state-dir", str(state), "--without-operator", *(["--topology", str(topology)] if topology else []))
+    try:
+        yield DevCluster(state)
+    finally:
+        stormtopo("dev", "down", "--state-dir", str(state), check=False)
+
+
+def kubectl(state: Path, *args: str, stdin: str | None = None, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [str(state / "bin" / "kubectl"), *args]
+    if kubeconfig:
+        cmd = [str(components.ensure_binary("kubectl")), f"--kubeconfig={kubeconfig}", *args]
+    return subprocess.run(cmd, input=stdin, capture_output=True, text=True)
+
+
+def render(*sets: str, cluster: Path | None = None) -> str:
+    """`helm template`; with `cluster` (a state dir) against it, as an install or upgrade renders: `lookup`
+    sees the installed objects."""
+    helm = components.ensure_binary("helm")
+    cmd = [str(helm), "template", RELEASE, str(REPO / "deploy/helm/stormtopo"), "--namespace", NAMESPACE, "--kube-version", "1.35.3"]
+    if cluster is not None:
+        cmd += ["--dry-run=server", f"--kubeconfig={cluster / 'kubeconfig'}"]
+    for s in sets:
+        cmd += ["--set-string" if not s.startswith("@") else "--set-file", s.lstrip("@")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def install(state: Path, rendered: str) -> None:
+    """Apply a rendered chart as Helm would (server-side validation), its namespace first."""
+    kubectl(state, "create", "namespace", NAMESPACE)  # may exist: the cluster is shared by this module
+    applied = kubectl(state, "apply", "--server-side", "--force-conflicts", "--field-manager=helm", "-f", "-", stdin=rendered)
+    assert applied.returncode == 0, applied.stderr
+
+
+def service_account_kubeconfig(state: Path, directory: Path) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount, with a token from TokenRequest."""
+    token = kubectl(state, "create", "token", SA, "-n", NAMESPACE, "--duration=1h").stdout.strip()
+    assert token
+    config = yaml.safe_load((state / "kubeconfig").read_text())
+    config["users"][0]["user"] = {"token": token}
+    path = directory / "sa-kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def provided_certificates(directory: Path) -> list[str]:
+    """A CA and a serving pair for 127.0.0.1 written to `directory`, and the chart values that provide them."""
+    ca = certificates.new_ca("test-ca")
+    serving = certificates.new_serving_cert(ca, "webhook", ["127.0.0.1"])
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem, "ca.crt": ca.cert_pem}.items():
+        (directory / name).write_bytes(data)
+    return [
+        "webhook.certMode=provided",
+        f"@webhook.provided.tlsCrt={directory / 'tls.crt'}",
+        f"@webhook.provided.tlsKey={directory / 'tls.key'}",
+        f"@webhook.provided.caCrt={directory / 'ca.crt'}",
+    ]
+
+
+def of_kind(rendered: str, kind: str) -> dict[str, Any]:
+    return dict(next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == kind))
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
