@@ -3,9 +3,12 @@
 # tests/integration/test_wheel_install.py runs this file's pip steps in a clean virtualenv instead.)
 FROM python:3.11.11-slim-bookworm AS build
 WORKDIR /src
+# The build backend at the version and hash of the lock, not whichever setuptools is newest that day.
+COPY requirements/build.lock ./requirements/
+RUN pip install --no-cache-dir --only-binary=:all: --require-hashes --no-deps -r requirements/build.lock
 COPY pyproject.toml README.md ./
 COPY stormtopo ./stormtopo
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels .
 
 FROM python:3.11.11-slim-bookworm
 RUN useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin stormtopo

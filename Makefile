@@ -36,14 +36,19 @@ test: binaries prometheus lint
 	$(BIN)/pytest -q tests
 
 # The image's dependencies, pinned with hashes (the Dockerfile installs them with --require-hashes), resolved
-# for the image's Python (read from the Dockerfile's base image) on Linux x86_64 (Debian bookworm's glibc).
-# Versions already in the lock are kept while pyproject.toml allows them; `make lock LOCK_UPGRADE=--upgrade`
+# for the image's Python (read from the Dockerfile's base image) on Linux x86_64 (Debian bookworm's glibc):
+# operator.lock from pyproject.toml's dependencies, build.lock from its build-system requires (what builds the
+# wheel). Versions already locked are kept while pyproject.toml allows them; `make lock LOCK_UPGRADE=--upgrade`
 # moves everything to the newest allowed.
 IMAGE_PYTHON := $(shell sed -n 's/^FROM python:\([0-9.]*\)-.*/\1/p' Dockerfile | head -n1)
+LOCK_COMPILE = $(BIN)/uv pip compile --quiet --generate-hashes $(LOCK_UPGRADE) --python-version $(IMAGE_PYTHON) \
+	--python-platform x86_64-manylinux_2_36
+LOCK_HEADER = \# `make lock` writes this file from pyproject.toml; the Dockerfile installs it with pip --require-hashes.
 lock: $(BIN)/.installed
-	$(BIN)/uv pip compile --quiet --generate-hashes $(LOCK_UPGRADE) --python-version $(IMAGE_PYTHON) \
-		--python-platform x86_64-manylinux_2_36 pyproject.toml -o requirements/operator.lock
-	sed -i '1i # `make lock` writes this file from pyproject.toml; the Dockerfile installs it with pip --require-hashes.' requirements/operator.lock
+	$(LOCK_COMPILE) pyproject.toml -o requirements/operator.lock
+	$(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
+		| $(LOCK_COMPILE) - -o requirements/build.lock
+	sed -i '1i $(LOCK_HEADER)' requirements/operator.lock requirements/build.lock
 
 demo: binaries
 	$(BIN)/stormtopo demo

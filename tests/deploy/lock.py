@@ -1,4 +1,6 @@
-"""requirements/operator.lock, as `uv pip compile --generate-hashes` writes it: pins, hashes and `# via` lines."""
+"""The image's locks, as `uv pip compile --generate-hashes` writes them (`make lock`): pins, hashes and `# via`
+lines. operator.lock pins pyproject.toml's dependencies (what the image runs), build.lock its build-system
+requires (what builds the wheel; compiled from standard input, so its direct pins have no `# via`)."""
 
 from __future__ import annotations
 
@@ -6,13 +8,15 @@ import re
 import shlex
 import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tests.conftest import REPO
 
-LOCK = REPO / "requirements" / "operator.lock"
+OPERATOR = REPO / "requirements" / "operator.lock"
+BUILD = REPO / "requirements" / "build.lock"
 PYPROJECT = "stormtopo (pyproject.toml)"  # how a `# via` line names the project's own dependencies
 
 
@@ -51,7 +55,9 @@ def command(text: str) -> list[str]:
     return shlex.split(line.removeprefix("#"))
 
 
-def runtime_dependencies() -> list[Requirement]:
-    """What the image needs: pyproject.toml's [project] dependencies, without the extras."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return [Requirement(r) for r in project["dependencies"]]
+def locked(path: Path) -> list[Requirement]:
+    """What a lock pins, as pyproject.toml asks for it: the [project] dependencies (never the extras) for
+    operator.lock, the build-system requires for build.lock."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    asked = pyproject["project"]["dependencies"] if path == OPERATOR else pyproject["build-system"]["requires"]
+    return [Requirement(r) for r in asked]

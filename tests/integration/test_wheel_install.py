@@ -63,7 +63,7 @@ def test_the_image_holds_the_lock_and_stormtopo_and_nothing_else(image: dockerfi
     assert done.returncode == 0, done.stderr
     seen: dict[str, Any] = json.loads(done.stdout)
     assert Path(seen["stormtopo"]).is_relative_to(image.venv), seen["stormtopo"]  # the wheel's, not the checkout's
-    pins = {p.name: p.version for p in lock.read(lock.LOCK.read_text()).values()}
+    pins = {p.name: p.version for p in lock.read(lock.OPERATOR.read_text()).values()}
     installed = {n: v for n, v in seen["installed"].items() if n not in BASE}
     assert installed == {**pins, "stormtopo": installed["stormtopo"]}
     # By the installed metadata (not the lock's comments): every pin is needed, and nothing needed is missing.
