@@ -103,6 +103,11 @@ def replay(work: Path, pip_cache: Path, context: Path = REPO) -> Image:
     return image
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """The machine's environment without what would point Python or pip at the repository or another venv."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV"))}, **extra}
+
+
 def _inside(root: Path, cwd: Path, path: str) -> Path:
     return root / path.lstrip("/") if path.startswith("/") else cwd / path
 
@@ -136,6 +141,5 @@ def _run(argv: list[str], venv: Path, root: Path, cwd: Path, pip_cache: Path) ->
             command += sorted(glob.glob(str(_inside(root, cwd, arg)))) or [str(_inside(root, cwd, arg))]
         else:
             command.append(arg)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV"))}
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=cwd, env=clean_env(), capture_output=True, text=True)
     assert done.returncode == 0, f"{shlex.join(argv)} failed:\n{done.stdout}\n{done.stderr}"

@@ -7,7 +7,6 @@ ServiceAccount, places an opted-in StormService's replica within one leaf on the
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import urllib.request
@@ -52,14 +51,9 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> dockerfile.Image:
     return dockerfile.replay(tmp_path_factory.mktemp("image"), PIP_CACHE)
 
 
-def _clean_env(image: dockerfile.Image, **extra: str) -> dict[str, str]:
-    """The machine's environment without anything that would point Python at the repository or another venv."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}
-    return {**env, **image.env, **extra}
-
-
 def test_the_image_holds_the_lock_and_stormtopo_and_nothing_else(image: dockerfile.Image, tmp_path: Path) -> None:
-    done = subprocess.run([str(image.python), "-c", INSPECT], cwd=tmp_path, env=_clean_env(image), capture_output=True, text=True)
+    env = dockerfile.clean_env(**image.env)
+    done = subprocess.run([str(image.python), "-c", INSPECT], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     seen: dict[str, Any] = json.loads(done.stdout)
     assert Path(seen["stormtopo"]).is_relative_to(image.venv), seen["stormtopo"]  # the wheel's, not the checkout's
@@ -92,7 +86,7 @@ def test_the_installed_operator_run_as_the_chart_runs_it_places_a_replica_within
         args = [f"{flag}={local[flag]}" if (flag := a.split("=", 1)[0]) in local else a for a in container["args"]]
         assert {a.split("=", 1)[0] for a in container["args"]} >= set(local), container["args"]
         args += [f"--kubeconfig={service_account_kubeconfig(state, tmp_path)}", "--webhook-host=127.0.0.1"]
-        env = _clean_env(image, **{e["name"]: _env_value(e, "wheel-operator-0") for e in container["env"]})
+        env = dockerfile.clean_env(**image.env, **{e["name"]: _env_value(e, "wheel-operator-0") for e in container["env"]})
         operator = processes.start(tmp_path, "wheel-operator", [str(image.python), *image.entrypoint[1:], *args], env=env)
         try:
             ready = f"http://127.0.0.1:{metrics}{container['readinessProbe']['httpGet']['path']}"
