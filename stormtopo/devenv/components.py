@@ -234,6 +234,17 @@ def _prepare_volcano_apis(component: Component) -> None:
     tmp.rename(target)
 
 
+def prepare_volcano_module(volcano: str) -> Path:
+    """The wrapper module of Volcano `volcano`, with its volcano.sh/apis (_apis) laid out for `go` to use.
+
+    For Go code other than the binaries that builds against the same Volcano (the scale simulator,
+    tools/volcano-sim, replaces volcano.sh/apis with tools/k8s135/_apis).
+    """
+    component = _components(AIBRIX_VERSION, volcano)["vc-scheduler"]
+    _prepare_volcano_apis(component)
+    return component.module_dir
+
+
 def binary_path(component: Component) -> Path:
     return cache_root() / "bin" / component.cache_key() / component.name
 

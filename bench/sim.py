@@ -1,0 +1,291 @@
+"""`make bench-sim`: Volcano's own allocate action and plugins at scale, without a cluster (issue 21).
+
+The simulator is a Go test, tools/volcano-sim/sim, built against the Volcano the dev cluster runs
+(v1.15.1, the same module requirements and volcano.sh/apis shim as tools/k8s135) and configured with
+the scheduler conf the dev cluster ships (stormtopo/devenv/cluster.py). This driver writes its spec
+(fabric, starting state, the packing bench's stream of replicas, HyperNode layouts and plugin settings),
+runs the compiled test (cached in ~/.cache/stormtopo/sim, keyed by its sources), and reduces what it
+reports to bench/results/sim.json and a table (bench/results/sim.md).
+
+Per fabric size, start, setting and layout:
+- node level: replicas whose pods share one node, against the offline optimum (the Go test computes an
+  upper bound and a best-fit witness; `exact` when the witness meets every bound);
+- leaf level: replicas within one leaf (all of them, for a hard tier-1 topology that placed them);
+- packing: nodes and leaves in use at the end of the stream, against the offline node-first best-fit
+  witness (each replica that fits one node on the fullest node that holds it, any other in the fullest
+  leaf that holds it): min(witness / actual) over nodes and leaves; 1.0 = as tight as the witness. The
+  same against the plain lower bound (GPUs asked over GPUs per node or leaf, ignoring node-first) is
+  reported too: it is conservative, as node-first must open a node for a replica no used node holds;
+- allocate time per replica with a topology, and per gang without one, as ratios against the leaf-only
+  layout with the shipped conf in the same run (times on a shared machine are noisy; ratios are not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.fabric import fragmentation
+from bench.packing import arrivals
+from stormtopo.devenv import cluster, components
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SIM_MODULE = components.TOOLS_DIR / "volcano-sim"
+VOLCANO = "v1.15.1"
+LEAF_SIZE = 32
+LEAVES_PER_SPINE = 16
+NODE_GPUS = 8
+STREAM_SEED = 29  # the packing bench's stream
+NORMAL_SEED = 31
+FRAGMENTATION_SEED = 7  # the packing bench's fragmented start
+
+LAYOUTS = ("leaf", "node-all", "node-partial", "node-partial-next", "node-bucket")
+# Arguments added to network-topology-aware's in the shipped conf. The shipped conf weighs GPUs 2 and
+# leaves CPU and memory at Volcano's default 1.
+SETTINGS: dict[str, dict[str, Any]] = {
+    "shipped": {},
+    "gpu-only": {"hypernode.binpack.cpu": 0, "hypernode.binpack.memory": 0},
+    "gpu-only,normal-pod-off": {"hypernode.binpack.cpu": 0, "hypernode.binpack.memory": 0, "hypernode.binpack.normal-pod.enable": False},
+}
+# nodes -> (replicas with a topology, gangs without one, layouts). Every layout with a HyperNode per
+# node costs Volcano time quadratic in the nodes; at 16,384 only the layouts that keep few HyperNodes.
+DEFAULT_SIZES: dict[int, tuple[int, int, tuple[str, ...]]] = {
+    1024: (64, 16, LAYOUTS),
+    4096: (24, 8, ("leaf", "node-all", "node-partial-next", "node-bucket")),
+    16384: (8, 4, ("leaf", "node-bucket")),
+}
+
+
+def spec(sizes: Mapping[int, tuple[int, int, Sequence[str]]], starts: Sequence[str], settings: Sequence[str], out: Path) -> dict[str, Any]:
+    cases = []
+    for nodes, (gangs, normal, layouts) in sizes.items():
+        names = [f"node-{i:05d}" for i in range(nodes)]  # the Go test names nodes the same way
+        for start in starts:
+            used = fragmentation(names, seed=FRAGMENTATION_SEED, gpus=NODE_GPUS) if start == "fragmented" else {}
+            cases.append(
+                {
+                    "name": f"{nodes}-{start}",
+                    "nodes": nodes,
+                    "leaf_size": LEAF_SIZE,
+                    "leaves_per_spine": LEAVES_PER_SPINE,
+                    "node_gpus": NODE_GPUS,
+                    "start": start,
+                    "init_used": [used.get(n, 0) for n in names],
+                    "gangs": [_gang(a.name, a.shape, a.pod_gpus) for a in arrivals(gangs, seed=STREAM_SEED)],
+                    "normal": [_gang(f"plain-{a.name}", a.shape, a.pod_gpus) for a in arrivals(normal, seed=NORMAL_SEED)],
+                    "layouts": list(layouts),
+                    "bucket_per_free": 2,
+                }
+            )
+    return {
+        "scheduler_conf": cluster.SCHEDULER_CONF,
+        "cases": cases,
+        "settings": [{"name": name, "args": SETTINGS[name]} for name in settings],
+        "out": str(out),
+    }
+
+
+def _gang(name: str, kind: str, pods: Sequence[int]) -> dict[str, Any]:
+    return {"name": name, "kind": kind, "pods": list(pods)}
+
+
+def build() -> Path:
+    """The compiled simulator, built once per version of its sources (outside the checkout)."""
+    module = components.prepare_volcano_module(VOLCANO)
+    digest = hashlib.sha256()
+    sources = [SIM_MODULE / "go.mod", SIM_MODULE / "go.sum", *sorted((SIM_MODULE / "sim").glob("*.go"))]
+    sources += sorted((module / "apis-compat").glob("*.go"))
+    for path in sources:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    binary = components.cache_root() / "sim" / f"volcano-{VOLCANO}-{digest.hexdigest()[:12]}" / "sim.test"
+    if binary.exists():
+        return binary
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    print(f"bench-sim: building the simulator (cached in {binary.parent})", flush=True)
+    # -p 1: the machine is shared; a cold build of Volcano's scheduler takes a few minutes either way.
+    cmd = ["go", "test", "-c", "-p", "1", "-trimpath", "-o", str(binary) + ".tmp", "./sim"]
+    proc = subprocess.run(cmd, cwd=SIM_MODULE, env=components.go_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise components.BuildError(f"building the simulator failed:\n{proc.stderr[-4000:]}")
+    Path(str(binary) + ".tmp").rename(binary)
+    return binary
+
+
+def run(sizes: Mapping[int, tuple[int, int, Sequence[str]]], starts: Sequence[str], settings: Sequence[str]) -> list[dict[str, Any]]:
+    """Run the simulator; one record per (size, start, setting, layout), as the Go test writes them."""
+    binary = build()
+    work = Path(tempfile.mkdtemp(prefix="stormtopo-sim-"))
+    out = work / "results.jsonl"
+    (work / "spec.json").write_text(json.dumps(spec(sizes, starts, settings, out)))
+    env = {**components.go_env(), "SIM_SPEC": str(work / "spec.json")}
+    proc = subprocess.run(
+        [str(binary), "-test.run", "^TestSim$", "-test.v", "-test.timeout", "0"], cwd=work, env=env, text=True, stdout=subprocess.PIPE
+    )
+    print(proc.stdout[-6000:], flush=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the simulator failed (exit {proc.returncode}); its spec is in {work}")
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b else None
+
+
+def summarise(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per record; times as ratios against leaf-only with the first setting (shipped) in its case."""
+    baseline = {}
+    for r in records:
+        if r["layout"] == "leaf" and r["case"] not in baseline:
+            baseline[r["case"]] = r
+    rows = []
+    for r in records:
+        gangs, opt = r["gangs"], r["optimum"]
+        base = baseline.get(r["case"])
+        topo_s = _mean([g["allocate_s"] for g in gangs])
+        normal_s = _mean(r["normal_allocate_s"])
+        base_topo = _mean([g["allocate_s"] for g in base["gangs"]]) if base else None
+        base_normal = _mean(base["normal_allocate_s"]) if base else None
+        one_node = sum(g["one_node"] for g in gangs)
+        packing = {
+            reference: min(
+                opt[f"used_nodes_{reference}"] / r["used_nodes"] if r["used_nodes"] else 1.0,
+                opt[f"used_leaves_{reference}"] / r["used_leaves"] if r["used_leaves"] else 1.0,
+            )
+            for reference in ("lower", "greedy")
+        }
+        rows.append(
+            {
+                "nodes": r["nodes"],
+                "start": r["start"],
+                "setting": r["setting"],
+                "layout": r["layout"],
+                "replicas": len(gangs),
+                "placed": sum(g["placed"] for g in gangs),
+                "one_node": one_node,
+                "one_node_optimum": opt["one_node_greedy"],
+                "node_level": round(one_node / opt["one_node_greedy"], 2) if opt["one_node_greedy"] else 1.0,
+                "leaf_level": round(sum(g["one_leaf"] for g in gangs) / len(gangs), 2) if gangs else 1.0,
+                "used_nodes": r["used_nodes"],
+                "used_nodes_witness": opt["used_nodes_greedy"],
+                "used_nodes_lower": opt["used_nodes_lower"],
+                "used_leaves": r["used_leaves"],
+                "used_leaves_witness": opt["used_leaves_greedy"],
+                "used_leaves_lower": opt["used_leaves_lower"],
+                "packing": round(packing["greedy"], 2),
+                "packing_vs_lower_bound": round(packing["lower"], 2),
+                "optimum_exact": opt["exact"],
+                "hypernodes_mean": round(_mean([g["hypernodes"] for g in gangs]) or 0),
+                "allocate_ms_per_replica": round(topo_s * 1000, 1) if topo_s is not None else None,
+                "allocate_vs_leaf": _ratio(topo_s, base_topo),
+                "plain_ms_per_gang": round(normal_s * 1000, 1) if normal_s is not None else None,
+                "plain_vs_leaf": _ratio(normal_s, base_normal),
+                "plain_placed": f"{r['normal_placed']}/{len(r['normal_allocate_s'])}",
+            }
+        )
+    return rows
+
+
+COLUMNS = (
+    ("nodes", "nodes"),
+    ("start", "start"),
+    ("setting", "setting"),
+    ("layout", "layout"),
+    ("placed", "placed"),
+    ("one node / optimum", None),
+    ("node level", "node_level"),
+    ("leaf level", "leaf_level"),
+    ("nodes used / witness / bound", None),
+    ("leaves used / witness / bound", None),
+    ("packing", "packing"),
+    ("packing vs bound", "packing_vs_lower_bound"),
+    ("HyperNodes", "hypernodes_mean"),
+    ("allocate ms / replica", "allocate_ms_per_replica"),
+    ("vs leaf", "allocate_vs_leaf"),
+    ("plain ms / gang", "plain_ms_per_gang"),
+    ("vs leaf (plain)", "plain_vs_leaf"),
+)
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["| " + " | ".join(title for title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        cells = []
+        for title, key in COLUMNS:
+            if title == "one node / optimum":
+                cells.append(f"{row['one_node']}/{row['one_node_optimum']}")
+            elif title.startswith(("nodes used", "leaves used")):
+                what = title.split()[0]
+                cells.append(f"{row[f'used_{what}']}/{row[f'used_{what}_witness']}/{row[f'used_{what}_lower']}")
+            elif key == "placed":
+                cells.append(f"{row['placed']}/{row['replicas']}")
+            else:
+                value = row[key]  # type: ignore[index]
+                cells.append("—" if value is None else f"{value:,}" if isinstance(value, int) else str(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _sizes(text: str | None) -> dict[int, tuple[int, int, tuple[str, ...]]]:
+    """--sizes 1024,4096=16 -> those sizes (with N replicas where given), defaults otherwise."""
+    if not text:
+        return dict(DEFAULT_SIZES)
+    out = {}
+    for item in text.split(","):
+        nodes_text, _, gangs_text = item.partition("=")
+        nodes = int(nodes_text)
+        gangs, normal, layouts = DEFAULT_SIZES.get(nodes, (16, 4, LAYOUTS))
+        out[nodes] = (int(gangs_text) if gangs_text else gangs, normal, layouts)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--sizes", help="nodes[=replicas],... (default 1024=64,4096=24,16384=8)")
+    parser.add_argument("--starts", default="empty,fragmented")
+    parser.add_argument("--settings", default=",".join(SETTINGS), help=f"of {', '.join(SETTINGS)}")
+    parser.add_argument("--layouts", help=f"only these layouts, of {', '.join(LAYOUTS)} (leaf is always run: the baseline)")
+    parser.add_argument("--name", default="sim", help="results file stem (bench/results/NAME.json, NAME.md)")
+    args = parser.parse_args(argv)
+    sizes = _sizes(args.sizes)
+    if args.layouts:
+        wanted = ("leaf", *[layout for layout in args.layouts.split(",") if layout != "leaf"])
+        sizes = {n: (g, p, tuple(layout for layout in wanted if layout in LAYOUTS)) for n, (g, p, _) in sizes.items()}
+    settings = args.settings.split(",")
+    started = time.monotonic()
+    records = run(sizes, args.starts.split(","), settings)
+    rows = summarise(records)
+    from bench.__main__ import machine  # the same machine record as every other benchmark
+
+    result = {
+        "machine": machine(),
+        "volcano": VOLCANO,
+        "fabric": {"leaf_size": LEAF_SIZE, "leaves_per_spine": LEAVES_PER_SPINE, "node_gpus": NODE_GPUS},
+        "settings": {name: SETTINGS[name] for name in settings},
+        "seconds": round(time.monotonic() - started, 1),
+        "rows": rows,
+        "records": records,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    text = table(rows)
+    (RESULTS / f"{args.name}.md").write_text(text + "\n")
+    print(text)
+    print(f"bench-sim: {result['seconds']} s; bench/results/{args.name}.json", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

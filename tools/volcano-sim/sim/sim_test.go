@@ -1,0 +1,714 @@
+package sim
+
+// The scale simulator of `make bench-sim` (driven by bench/sim.py, which writes the spec and reads the results).
+//
+// Volcano v1.15.1's own scheduler cache, session, allocate action and plugins (configured from the scheduler
+// conf the dev cluster ships, stormtopo/devenv/cluster.py) place a seeded stream of replicas (gangs) on a
+// synthetic fabric, one gang per scheduling session, as replicas arrive one at a time in the packing bench.
+// Nothing is mocked but the API server: binds go to a recording binder, and the cache keeps each bound pod
+// on its node for the next session, as the real cache does between a bind and the pod's watch event.
+// Before each session the HyperNodes of the layout under test are recomputed from the cluster's state,
+// as stormtopo's operator would keep them (the simulator assumes it is never late).
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+		"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	schedulingv1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
+	topologyv1alpha1 "volcano.sh/apis/pkg/apis/topology/v1alpha1"
+	"volcano.sh/volcano/cmd/scheduler/app/options"
+	vcscheduler "volcano.sh/volcano/pkg/scheduler"
+	_ "volcano.sh/volcano/pkg/scheduler/actions" // registers the actions the conf names
+	"volcano.sh/volcano/pkg/scheduler/actions/allocate"
+	"volcano.sh/volcano/pkg/scheduler/api"
+	"volcano.sh/volcano/pkg/scheduler/cache"
+	"volcano.sh/volcano/pkg/scheduler/conf"
+	"volcano.sh/volcano/pkg/scheduler/framework"
+	"volcano.sh/volcano/pkg/scheduler/metrics"
+	_ "volcano.sh/volcano/pkg/scheduler/plugins" // registers the plugins the conf names
+	"volcano.sh/volcano/pkg/scheduler/util"
+)
+
+const (
+	namespace  = "sim"
+	queueName  = "q1"
+	nodeCPU    = 96 // as stormtopo's topology format's node defaults (stormtopo/core/topology/fabric.py)
+	nodeMemGiB = 1024
+)
+
+// Spec is what bench/sim.py asks for (JSON in $SIM_SPEC).
+type Spec struct {
+	SchedulerConf string    `json:"scheduler_conf"`
+	Cases         []Case    `json:"cases"`
+	Settings      []Setting `json:"settings"`
+	Out           string    `json:"out"`
+}
+
+type Case struct {
+	Name           string   `json:"name"`
+	Nodes          int      `json:"nodes"`
+	LeafSize       int      `json:"leaf_size"`
+	LeavesPerSpine int      `json:"leaves_per_spine"`
+	NodeGPUs       int      `json:"node_gpus"`
+	Start          string   `json:"start"` // "empty" or "fragmented"
+	InitUsed       []int    `json:"init_used"` // GPUs busy per node at the start (bench.fabric.fragmentation)
+	Gangs          []gang   `json:"gangs"`     // the stream (bench.packing.arrivals), with a hard tier-1 topology
+	Normal         []gang   `json:"normal"`    // gangs without a topology, placed after the stream
+	Layouts        []string `json:"layouts"`
+	BucketPerFree  int      `json:"bucket_per_free"`
+}
+
+type Setting struct {
+	Name string `json:"name"`
+	// Arguments replacing or adding to network-topology-aware's in the shipped conf.
+	Args map[string]any `json:"args"`
+}
+
+// GangResult is one replica of the stream.
+type GangResult struct {
+	Kind        string  `json:"kind"`
+	GPUs        int     `json:"gpus"`
+	Placed      bool    `json:"placed"`
+	OneNode     bool    `json:"one_node"`
+	OneLeaf     bool    `json:"one_leaf"`
+	FitsNode    bool    `json:"fits_node"`
+	OpenedNodes int     `json:"opened_nodes"`
+	OpenedLeafs int     `json:"opened_leaves"`
+	AllocateSec float64 `json:"allocate_s"`
+	HyperNodes  int     `json:"hypernodes"`
+}
+
+type Optimum struct {
+	OneNodeUpper    int  `json:"one_node_upper"`    // gangs whose pods fit one node at all
+	OneNodeGreedy   int  `json:"one_node_greedy"`   // the offline best-fit witness
+	UsedNodesLower  int  `json:"used_nodes_lower"`  // nodes in use at the end, lower bound
+	UsedNodesGreedy int  `json:"used_nodes_greedy"` // ... in the witness
+	UsedLeafsLower  int  `json:"used_leaves_lower"`
+	UsedLeafsGreedy int  `json:"used_leaves_greedy"`
+	GreedyPlaced    int  `json:"greedy_placed"`
+	Exact           bool `json:"exact"` // the witness meets every bound
+}
+
+type Result struct {
+	Case       string       `json:"case"`
+	Nodes      int          `json:"nodes"`
+	Start      string       `json:"start"`
+	Layout     string       `json:"layout"`
+	Setting    string       `json:"setting"`
+	Gangs      []GangResult `json:"gangs"`
+	NormalSec  []float64    `json:"normal_allocate_s"`
+	NormalOK   int          `json:"normal_placed"`
+	UsedNodes  int          `json:"used_nodes"`
+	UsedLeafs  int          `json:"used_leaves"`
+	InitNodes  int          `json:"initially_used_nodes"`
+	InitLeafs  int          `json:"initially_used_leaves"`
+	Optimum    Optimum      `json:"optimum"`
+	SetupSec   float64      `json:"setup_s"`
+	SessionSec float64      `json:"sessions_s"`
+}
+
+func TestMain(m *testing.M) {
+	options.Default()
+	metrics.InitKubeSchedulerRelatedMetrics() // the kube-scheduler plugins Volcano's predicates call report to these
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
+	// volcano.sh/apis v1.14.0's fake clientset never sends the watch-list bookmark; without this the
+	// mock cache's informers wait forever.
+	if err := utilfeature.DefaultMutableFeatureGate.Set("WatchListClient=false"); err != nil {
+		panic(err)
+	}
+	os.Exit(m.Run())
+}
+
+// ---- the fabric and the stream -------------------------------------------------------------------------
+
+type fabric struct {
+	c        Case
+	nodes    []string
+	leafOf   map[string]string
+	leaves   []string
+	nodesOf  map[string][]string
+	spineOf  map[string]string
+	spines   []string
+	initUsed map[string]int // GPUs busy at the start
+}
+
+func newFabric(c Case) *fabric {
+	f := &fabric{c: c, leafOf: map[string]string{}, nodesOf: map[string][]string{}, spineOf: map[string]string{}, initUsed: map[string]int{}}
+	for i := 0; i < c.Nodes; i++ {
+		leaf := fmt.Sprintf("leaf-%04d", i/c.LeafSize)
+		if len(f.nodesOf[leaf]) == 0 {
+			f.leaves = append(f.leaves, leaf)
+			spine := fmt.Sprintf("spine-%03d", (i/c.LeafSize)/c.LeavesPerSpine)
+			if len(f.spines) == 0 || f.spines[len(f.spines)-1] != spine {
+				f.spines = append(f.spines, spine)
+			}
+			f.spineOf[leaf] = spine
+		}
+		n := fmt.Sprintf("node-%05d", i)
+		f.nodes = append(f.nodes, n)
+		f.leafOf[n] = leaf
+		f.nodesOf[leaf] = append(f.nodesOf[leaf], n)
+		if i < len(c.InitUsed) {
+			f.initUsed[n] = c.InitUsed[i]
+		}
+	}
+	return f
+}
+
+type gang struct {
+	Name string `json:"name"`
+	Kind string `json:"kind"`
+	Pods []int  `json:"pods"` // GPUs per pod, prefill first
+}
+
+func (g gang) gpus() int {
+	s := 0
+	for _, p := range g.Pods {
+		s += p
+	}
+	return s
+}
+
+// A replica's pod asks its GPUs and 1 CPU, as stormtopo/devenv/workloads.py; a filler only GPUs.
+func resources(gpus int, cpu string) v1.ResourceList {
+	return api.BuildResourceList(cpu, "", api.ScalarResource{Name: "nvidia.com/gpu", Value: fmt.Sprint(gpus)})
+}
+
+func podsOf(g gang) []*v1.Pod {
+	var pods []*v1.Pod
+	for i, gpus := range g.Pods {
+		role := "decode"
+		if i < len(g.Pods)-1 {
+			role = "prefill"
+		}
+		p := util.BuildPod(namespace, fmt.Sprintf("%s-%d-%s", g.Name, i, role), "", v1.PodPending, resources(gpus, "1"), g.Name,
+			map[string]string{"stormtopo.io/replica": g.Name}, nil)
+		p.CreationTimestamp = metav1.NewTime(time.Unix(int64(i), 0))
+		pods = append(pods, p)
+	}
+	return pods
+}
+
+// ---- HyperNode layouts ---------------------------------------------------------------------------------
+
+type layoutState struct {
+	hns     map[string]*api.HyperNodeInfo
+	byTier  map[int]sets.Set[string]
+	real    map[string]sets.Set[string]
+	members map[string][]api.MemberConfig
+}
+
+func (s *layoutState) add(name string, tier int, members []api.MemberConfig, nodes sets.Set[string]) {
+	if s.byTier[tier] == nil {
+		s.byTier[tier] = sets.New[string]()
+	}
+	s.byTier[tier].Insert(name)
+	s.hns[name] = api.NewHyperNodeInfo(api.BuildHyperNode(name, tier, members))
+	s.real[name] = nodes
+}
+
+func member(name string, t topologyv1alpha1.MemberType) api.MemberConfig {
+	return api.MemberConfig{Name: name, Type: t, Selector: "exact"}
+}
+
+// nodeTier returns the nodes that get a tier-0 HyperNode of their own under this layout.
+//   - leaf:               none (what stormtopo renders today).
+//   - node-all:           every node.
+//   - node-partial:       nodes already partly used, so an empty node opens only through the leaf's choice.
+//   - node-partial-next:  those plus one empty node, the next one to open: the first empty node of the fullest
+//     leaf that has one, so a replica that fits an empty node gets one, in the leaf a best-fit packer would use.
+//   - node-bucket:        node-partial-next, but of the partly used nodes only `bucket_per_free` for each amount of
+//     free GPUs (in the fullest leaves): nodes with the same free GPUs are interchangeable for a replica that
+//     must fit one node, and the scheduler's work grows with the number of HyperNodes.
+func (f *fabric) nodeTier(layout string, used map[string]int) []string {
+	gpus := f.c.NodeGPUs
+	partly := func(n string) bool { return used[n] > 0 && used[n] < gpus }
+	leafUsed := map[string]int{}
+	for _, n := range f.nodes {
+		leafUsed[f.leafOf[n]] += used[n]
+	}
+	// Leaves fullest first, then by name: the order a best-fit packer fills them in.
+	leaves := append([]string(nil), f.leaves...)
+	sort.SliceStable(leaves, func(i, j int) bool { return leafUsed[leaves[i]] > leafUsed[leaves[j]] })
+	next := func() []string {
+		for _, leaf := range leaves {
+			for _, n := range f.nodesOf[leaf] {
+				if used[n] == 0 {
+					return []string{n}
+				}
+			}
+		}
+		return nil
+	}
+	var out []string
+	switch layout {
+	case "leaf":
+	case "node-all":
+		out = append(out, f.nodes...)
+	case "node-partial", "node-partial-next":
+		for _, n := range f.nodes {
+			if partly(n) {
+				out = append(out, n)
+			}
+		}
+		if layout == "node-partial-next" {
+			out = append(out, next()...)
+		}
+	case "node-bucket":
+		per := f.c.BucketPerFree
+		if per <= 0 {
+			per = 2
+		}
+		taken := map[int]int{}
+		for _, leaf := range leaves {
+			for _, n := range f.nodesOf[leaf] {
+				if free := gpus - used[n]; partly(n) && taken[free] < per {
+					taken[free]++
+					out = append(out, n)
+				}
+			}
+		}
+		out = append(out, next()...)
+	default:
+		panic("unknown layout " + layout)
+	}
+	return out
+}
+
+// hyperNodes builds the layout: tier 0 = a node's own HyperNode (where the layout gives one), tier 1 = leaf,
+// tier 2 = spine, tier 3 = the fabric when there is more than one spine. Tier 1 stays the leaf in every layout.
+func (f *fabric) hyperNodes(layout string, used map[string]int) (*api.HyperNodesInfo, int) {
+	s := &layoutState{hns: map[string]*api.HyperNodeInfo{}, byTier: map[int]sets.Set[string]{}, real: map[string]sets.Set[string]{}}
+	own := sets.New(f.nodeTier(layout, used)...)
+	spineMembers := map[string][]api.MemberConfig{}
+	spineNodes := map[string]sets.Set[string]{}
+	all := sets.New[string]()
+	for _, leaf := range f.leaves {
+		var members []api.MemberConfig
+		for _, n := range f.nodesOf[leaf] {
+			if own.Has(n) {
+				s.add("hn-"+n, 0, []api.MemberConfig{member(n, topologyv1alpha1.MemberTypeNode)}, sets.New(n))
+				members = append(members, member("hn-"+n, topologyv1alpha1.MemberTypeHyperNode))
+			} else {
+				members = append(members, member(n, topologyv1alpha1.MemberTypeNode))
+			}
+		}
+		nodes := sets.New(f.nodesOf[leaf]...)
+		s.add(leaf, 1, members, nodes)
+		spine := f.spineOf[leaf]
+		spineMembers[spine] = append(spineMembers[spine], member(leaf, topologyv1alpha1.MemberTypeHyperNode))
+		if spineNodes[spine] == nil {
+			spineNodes[spine] = sets.New[string]()
+		}
+		spineNodes[spine].Insert(f.nodesOf[leaf]...)
+		all.Insert(f.nodesOf[leaf]...)
+	}
+	var top []api.MemberConfig
+	for _, spine := range f.spines {
+		s.add(spine, 2, spineMembers[spine], spineNodes[spine])
+		top = append(top, member(spine, topologyv1alpha1.MemberTypeHyperNode))
+	}
+	if len(f.spines) > 1 {
+		s.add("fabric", 3, top, all)
+	}
+	// Parent and children from the members, as uthelper and the HyperNode informer do.
+	for _, hni := range s.hns {
+		for _, m := range hni.HyperNode.Spec.Members {
+			if m.Type != topologyv1alpha1.MemberTypeHyperNode || m.Selector.ExactMatch == nil {
+				continue
+			}
+			hni.Children.Insert(m.Selector.ExactMatch.Name)
+			if child, ok := s.hns[m.Selector.ExactMatch.Name]; ok {
+				child.Parent = hni.Name
+			}
+		}
+	}
+	ready := new(atomic.Bool)
+	ready.Store(true)
+	return api.NewHyperNodesInfoWithCache(s.hns, s.byTier, s.real, ready), len(s.hns)
+}
+
+// ---- the offline optimum -------------------------------------------------------------------------------
+
+// optimum: the bounds every placement of the stream obeys, and an offline best-fit witness that meets them.
+//   - one_node_upper: gangs whose pods fit one empty node; no placement puts more on one node.
+//   - used_nodes_lower: nodes in use at the start + ceil((GPUs asked - free GPUs on nodes in use) / GPUs per
+//     node), as no node holds more than it has; the same per leaf.
+//   - the witness: each gang that fits one node goes to the node with the fewest free GPUs that holds it
+//     (fullest leaf first on ties); any other to the fullest leaf that holds it, each pod best fit.
+//
+// When the witness reaches every bound (Exact), the bounds are the optimum; else they are still bounds.
+func (f *fabric) optimum(gangs []gang) Optimum {
+	gpus := f.c.NodeGPUs
+	used := map[string]int{}
+	for n, u := range f.initUsed {
+		used[n] = u
+	}
+	var o Optimum
+	demand, freeOnUsed, freeOnUsedLeaves, initNodes := 0, 0, 0, 0
+	leafUsed := map[string]int{}
+	for _, n := range f.nodes {
+		leafUsed[f.leafOf[n]] += used[n]
+		if used[n] > 0 {
+			initNodes++
+			freeOnUsed += gpus - used[n]
+		}
+	}
+	initLeaves := 0
+	for _, leaf := range f.leaves {
+		if leafUsed[leaf] > 0 {
+			initLeaves++
+			freeOnUsedLeaves += len(f.nodesOf[leaf])*gpus - leafUsed[leaf]
+		}
+	}
+	for _, g := range gangs {
+		demand += g.gpus()
+		if g.gpus() <= gpus {
+			o.OneNodeUpper++
+		}
+	}
+	ceilDiv := func(a, b int) int {
+		if a <= 0 {
+			return 0
+		}
+		return (a + b - 1) / b
+	}
+	o.UsedNodesLower = initNodes + ceilDiv(demand-freeOnUsed, gpus)
+	o.UsedLeafsLower = initLeaves + ceilDiv(demand-freeOnUsedLeaves, gpus*f.c.LeafSize)
+
+	for _, g := range gangs {
+		leaves := append([]string(nil), f.leaves...)
+		sort.SliceStable(leaves, func(i, j int) bool { return leafUsed[leaves[i]] > leafUsed[leaves[j]] })
+		placed := false
+		if g.gpus() <= gpus {
+			best, bestFree := "", gpus+1
+			for _, leaf := range leaves {
+				for _, n := range f.nodesOf[leaf] {
+					if free := gpus - used[n]; free >= g.gpus() && free < bestFree {
+						best, bestFree = n, free
+					}
+				}
+			}
+			if best != "" {
+				used[best] += g.gpus()
+				leafUsed[f.leafOf[best]] += g.gpus()
+				o.OneNodeGreedy++
+				placed = true
+			}
+		}
+		if !placed {
+			pods := append([]int(nil), g.Pods...)
+			sort.Sort(sort.Reverse(sort.IntSlice(pods)))
+			for _, leaf := range leaves {
+				trial := map[string]int{}
+				ok := true
+				for _, p := range pods {
+					best, bestFree := "", gpus+1
+					for _, n := range f.nodesOf[leaf] {
+						if free := gpus - used[n] - trial[n]; free >= p && free < bestFree {
+							best, bestFree = n, free
+						}
+					}
+					if best == "" {
+						ok = false
+						break
+					}
+					trial[best] += p
+				}
+				if ok {
+					for n, p := range trial {
+						used[n] += p
+						leafUsed[leaf] += p
+					}
+					placed = true
+					break
+				}
+			}
+		}
+		if placed {
+			o.GreedyPlaced++
+		}
+	}
+	for _, n := range f.nodes {
+		if used[n] > 0 {
+			o.UsedNodesGreedy++
+		}
+	}
+	for _, leaf := range f.leaves {
+		if leafUsed[leaf] > 0 {
+			o.UsedLeafsGreedy++
+		}
+	}
+	o.Exact = o.OneNodeGreedy == o.OneNodeUpper && o.UsedNodesGreedy == o.UsedNodesLower &&
+		o.UsedLeafsGreedy == o.UsedLeafsLower && o.GreedyPlaced == len(gangs)
+	return o
+}
+
+// ---- running Volcano -----------------------------------------------------------------------------------
+
+type recordingBinder struct {
+	mu    sync.Mutex
+	binds int
+}
+
+func (b *recordingBinder) Bind(_ kubernetes.Interface, tasks []*api.TaskInfo) map[api.TaskID]string {
+	b.mu.Lock()
+	b.binds += len(tasks)
+	b.mu.Unlock()
+	return nil
+}
+
+func loadTiers(t *testing.T, confText string, s Setting) ([]conf.Tier, []conf.Configuration) {
+	_, tiers, configs, _, err := vcscheduler.UnmarshalSchedulerConf(confText)
+	if err != nil {
+		t.Fatalf("scheduler conf: %v", err)
+	}
+	found := false
+	for i := range tiers {
+		for j := range tiers[i].Plugins {
+			p := &tiers[i].Plugins[j]
+			if p.Name != "network-topology-aware" {
+				continue
+			}
+			found = true
+			args := framework.Arguments{}
+			for k, v := range p.Arguments {
+				args[k] = v
+			}
+			for k, v := range s.Args {
+				if f, ok := v.(float64); ok && f == math.Trunc(f) {
+					v = int(f) // JSON numbers; the plugin reads its weights as ints
+				}
+				args[k] = v
+			}
+			p.Arguments = args
+		}
+	}
+	if !found {
+		t.Fatalf("the scheduler conf has no network-topology-aware plugin")
+	}
+	return tiers, configs
+}
+
+func newCache(f *fabric) *cache.SchedulerCache {
+	sc := cache.NewCustomMockSchedulerCache("sim", &recordingBinder{}, util.NewFakeEvictor(0), &util.FakeStatusUpdater{}, nil, &record.FakeRecorder{})
+	stop := make(chan struct{})
+	sc.Run(stop)
+	sc.WaitForCacheSync(stop)
+	alloc := api.BuildResourceList(fmt.Sprint(nodeCPU), fmt.Sprintf("%dGi", nodeMemGiB),
+		api.ScalarResource{Name: "nvidia.com/gpu", Value: fmt.Sprint(f.c.NodeGPUs)}, api.ScalarResource{Name: "pods", Value: "110"})
+	for _, n := range f.nodes {
+		sc.AddOrUpdateNode(util.BuildNode(n, alloc, map[string]string{"kubernetes.io/hostname": n}))
+	}
+	sc.AddQueueV1beta1(util.BuildQueue(queueName, 1, nil))
+	sc.AddPodGroupV1beta1(util.BuildPodGroup("busy", namespace, queueName, 1, nil, schedulingv1.PodGroupRunning))
+	for _, n := range f.nodes {
+		if u := f.initUsed[n]; u > 0 {
+			sc.AddPod(util.BuildPod(namespace, "busy-"+n, n, v1.PodRunning, resources(u, ""), "busy", nil, nil))
+		}
+	}
+	return sc
+}
+
+type placement struct {
+	nodes   []string
+	seconds float64
+}
+
+// schedule adds one gang and runs one session with the allocate action; returns where its pods went.
+func schedule(sc *cache.SchedulerCache, tiers []conf.Tier, configs []conf.Configuration, g gang, hard bool) placement {
+	var pg *schedulingv1.PodGroup
+	if hard {
+		pg = util.BuildPodGroupWithNetWorkTopologies(g.Name, namespace, "", queueName, int32(len(g.Pods)), nil,
+			schedulingv1.PodGroupInqueue, "hard", 1)
+	} else {
+		pg = util.BuildPodGroup(g.Name, namespace, queueName, int32(len(g.Pods)), nil, schedulingv1.PodGroupInqueue)
+	}
+	sc.AddPodGroupV1beta1(pg)
+	for _, p := range podsOf(g) {
+		sc.AddPod(p)
+	}
+	ssn := framework.OpenSession(sc, tiers, configs)
+	action := allocate.New()
+	action.Initialize()
+	start := time.Now()
+	action.Execute(ssn)
+	elapsed := time.Since(start).Seconds()
+	action.UnInitialize()
+	var out placement
+	out.seconds = elapsed
+	if job := ssn.Jobs[api.JobID(namespace+"/"+g.Name)]; job != nil {
+		for _, task := range job.Tasks {
+			if task.NodeName != "" && (task.Status == api.Binding || task.Status == api.Allocated || task.Status == api.Bound) {
+				out.nodes = append(out.nodes, task.NodeName)
+			}
+		}
+	}
+	framework.CloseSession(ssn)
+	return out
+}
+
+func runOne(t *testing.T, spec Spec, c Case, layout string, s Setting) Result {
+	f := newFabric(c)
+	tiers, configs := loadTiers(t, spec.SchedulerConf, s)
+	conf.EnabledActionMap = map[string]bool{"enqueue": true, "allocate": true, "backfill": true}
+	setupStart := time.Now()
+	sc := newCache(f)
+	res := Result{Case: c.Name, Nodes: c.Nodes, Start: c.Start, Layout: layout, Setting: s.Name, SetupSec: time.Since(setupStart).Seconds()}
+	used := map[string]int{}
+	for n, u := range f.initUsed {
+		used[n] = u
+	}
+	gangs := c.Gangs
+	res.Optimum = f.optimum(gangs)
+	sessionsStart := time.Now()
+	gpusOf := map[string]int{}
+	for _, g := range gangs {
+		for i, p := range podsOf(g) {
+			gpusOf[p.Name] = g.Pods[i]
+		}
+	}
+	for _, g := range gangs {
+		info, count := f.hyperNodes(layout, used)
+		sc.HyperNodesInfo = info
+		leafWasUsed := map[string]bool{}
+		for _, n := range f.nodes {
+			if used[n] > 0 {
+				leafWasUsed[f.leafOf[n]] = true
+			}
+		}
+		p := schedule(sc, tiers, configs, g, true)
+		r := GangResult{Kind: g.Kind, GPUs: g.gpus(), FitsNode: g.gpus() <= c.NodeGPUs, AllocateSec: p.seconds, HyperNodes: count}
+		if len(p.nodes) == len(g.Pods) {
+			r.Placed = true
+			nodes, leaves := sets.New(p.nodes...), sets.New[string]()
+			for n := range nodes {
+				leaves.Insert(f.leafOf[n])
+				if used[n] == 0 {
+					r.OpenedNodes++
+				}
+			}
+			for l := range leaves {
+				if !leafWasUsed[l] {
+					r.OpenedLeafs++
+				}
+			}
+			r.OneNode, r.OneLeaf = nodes.Len() == 1, leaves.Len() == 1
+		}
+		// Book the GPUs where Volcano put them (from the cache: a task's node is authoritative).
+		for n, gpus := range placedGPUs(sc, g, gpusOf) {
+			used[n] += gpus
+		}
+		res.Gangs = append(res.Gangs, r)
+	}
+	res.SessionSec = time.Since(sessionsStart).Seconds()
+	// In use at the end of the stream: what the optimum's bounds speak of.
+	usedLeaves := sets.New[string]()
+	for _, n := range f.nodes {
+		if used[n] > 0 {
+			res.UsedNodes++
+			usedLeaves.Insert(f.leafOf[n])
+		}
+		if f.initUsed[n] > 0 {
+			res.InitNodes++
+		}
+	}
+	res.UsedLeafs = usedLeaves.Len()
+	// Pods without a topology (another tenant's gangs), after the stream, one per session.
+	for _, g := range c.Normal {
+		info, _ := f.hyperNodes(layout, used)
+		sc.HyperNodesInfo = info
+		for i, p := range podsOf(g) {
+			gpusOf[p.Name] = g.Pods[i]
+		}
+		p := schedule(sc, tiers, configs, g, false)
+		res.NormalSec = append(res.NormalSec, p.seconds)
+		if len(p.nodes) == len(g.Pods) {
+			res.NormalOK++
+		}
+		for n, gpus := range placedGPUs(sc, g, gpusOf) {
+			used[n] += gpus
+		}
+	}
+	leafInit := sets.New[string]()
+	for _, n := range f.nodes {
+		if f.initUsed[n] > 0 {
+			leafInit.Insert(f.leafOf[n])
+		}
+	}
+	res.InitLeafs = leafInit.Len()
+	return res
+}
+
+// placedGPUs reads the gang's pods back from the scheduler cache: node -> GPUs it took there.
+func placedGPUs(sc *cache.SchedulerCache, g gang, gpusOf map[string]int) map[string]int {
+	out := map[string]int{}
+	sc.Mutex.Lock()
+	defer sc.Mutex.Unlock()
+	job := sc.Jobs[api.JobID(namespace+"/"+g.Name)]
+	if job == nil {
+		return out
+	}
+	for _, task := range job.Tasks {
+		if task.NodeName != "" && task.Status != api.Pending {
+			out[task.NodeName] += gpusOf[task.Name]
+		}
+	}
+	return out
+}
+
+func TestSim(t *testing.T) {
+	path := os.Getenv("SIM_SPEC")
+	if path == "" {
+		t.Skip("SIM_SPEC not set: run through `make bench-sim` (bench/sim.py)")
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec Spec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.Create(spec.Out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	enc := json.NewEncoder(out)
+	for _, c := range spec.Cases {
+		for _, s := range spec.Settings {
+			for _, layout := range c.Layouts {
+				start := time.Now()
+				r := runOne(t, spec, c, layout, s)
+				if err := enc.Encode(r); err != nil {
+					t.Fatal(err)
+				}
+				one := 0
+				for _, g := range r.Gangs {
+					if g.OneNode {
+						one++
+					}
+				}
+				t.Logf("%s %s %s: one node %d/%d (upper %d), %.1fs", c.Name, s.Name, layout, one, len(r.Gangs), r.Optimum.OneNodeUpper, time.Since(start).Seconds())
+			}
+		}
+	}
+}
