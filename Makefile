@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit integration bench bench-quick binaries prometheus clean soak compat lock
+.PHONY: demo test lint unit integration bench bench-quick bench-sim binaries prometheus clean soak compat lock
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ demo: binaries
 
 bench-quick: binaries
 	$(BIN)/python -m bench --quick
+
+# The scale simulator (issue 21): Volcano v1.15.1's allocate action and plugins without a cluster, on 1,024,
+# 4,096 and 16,384 nodes; about 20 minutes on 2 cores. bench/results/sim.{json,md}; see BENCHMARKS.md.
+# `python -m bench.sim --help` for smaller runs (--sizes 1024=16 --starts empty --settings shipped).
+bench-sim: $(BIN)/.installed
+	$(BIN)/python -m bench.sim
 
 # Everything, about an hour and a half on 2 cores: 256 nodes, placement on 1,024, the two PodGroup
 # expressions on 1,024, 1,000 StormServices on 1,024, admission with pending gangs, 4,096 nodes.

@@ -16,8 +16,8 @@ Per fabric size, start, setting and layout:
   leaf that holds it): min(witness / actual) over nodes and leaves; 1.0 = as tight as the witness. The
   same against the plain lower bound (GPUs asked over GPUs per node or leaf, ignoring node-first) is
   reported too: it is conservative, as node-first must open a node for a replica no used node holds;
-- allocate time per replica with a topology, and per gang without one, as ratios against the leaf-only
-  layout with the shipped conf in the same run (times on a shared machine are noisy; ratios are not).
+- allocate time per replica with a topology, and per gang without one (medians), as ratios against the
+  leaf-only layout with the shipped conf in the same run (times on a shared machine are noisy).
 """
 
 from __future__ import annotations
@@ -53,19 +53,23 @@ LAYOUTS = ("leaf", "node-all", "node-partial", "node-partial-next", "node-bucket
 # leaves CPU and memory at Volcano's default 1.
 SETTINGS: dict[str, dict[str, Any]] = {
     "shipped": {},
+    "normal-pod-off": {"hypernode.binpack.normal-pod.enable": False},
     "gpu-only": {"hypernode.binpack.cpu": 0, "hypernode.binpack.memory": 0},
-    "gpu-only,normal-pod-off": {"hypernode.binpack.cpu": 0, "hypernode.binpack.memory": 0, "hypernode.binpack.normal-pod.enable": False},
+    "gpu-only+normal-pod-off": {"hypernode.binpack.cpu": 0, "hypernode.binpack.memory": 0, "hypernode.binpack.normal-pod.enable": False},
 }
+DEFAULT_SETTINGS = ("shipped", "normal-pod-off")
 # nodes -> (replicas with a topology, gangs without one, layouts). Every layout with a HyperNode per
 # node costs Volcano time quadratic in the nodes; at 16,384 only the layouts that keep few HyperNodes.
 DEFAULT_SIZES: dict[int, tuple[int, int, tuple[str, ...]]] = {
-    1024: (64, 16, LAYOUTS),
-    4096: (24, 8, ("leaf", "node-all", "node-partial-next", "node-bucket")),
+    1024: (64, 32, LAYOUTS),
+    4096: (24, 8, ("leaf", "node-partial-next", "node-bucket")),
     16384: (8, 4, ("leaf", "node-bucket")),
 }
 
 
-def spec(sizes: Mapping[int, tuple[int, int, Sequence[str]]], starts: Sequence[str], settings: Sequence[str], out: Path) -> dict[str, Any]:
+def spec(
+    sizes: Mapping[int, tuple[int, int, Sequence[str]]], starts: Sequence[str], settings: Sequence[str], out: Path, batch: int = 1
+) -> dict[str, Any]:
     cases = []
     for nodes, (gangs, normal, layouts) in sizes.items():
         names = [f"node-{i:05d}" for i in range(nodes)]  # the Go test names nodes the same way
@@ -84,6 +88,7 @@ def spec(sizes: Mapping[int, tuple[int, int, Sequence[str]]], starts: Sequence[s
                     "normal": [_gang(f"plain-{a.name}", a.shape, a.pod_gpus) for a in arrivals(normal, seed=NORMAL_SEED)],
                     "layouts": list(layouts),
                     "bucket_per_free": 2,
+                    "batch": batch,
                 }
             )
     return {
@@ -120,24 +125,27 @@ def build() -> Path:
     return binary
 
 
-def run(sizes: Mapping[int, tuple[int, int, Sequence[str]]], starts: Sequence[str], settings: Sequence[str]) -> list[dict[str, Any]]:
+def run(
+    sizes: Mapping[int, tuple[int, int, Sequence[str]]], starts: Sequence[str], settings: Sequence[str], batch: int = 1
+) -> list[dict[str, Any]]:
     """Run the simulator; one record per (size, start, setting, layout), as the Go test writes them."""
     binary = build()
     work = Path(tempfile.mkdtemp(prefix="stormtopo-sim-"))
     out = work / "results.jsonl"
-    (work / "spec.json").write_text(json.dumps(spec(sizes, starts, settings, out)))
+    (work / "spec.json").write_text(json.dumps(spec(sizes, starts, settings, out, batch)))
     env = {**components.go_env(), "SIM_SPEC": str(work / "spec.json")}
-    proc = subprocess.run(
-        [str(binary), "-test.run", "^TestSim$", "-test.v", "-test.timeout", "0"], cwd=work, env=env, text=True, stdout=subprocess.PIPE
-    )
-    print(proc.stdout[-6000:], flush=True)
+    command = [str(binary), "-test.run", "^TestSim$", "-test.v", "-test.timeout", "0"]
+    with subprocess.Popen(command, cwd=work, env=env, text=True, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # one line per (size, start, setting, layout) as it finishes
+            print(line.rstrip(), flush=True)
     if proc.returncode != 0:
         raise RuntimeError(f"the simulator failed (exit {proc.returncode}); its spec is in {work}")
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return statistics.fmean(values) if values else None
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -154,10 +162,10 @@ def summarise(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for r in records:
         gangs, opt = r["gangs"], r["optimum"]
         base = baseline.get(r["case"])
-        topo_s = _mean([g["allocate_s"] for g in gangs])
-        normal_s = _mean(r["normal_allocate_s"])
-        base_topo = _mean([g["allocate_s"] for g in base["gangs"]]) if base else None
-        base_normal = _mean(base["normal_allocate_s"]) if base else None
+        topo_s = _median([g["allocate_s"] for g in gangs])
+        normal_s = _median(r["normal_allocate_s"])
+        base_topo = _median([g["allocate_s"] for g in base["gangs"]]) if base else None
+        base_normal = _median(base["normal_allocate_s"]) if base else None
         one_node = sum(g["one_node"] for g in gangs)
         packing = {
             reference: min(
@@ -187,12 +195,13 @@ def summarise(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "packing": round(packing["greedy"], 2),
                 "packing_vs_lower_bound": round(packing["lower"], 2),
                 "optimum_exact": opt["exact"],
-                "hypernodes_mean": round(_mean([g["hypernodes"] for g in gangs]) or 0),
+                "hypernodes_mean": round(statistics.fmean([g["hypernodes"] for g in gangs]) or 0),
                 "allocate_ms_per_replica": round(topo_s * 1000, 1) if topo_s is not None else None,
                 "allocate_vs_leaf": _ratio(topo_s, base_topo),
                 "plain_ms_per_gang": round(normal_s * 1000, 1) if normal_s is not None else None,
                 "plain_vs_leaf": _ratio(normal_s, base_normal),
                 "plain_placed": f"{r['normal_placed']}/{len(r['normal_allocate_s'])}",
+                "plain_opened_nodes": r.get("normal_opened_nodes"),
             }
         )
     return rows
@@ -216,6 +225,7 @@ COLUMNS = (
     ("vs leaf", "allocate_vs_leaf"),
     ("plain ms / gang", "plain_ms_per_gang"),
     ("vs leaf (plain)", "plain_vs_leaf"),
+    ("plain: empty nodes opened", "plain_opened_nodes"),
 )
 
 
@@ -255,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sizes", help="nodes[=replicas],... (default 1024=64,4096=24,16384=8)")
     parser.add_argument("--starts", default="empty,fragmented")
-    parser.add_argument("--settings", default=",".join(SETTINGS), help=f"of {', '.join(SETTINGS)}")
+    parser.add_argument("--settings", default=",".join(DEFAULT_SETTINGS), help=f"of {', '.join(SETTINGS)}")
     parser.add_argument("--layouts", help=f"only these layouts, of {', '.join(LAYOUTS)} (leaf is always run: the baseline)")
+    parser.add_argument("--batch", type=int, default=1, help="replicas per scheduling session (default 1: one at a time)")
     parser.add_argument("--name", default="sim", help="results file stem (bench/results/NAME.json, NAME.md)")
     args = parser.parse_args(argv)
     sizes = _sizes(args.sizes)
@@ -265,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = {n: (g, p, tuple(layout for layout in wanted if layout in LAYOUTS)) for n, (g, p, _) in sizes.items()}
     settings = args.settings.split(",")
     started = time.monotonic()
-    records = run(sizes, args.starts.split(","), settings)
+    records = run(sizes, args.starts.split(","), settings, args.batch)
     rows = summarise(records)
     from bench.__main__ import machine  # the same machine record as every other benchmark
 
@@ -274,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "volcano": VOLCANO,
         "fabric": {"leaf_size": LEAF_SIZE, "leaves_per_spine": LEAVES_PER_SPINE, "node_gpus": NODE_GPUS},
         "settings": {name: SETTINGS[name] for name in settings},
+        "batch": args.batch,
         "seconds": round(time.monotonic() - started, 1),
         "rows": rows,
         "records": records,

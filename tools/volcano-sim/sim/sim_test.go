@@ -15,7 +15,7 @@ import (
 	"fmt"
 	"io"
 	"math"
-		"os"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -66,12 +66,13 @@ type Case struct {
 	LeafSize       int      `json:"leaf_size"`
 	LeavesPerSpine int      `json:"leaves_per_spine"`
 	NodeGPUs       int      `json:"node_gpus"`
-	Start          string   `json:"start"` // "empty" or "fragmented"
+	Start          string   `json:"start"`     // "empty" or "fragmented"
 	InitUsed       []int    `json:"init_used"` // GPUs busy per node at the start (bench.fabric.fragmentation)
 	Gangs          []gang   `json:"gangs"`     // the stream (bench.packing.arrivals), with a hard tier-1 topology
 	Normal         []gang   `json:"normal"`    // gangs without a topology, placed after the stream
 	Layouts        []string `json:"layouts"`
 	BucketPerFree  int      `json:"bucket_per_free"`
+	Batch          int      `json:"batch"` // replicas per scheduling session (1: each arrives after the previous is bound)
 }
 
 type Setting struct {
@@ -114,6 +115,7 @@ type Result struct {
 	Gangs      []GangResult `json:"gangs"`
 	NormalSec  []float64    `json:"normal_allocate_s"`
 	NormalOK   int          `json:"normal_placed"`
+	NormalOpen int          `json:"normal_opened_nodes"` // empty nodes the gangs without a topology opened
 	UsedNodes  int          `json:"used_nodes"`
 	UsedLeafs  int          `json:"used_leaves"`
 	InitNodes  int          `json:"initially_used_nodes"`
@@ -527,23 +529,21 @@ func newCache(f *fabric) *cache.SchedulerCache {
 	return sc
 }
 
-type placement struct {
-	nodes   []string
-	seconds float64
-}
-
-// schedule adds one gang and runs one session with the allocate action; returns where its pods went.
-func schedule(sc *cache.SchedulerCache, tiers []conf.Tier, configs []conf.Configuration, g gang, hard bool) placement {
-	var pg *schedulingv1.PodGroup
-	if hard {
-		pg = util.BuildPodGroupWithNetWorkTopologies(g.Name, namespace, "", queueName, int32(len(g.Pods)), nil,
-			schedulingv1.PodGroupInqueue, "hard", 1)
-	} else {
-		pg = util.BuildPodGroup(g.Name, namespace, queueName, int32(len(g.Pods)), nil, schedulingv1.PodGroupInqueue)
-	}
-	sc.AddPodGroupV1beta1(pg)
-	for _, p := range podsOf(g) {
-		sc.AddPod(p)
+// schedule adds gangs and runs one session with the allocate action; returns where each gang's pods went
+// (gang name -> nodes, one per bound pod) and how long the action took.
+func schedule(sc *cache.SchedulerCache, tiers []conf.Tier, configs []conf.Configuration, gangs []gang, hard bool) (map[string][]string, float64) {
+	for _, g := range gangs {
+		var pg *schedulingv1.PodGroup
+		if hard {
+			pg = util.BuildPodGroupWithNetWorkTopologies(g.Name, namespace, "", queueName, int32(len(g.Pods)), nil,
+				schedulingv1.PodGroupInqueue, "hard", 1)
+		} else {
+			pg = util.BuildPodGroup(g.Name, namespace, queueName, int32(len(g.Pods)), nil, schedulingv1.PodGroupInqueue)
+		}
+		sc.AddPodGroupV1beta1(pg)
+		for _, p := range podsOf(g) {
+			sc.AddPod(p)
+		}
 	}
 	ssn := framework.OpenSession(sc, tiers, configs)
 	action := allocate.New()
@@ -552,17 +552,18 @@ func schedule(sc *cache.SchedulerCache, tiers []conf.Tier, configs []conf.Config
 	action.Execute(ssn)
 	elapsed := time.Since(start).Seconds()
 	action.UnInitialize()
-	var out placement
-	out.seconds = elapsed
-	if job := ssn.Jobs[api.JobID(namespace+"/"+g.Name)]; job != nil {
-		for _, task := range job.Tasks {
-			if task.NodeName != "" && (task.Status == api.Binding || task.Status == api.Allocated || task.Status == api.Bound) {
-				out.nodes = append(out.nodes, task.NodeName)
+	out := map[string][]string{}
+	for _, g := range gangs {
+		if job := ssn.Jobs[api.JobID(namespace+"/"+g.Name)]; job != nil {
+			for _, task := range job.Tasks {
+				if task.NodeName != "" && (task.Status == api.Binding || task.Status == api.Allocated || task.Status == api.Bound) {
+					out[g.Name] = append(out[g.Name], task.NodeName)
+				}
 			}
 		}
 	}
 	framework.CloseSession(ssn)
-	return out
+	return out, elapsed
 }
 
 func runOne(t *testing.T, spec Spec, c Case, layout string, s Setting) Result {
@@ -578,49 +579,57 @@ func runOne(t *testing.T, spec Spec, c Case, layout string, s Setting) Result {
 	}
 	gangs := c.Gangs
 	res.Optimum = f.optimum(gangs)
-	sessionsStart := time.Now()
 	gpusOf := map[string]int{}
-	for _, g := range gangs {
+	for _, g := range append(append([]gang(nil), gangs...), c.Normal...) {
 		for i, p := range podsOf(g) {
 			gpusOf[p.Name] = g.Pods[i]
 		}
 	}
-	for _, g := range gangs {
+	batch := c.Batch
+	if batch <= 0 {
+		batch = 1
+	}
+	sessionsStart := time.Now()
+	for first := 0; first < len(gangs); first += batch {
+		chunk := gangs[first:min(first+batch, len(gangs))]
+		// The layout as the operator would have rendered it from the state before this session.
 		info, count := f.hyperNodes(layout, used)
 		sc.HyperNodesInfo = info
-		leafWasUsed := map[string]bool{}
-		for _, n := range f.nodes {
-			if used[n] > 0 {
-				leafWasUsed[f.leafOf[n]] = true
-			}
-		}
-		p := schedule(sc, tiers, configs, g, true)
-		r := GangResult{Kind: g.Kind, GPUs: g.gpus(), FitsNode: g.gpus() <= c.NodeGPUs, AllocateSec: p.seconds, HyperNodes: count}
-		if len(p.nodes) == len(g.Pods) {
-			r.Placed = true
-			nodes, leaves := sets.New(p.nodes...), sets.New[string]()
-			for n := range nodes {
-				leaves.Insert(f.leafOf[n])
-				if used[n] == 0 {
-					r.OpenedNodes++
+		where, seconds := schedule(sc, tiers, configs, chunk, true)
+		for _, g := range chunk {
+			leafWasUsed := map[string]bool{}
+			for _, n := range f.nodes {
+				if used[n] > 0 {
+					leafWasUsed[f.leafOf[n]] = true
 				}
 			}
-			for l := range leaves {
-				if !leafWasUsed[l] {
-					r.OpenedLeafs++
+			r := GangResult{Kind: g.Kind, GPUs: g.gpus(), FitsNode: g.gpus() <= c.NodeGPUs, AllocateSec: seconds / float64(len(chunk)), HyperNodes: count}
+			if p := where[g.Name]; len(p) == len(g.Pods) {
+				r.Placed = true
+				nodes, leaves := sets.New(p...), sets.New[string]()
+				for n := range nodes {
+					leaves.Insert(f.leafOf[n])
+					if used[n] == 0 {
+						r.OpenedNodes++
+					}
 				}
+				for l := range leaves {
+					if !leafWasUsed[l] {
+						r.OpenedLeafs++
+					}
+				}
+				r.OneNode, r.OneLeaf = nodes.Len() == 1, leaves.Len() == 1
 			}
-			r.OneNode, r.OneLeaf = nodes.Len() == 1, leaves.Len() == 1
+			// Book the GPUs where Volcano put them (the cache's tasks are authoritative).
+			for n, gpus := range placedGPUs(sc, g, gpusOf) {
+				used[n] += gpus
+			}
+			res.Gangs = append(res.Gangs, r)
 		}
-		// Book the GPUs where Volcano put them (from the cache: a task's node is authoritative).
-		for n, gpus := range placedGPUs(sc, g, gpusOf) {
-			used[n] += gpus
-		}
-		res.Gangs = append(res.Gangs, r)
 	}
 	res.SessionSec = time.Since(sessionsStart).Seconds()
 	// In use at the end of the stream: what the optimum's bounds speak of.
-	usedLeaves := sets.New[string]()
+	usedLeaves, initLeaves := sets.New[string](), sets.New[string]()
 	for _, n := range f.nodes {
 		if used[n] > 0 {
 			res.UsedNodes++
@@ -628,32 +637,28 @@ func runOne(t *testing.T, spec Spec, c Case, layout string, s Setting) Result {
 		}
 		if f.initUsed[n] > 0 {
 			res.InitNodes++
+			initLeaves.Insert(f.leafOf[n])
 		}
 	}
-	res.UsedLeafs = usedLeaves.Len()
-	// Pods without a topology (another tenant's gangs), after the stream, one per session.
+	res.UsedLeafs, res.InitLeafs = usedLeaves.Len(), initLeaves.Len()
+	// Gangs without a topology (another tenant's), after the stream, one per session.
 	for _, g := range c.Normal {
 		info, _ := f.hyperNodes(layout, used)
 		sc.HyperNodesInfo = info
-		for i, p := range podsOf(g) {
-			gpusOf[p.Name] = g.Pods[i]
-		}
-		p := schedule(sc, tiers, configs, g, false)
-		res.NormalSec = append(res.NormalSec, p.seconds)
-		if len(p.nodes) == len(g.Pods) {
+		where, seconds := schedule(sc, tiers, configs, []gang{g}, false)
+		res.NormalSec = append(res.NormalSec, seconds)
+		if len(where[g.Name]) == len(g.Pods) {
 			res.NormalOK++
+		}
+		for _, n := range sets.List(sets.New(where[g.Name]...)) {
+			if used[n] == 0 {
+				res.NormalOpen++
+			}
 		}
 		for n, gpus := range placedGPUs(sc, g, gpusOf) {
 			used[n] += gpus
 		}
 	}
-	leafInit := sets.New[string]()
-	for _, n := range f.nodes {
-		if f.initUsed[n] > 0 {
-			leafInit.Insert(f.leafOf[n])
-		}
-	}
-	res.InitLeafs = leafInit.Len()
 	return res
 }
 
