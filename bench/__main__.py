@@ -153,7 +153,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="with --foreign-pods: run the operator from this checkout (PYTHONPATH), e.g. an older commit",
     )
+    parser.add_argument(
+        "--sim", action="store_true", help="only the scale simulator, no cluster (make bench-sim; python -m bench.sim for its options)"
+    )
     args = parser.parse_args(argv)
+    if args.sim:
+        from bench import sim
+
+        return sim.main([])
     if args.foreign_pods:
         from bench import foreign_pods
 

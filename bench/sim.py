@@ -16,8 +16,10 @@ Per fabric size, start, setting and layout:
   leaf that holds it): min(witness / actual) over nodes and leaves; 1.0 = as tight as the witness. The
   same against the plain lower bound (GPUs asked over GPUs per node or leaf, ignoring node-first) is
   reported too: it is conservative, as node-first must open a node for a replica no used node holds;
-- allocate time per replica with a topology, and per gang without one (medians), as ratios against the
-  leaf-only layout with the shipped conf in the same run (times on a shared machine are noisy).
+- allocate time per replica with a topology (all; those that fit one node; those that do not), and per
+  gang without one, means, as ratios against the leaf-only layout with the shipped conf in the same run.
+  The layouts take turns (replica i in every layout, then replica i+1), so a noisy shared machine
+  loads them alike.
 """
 
 from __future__ import annotations
@@ -144,6 +146,10 @@ def run(
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -162,10 +168,12 @@ def summarise(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for r in records:
         gangs, opt = r["gangs"], r["optimum"]
         base = baseline.get(r["case"])
-        topo_s = _median([g["allocate_s"] for g in gangs])
-        normal_s = _median(r["normal_allocate_s"])
-        base_topo = _median([g["allocate_s"] for g in base["gangs"]]) if base else None
-        base_normal = _median(base["normal_allocate_s"]) if base else None
+        base_gangs = base["gangs"] if base else []
+        topo_s, base_topo = _mean([g["allocate_s"] for g in gangs]), _mean([g["allocate_s"] for g in base_gangs])
+        fit_s, base_fit = (_mean([g["allocate_s"] for g in gs if g["fits_node"]]) for gs in (gangs, base_gangs))
+        big_s, base_big = (_mean([g["allocate_s"] for g in gs if not g["fits_node"]]) for gs in (gangs, base_gangs))
+        normal_s = _mean(r["normal_allocate_s"])
+        base_normal = _mean(base["normal_allocate_s"]) if base else None
         one_node = sum(g["one_node"] for g in gangs)
         packing = {
             reference: min(
@@ -198,8 +206,14 @@ def summarise(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "hypernodes_mean": round(statistics.fmean([g["hypernodes"] for g in gangs]) or 0),
                 "allocate_ms_per_replica": round(topo_s * 1000, 1) if topo_s is not None else None,
                 "allocate_vs_leaf": _ratio(topo_s, base_topo),
+                "allocate_vs_leaf_fits_node": _ratio(fit_s, base_fit),
+                "allocate_vs_leaf_multi_node": _ratio(big_s, base_big),
+                "allocate_median_vs_leaf": _ratio(
+                    _median([g["allocate_s"] for g in gangs]), _median([g["allocate_s"] for g in base_gangs])
+                ),
                 "plain_ms_per_gang": round(normal_s * 1000, 1) if normal_s is not None else None,
                 "plain_vs_leaf": _ratio(normal_s, base_normal),
+                "plain_median_vs_leaf": _ratio(_median(r["normal_allocate_s"]), _median(base["normal_allocate_s"]) if base else None),
                 "plain_placed": f"{r['normal_placed']}/{len(r['normal_allocate_s'])}",
                 "plain_opened_nodes": r.get("normal_opened_nodes"),
             }
@@ -223,6 +237,7 @@ COLUMNS = (
     ("HyperNodes", "hypernodes_mean"),
     ("allocate ms / replica", "allocate_ms_per_replica"),
     ("vs leaf", "allocate_vs_leaf"),
+    ("vs leaf: fits a node / not", None),
     ("plain ms / gang", "plain_ms_per_gang"),
     ("vs leaf (plain)", "plain_vs_leaf"),
     ("plain: empty nodes opened", "plain_opened_nodes"),
@@ -239,6 +254,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
             elif title.startswith(("nodes used", "leaves used")):
                 what = title.split()[0]
                 cells.append(f"{row[f'used_{what}']}/{row[f'used_{what}_witness']}/{row[f'used_{what}_lower']}")
+            elif title.startswith("vs leaf: fits"):
+                cells.append(f"{row['allocate_vs_leaf_fits_node']} / {row['allocate_vs_leaf_multi_node']}")
             elif key == "placed":
                 cells.append(f"{row['placed']}/{row['replicas']}")
             else:

@@ -566,100 +566,151 @@ func schedule(sc *cache.SchedulerCache, tiers []conf.Tier, configs []conf.Config
 	return out, elapsed
 }
 
-func runOne(t *testing.T, spec Spec, c Case, layout string, s Setting) Result {
-	f := newFabric(c)
+// runner is one (setting, layout) on its own copy of the cluster. The runners of a fabric take turns, one
+// session each, so that every layout sees the same load on a shared machine when its time is taken.
+type runner struct {
+	f       *fabric
+	c       Case
+	layout  string
+	tiers   []conf.Tier
+	configs []conf.Configuration
+	sc      *cache.SchedulerCache
+	used    map[string]int
+	gpusOf  map[string]int
+	res     Result
+	started time.Time
+}
+
+func newRunner(t *testing.T, spec Spec, c Case, f *fabric, layout string, s Setting) *runner {
 	tiers, configs := loadTiers(t, spec.SchedulerConf, s)
-	conf.EnabledActionMap = map[string]bool{"enqueue": true, "allocate": true, "backfill": true}
-	setupStart := time.Now()
-	sc := newCache(f)
-	res := Result{Case: c.Name, Nodes: c.Nodes, Start: c.Start, Layout: layout, Setting: s.Name, SetupSec: time.Since(setupStart).Seconds()}
-	used := map[string]int{}
+	start := time.Now()
+	r := &runner{f: f, c: c, layout: layout, tiers: tiers, configs: configs, sc: newCache(f), used: map[string]int{}, gpusOf: map[string]int{}}
+	r.res = Result{Case: c.Name, Nodes: c.Nodes, Start: c.Start, Layout: layout, Setting: s.Name, SetupSec: time.Since(start).Seconds()}
 	for n, u := range f.initUsed {
-		used[n] = u
+		r.used[n] = u
 	}
-	gangs := c.Gangs
-	res.Optimum = f.optimum(gangs)
-	gpusOf := map[string]int{}
-	for _, g := range append(append([]gang(nil), gangs...), c.Normal...) {
+	for _, g := range append(append([]gang(nil), c.Gangs...), c.Normal...) {
 		for i, p := range podsOf(g) {
-			gpusOf[p.Name] = g.Pods[i]
+			r.gpusOf[p.Name] = g.Pods[i]
 		}
 	}
-	batch := c.Batch
-	if batch <= 0 {
-		batch = 1
+	return r
+}
+
+// session renders the layout from the state before it (as the operator would have), runs one allocate
+// session for these gangs, and books where Volcano put their pods.
+func (r *runner) session(chunk []gang, hard bool) (map[string][]string, float64, int) {
+	info, count := r.f.hyperNodes(r.layout, r.used)
+	r.sc.HyperNodesInfo = info
+	conf.EnabledActionMap = map[string]bool{"enqueue": true, "allocate": true, "backfill": true}
+	where, seconds := schedule(r.sc, r.tiers, r.configs, chunk, hard)
+	return where, seconds, count
+}
+
+func (r *runner) book(g gang) {
+	for n, gpus := range placedGPUs(r.sc, g, r.gpusOf) {
+		r.used[n] += gpus
 	}
-	sessionsStart := time.Now()
-	for first := 0; first < len(gangs); first += batch {
-		chunk := gangs[first:min(first+batch, len(gangs))]
-		// The layout as the operator would have rendered it from the state before this session.
-		info, count := f.hyperNodes(layout, used)
-		sc.HyperNodesInfo = info
-		where, seconds := schedule(sc, tiers, configs, chunk, true)
-		for _, g := range chunk {
-			leafWasUsed := map[string]bool{}
-			for _, n := range f.nodes {
-				if used[n] > 0 {
-					leafWasUsed[f.leafOf[n]] = true
-				}
+}
+
+func (r *runner) replicas(chunk []gang) {
+	f := r.f
+	where, seconds, count := r.session(chunk, true)
+	for _, g := range chunk {
+		leafWasUsed := map[string]bool{}
+		for _, n := range f.nodes {
+			if r.used[n] > 0 {
+				leafWasUsed[f.leafOf[n]] = true
 			}
-			r := GangResult{Kind: g.Kind, GPUs: g.gpus(), FitsNode: g.gpus() <= c.NodeGPUs, AllocateSec: seconds / float64(len(chunk)), HyperNodes: count}
-			if p := where[g.Name]; len(p) == len(g.Pods) {
-				r.Placed = true
-				nodes, leaves := sets.New(p...), sets.New[string]()
-				for n := range nodes {
-					leaves.Insert(f.leafOf[n])
-					if used[n] == 0 {
-						r.OpenedNodes++
-					}
-				}
-				for l := range leaves {
-					if !leafWasUsed[l] {
-						r.OpenedLeafs++
-					}
-				}
-				r.OneNode, r.OneLeaf = nodes.Len() == 1, leaves.Len() == 1
-			}
-			// Book the GPUs where Volcano put them (the cache's tasks are authoritative).
-			for n, gpus := range placedGPUs(sc, g, gpusOf) {
-				used[n] += gpus
-			}
-			res.Gangs = append(res.Gangs, r)
 		}
+		gr := GangResult{Kind: g.Kind, GPUs: g.gpus(), FitsNode: g.gpus() <= r.c.NodeGPUs, AllocateSec: seconds / float64(len(chunk)), HyperNodes: count}
+		if p := where[g.Name]; len(p) == len(g.Pods) {
+			gr.Placed = true
+			nodes, leaves := sets.New(p...), sets.New[string]()
+			for n := range nodes {
+				leaves.Insert(f.leafOf[n])
+				if r.used[n] == 0 {
+					gr.OpenedNodes++
+				}
+			}
+			for l := range leaves {
+				if !leafWasUsed[l] {
+					gr.OpenedLeafs++
+				}
+			}
+			gr.OneNode, gr.OneLeaf = nodes.Len() == 1, leaves.Len() == 1
+		}
+		r.book(g)
+		r.res.Gangs = append(r.res.Gangs, gr)
 	}
-	res.SessionSec = time.Since(sessionsStart).Seconds()
-	// In use at the end of the stream: what the optimum's bounds speak of.
+}
+
+// endOfStream records what is in use once the stream is placed: what the optimum's bounds speak of.
+func (r *runner) endOfStream() {
 	usedLeaves, initLeaves := sets.New[string](), sets.New[string]()
-	for _, n := range f.nodes {
-		if used[n] > 0 {
-			res.UsedNodes++
-			usedLeaves.Insert(f.leafOf[n])
+	for _, n := range r.f.nodes {
+		if r.used[n] > 0 {
+			r.res.UsedNodes++
+			usedLeaves.Insert(r.f.leafOf[n])
 		}
-		if f.initUsed[n] > 0 {
-			res.InitNodes++
-			initLeaves.Insert(f.leafOf[n])
+		if r.f.initUsed[n] > 0 {
+			r.res.InitNodes++
+			initLeaves.Insert(r.f.leafOf[n])
 		}
 	}
-	res.UsedLeafs, res.InitLeafs = usedLeaves.Len(), initLeaves.Len()
-	// Gangs without a topology (another tenant's), after the stream, one per session.
+	r.res.UsedLeafs, r.res.InitLeafs = usedLeaves.Len(), initLeaves.Len()
+}
+
+// plain places one gang without a topology (another tenant's).
+func (r *runner) plain(g gang) {
+	where, seconds, _ := r.session([]gang{g}, false)
+	r.res.NormalSec = append(r.res.NormalSec, seconds)
+	if len(where[g.Name]) == len(g.Pods) {
+		r.res.NormalOK++
+	}
+	for _, n := range sets.List(sets.New(where[g.Name]...)) {
+		if r.used[n] == 0 {
+			r.res.NormalOpen++
+		}
+	}
+	r.book(g)
+}
+
+// runCase runs every (setting, layout) of a fabric in turns: replica i in each, then replica i+1, ...;
+// then the gangs without a topology the same way.
+func runCase(t *testing.T, spec Spec, c Case) []Result {
+	f := newFabric(c)
+	optimum := f.optimum(c.Gangs)
+	var runners []*runner
+	for _, s := range spec.Settings {
+		for _, layout := range c.Layouts {
+			r := newRunner(t, spec, c, f, layout, s)
+			r.res.Optimum = optimum
+			runners = append(runners, r)
+		}
+	}
+	batch := max(c.Batch, 1)
+	for first := 0; first < len(c.Gangs); first += batch {
+		chunk := c.Gangs[first:min(first+batch, len(c.Gangs))]
+		for _, r := range runners {
+			start := time.Now()
+			r.replicas(chunk)
+			r.res.SessionSec += time.Since(start).Seconds()
+		}
+	}
+	for _, r := range runners {
+		r.endOfStream()
+	}
 	for _, g := range c.Normal {
-		info, _ := f.hyperNodes(layout, used)
-		sc.HyperNodesInfo = info
-		where, seconds := schedule(sc, tiers, configs, []gang{g}, false)
-		res.NormalSec = append(res.NormalSec, seconds)
-		if len(where[g.Name]) == len(g.Pods) {
-			res.NormalOK++
-		}
-		for _, n := range sets.List(sets.New(where[g.Name]...)) {
-			if used[n] == 0 {
-				res.NormalOpen++
-			}
-		}
-		for n, gpus := range placedGPUs(sc, g, gpusOf) {
-			used[n] += gpus
+		for _, r := range runners {
+			r.plain(g)
 		}
 	}
-	return res
+	var out []Result
+	for _, r := range runners {
+		out = append(out, r.res)
+	}
+	return out
 }
 
 // placedGPUs reads the gang's pods back from the scheduler cache: node -> GPUs it took there.
@@ -699,21 +750,19 @@ func TestSim(t *testing.T) {
 	defer out.Close()
 	enc := json.NewEncoder(out)
 	for _, c := range spec.Cases {
-		for _, s := range spec.Settings {
-			for _, layout := range c.Layouts {
-				start := time.Now()
-				r := runOne(t, spec, c, layout, s)
-				if err := enc.Encode(r); err != nil {
-					t.Fatal(err)
-				}
-				one := 0
-				for _, g := range r.Gangs {
-					if g.OneNode {
-						one++
-					}
-				}
-				t.Logf("%s %s %s: one node %d/%d (upper %d), %.1fs", c.Name, s.Name, layout, one, len(r.Gangs), r.Optimum.OneNodeUpper, time.Since(start).Seconds())
+		start := time.Now()
+		for _, r := range runCase(t, spec, c) {
+			if err := enc.Encode(r); err != nil {
+				t.Fatal(err)
 			}
+			one := 0
+			for _, g := range r.Gangs {
+				if g.OneNode {
+					one++
+				}
+			}
+			t.Logf("%s %s %s: one node %d/%d (upper %d), sessions %.1fs", c.Name, r.Setting, r.Layout, one, len(r.Gangs), r.Optimum.OneNodeUpper, r.SessionSec)
 		}
+		t.Logf("%s: %.1fs", c.Name, time.Since(start).Seconds())
 	}
 }

@@ -1,0 +1,68 @@
+"""The scale simulator's driver (bench/sim.py): the spec it hands the Go test, and how it reduces the results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench import sim
+from bench.fabric import fragmentation
+from bench.packing import arrivals
+from stormtopo.devenv import cluster
+
+
+def test_the_spec_carries_the_shipped_conf_the_packing_stream_and_the_fragmentation(tmp_path: Path) -> None:
+    spec = sim.spec({64: (5, 2, ("leaf", "node-bucket"))}, ["empty", "fragmented"], ["shipped", "normal-pod-off"], tmp_path / "out")
+    assert spec["scheduler_conf"] == cluster.SCHEDULER_CONF
+    assert [s["name"] for s in spec["settings"]] == ["shipped", "normal-pod-off"]
+    assert spec["settings"][1]["args"] == {"hypernode.binpack.normal-pod.enable": False}
+    empty, fragmented = spec["cases"]
+    assert empty["init_used"] == [0] * 64
+    used = fragmentation([f"node-{i:05d}" for i in range(64)], seed=sim.FRAGMENTATION_SEED)
+    assert fragmented["init_used"] == [used.get(f"node-{i:05d}", 0) for i in range(64)]
+    assert [g["pods"] for g in empty["gangs"]] == [list(a.pod_gpus) for a in arrivals(5, seed=sim.STREAM_SEED)]
+    assert len(empty["normal"]) == 2 and all(g["name"].startswith("plain-") for g in empty["normal"])
+    assert empty["layouts"] == ["leaf", "node-bucket"] and empty["batch"] == 1
+
+
+def _record(layout: str, seconds: float, one_node: int, used_leaves: int) -> dict[str, Any]:
+    gangs = [
+        {"allocate_s": seconds, "one_node": i < one_node, "one_leaf": True, "placed": True, "fits_node": True, "hypernodes": 5}
+        for i in range(4)
+    ]
+    return {
+        "case": "64-empty",
+        "nodes": 64,
+        "start": "empty",
+        "layout": layout,
+        "setting": "shipped",
+        "gangs": gangs,
+        "normal_allocate_s": [seconds / 2],
+        "normal_placed": 1,
+        "normal_opened_nodes": 0,
+        "used_nodes": 4,
+        "used_leaves": used_leaves,
+        "optimum": {
+            "one_node_greedy": 4,
+            "used_nodes_greedy": 4,
+            "used_nodes_lower": 4,
+            "used_leaves_greedy": 1,
+            "used_leaves_lower": 1,
+            "exact": True,
+        },
+    }
+
+
+def test_rows_are_ratios_against_leaf_only_in_the_same_case() -> None:
+    rows = sim.summarise([_record("leaf", 0.1, 2, 1), _record("node-all", 0.4, 4, 2)])
+    leaf, node_all = rows
+    assert (leaf["node_level"], leaf["packing"], leaf["allocate_vs_leaf"]) == (0.5, 1.0, 1.0)
+    assert (node_all["node_level"], node_all["packing"], node_all["allocate_vs_leaf"], node_all["plain_vs_leaf"]) == (1.0, 0.5, 4.0, 4.0)
+    assert node_all["allocate_vs_leaf_multi_node"] is None  # no replica of the stream needed more than a node
+    table = sim.table(rows)
+    assert "| 64 | empty | shipped | node-all | 4/4 | 4/4 | 1.0 |" in table
+
+
+def test_sizes_default_and_override() -> None:
+    assert sim._sizes(None) == sim.DEFAULT_SIZES
+    assert sim._sizes("1024=8,128") == {1024: (8, 32, sim.LAYOUTS), 128: (16, 4, sim.LAYOUTS)}
