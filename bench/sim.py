@@ -89,7 +89,10 @@ def spec(
                     "gangs": [_gang(a.name, a.shape, a.pod_gpus) for a in arrivals(gangs, seed=STREAM_SEED)],
                     "normal": [_gang(f"plain-{a.name}", a.shape, a.pod_gpus) for a in arrivals(normal, seed=NORMAL_SEED)],
                     "layouts": list(layouts),
-                    "bucket_per_free": 2,
+                    # The operator knows how many replicas are pending: as many interchangeable nodes per free
+                    # amount, and as many next empty nodes, as replicas may arrive in one session.
+                    "bucket_per_free": max(2, batch),
+                    "next_empty": batch,
                     "batch": batch,
                 }
             )

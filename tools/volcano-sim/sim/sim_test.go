@@ -72,7 +72,8 @@ type Case struct {
 	Normal         []gang   `json:"normal"`    // gangs without a topology, placed after the stream
 	Layouts        []string `json:"layouts"`
 	BucketPerFree  int      `json:"bucket_per_free"`
-	Batch          int      `json:"batch"` // replicas per scheduling session (1: each arrives after the previous is bound)
+	Batch          int      `json:"batch"`      // replicas per scheduling session (1: each arrives after the previous is bound)
+	NextEmpty      int      `json:"next_empty"` // empty nodes node-partial-next and node-bucket offer at tier 0
 }
 
 type Setting struct {
@@ -234,8 +235,8 @@ func member(name string, t topologyv1alpha1.MemberType) api.MemberConfig {
 //   - leaf:               none (what stormtopo renders today).
 //   - node-all:           every node.
 //   - node-partial:       nodes already partly used, so an empty node opens only through the leaf's choice.
-//   - node-partial-next:  those plus one empty node, the next one to open: the first empty node of the fullest
-//     leaf that has one, so a replica that fits an empty node gets one, in the leaf a best-fit packer would use.
+//   - node-partial-next:  those plus the next empty node(s) to open: the first empty nodes of the fullest leaves
+//     that have one, so a replica that fits an empty node gets one, in the leaf a best-fit packer would use.
 //   - node-bucket:        node-partial-next, but of the partly used nodes only `bucket_per_free` for each amount of
 //     free GPUs (in the fullest leaves): nodes with the same free GPUs are interchangeable for a replica that
 //     must fit one node, and the scheduler's work grows with the number of HyperNodes.
@@ -249,15 +250,18 @@ func (f *fabric) nodeTier(layout string, used map[string]int) []string {
 	// Leaves fullest first, then by name: the order a best-fit packer fills them in.
 	leaves := append([]string(nil), f.leaves...)
 	sort.SliceStable(leaves, func(i, j int) bool { return leafUsed[leaves[i]] > leafUsed[leaves[j]] })
+	// The next empty nodes to open, in the order a best-fit packer opens them: `next_empty` of them (one
+	// per replica that may arrive in one session; 1 when replicas arrive one at a time).
 	next := func() []string {
+		var out []string
 		for _, leaf := range leaves {
 			for _, n := range f.nodesOf[leaf] {
-				if used[n] == 0 {
-					return []string{n}
+				if used[n] == 0 && len(out) < max(f.c.NextEmpty, 1) {
+					out = append(out, n)
 				}
 			}
 		}
-		return nil
+		return out
 	}
 	var out []string
 	switch layout {
