@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stormtopo.core.topology.node_tier import node_tier_members
 from stormtopo.core.topology.selectors import selected_nodes
 from stormtopo.core.topology.tree import NodeSpec, Switch, Topology, TopologyError
 from stormtopo.core.vocabulary import HYPERNODE_API, MANAGED_BY, MANAGED_BY_LABEL, OPERATOR_NAME
@@ -46,8 +47,11 @@ def topology_from_hypernodes(
 ) -> Topology:
     """The tree a cluster's HyperNodes describe, resolved as Volcano does. Node members by exactMatch,
     regexMatch (a search in the names of `nodes`) or labelMatch (against the labels of `nodes`, node name
-    -> labels; given names alone, labelMatch selects nothing). HyperNode members by exactMatch only."""
+    -> labels; given names alone, labelMatch selects nothing). HyperNode members by exactMatch only.
+    A tier-0 HyperNode of one node (the node tier) is read as that node, a member of its parent."""
     hypernodes = list(hypernodes)
+    folded = node_tier_members(hypernodes)
+    hypernodes = [hn for hn in hypernodes if hn["metadata"]["name"] not in folded]
     labels = _labels_by_node(nodes)
     switches: dict[str, Switch] = {}
     parents: dict[str, str] = {}
@@ -61,7 +65,9 @@ def topology_from_hypernodes(
             selector = member.get("selector") or {}
             if member.get("type") == "HyperNode":
                 child = (selector.get("exactMatch") or {}).get("name")
-                if child:
+                if child in folded:
+                    member_nodes.add(folded[child])
+                elif child:
                     children.append(child)
                     parents.setdefault(child, name)
             elif member.get("type") == "Node":
