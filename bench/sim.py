@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--starts", default="empty,fragmented")
     parser.add_argument("--settings", default=",".join(DEFAULT_SETTINGS), help=f"of {', '.join(SETTINGS)}")
     parser.add_argument("--layouts", help=f"only these layouts, of {', '.join(LAYOUTS)} (leaf is always run: the baseline)")
+    parser.add_argument("--plain", type=int, help="gangs without a topology per case (default 32 / 8 / 4 by size)")
     parser.add_argument("--batch", type=int, default=1, help="replicas per scheduling session (default 1: one at a time)")
     parser.add_argument("--name", default="sim", help="results file stem (bench/results/NAME.json, NAME.md)")
     args = parser.parse_args(argv)
@@ -294,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.layouts:
         wanted = ("leaf", *[layout for layout in args.layouts.split(",") if layout != "leaf"])
         sizes = {n: (g, p, tuple(layout for layout in wanted if layout in LAYOUTS)) for n, (g, p, _) in sizes.items()}
+    if args.plain is not None:
+        sizes = {n: (g, args.plain, layouts) for n, (g, _, layouts) in sizes.items()}
     settings = args.settings.split(",")
     started = time.monotonic()
     records = run(sizes, args.starts.split(","), settings, args.batch)
