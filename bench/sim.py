@@ -314,7 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         "records": records,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    # One line per row and per record: the per-replica records make an indented file large.
+    lines = [json.dumps({k: v for k, v in result.items() if k not in ("rows", "records")})[:-1] + ', "rows": [']
+    lines.append(",\n".join(json.dumps(row) for row in rows) + '], "records": [')
+    lines.append(",\n".join(json.dumps(record, separators=(",", ":")) for record in records) + "]}")
+    (RESULTS / f"{args.name}.json").write_text("\n".join(lines) + "\n")
     text = table(rows)
     (RESULTS / f"{args.name}.md").write_text(text + "\n")
     print(text)
