@@ -258,7 +258,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
                 what = title.split()[0]
                 cells.append(f"{row[f'used_{what}']}/{row[f'used_{what}_witness']}/{row[f'used_{what}_lower']}")
             elif title.startswith("vs leaf: fits"):
-                cells.append(f"{row['allocate_vs_leaf_fits_node']} / {row['allocate_vs_leaf_multi_node']}")
+                fits, big = row["allocate_vs_leaf_fits_node"], row["allocate_vs_leaf_multi_node"]
+                cells.append(f"{'—' if fits is None else fits} / {'—' if big is None else big}")
             elif key == "placed":
                 cells.append(f"{row['placed']}/{row['replicas']}")
             else:
