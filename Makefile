@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit integration bench bench-quick bench-sim binaries prometheus clean soak compat lock
+.PHONY: demo test lint unit integration bench bench-quick bench-sim bench-heal binaries prometheus clean soak compat lock
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,12 @@ bench: binaries
 	$(BIN)/python -m bench --scale 1000
 	$(BIN)/python -m bench --admission
 	$(BIN)/python -m bench --scale-nodes
+
+# Healing under churn (issue 23), BENCHMARKS.md "Healing": the same seeded stream of soft tier-1
+# StormServices on 256 fragmented nodes, without and with stormtopo.io/heal; 6 simulated hours at 30x,
+# about 30 minutes on 2 cores (`python -m bench --heal --quick`: 2 simulated hours at 60x, about 15).
+bench-heal: binaries
+	$(BIN)/python -m bench --heal
 
 # The soak of RELIABILITY.md, about 20 minutes on 2 cores: 20 SIGKILLs each of kube-apiserver, etcd,
 # vc-scheduler, AIBrix and the operator's leader during churn. STORMTOPO_SOAK_SEED=N repeats a run.

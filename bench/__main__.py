@@ -156,11 +156,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sim", action="store_true", help="only the scale simulator, no cluster (make bench-sim; python -m bench.sim for its options)"
     )
+    parser.add_argument(
+        "--heal",
+        action="store_true",
+        help="only healing under churn, with and without, 256 nodes (with --quick: 2 simulated hours, about 15 minutes)",
+    )
     args = parser.parse_args(argv)
     if args.sim:
         from bench import sim
 
         return sim.main([])
+    if args.heal:
+        from bench import healing
+
+        healing.main(quick=args.quick)
+        return 0
     if args.foreign_pods:
         from bench import foreign_pods
 

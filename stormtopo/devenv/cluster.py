@@ -145,6 +145,7 @@ def up(
     timeout: float = 120.0,
     vc_controllers: tuple[str, ...] = ("queue-controller", "pg-controller"),
     audit: bool = False,
+    operator_args: tuple[str, ...] = (),
 ) -> Path:
     """Start the control plane; return the kubeconfig path. Raises AlreadyRunning or ClusterError.
 
@@ -152,7 +153,8 @@ def up(
     gives a pod that asks for Volcano and names no PodGroup one of its own, so that such a pod (a
     StormService without a scheduling strategy, and no stormtopo request or an invalid one) is placed.
     `audit` writes the API server's audit log (request metadata, with user agents) to
-    DIR/logs/audit.log, for counting requests per client.
+    DIR/logs/audit.log, for counting requests per client. `operator_args` are added to the operator's
+    command line (e.g. a shorter --heal-interval and --heal-cooldown for a time-compressed benchmark).
     """
     state_dir = state_dir.resolve()
     topology = parse_topology(topology_file.read_text()) if topology_file else None
@@ -173,7 +175,7 @@ def up(
     state_dir.mkdir(parents=True, exist_ok=True)
     ports = Ports.pick()
     try:
-        cluster = _Starter(state_dir, binaries, ports, vc_controllers, audit)
+        cluster = _Starter(state_dir, binaries, ports, vc_controllers, audit, operator_args)
         cluster.start_all(topology, with_operator, timeout)
     except BaseException:
         down(state_dir)
@@ -182,7 +184,7 @@ def up(
     return state_dir / "kubeconfig"
 
 
-def start_operator(state_dir: Path, timeout: float = 60.0) -> processes.Tracked:
+def start_operator(state_dir: Path, timeout: float = 60.0, extra: tuple[str, ...] = ()) -> processes.Tracked:
     """Start stormtopo's operator and webhook for the cluster in `state_dir` (also used to restart it)."""
     ports = json.loads((state_dir / "cluster.json").read_text())["ports"]
     operator = processes.start(
@@ -196,6 +198,7 @@ def start_operator(state_dir: Path, timeout: float = 60.0) -> processes.Tracked:
             f"--webhook-port={ports['operator_webhook']}",
             f"--metrics-port={ports['operator_metrics']}",
             "--webhook-host=127.0.0.1",
+            *extra,
         ],
         env=operator_env(state_dir),
     )
@@ -253,8 +256,17 @@ class _Launched:
 
 
 class _Starter:
-    def __init__(self, state_dir: Path, binaries: dict[str, Path], ports: Ports, vc_controllers: tuple[str, ...], audit: bool) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        binaries: dict[str, Path],
+        ports: Ports,
+        vc_controllers: tuple[str, ...],
+        audit: bool,
+        operator_args: tuple[str, ...] = (),
+    ) -> None:
         self.vc_controllers = vc_controllers
+        self.operator_args = operator_args
         self.audit = audit
         self.dir = state_dir
         self.bin = binaries
@@ -511,7 +523,7 @@ class _Starter:
         return _Launched(kwok, lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"))
 
     def _start_operator(self, timeout: float) -> None:
-        start_operator(self.dir, timeout)
+        start_operator(self.dir, timeout, self.operator_args)
 
     def _install_crds(self) -> None:
         files = crd_files()
