@@ -67,7 +67,7 @@ def test_samples_integrate_tier_time_moves_and_unavailability() -> None:
     assert out.within_tier1_seconds == pytest.approx(10 + 20)  # b over 0..10, a over 20..40
     assert out.unavailable_seconds == pytest.approx(10 + 10 + 10)  # a over 10..20; b, once ready, over 10..30
     assert out.optimum_seconds == pytest.approx(1 * 10 + 2 * 20 + 1 * 10)  # bounded by the optimum at 0, then by those placed
-    assert out.moves == {"a": [20.0]}
+    assert out.moves == {"a": [20.0]} and out.moved_wide == 0
 
 
 def test_a_replica_counts_from_its_first_placement() -> None:
