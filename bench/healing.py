@@ -435,12 +435,12 @@ def kv_transfer(
         row: dict[str, Any] = {"load": load}
         for mode, moments_placed in placed.items():
             times: list[float] = []
-            for i, reps in enumerate(moments_placed):
-                if not reps:
+            for i, replicas in enumerate(moments_placed):
+                if not replicas:
                     continue
                 fabric = kvflow.Fabric(topology, kv, 2)
-                reqs = kvflow.arrivals(reps, kv, load, size.requests, seed + i)
-                times += kvflow.simulate(fabric, reps, reqs)[warmup:]
+                reqs = kvflow.arrivals(replicas, kv, load, size.requests, seed + i)
+                times += kvflow.simulate(fabric, replicas, reqs)[warmup:]
             row[mode] = {
                 "p50_ms": round(kvflow.percentile(times, 50) * 1e3, 3) if times else None,
                 "p99_ms": round(kvflow.percentile(times, 99) * 1e3, 3) if times else None,
