@@ -381,6 +381,7 @@ def run_mode(
     stop.set()
     thread.join()
     after = {m: _metric(metrics_port, m) for m in METRICS}
+    said = healing_events(client, namespace)
     client.delete_namespace(namespace, wait=180)
     facts = {
         "warmup_s": round(warmup, 1),
@@ -388,8 +389,34 @@ def run_mode(
         "most_late_s": round(late, 2),
         "samples": len(samples),
         "operator": {m: round(after[m] - before[m], 3) for m in METRICS},
+        "events": said,
     }
     return samples, facts
+
+
+WHY_NOT = {  # the planner's reasons a wide replica is not moved, by the words of its Event
+    "no room": "no domain within tier",
+    "another replica moving": "is moving; one replica",
+    "cool-down": "the cool-down of",
+    "back-off": "an eviction was refused",
+    "service budget": "other replicas are ready",
+    "PodDisruptionBudget": "PodDisruptionBudget",
+}
+
+
+def healing_events(client: DevCluster, namespace: str) -> dict[str, int]:
+    """The operator's healing Events in the namespace, by reason (and why not moved)."""
+    counts: dict[str, int] = {}
+    for event in client.core.list_namespaced_event(namespace).items:
+        if event.reason == "ReplicaNotMoved":
+            why = next((k for k, words in WHY_NOT.items() if words in (event.message or "")), "other")
+            key = f"ReplicaNotMoved: {why}"
+        elif event.reason in ("ReplicaMoving", "ReplicaPlaced"):
+            key = event.reason
+        else:
+            continue
+        counts[key] = counts.get(key, 0) + (event.count or 1)
+    return dict(sorted(counts.items()))
 
 
 METRICS = (
