@@ -77,8 +77,8 @@ class Size:
     snapshots: int  # moments whose placements feed the flow simulation
 
 
-QUICK = Size((4, 8, 8), factor=60.0, hours=2.0, live=80, lifetime=HOUR, sample=1.0, requests=1000, snapshots=4)
-FULL = Size((4, 8, 8), factor=30.0, hours=6.0, live=80, lifetime=HOUR, sample=1.0, requests=2000, snapshots=8)
+QUICK = Size((4, 16, 4), factor=60.0, hours=2.0, live=64, lifetime=HOUR, sample=1.0, requests=1000, snapshots=4)
+FULL = Size((4, 16, 4), factor=30.0, hours=6.0, live=64, lifetime=HOUR, sample=1.0, requests=2000, snapshots=8)
 SMOKE = Size((2, 2, 4), factor=60.0, hours=0.5, live=6, lifetime=900.0, sample=2.0, requests=200, snapshots=2)  # plumbing only
 
 
