@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only healing under churn, with and without, 256 nodes (with --quick: 2 simulated hours, about 15 minutes)",
     )
+    parser.add_argument("--seed", type=int, default=23, help="with --heal: the churn stream's seed")
     args = parser.parse_args(argv)
     if args.sim:
         from bench import sim
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.heal:
         from bench import healing
 
-        healing.main(quick=args.quick)
+        healing.main(quick=args.quick, seed=args.seed)
         return 0
     if args.foreign_pods:
         from bench import foreign_pods

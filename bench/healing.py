@@ -601,7 +601,8 @@ def main(quick: bool, smoke: bool = False, seed: int = 23) -> dict[str, Any]:
     out = run(size, seed)
     results = Path(__file__).resolve().parent / "results"
     results.mkdir(exist_ok=True)
-    name = "healing-smoke.json" if smoke else "healing-quick.json" if quick else "healing.json"
+    name = "healing-smoke" if smoke else "healing-quick" if quick else "healing"
+    name += ".json" if seed == 23 else f"-seed{seed}.json"
     (results / name).write_text(json.dumps(out, indent=2, default=str))
     print(markdown(out))
     print(json.dumps({k: out[k] for k in ("seconds", "optimum")}))
