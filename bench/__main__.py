@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--heal",
         action="store_true",
-        help="only healing under churn, with and without, 256 nodes (with --quick: 2 simulated hours, about 15 minutes)",
+        help="only healing under churn, with and without, 256 nodes (with --quick: 2 simulated hours, about 10 minutes)",
     )
     parser.add_argument("--seed", type=int, default=23, help="with --heal: the churn stream's seed")
     args = parser.parse_args(argv)

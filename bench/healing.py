@@ -59,7 +59,7 @@ from stormtopo.devenv import cluster
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import filler_pod, stormservice
 from stormtopo.kvtransfer import crossed_tier, parse_kv_model
-from stormtopo.operator.healing import INTERVAL
+from stormtopo.operator.config import HEAL_INTERVAL
 
 SOFT_LEAF = {MODE: "soft", HIGHEST_TIER: "1"}
 HOUR = 3600.0
@@ -518,7 +518,7 @@ def run(size: Size, seed: int = 23) -> dict[str, Any]:
     by_name = {s.name: s for s in stream}
     used = fragmentation(nodes, seed=7)
     free = {n: topology.nodes[n].gpus - used.get(n, 0) for n in nodes}
-    interval = max(1.0, INTERVAL / size.factor)
+    interval = max(1.0, HEAL_INTERVAL / size.factor)
     cooldown = COOLDOWN / size.factor
     out: dict[str, Any] = {
         "seed": seed,
