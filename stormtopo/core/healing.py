@@ -213,6 +213,35 @@ def _healing_tier(stormservice: Mapping[str, Any], tiers: ClusterTiers, topology
     return allowed_tier(request, topology)  # None: soft with no tier, any placement is within it
 
 
+def set_aside(
+    free: Mapping[str, int],
+    topology: Topology,
+    stormservice: Mapping[str, Any],
+    rolesets: Sequence[Mapping[str, Any]],
+    placed_since: Mapping[str, int],
+) -> dict[str, int]:
+    """Free GPUs with room set aside for this service's replicas that are moving and not yet placed:
+    their pods are evicted and pending, so nothing of theirs reads as used, but their target is taken.
+    Without this, a second service's replica, planned in the same pass or the next, would be moved into
+    the same room, and one of the two would wait, held, for nothing. `placed_since`: per replica, its
+    pods bound since its move began. Each pod is set aside on the target's node with the least room
+    that holds it, as the packing check would place it."""
+    out = dict(free)
+    spec_of = {str(r["metadata"]["name"]): r.get("spec") or {} for r in rolesets}
+    for replica, move in recorded_moves(stormservice).items():
+        target = move.get("to")
+        if move.get("done") or not isinstance(target, str) or target not in topology.switches or replica not in spec_of:
+            continue
+        wanted = sorted(replica_pods(spec_of[replica]), reverse=True)[placed_since.get(replica, 0) :]
+        nodes = [n for n in topology.nodes_under(target) if n in out]
+        for gpus in wanted:
+            fitting = [n for n in nodes if out[n] >= gpus]
+            if fitting:
+                node = min(fitting, key=lambda n: (out[n], n))
+                out[node] -= gpus
+    return out
+
+
 def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool = True) -> HealPlan:
     """Moves under way looked after (finished, resumed, settled), then at most one replica to move now.
 

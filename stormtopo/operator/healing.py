@@ -23,7 +23,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.healing import COOLDOWN, HealMemory, HealPlan, HealSnapshot, Replica, may_need_healing, plan_healing, plan_refused
+from stormtopo.core.healing import (
+    COOLDOWN,
+    HealMemory,
+    HealPlan,
+    HealSnapshot,
+    Replica,
+    may_need_healing,
+    plan_healing,
+    plan_refused,
+    set_aside,
+)
+from stormtopo.core.moves import recorded_moves
 from stormtopo.core.placement import merge_placements
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.writes import EvictPod, RecordMove, Write
@@ -108,7 +119,7 @@ class Healer:
         )
         budgets = await asyncio.to_thread(self.api.disruption_budgets, namespace)
         if self._free is None:
-            self._free = await self.explainer.free_gpus()
+            self._free = self._set_aside(await self.explainer.free_gpus())
         rolesets = self.index.rolesets_of(namespace, name)
         replicas = tuple(
             Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))
@@ -127,6 +138,21 @@ class Healer:
             podgroups,
         )
 
+    def _set_aside(self, free: dict[str, int], only: Key | None = None) -> dict[str, int]:
+        """The pass's reading of free GPUs, less the targets of moves under way (of every service, or
+        of `only`) whose pods are not placed yet: from the index, no API read."""
+        topology = self.index.topology()
+        for key, stormservice in self.index.stormservices.items():
+            if only is not None and key != only:
+                continue
+            rolesets = self.index.rolesets_of(*key)
+            placed = {
+                r["metadata"]["name"]: _placed_since(self.index.pods_of(key[0], r["metadata"]["name"]), stormservice, r["metadata"]["name"])
+                for r in rolesets
+            }
+            free = set_aside(free, topology, stormservice, rolesets, placed)
+        return free
+
     async def carry_out(self, key: Key, snapshot: HealSnapshot, plan: HealPlan) -> None:
         """In order: the records (conditional: none lands, nothing else is done), the Events, the
         PodGroups held or let go, then the evictions, each only while this replica still leads. The
@@ -134,6 +160,8 @@ class Healer:
         records = [w for w in plan.writes if isinstance(w, RecordMove)]
         if records and not await self._record(records):
             return  # the StormService changed since it was read: plan again at the next pass
+        if plan.moving is not None and self._free is not None:
+            self._free = self._set_aside(self._free, key)  # its target is taken for the rest of this pass
         for settled in plan.settled:
             if settled.unavailable is not None:
                 metrics.MOVE_UNAVAILABLE_SECONDS.observe(settled.unavailable)
@@ -173,6 +201,19 @@ class Healer:
         if updated:
             self.index.observe("StormService", "MODIFIED", updated)
         return True
+
+
+def _placed_since(pods: list[dict[str, Any]], stormservice: dict[str, Any], replica: str) -> int:
+    """Pods of a moving replica bound since its move began (the index's admitted pods)."""
+    move = recorded_moves(stormservice).get(replica) or {}
+    at = str(move.get("at") or "")
+    return sum(
+        1
+        for p in pods
+        if (p.get("spec") or {}).get("nodeName")
+        and not p["metadata"].get("deletionTimestamp")
+        and str(p["metadata"].get("creationTimestamp") or "") >= at
+    )
 
 
 def record_moves(api: Api, writes: list[RecordMove]) -> dict[str, Any]:

@@ -396,3 +396,21 @@ def test_an_empty_replica_and_a_drained_node_never_move_anything() -> None:
 def test_nowhere_to_go_quiets_the_service_for_a_while() -> None:
     plan = plan_healing(snap(service(SOFT1), WIDE, busy={**BUSY, "node0": 4}), HealMemory())
     assert plan.memory.quiet_until == NOW + NO_ROOM_RECHECK
+
+
+def test_a_move_under_way_takes_its_target_so_no_second_service_is_moved_into_the_same_room() -> None:
+    from stormtopo.core.healing import set_aside
+
+    svc = service(SOFT1)
+    plan = plan_healing(snap(svc, WIDE), HealMemory())
+    record = next(w for w in plan.writes if isinstance(w, RecordMove)).record
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": dict(record)})
+    # Its pods evicted and pending: node0, node1 and node3 read free. Another service's wide replica holds
+    # node3 and node5; planned against the raw reading it would be moved into s0 too.
+    evicted = free({**BUSY, "node1": 0})
+    taken = set_aside(evicted, TOPOLOGY, svc, [WIDE.roleset], {})
+    assert taken["node0"] + taken["node1"] == 0
+    other = replica("svc-a", "node3", "node5")
+    assert plan_healing(replace(snap(service(SOFT1), other), free=evicted), HealMemory()).moving is not None
+    assert plan_healing(replace(snap(service(SOFT1), other), free=taken), HealMemory()).moving is None
+    assert set_aside(evicted, TOPOLOGY, svc, [WIDE.roleset], {"svc-a": 2}) == evicted  # placed: nothing set aside
