@@ -20,7 +20,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = REPO_ROOT / "tools"
 
-KUBERNETES_VERSION = "v1.35.3"
 VOLCANO_APIS_BASE = "v1.14.0"  # the newest volcano.sh/apis the module proxy serves; see tools/k8s135
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
@@ -31,10 +30,23 @@ HELM_VERSION = "v3.19.0"
 # their own k8s.io modules. `make compat` runs every pair; `dev up` runs the newest unless told otherwise.
 AIBRIX_WRAPPERS = {"v0.6.0": "aibrix/v0.6.0", "v0.7.0": "aibrix/v0.7.0"}
 VOLCANO_WRAPPERS = {"v1.14.1": "volcano/v1.14.1", "v1.15.0": "volcano/v1.15.0", "v1.15.1": "k8s135"}
+# The Kubernetes axis: kube-apiserver, kube-controller-manager and kube-scheduler of each release, oldest
+# first. kubectl stays v1.35.3 (tools/k8s135) whatever runs: `dev up` only applies manifests and waits with it.
+KUBERNETES_WRAPPERS = {
+    "v1.30.14": "kubernetes/v1.30.14",
+    "v1.33.13": "kubernetes/v1.33.13",
+    "v1.35.3": "k8s135",
+    "v1.38.0-beta.0": "kubernetes/v1.38.0-beta.0",
+}
+# Releases whose go.mod asks for a newer Go than the installed 1.26: built with this toolchain only.
+KUBERNETES_TOOLCHAINS = {"v1.38.0-beta.0": "go1.27.3"}
+DEFAULT_KUBERNETES = "v1.35.3"
 SERVED_AIBRIX = tuple(AIBRIX_WRAPPERS)
 SERVED_VOLCANO = tuple(VOLCANO_WRAPPERS)
+SERVED_KUBERNETES = tuple(KUBERNETES_WRAPPERS)
 AIBRIX_VERSION = os.environ.get("STORMTOPO_AIBRIX_VERSION", SERVED_AIBRIX[-1])
 VOLCANO_VERSION = os.environ.get("STORMTOPO_VOLCANO_VERSION", SERVED_VOLCANO[-1])
+KUBERNETES_VERSION = os.environ.get("STORMTOPO_KUBERNETES_VERSION", DEFAULT_KUBERNETES)
 
 
 class BuildError(RuntimeError):
@@ -62,6 +74,7 @@ class Component:
     package: str
     ldflags: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
+    toolchain: str = ""  # GOTOOLCHAIN for this build only; empty: the installed Go
     # Files besides go.mod/go.sum whose content changes the binary (part of the cache key).
     extra_inputs: tuple[str, ...] = field(default=())
 
@@ -75,12 +88,26 @@ class Component:
             path = self.module_dir / rel
             if path.exists():
                 digest.update(rel.encode() + b"\0" + path.read_bytes())
-        digest.update(repr((self.package, self.ldflags, self.tags)).encode())
+        built_with = (self.package, self.ldflags, self.tags, *([self.toolchain] if self.toolchain else []))
+        digest.update(repr(built_with).encode())
         return f"{self.name}-{self.version}-{digest.hexdigest()[:12]}"
 
 
-_K8S = _k8s_version_ldflags(KUBERNETES_VERSION)
 _K8S135_INPUTS = ("apis-compat/scheduling_v1beta1.go",)  # kube-* share the module with Volcano v1.15.1
+
+
+def _kubernetes(name: str, version: str) -> Component:
+    """A Kubernetes binary of `version`, built from that release's wrapper (tools/k8s135 for v1.35.3)."""
+    module = KUBERNETES_WRAPPERS.get(version, f"kubernetes/{version}")
+    return Component(
+        name,
+        version,
+        module,
+        f"k8s.io/kubernetes/cmd/{name}",
+        _k8s_version_ldflags(version),
+        toolchain=KUBERNETES_TOOLCHAINS.get(version, ""),
+        extra_inputs=_K8S135_INPUTS if module == "k8s135" else (),
+    )
 
 
 def _volcano_inputs(module: str) -> tuple[str, ...]:
@@ -89,7 +116,7 @@ def _volcano_inputs(module: str) -> tuple[str, ...]:
     return tuple(sorted(f"apis-compat/{shim.name}" for shim in shims))
 
 
-def _components(aibrix: str, volcano: str) -> dict[str, Component]:
+def _components(aibrix: str, volcano: str, kubernetes: str) -> dict[str, Component]:
     volcano_module = VOLCANO_WRAPPERS.get(volcano, f"volcano/{volcano}")
     volcano_ldflags = (f"-X volcano.sh/volcano/pkg/version.Version={volcano}",)
     volcano_inputs = _volcano_inputs(volcano_module)
@@ -97,21 +124,10 @@ def _components(aibrix: str, volcano: str) -> dict[str, Component]:
         c.name: c
         for c in (
             Component("etcd", ETCD_VERSION, "etcd", "go.etcd.io/etcd/server/v3"),
-            Component(
-                "kube-apiserver", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kube-apiserver", _K8S, extra_inputs=_K8S135_INPUTS
-            ),
-            Component(
-                "kube-controller-manager",
-                KUBERNETES_VERSION,
-                "k8s135",
-                "k8s.io/kubernetes/cmd/kube-controller-manager",
-                _K8S,
-                extra_inputs=_K8S135_INPUTS,
-            ),
-            Component(
-                "kube-scheduler", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kube-scheduler", _K8S, extra_inputs=_K8S135_INPUTS
-            ),
-            Component("kubectl", KUBERNETES_VERSION, "k8s135", "k8s.io/kubernetes/cmd/kubectl", _K8S, extra_inputs=_K8S135_INPUTS),
+            _kubernetes("kube-apiserver", kubernetes),
+            _kubernetes("kube-controller-manager", kubernetes),
+            _kubernetes("kube-scheduler", kubernetes),
+            _kubernetes("kubectl", DEFAULT_KUBERNETES),
             Component(
                 "vc-scheduler", volcano, volcano_module, "volcano.sh/volcano/cmd/scheduler", volcano_ldflags, extra_inputs=volcano_inputs
             ),
@@ -138,23 +154,27 @@ def _components(aibrix: str, volcano: str) -> dict[str, Component]:
     }
 
 
-COMPONENTS: dict[str, Component] = _components(AIBRIX_VERSION, VOLCANO_VERSION)
+COMPONENTS: dict[str, Component] = _components(AIBRIX_VERSION, VOLCANO_VERSION, KUBERNETES_VERSION)
 
 
-def select_versions(aibrix: str | None = None, volcano: str | None = None) -> None:
-    """Build and run these AIBrix and Volcano releases in this process and the processes it starts.
+def select_versions(aibrix: str | None = None, volcano: str | None = None, kubernetes: str | None = None) -> None:
+    """Build and run these AIBrix, Volcano and Kubernetes releases in this process and the processes it starts.
 
-    `None` keeps the current choice (STORMTOPO_AIBRIX_VERSION / STORMTOPO_VOLCANO_VERSION, else the newest).
+    `None` keeps the current choice (STORMTOPO_AIBRIX_VERSION, STORMTOPO_VOLCANO_VERSION and
+    STORMTOPO_KUBERNETES_VERSION; else the newest AIBrix and Volcano, and Kubernetes v1.35.3).
     """
-    global AIBRIX_VERSION, VOLCANO_VERSION
-    aibrix, volcano = aibrix or AIBRIX_VERSION, volcano or VOLCANO_VERSION
-    for what, version, served in (("AIBrix", aibrix, SERVED_AIBRIX), ("Volcano", volcano, SERVED_VOLCANO)):
+    global AIBRIX_VERSION, VOLCANO_VERSION, KUBERNETES_VERSION
+    aibrix, volcano, kubernetes = aibrix or AIBRIX_VERSION, volcano or VOLCANO_VERSION, kubernetes or KUBERNETES_VERSION
+    chosen = (("AIBrix", aibrix, SERVED_AIBRIX), ("Volcano", volcano, SERVED_VOLCANO), ("Kubernetes", kubernetes, SERVED_KUBERNETES))
+    for what, version, served in chosen:
         if version not in served:
             raise BuildError(f"no wrapper for {what} {version}: tools/ builds {', '.join(served)}")
-    AIBRIX_VERSION, VOLCANO_VERSION = aibrix, volcano
-    os.environ.update(STORMTOPO_AIBRIX_VERSION=AIBRIX_VERSION, STORMTOPO_VOLCANO_VERSION=VOLCANO_VERSION)
+    AIBRIX_VERSION, VOLCANO_VERSION, KUBERNETES_VERSION = aibrix, volcano, kubernetes
+    os.environ.update(
+        STORMTOPO_AIBRIX_VERSION=AIBRIX_VERSION, STORMTOPO_VOLCANO_VERSION=VOLCANO_VERSION, STORMTOPO_KUBERNETES_VERSION=KUBERNETES_VERSION
+    )
     COMPONENTS.clear()  # in place: callers hold the dict
-    COMPONENTS.update(_components(AIBRIX_VERSION, VOLCANO_VERSION))
+    COMPONENTS.update(_components(AIBRIX_VERSION, VOLCANO_VERSION, KUBERNETES_VERSION))
 
 
 # What `dev up` runs; helm is only built for the chart tests.
@@ -175,10 +195,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("STORMTOPO_CACHE_DIR", Path.home() / ".cache" / "stormtopo"))
 
 
-def go_env() -> dict[str, str]:
+def go_env(toolchain: str = "") -> dict[str, str]:
     env = dict(os.environ)
     # Wrappers pin every module in go.mod; -mod=mod lets go.sum be completed on a cold module cache.
-    env.update(GOFLAGS="-mod=mod", CGO_ENABLED="0", GOTOOLCHAIN=env.get("GOTOOLCHAIN", "local"))
+    env.update(GOFLAGS="-mod=mod", CGO_ENABLED="0", GOTOOLCHAIN=toolchain or env.get("GOTOOLCHAIN", "local"))
     return env
 
 
@@ -188,8 +208,8 @@ def module_dir_of(module: str, path: str, version: str) -> Path:
     return Path(json.loads(out)["Dir"])
 
 
-def _go(args: list[str], cwd: Path, what: str) -> str:
-    proc = subprocess.run(["go", *args], cwd=cwd, env=go_env(), capture_output=True, text=True)
+def _go(args: list[str], cwd: Path, what: str, toolchain: str = "") -> str:
+    proc = subprocess.run(["go", *args], cwd=cwd, env=go_env(toolchain), capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
         raise BuildError(f"building {what}: `go {' '.join(args)}` failed in {cwd}:\n{tail}")
@@ -270,7 +290,7 @@ def ensure_binary(name: str, log: bool = True) -> Path:
             args += ["-tags", ",".join(component.tags)]
         if component.ldflags:
             args += ["-ldflags", " ".join(component.ldflags)]
-        _go([*args, component.package], cwd=component.module_dir, what=f"{component.name} {component.version}")
+        _go([*args, component.package], cwd=component.module_dir, what=f"{component.name} {component.version}", toolchain=component.toolchain)
         os.replace(str(path) + ".tmp", path)
     return path
 
