@@ -27,7 +27,7 @@ def _select_versions(args: argparse.Namespace) -> bool:
     from stormtopo.devenv import components
 
     try:
-        components.select_versions(args.aibrix_version, args.volcano_version)
+        components.select_versions(args.aibrix_version, args.volcano_version, args.kubernetes_version)
     except components.BuildError as exc:
         print(f"stormtopo: {exc}", file=sys.stderr)
         return False
@@ -206,6 +206,10 @@ def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
     for releases in (up, build):  # COMPATIBILITY.md lists the served releases; `make compat` runs every pair
         releases.add_argument("--aibrix-version", help="AIBrix release (default: $STORMTOPO_AIBRIX_VERSION, else the newest served)")
         releases.add_argument("--volcano-version", help="Volcano release (default: $STORMTOPO_VOLCANO_VERSION, else the newest served)")
+        releases.add_argument(
+            "--kubernetes-version",
+            help="kube-apiserver, kube-controller-manager and kube-scheduler release (default: $STORMTOPO_KUBERNETES_VERSION, else v1.35.3)",
+        )
     kube = argparse.ArgumentParser(add_help=False)
     kube.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
     kube.add_argument("--context", help="the kubeconfig context to use (default: its current context)")

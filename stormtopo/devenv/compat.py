@@ -1,12 +1,15 @@
-"""`make compat`: the compatibility scenario on the real control plane, for every served AIBrix x Volcano pair.
+"""`make compat`: the compatibility scenario on the real control plane, for every served release combination.
 
-Each pair is one dev cluster (examples/topology/aibrix-1730.yaml), started only while holding the shared
+Two axes: every served AIBrix x Volcano pair on Kubernetes v1.35.3, and the newest pair on every other
+served Kubernetes release (kube-apiserver, kube-controller-manager and kube-scheduler of that release).
+Each run is one dev cluster (examples/topology/aibrix-1730.yaml), started only while holding the shared
 cluster lock, so the machine never runs two clusters. The scenario is the integration tests that prove the
-README's promises (SCENARIO), run against that cluster with STORMTOPO_TEST_STATE_DIR. Each pair's result is
+README's promises (SCENARIO), run against that cluster with STORMTOPO_TEST_STATE_DIR. Each result is
 written to COMPATIBILITY.md's first table, and pytest's output and the cluster's logs kept in build/compat/.
 
-    python -m stormtopo.devenv.compat                      # every pair
-    python -m stormtopo.devenv.compat --pair v0.6.0 v1.14.1
+    python -m stormtopo.devenv.compat                           # every pair, and every Kubernetes release
+    python -m stormtopo.devenv.compat --pair v0.6.0 v1.14.1     # one pair on Kubernetes v1.35.3
+    python -m stormtopo.devenv.compat --kubernetes v1.30.14     # the newest pair on one Kubernetes release
 """
 
 from __future__ import annotations
@@ -48,12 +51,18 @@ WHAT_RAN = "`make compat`: seed scenario, 3 replicas scaled to 4, nested placeme
 
 @dataclass(frozen=True)
 class Pair:
+    """One run's releases: an AIBrix x Volcano pair on a Kubernetes release."""
+
     aibrix: str
     volcano: str
+    kubernetes: str = components.DEFAULT_KUBERNETES
 
     @property
     def slug(self) -> str:
-        return f"aibrix-{self.aibrix}_volcano-{self.volcano}"
+        return f"aibrix-{self.aibrix}_volcano-{self.volcano}_kubernetes-{self.kubernetes}"
+
+    def __str__(self) -> str:
+        return f"AIBrix {self.aibrix} x Volcano {self.volcano} on Kubernetes {self.kubernetes}"
 
 
 @dataclass
@@ -72,6 +81,13 @@ class Outcome:
 
 def served_pairs() -> list[Pair]:
     return [Pair(a, v) for a in components.SERVED_AIBRIX for v in components.SERVED_VOLCANO]
+
+
+def kubernetes_axis(releases: list[str] | None = None) -> list[Pair]:
+    """The newest pair on each Kubernetes release (default: every served release but v1.35.3, which the pairs run on)."""
+    if releases is None:
+        releases = [k for k in components.SERVED_KUBERNETES if k != components.DEFAULT_KUBERNETES]
+    return [Pair(components.SERVED_AIBRIX[-1], components.SERVED_VOLCANO[-1], k) for k in releases]
 
 
 @contextmanager
@@ -94,11 +110,14 @@ def embedded_version(binary: Path, module: str) -> str:
 
 def build(pair: Pair) -> float:
     """Build (or find cached) the pair's binaries, outside the lock; check each embeds the release asked for."""
-    components.select_versions(pair.aibrix, pair.volcano)
+    components.select_versions(pair.aibrix, pair.volcano, pair.kubernetes)
     started = time.monotonic()
     binaries = components.ensure_binaries()
     took = time.monotonic() - started
     for name, module, want in (
+        ("kube-apiserver", "k8s.io/kubernetes", pair.kubernetes),
+        ("kube-controller-manager", "k8s.io/kubernetes", pair.kubernetes),
+        ("kube-scheduler", "k8s.io/kubernetes", pair.kubernetes),
         ("vc-scheduler", "volcano.sh/volcano", pair.volcano),
         ("vc-controller-manager", "volcano.sh/volcano", pair.volcano),
         ("aibrix-controller-manager", "github.com/vllm-project/aibrix", pair.aibrix),
@@ -166,22 +185,20 @@ def run_pair(pair: Pair) -> Outcome:
 
 
 def record(outcomes: list[Outcome], today: str, path: Path = COMPATIBILITY) -> None:
-    """Write each pair's row into the first table: a `make compat` row per pair, replaced on each run."""
+    """Write each run's row into the first table: a `make compat` row per pair and Kubernetes release, replaced on each run."""
     lines = path.read_text().splitlines()
     table = [i for i, line in enumerate(lines) if line.startswith("| ")]
     first = next(i for i in table if lines[i].startswith("| AIBrix"))
     end = first
     while end + 1 < len(lines) and lines[end + 1].startswith("|"):
         end += 1
-    rows = {(o.pair.aibrix, o.pair.volcano): o for o in outcomes}
+    rows = {(o.pair.aibrix, o.pair.volcano, o.pair.kubernetes): o for o in outcomes}
     kept = [
         line
         for line in lines[first + 2 : end + 1]
-        if not (tuple(cell.strip() for cell in line.split("|")[1:3]) in rows and "`make compat`" in line)
+        if not (tuple(cell.strip() for cell in line.split("|")[1:4]) in rows and "`make compat`" in line)
     ]
-    added = [
-        f"| {o.pair.aibrix} | {o.pair.volcano} | {components.KUBERNETES_VERSION} | {WHAT_RAN} | {describe(o)} | {today} |" for o in outcomes
-    ]
+    added = [f"| {o.pair.aibrix} | {o.pair.volcano} | {o.pair.kubernetes} | {WHAT_RAN} | {describe(o)} | {today} |" for o in outcomes]
     path.write_text("\n".join([*lines[: first + 2], *kept, *added, *lines[end + 1 :]]) + "\n")
 
 
@@ -192,15 +209,23 @@ def describe(outcome: Outcome) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stormtopo.devenv.compat", description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", nargs=2, action="append", metavar=("AIBRIX", "VOLCANO"), help="run only this pair (repeatable)")
+    parser.add_argument(
+        "--pair", nargs=2, action="append", metavar=("AIBRIX", "VOLCANO"), help="run only this pair on Kubernetes v1.35.3 (repeatable)"
+    )
+    parser.add_argument(
+        "--kubernetes", action="append", metavar="VERSION", help="run only the newest pair on this Kubernetes release (repeatable)"
+    )
     parser.add_argument("--no-record", action="store_true", help="leave COMPATIBILITY.md alone")
     args = parser.parse_args(argv)
-    pairs = [Pair(a, v) for a, v in args.pair] if args.pair else served_pairs()
+    if args.pair or args.kubernetes:
+        pairs = [Pair(a, v) for a, v in args.pair or []] + kubernetes_axis(args.kubernetes or [])
+    else:
+        pairs = served_pairs() + kubernetes_axis()
     outcomes = []
     for pair in pairs:
-        print(f"compat: AIBrix {pair.aibrix} x Volcano {pair.volcano} ...", flush=True)
+        print(f"compat: {pair} ...", flush=True)
         outcome = run_pair(pair)
-        print(f"compat: AIBrix {pair.aibrix} x Volcano {pair.volcano}: {describe(outcome)}; build {outcome.build_s:.0f} s", flush=True)
+        print(f"compat: {pair}: {describe(outcome)}; build {outcome.build_s:.0f} s", flush=True)
         outcomes.append(outcome)
         if not args.no_record:  # pair by pair: an interrupted run keeps what it found
             record([outcome], datetime.date.today().isoformat())

@@ -36,10 +36,8 @@ KUBERNETES_WRAPPERS = {
     "v1.30.14": "kubernetes/v1.30.14",
     "v1.33.13": "kubernetes/v1.33.13",
     "v1.35.3": "k8s135",
-    "v1.38.0-beta.0": "kubernetes/v1.38.0-beta.0",
+    "v1.37.2": "kubernetes/v1.37.2",
 }
-# Releases whose go.mod asks for a newer Go than the installed 1.26: built with this toolchain only.
-KUBERNETES_TOOLCHAINS = {"v1.38.0-beta.0": "go1.27.3"}
 DEFAULT_KUBERNETES = "v1.35.3"
 SERVED_AIBRIX = tuple(AIBRIX_WRAPPERS)
 SERVED_VOLCANO = tuple(VOLCANO_WRAPPERS)
@@ -74,7 +72,6 @@ class Component:
     package: str
     ldflags: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
-    toolchain: str = ""  # GOTOOLCHAIN for this build only; empty: the installed Go
     # Files besides go.mod/go.sum whose content changes the binary (part of the cache key).
     extra_inputs: tuple[str, ...] = field(default=())
 
@@ -88,8 +85,7 @@ class Component:
             path = self.module_dir / rel
             if path.exists():
                 digest.update(rel.encode() + b"\0" + path.read_bytes())
-        built_with = (self.package, self.ldflags, self.tags, *([self.toolchain] if self.toolchain else []))
-        digest.update(repr(built_with).encode())
+        digest.update(repr((self.package, self.ldflags, self.tags)).encode())
         return f"{self.name}-{self.version}-{digest.hexdigest()[:12]}"
 
 
@@ -105,7 +101,6 @@ def _kubernetes(name: str, version: str) -> Component:
         module,
         f"k8s.io/kubernetes/cmd/{name}",
         _k8s_version_ldflags(version),
-        toolchain=KUBERNETES_TOOLCHAINS.get(version, ""),
         extra_inputs=_K8S135_INPUTS if module == "k8s135" else (),
     )
 
@@ -195,10 +190,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("STORMTOPO_CACHE_DIR", Path.home() / ".cache" / "stormtopo"))
 
 
-def go_env(toolchain: str = "") -> dict[str, str]:
+def go_env() -> dict[str, str]:
     env = dict(os.environ)
     # Wrappers pin every module in go.mod; -mod=mod lets go.sum be completed on a cold module cache.
-    env.update(GOFLAGS="-mod=mod", CGO_ENABLED="0", GOTOOLCHAIN=toolchain or env.get("GOTOOLCHAIN", "local"))
+    env.update(GOFLAGS="-mod=mod", CGO_ENABLED="0", GOTOOLCHAIN=env.get("GOTOOLCHAIN", "local"))
     return env
 
 
@@ -208,8 +203,8 @@ def module_dir_of(module: str, path: str, version: str) -> Path:
     return Path(json.loads(out)["Dir"])
 
 
-def _go(args: list[str], cwd: Path, what: str, toolchain: str = "") -> str:
-    proc = subprocess.run(["go", *args], cwd=cwd, env=go_env(toolchain), capture_output=True, text=True)
+def _go(args: list[str], cwd: Path, what: str) -> str:
+    proc = subprocess.run(["go", *args], cwd=cwd, env=go_env(), capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
         raise BuildError(f"building {what}: `go {' '.join(args)}` failed in {cwd}:\n{tail}")
@@ -290,7 +285,7 @@ def ensure_binary(name: str, log: bool = True) -> Path:
             args += ["-tags", ",".join(component.tags)]
         if component.ldflags:
             args += ["-ldflags", " ".join(component.ldflags)]
-        _go([*args, component.package], cwd=component.module_dir, what=f"{component.name} {component.version}", toolchain=component.toolchain)
+        _go([*args, component.package], cwd=component.module_dir, what=f"{component.name} {component.version}")
         os.replace(str(path) + ".tmp", path)
     return path
 
