@@ -208,7 +208,7 @@ def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
         releases.add_argument("--volcano-version", help="Volcano release (default: $STORMTOPO_VOLCANO_VERSION, else the newest served)")
         releases.add_argument(
             "--kubernetes-version",
-            help="release of kube-apiserver, kube-controller-manager, kube-scheduler (default: $STORMTOPO_KUBERNETES_VERSION, else v1.35.3)",
+            help="release of kube-apiserver, kube-controller-manager, kube-scheduler (default: $STORMTOPO_KUBERNETES_VERSION or v1.35.3)",
         )
     kube = argparse.ArgumentParser(add_help=False)
     kube.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
