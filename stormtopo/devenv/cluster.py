@@ -451,8 +451,8 @@ class _Starter:
                 "--v=1",
             ],
         )
-        # /readyz, unlike /healthz, waits for its informers to sync: ready means it schedules.
-        return _Launched(scheduler, lambda: _http_ok(f"https://127.0.0.1:{port}/readyz", insecure=True))
+        path = kube_scheduler_ready_path(components.COMPONENTS["kube-scheduler"].version)
+        return _Launched(scheduler, lambda: _http_ok(f"https://127.0.0.1:{port}{path}", insecure=True))
 
     def _start_volcano_scheduler(self) -> _Launched:
         p = self.ports
@@ -595,6 +595,16 @@ KWOK_STAGES = (
 def kwok_stages() -> str:
     root = components.module_dir_of("kwok", "sigs.k8s.io/kwok", components.KWOK_VERSION)
     return "\n---\n".join((root / stage).read_text() for stage in KWOK_STAGES)
+
+
+def kube_scheduler_ready_path(version: str) -> str:
+    """How to tell kube-scheduler `version` is ready.
+
+    /readyz, unlike /healthz, waits for its informers to sync: ready means it schedules. kube-scheduler
+    serves it since v1.31 (kubernetes#118148); v1.30 answers 404 there, so only /healthz is left.
+    """
+    major, minor = (int(part) for part in version.lstrip("v").split(".")[:2])
+    return "/readyz" if (major, minor) >= (1, 31) else "/healthz"
 
 
 def _versions() -> dict[str, str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stormtopo.devenv import compat, components
+from stormtopo.devenv import cluster, compat, components
 
 TABLE = """# Compatibility
 
@@ -114,3 +114,11 @@ def test_an_unserved_release_is_refused_naming_the_served_ones(restored: None) -
     with pytest.raises(components.BuildError, match=r"Kubernetes v1\.29\.0: tools/ builds v1\.30\.14, "):
         components.select_versions(kubernetes="v1.29.0")
     assert chosen == (components.VOLCANO_VERSION, components.KUBERNETES_VERSION)  # nothing changed
+
+
+@pytest.mark.parametrize(
+    ("kubernetes", "path"),
+    [("v1.30.14", "/healthz"), ("v1.31.0", "/readyz"), ("v1.35.3", "/readyz"), ("v1.37.2", "/readyz"), ("v2.0.0", "/readyz")],
+)
+def test_kube_scheduler_readiness_is_readyz_where_the_release_serves_it(kubernetes: str, path: str) -> None:
+    assert cluster.kube_scheduler_ready_path(kubernetes) == path
