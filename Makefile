@@ -84,8 +84,9 @@ soak: binaries
 	STORMTOPO_SOAK=1 $(BIN)/pytest -q -s tests/integration/test_soak.py
 
 # The compatibility scenario (seed, scale 3 to 4, nested, multi-node role, bad input) on every AIBrix x Volcano
-# pair the module proxy serves, one cluster at a time; records each pair in COMPATIBILITY.md. Builds each
-# release once (cached); takes /tmp/stormtopo-cluster.lock per pair, so do not wrap it in flock.
+# pair the module proxy serves, and the newest pair on every other served Kubernetes release, one cluster at a
+# time; records each in COMPATIBILITY.md. Builds each release once (cached; a Kubernetes release cold takes
+# 15-20 min on 2 cores); takes /tmp/stormtopo-cluster.lock per run, so do not wrap it in flock.
 compat: $(BIN)/.installed
 	$(BIN)/python -m stormtopo.devenv.compat
 
