@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from stormtopo import cli
 from stormtopo.devenv import cluster, compat, components
 
 TABLE = """# Compatibility
@@ -122,3 +123,14 @@ def test_an_unserved_release_is_refused_naming_the_served_ones(restored: None) -
 )
 def test_kube_scheduler_readiness_is_readyz_where_the_release_serves_it(kubernetes: str, path: str) -> None:
     assert cluster.kube_scheduler_ready_path(kubernetes) == path
+
+
+def test_dev_build_takes_a_kubernetes_release_and_refuses_an_unserved_one(restored: None, capsys: pytest.CaptureFixture[str]) -> None:
+    chosen = components.KUBERNETES_VERSION
+    assert cli.main(["dev", "build", "--kubernetes-version", "v1.29.0", "kube-apiserver"]) == 2
+    assert "no wrapper for Kubernetes v1.29.0: tools/ builds v1.30.14, v1.33.13, v1.35.3, v1.37.2" in capsys.readouterr().err
+    assert chosen == components.KUBERNETES_VERSION
+    args = cli.build_parser().parse_args(["dev", "up", "--state-dir", "d", "--kubernetes-version", "v1.30.14"])
+    assert cli._select_versions(args)
+    assert components.COMPONENTS["kube-apiserver"].version == "v1.30.14"
+    assert components.COMPONENTS["kubectl"].version == "v1.35.3"
