@@ -403,6 +403,9 @@ class _Starter:
                 "--service-account-issuer=https://kubernetes.default.svc",
                 "--authorization-mode=RBAC",
                 "--service-cluster-ip-range=10.96.0.0/16",
+                # The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints refuse: older releases
+                # log that every 10 s, v1.37 exits. Nothing here reaches the API server through that Service.
+                "--endpoint-reconciler-type=none",
                 # Fake nodes run no kubelet: pods need no service-account token volume, and with no
                 # node-lifecycle controller nothing would lift the not-ready taint set at registration.
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
