@@ -255,7 +255,7 @@ def prepare_volcano_module(volcano: str) -> Path:
     For Go code other than the binaries that builds against the same Volcano (the scale simulator,
     tools/volcano-sim, replaces volcano.sh/apis with tools/k8s135/_apis).
     """
-    component = _components(AIBRIX_VERSION, volcano)["vc-scheduler"]
+    component = _components(AIBRIX_VERSION, volcano, KUBERNETES_VERSION)["vc-scheduler"]
     _prepare_volcano_apis(component)
     return component.module_dir
 
