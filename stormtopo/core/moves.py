@@ -15,9 +15,27 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from stormtopo.core.vocabulary import MOVES_ANNOTATION
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, MOVES_ANNOTATION
 
 HOLD = 120.0  # seconds a moving replica's gang is held to its target's tier
+
+
+def heal_annotation_problem(stormservice: Mapping[str, Any], scope_is_roleset: bool) -> str | None:
+    """What is wrong with a StormService's stormtopo.io/heal annotation, if anything: healing then stays
+    off, and the request's Event says why (a typo must not pass for "off" in silence)."""
+    annotations = (stormservice.get("metadata") or {}).get("annotations") or {}
+    if HEAL_ANNOTATION not in annotations:
+        return None
+    value = str(annotations[HEAL_ANNOTATION]).strip().lower()
+    if value not in ("true", "false"):
+        given = annotations[HEAL_ANNOTATION]
+        return f'annotation {HEAL_ANNOTATION}: {given!r} is not understood, healing stays off; accepted: "true" or "false"'
+    if value == "true" and not scope_is_roleset:
+        return (
+            f"annotation {HEAL_ANNOTATION} applies to scope RoleSet only (each replica its own gang); "
+            "with scope StormService, healing stays off"
+        )
+    return None
 
 
 def recorded_moves(stormservice: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from stormtopo.core.gang import requests_resources
 from stormtopo.core.jsonpatch import remove_annotation, set_annotations, set_spec_fields
-from stormtopo.core.moves import moving_tier
+from stormtopo.core.moves import heal_annotation_problem, moving_tier
 from stormtopo.core.optin import listing
 from stormtopo.core.podgroup import (
     carries_constraint,
@@ -93,6 +93,10 @@ def _verdict(snapshot: ServiceSnapshot, request: TopologyRequest | RequestError 
             )
             return text, Say("Warning", "TopologyNotEnforceable", text)
         text = f"network-topology request accepted: {request.describe()}"
+        heal = heal_annotation_problem(snapshot.stormservice, request.scope is Scope.ROLESET)
+        if heal is not None:
+            text += f"; {heal}"
+            return text, Say("Warning", "InvalidHealAnnotation", text)
         return text, Say("Normal", "TopologyRequest", text)
     return None, None
 

@@ -401,3 +401,18 @@ def test_the_listing_and_the_event_are_writes_carried_out_first() -> None:
     assert invalid.listing == ListOptedIn("ns", "svc", "RoleSet")  # still listed: its last valid constraint is kept
     plain = plan_stormservice(ServiceSnapshot(service(None), (replica(),), {}, TIERS))
     assert plain.all_writes(service(None)) == (ListOptedIn("ns", "svc", None),)
+
+
+def test_a_heal_annotation_that_is_not_understood_is_said_and_healing_stays_off() -> None:
+    from stormtopo.core.healing import wants_healing
+
+    typo = service({**HARD1, "stormtopo.io/heal": "yes"})
+    plan = plan_stormservice(ServiceSnapshot(typo, (replica(),), {}, TIERS))
+    assert plan.say is not None and plan.say.reason == "InvalidHealAnnotation" and plan.say.type == "Warning"
+    assert "stormtopo.io/heal: 'yes' is not understood" in plan.say.message and 'accepted: "true" or "false"' in plan.say.message
+    assert not wants_healing(typo) and plan.writes == plan_stormservice(ServiceSnapshot(service(HARD1), (replica(),), {}, TIERS)).writes
+    scoped = service({**HARD1, SCOPE: "StormService", "stormtopo.io/heal": "true"})
+    said = plan_stormservice(ServiceSnapshot(scoped, (replica(),), {}, TIERS)).say
+    assert said is not None and "applies to scope RoleSet only" in said.message
+    ok = plan_stormservice(ServiceSnapshot(service({**HARD1, "stormtopo.io/heal": "true"}), (replica(),), {}, TIERS)).say
+    assert ok is not None and ok.reason == "TopologyRequest"
