@@ -3,38 +3,27 @@ operator's own planner (core/replica.py) over what the API says now."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
 from rich.console import Console
 
-from stormtopo.core.capabilities import cluster_tiers
+from stormtopo.commands.report import NotFound, cluster_view, print_report
 from stormtopo.core.explanation import allowed_tier, explain
 from stormtopo.core.placement import placement_record
 from stormtopo.core.replica import ReplicaSnapshot, gang_name, replica_state
 from stormtopo.core.request import RequestError, request_of
-from stormtopo.core.topology.hypernodes import topology_from_hypernodes
-from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+from stormtopo.core.vocabulary import AIBRIX, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
 from stormtopo.kube.client import Api
 
-
-class NotFound(LookupError):
-    pass
+__all__ = ["NotFound", "explain_stormservice", "render", "run"]
 
 
 def run(api: Api, namespace: str, name: str, console: Console, output: str = "text") -> int:
     """Print where each replica landed or why it is Pending: as text, or as json or yaml for tools."""
     report = explain_stormservice(api, namespace, name)
-    if output == "json":
-        console.print_json(json.dumps(report))
-    elif output == "yaml":
-        console.print(yaml.safe_dump(report, sort_keys=False), end="", highlight=False)
-    else:
-        for line in render(report):
-            console.print(line, highlight=False)
+    print_report(report, render, console, output)
     return 1 if report.get("invalid") else 0
 
 
@@ -43,10 +32,8 @@ def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
     stormservice = api.get(AIBRIX, "stormservices", namespace, name)
     if stormservice is None:
         raise NotFound(f"StormService {namespace}/{name} not found")
-    hypernodes = api.list_objects(VOLCANO_TOPOLOGY, "hypernodes")
     free = api.free_gpus()
-    topology = topology_from_hypernodes(hypernodes, api.node_labels())  # every node: HyperNodes may select by regex or label
-    tiers = cluster_tiers(hypernodes, api.crd_schema(PODGROUP_CRD))
+    topology, tiers = cluster_view(api)
     request = request_of(stormservice, tiers)
     report: dict[str, Any] = {"namespace": namespace, "stormservice": name}
     if isinstance(request, RequestError):

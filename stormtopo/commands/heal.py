@@ -4,35 +4,24 @@ moves anything: the operator moves replicas of StormServices annotated stormtopo
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
 from rich.console import Console
 
-from stormtopo.core.capabilities import cluster_tiers
+from stormtopo.commands.report import NotFound, cluster_view, print_report
 from stormtopo.core.healing import HealMemory, HealSnapshot, Replica, plan_healing, wants_healing
 from stormtopo.core.request import RequestError, request_of
-from stormtopo.core.topology.hypernodes import topology_from_hypernodes
-from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
+from stormtopo.core.vocabulary import AIBRIX, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.kube.client import Api
 
-
-class NotFound(LookupError):
-    pass
+__all__ = ["NotFound", "heal_report", "render", "run"]
 
 
 def run(api: Api, namespace: str, name: str, console: Console, output: str = "text") -> int:
     report = heal_report(api, namespace, name)
-    if output == "json":
-        console.print_json(json.dumps(report))
-    elif output == "yaml":
-        console.print(yaml.safe_dump(report, sort_keys=False), end="", highlight=False)
-    else:
-        for line in render(report):
-            console.print(line, highlight=False, soft_wrap=True)  # one line per replica, whatever the width
+    print_report(report, render, console, output, soft_wrap=True)  # one line per replica, whatever the width
     return 1 if report.get("invalid") else 0
 
 
@@ -41,9 +30,7 @@ def heal_snapshot(api: Api, namespace: str, name: str) -> HealSnapshot:
     stormservice = api.get(AIBRIX, "stormservices", namespace, name)
     if stormservice is None:
         raise NotFound(f"StormService {namespace}/{name} not found")
-    hypernodes = api.list_objects(VOLCANO_TOPOLOGY, "hypernodes")
-    topology = topology_from_hypernodes(hypernodes, api.node_labels())
-    tiers = cluster_tiers(hypernodes, api.crd_schema(PODGROUP_CRD))
+    topology, tiers = cluster_view(api)
     pods = api.raw_list(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"{STORMSERVICE_LABEL}={name}")
     rolesets = api.list_objects(AIBRIX, "rolesets", namespace, label_selector=f"{STORMSERVICE_LABEL}={name}")
     replicas = tuple(

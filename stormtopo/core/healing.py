@@ -242,6 +242,18 @@ def set_aside(
     return out
 
 
+def placed_since(pods: Sequence[Mapping[str, Any]], stormservice: Mapping[str, Any], replica: str) -> int:
+    """Pods of a moving replica bound since its move began (set_aside's `placed_since`)."""
+    at = str((recorded_moves(stormservice).get(replica) or {}).get("at") or "")
+    return sum(
+        1
+        for p in pods
+        if (p.get("spec") or {}).get("nodeName")
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+        and str((p.get("metadata") or {}).get("creationTimestamp") or "") >= at
+    )
+
+
 def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool = True) -> HealPlan:
     """Moves under way looked after (finished, resumed, settled), then at most one replica to move now.
 

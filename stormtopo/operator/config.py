@@ -95,21 +95,6 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
     p.add_argument("--identity", default=d.identity, help="this replica's name in the Lease (default: $POD_NAME or host-pid)")
     p.add_argument("--heal-interval", type=_positive(float), default=d.heal_interval, help="seconds between two healing passes")
     p.add_argument("--heal-cooldown", type=_positive(float), default=d.heal_cooldown, help="seconds before a moved replica may move again")
-    a = p.parse_args(argv)
-    return OperatorConfig(
-        kubeconfig=a.kubeconfig,
-        webhook_host=a.webhook_host,
-        webhook_port=a.webhook_port,
-        webhook_url_host=a.webhook_url_host,
-        webhook_service=a.webhook_service,
-        cert_dir=a.cert_dir,
-        metrics_host=a.metrics_host,
-        metrics_port=a.metrics_port,
-        register_webhook=not a.no_register_webhook,
-        leader_elect=a.leader_elect,
-        leader_election_namespace=a.leader_election_namespace,
-        lease_duration=a.lease_duration,
-        identity=a.identity,
-        heal_interval=a.heal_interval,
-        heal_cooldown=a.heal_cooldown,
-    )
+    a = vars(p.parse_args(argv))
+    a["register_webhook"] = not a.pop("no_register_webhook")  # the flag says what not to do; the config, what to do
+    return OperatorConfig(**a)

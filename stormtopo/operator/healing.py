@@ -30,11 +30,11 @@ from stormtopo.core.healing import (
     HealSnapshot,
     Replica,
     may_need_healing,
+    placed_since,
     plan_healing,
     plan_refused,
     set_aside,
 )
-from stormtopo.core.moves import recorded_moves
 from stormtopo.core.placement import merge_placements
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.writes import EvictPod, RecordMove, Write
@@ -43,7 +43,7 @@ from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index, Key
-from stormtopo.operator.writer import execute, record_placement
+from stormtopo.operator.writer import execute
 
 log = logging.getLogger("stormtopo.healing")
 
@@ -147,7 +147,7 @@ class Healer:
                 continue
             rolesets = self.index.rolesets_of(*key)
             placed = {
-                r["metadata"]["name"]: _placed_since(self.index.pods_of(key[0], r["metadata"]["name"]), stormservice, r["metadata"]["name"])
+                r["metadata"]["name"]: placed_since(self.index.pods_of(key[0], r["metadata"]["name"]), stormservice, r["metadata"]["name"])
                 for r in rolesets
             }
             free = set_aside(free, topology, stormservice, rolesets, placed)
@@ -183,9 +183,7 @@ class Healer:
                 memory = self._memory.get(key, HealMemory())
                 writes, memory = plan_refused(snapshot, plan, write.name, status_message(exc), memory, evicted=done)
                 self._memory[key] = memory
-                await execute(self.api, [w for w in writes if not isinstance(w, RecordMove)], self.report)
-                for record in (w for w in writes if isinstance(w, RecordMove)):
-                    await asyncio.to_thread(record_placement, self.api, record, MOVES_ANNOTATION)  # merged: after our own write
+                await execute(self.api, writes, self.report)  # the record merged into what our own write left
                 return
 
     async def _record(self, writes: list[RecordMove]) -> bool:
@@ -201,19 +199,6 @@ class Healer:
         if updated:
             self.index.observe("StormService", "MODIFIED", updated)
         return True
-
-
-def _placed_since(pods: list[dict[str, Any]], stormservice: dict[str, Any], replica: str) -> int:
-    """Pods of a moving replica bound since its move began (the index's admitted pods)."""
-    move = recorded_moves(stormservice).get(replica) or {}
-    at = str(move.get("at") or "")
-    return sum(
-        1
-        for p in pods
-        if (p.get("spec") or {}).get("nodeName")
-        and not p["metadata"].get("deletionTimestamp")
-        and str(p["metadata"].get("creationTimestamp") or "") >= at
-    )
 
 
 def record_moves(api: Api, writes: list[RecordMove]) -> dict[str, Any]:
