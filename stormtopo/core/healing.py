@@ -43,7 +43,8 @@ MOVE_DEADLINE = 600.0  # seconds: a move not settled by then (its pods never rea
 BACKOFF = 30.0  # seconds after a refused eviction before the replica is tried again; doubled per refusal
 BACKOFF_MAX = 1800.0
 ROOM_SEARCHES = 4  # packing searches per service and pass (each up to ~20 ms; they run on the operator's loop)
-NO_ROOM_RECHECK = 30.0  # seconds before a service whose wide replicas had nowhere to go is looked at again
+NO_ROOM_RECHECKS = 3  # healing passes skipped for a service whose wide replicas had nowhere to go
+NO_ROOM_RECHECK = 30.0  # seconds: NO_ROOM_RECHECKS passes at the default --heal-interval
 
 
 class Why(StrEnum):
@@ -134,6 +135,7 @@ class HealSnapshot:
     now: float = 0.0  # wall-clock seconds (the cool-down is recorded on the StormService, across restarts)
     cooldown: float = COOLDOWN
     podgroups: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # replica -> its PodGroup
+    recheck: float = NO_ROOM_RECHECK  # seconds before a service with nowhere to go is read again
 
     @property
     def request(self) -> TopologyRequest | None:
@@ -301,7 +303,7 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
         writes += _evictions(snapshot, replica.live())
     said_writes, memory = _say_once(memory, snapshot.stormservice, says)
     if not in_flight and moving is None and any(v.block is Block.NO_ROOM for v in verdicts):
-        memory = replace(memory, quiet_until=snapshot.now + NO_ROOM_RECHECK)
+        memory = replace(memory, quiet_until=snapshot.now + snapshot.recheck)
     return HealPlan(verdicts, tuple(said_writes + writes), memory, moving, tuple(settled))
 
 

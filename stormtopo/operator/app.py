@@ -16,6 +16,7 @@ import kopf
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from stormtopo.core.healing import NO_ROOM_RECHECKS
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import handlers, healing, metrics, webhook
 from stormtopo.operator.config import OperatorConfig, parse_args
@@ -160,7 +161,14 @@ async def run(config: OperatorConfig) -> None:
     operator = handlers.register(registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops)
     loops.supervise("event-poster", IDLE_BEAT, events.run)
     healer = healing.Healer(
-        index, api, events, explainer, lambda: reporter.read_nodes(NODES_TTL), config.heal_cooldown, leading=lambda: leadership.is_leader
+        index,
+        api,
+        events,
+        explainer,
+        lambda: reporter.read_nodes(NODES_TTL),
+        config.heal_cooldown,
+        recheck=NO_ROOM_RECHECKS * config.heal_interval,
+        leading=lambda: leadership.is_leader,
     )
     loops.every("healing", config.heal_interval, healer.check)
     ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops)

@@ -7,7 +7,8 @@ costs a read of the StormService itself (the move table on the API server, not t
 decides what may move), a list of its own pods and of its namespace's PodDisruptionBudgets; one
 reading of every node's free GPUs is shared by the whole pass, taken in the explanation worker's
 process so that its parsing never delays an admission. A service whose wide replicas had nowhere to
-go is not read again for NO_ROOM_RECHECK seconds.
+go is not read again for NO_ROOM_RECHECKS passes (a leaf that frees up is seen within three passes;
+a service with nowhere to go does not cost an API read every pass).
 
 A move is begun only once its record is on the StormService, written conditionally on the version
 the plan was made from: two leaders, or a pass planned from a stale read, cannot both begin one.
@@ -25,6 +26,7 @@ from typing import Any
 
 from stormtopo.core.healing import (
     COOLDOWN,
+    NO_ROOM_RECHECK,
     HealMemory,
     HealPlan,
     HealSnapshot,
@@ -71,6 +73,7 @@ class Healer:
     explainer: Explainer  # its worker reads every node's free GPUs
     read_nodes: Callable[[], Awaitable[None]]  # the tree is only as current as the last reading of the nodes
     cooldown: float = COOLDOWN
+    recheck: float = NO_ROOM_RECHECK  # seconds: NO_ROOM_RECHECKS times the interval its loop runs at
     leading: Callable[[], bool] = lambda: True
     _memory: dict[Key, HealMemory] = field(default_factory=dict)
     _free: dict[str, int] | None = None  # this pass's reading
@@ -136,6 +139,7 @@ class Healer:
             time.time(),
             self.cooldown,
             podgroups,
+            self.recheck,
         )
 
     def _set_aside(self, free: dict[str, int], only: Key | None = None) -> dict[str, int]:

@@ -396,6 +396,9 @@ def test_an_empty_replica_and_a_drained_node_never_move_anything() -> None:
 def test_nowhere_to_go_quiets_the_service_for_a_while() -> None:
     plan = plan_healing(snap(service(SOFT1), WIDE, busy={**BUSY, "node0": 4}), HealMemory())
     assert plan.memory.quiet_until == NOW + NO_ROOM_RECHECK
+    # The operator passes NO_ROOM_RECHECKS times its interval: a faster loop looks again sooner.
+    faster = plan_healing(replace(snap(service(SOFT1), WIDE, busy={**BUSY, "node0": 4}), recheck=3.0), HealMemory())
+    assert faster.memory.quiet_until == NOW + 3.0
 
 
 def test_a_move_under_way_takes_its_target_so_no_second_service_is_moved_into_the_same_room() -> None:
