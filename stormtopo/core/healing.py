@@ -32,6 +32,7 @@ from stormtopo.core.packing import DomainFit, domains_at_tier
 from stormtopo.core.placement import is_live
 from stormtopo.core.podgroup import desired_fields
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, valid_request
+from stormtopo.core.room import Resident, placed_elsewhere
 from stormtopo.core.topology.selectors import label_requirements
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL
@@ -52,6 +53,7 @@ class Why(StrEnum):
 
     SOFT_WIDE = "soft-above-tier"
     VIOLATION = "hard-violation"
+    MAKE_ROOM = "make-room"  # within its tier, it moves to another domain so that a wide replica fits (core/room.py)
 
 
 class Block(StrEnum):
@@ -64,6 +66,7 @@ class Block(StrEnum):
     DISRUPTION_BUDGET = "pod-disruption-budget"
     NEXT = "one-at-a-time"
     NO_ROOM = "no-room"
+    UNCHECKED = "not-checked"  # wide and free to move, but this pass searched enough others
 
 
 def wants_healing(stormservice: Mapping[str, Any]) -> bool:
@@ -121,6 +124,16 @@ class Replica:
 
 
 @dataclass(frozen=True)
+class MakeRoom:
+    """The shell's order (from core/room.py's search over every opted-in service): move `replica` of
+    this service, within its tier, so that `wide` fits in `frees`."""
+
+    replica: str
+    wide: str  # "namespace/stormservice replica name"
+    frees: str  # the HyperNode it makes room in
+
+
+@dataclass(frozen=True)
 class HealSnapshot:
     """A StormService that may heal, read now: the StormService as the API server has it (the moves
     record decides what may move), its replicas with all their pods and PodGroups, every node's free
@@ -136,10 +149,16 @@ class HealSnapshot:
     cooldown: float = COOLDOWN
     podgroups: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # replica -> its PodGroup
     recheck: float = NO_ROOM_RECHECK  # seconds before a service with nowhere to go is read again
+    make_room: MakeRoom | None = None
 
     @property
     def request(self) -> TopologyRequest | None:
         return valid_request(self.stormservice, self.tiers)
+
+    @property
+    def healing_tier(self) -> int | None:
+        """The tier its replicas must be within, if it opted in to healing."""
+        return _healing_tier(self.stormservice, self.tiers, self.topology, opted_in_only=True)
 
 
 @dataclass(frozen=True)
@@ -215,6 +234,39 @@ def _healing_tier(stormservice: Mapping[str, Any], tiers: ClusterTiers, topology
     return allowed_tier(request, topology)  # None: soft with no tier, any placement is within it
 
 
+def resident(
+    stormservice: Mapping[str, Any],
+    roleset: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    tiers: ClusterTiers,
+    topology: Topology,
+    now: float,
+    cooldown: float = COOLDOWN,
+) -> Resident | None:
+    """A replica that may be moved to make room (core/room.py), from what the index holds: its service
+    opted in, moves nothing now, and the replica is whole, within its tier and out of its cool-down.
+    Its own plan checks the rest (budgets, readiness) on a fresh read before it moves."""
+    tier = _healing_tier(stormservice, tiers, topology, opted_in_only=True)
+    moves = recorded_moves(stormservice)
+    name = str(roleset["metadata"]["name"])
+    if tier is None or any(not m.get("done") for m in moves.values()):
+        return None
+    last = _seconds((moves.get(name) or {}).get("at"))
+    if last is not None and now - last < _cooldown(moves.get(name) or {}, cooldown):
+        return None
+    # The index keeps no owner references: the replica's pods are those carrying its label.
+    meta = {k: v for k, v in (roleset.get("metadata") or {}).items() if k != "uid"}
+    replica = Replica({**roleset, "metadata": meta}, tuple(pods))
+    nodes = replica.nodes()
+    if not replica.complete() or not set(nodes) <= topology.nodes.keys():
+        return None
+    span = topology.span(nodes)
+    if span.tier is None or span.tier > tier:
+        return None
+    namespace = str(stormservice["metadata"].get("namespace", ""))
+    return Resident(namespace, str(stormservice["metadata"]["name"]), name, replica.gpus_by_node(), tuple(replica.wanted()), tier)
+
+
 def set_aside(
     free: Mapping[str, int],
     topology: Topology,
@@ -284,7 +336,8 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
         writes.append(_record(snapshot, replica.name, done))
         writes += _hold(snapshot, request, replica.name, None)  # the gang back to what its request asks
     verdicts = _verdicts(snapshot, request, tier, moves, memory, in_flight)
-    says = [(v, _not_moved(v, request, tier)) for v in verdicts if v.why is not None and v.target is not None and v.blocked]
+    room = snapshot.make_room
+    says = [(v, _not_moved(v, request, tier, room)) for v in verdicts if v.why is not None and v.target is not None and v.blocked]
     moving = next((v for v in verdicts if v.moves), None)
     if moving is not None and moving.target is not None:
         replica = next(r for r in snapshot.replicas if r.name == moving.replica)
@@ -297,7 +350,9 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
             "pods": sorted(str(p["metadata"].get("uid", "")) for p in replica.live()),
             "cooldown": _cooldown(moves.get(moving.replica) or {}, snapshot.cooldown),
         }
-        says.append((moving, Say("Normal", "ReplicaMoving", _moving(moving, request, tier, replica))))
+        if moving.why is Why.MAKE_ROOM and snapshot.make_room is not None:
+            record["for"] = snapshot.make_room.wide
+        says.append((moving, Say("Normal", "ReplicaMoving", _moving(moving, request, tier, replica, snapshot.make_room))))
         writes.append(_record(snapshot, moving.replica, record))
         writes += _hold(snapshot, request, moving.replica, moving.target.switch.tier)
         writes += _evictions(snapshot, replica.live())
@@ -348,7 +403,9 @@ def _verdicts(
             if chosen is not None:
                 verdict = replace(verdict, blocked=f"one replica moves at a time: {chosen} first", block=Block.NEXT)
             elif searches >= ROOM_SEARCHES:
-                verdict = replace(verdict, blocked="not checked for room in this pass", block=Block.NO_ROOM)
+                verdict = replace(verdict, blocked="not checked for room in this pass", block=Block.UNCHECKED)
+            elif verdict.why is Why.MAKE_ROOM:
+                chosen = replica.name
             else:
                 searches += 1
                 target = _room(snapshot, replica, tier)
@@ -386,10 +443,30 @@ def _verdict(
     span = snapshot.topology.span(nodes)
     where = f"{span.hypernode}, tier {span.tier}" if span.hypernode else "no common HyperNode"
     if span.tier is not None and span.tier <= tier:
+        if snapshot.make_room is not None and snapshot.make_room.replica == replica.name:
+            return _making_room(snapshot, replica, tier, where, moves, memory, in_flight)
         return Verdict(replica.name, where, None)
     why = Why.VIOLATION if request.mode is Mode.HARD else Why.SOFT_WIDE
     blocked, block = _blocked(snapshot, replica, moves, memory, in_flight)
     return Verdict(replica.name, where, why, None, blocked, block)
+
+
+def _making_room(
+    snapshot: HealSnapshot,
+    replica: Replica,
+    tier: int,
+    where: str,
+    moves: Mapping[str, Mapping[str, Any]],
+    memory: HealMemory,
+    in_flight: Sequence[str],
+) -> Verdict:
+    """A replica within its tier that the shell chose to make room: it moves, under every rule a wide
+    one moves under, only if Volcano would place it in another domain of its tier, read again now."""
+    blocked, block = _blocked(snapshot, replica, moves, memory, in_flight)
+    target = placed_elsewhere(snapshot.topology, snapshot.free, replica.wanted(), tier, replica.gpus_by_node())
+    if not blocked and target is None:
+        blocked, block = "Volcano might place it back where it is now", Block.NO_ROOM
+    return Verdict(replica.name, where, Why.MAKE_ROOM, target, blocked, block)
 
 
 def _room(snapshot: HealSnapshot, replica: Replica, tier: int) -> DomainFit | None:
@@ -580,26 +657,29 @@ def _record(snapshot: HealSnapshot, replica: str, record: Mapping[str, object]) 
     )
 
 
-def _moving(verdict: Verdict, request: TopologyRequest, tier: int, replica: Replica) -> str:
+def _moving(verdict: Verdict, request: TopologyRequest, tier: int, replica: Replica, make_room: MakeRoom | None) -> str:
     assert verdict.target is not None
     target = verdict.target
     return (
         f"replica {verdict.replica} moves from {verdict.span} to {target.switch.name} (tier {target.switch.tier}): "
-        f"{_because(verdict, request, tier)}; {target.switch.name} has {target.free_gpus} free GPUs for its "
+        f"{_because(verdict, request, tier, make_room)}; {target.switch.name} has {target.free_gpus} free GPUs for its "
         f"{len(replica.wanted())} pods ({sum(replica.wanted())} GPUs). Its pods are evicted and placed again as one gang"
     )
 
 
-def _not_moved(verdict: Verdict, request: TopologyRequest, tier: int) -> Say:
+def _not_moved(verdict: Verdict, request: TopologyRequest, tier: int, make_room: MakeRoom | None) -> Say:
     kind = "Warning" if verdict.block in (Block.DISRUPTION_BUDGET, Block.BACKOFF) else "Normal"
     return Say(
         kind,
         "ReplicaNotMoved",
-        f"replica {verdict.replica} spans {verdict.span} and is not moved: {verdict.blocked} ({_because(verdict, request, tier)})",
+        f"replica {verdict.replica} spans {verdict.span} and is not moved: "
+        f"{verdict.blocked} ({_because(verdict, request, tier, make_room)})",
     )
 
 
-def _because(verdict: Verdict, request: TopologyRequest, tier: int) -> str:
+def _because(verdict: Verdict, request: TopologyRequest, tier: int, make_room: MakeRoom | None = None) -> str:
+    if verdict.why is Why.MAKE_ROOM and make_room is not None:
+        return f"it makes room in {make_room.frees} for {make_room.wide}, which no domain within its tier holds now"
     if verdict.why is Why.VIOLATION:
         return f"it violates its hard request ({request.describe()})"
     return f"it landed above tier {tier} ({request.describe()})"

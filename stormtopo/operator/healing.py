@@ -21,23 +21,29 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stormtopo.core.healing import (
     COOLDOWN,
     NO_ROOM_RECHECK,
+    Block,
     HealMemory,
     HealPlan,
     HealSnapshot,
+    MakeRoom,
     Replica,
+    Why,
     may_need_healing,
     placed_since,
     plan_healing,
     plan_refused,
+    resident,
     set_aside,
 )
+from stormtopo.core.moves import recorded_moves
 from stormtopo.core.placement import merge_placements
+from stormtopo.core.room import room_by_moving
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.writes import EvictPod, RecordMove, Write
 from stormtopo.kube.client import Api, ApiError, Conflict
@@ -77,12 +83,14 @@ class Healer:
     leading: Callable[[], bool] = lambda: True
     _memory: dict[Key, HealMemory] = field(default_factory=dict)
     _free: dict[str, int] | None = None  # this pass's reading
+    _no_room: list[tuple[Key, Replica, int]] = field(default_factory=list)  # this pass's wide replicas with nowhere to go
 
     async def check(self) -> None:
         """One pass over the StormServices (a loop of the operator runs it every --heal-interval)."""
         if not self.leading():
             return
         self._free = None
+        self._no_room = []
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
         now = time.time()
         for key, stormservice in list(self.index.stormservices.items()):
@@ -95,21 +103,60 @@ class Healer:
                 await self.heal(key)
             except Exception:  # one service's failure is logged; the others still get their pass
                 log.exception("healing %s/%s failed; trying again at the next pass", *key)
+        if self._no_room:
+            try:
+                await self.make_room()
+            except Exception:
+                log.exception("making room failed; trying again at the next pass")
         for gone in set(self._memory) - set(self.index.stormservices):
             del self._memory[gone]
         metrics.HEALING_PASSES.inc()
 
-    async def heal(self, key: Key) -> HealPlan | None:
-        snapshot = await self.snapshot(key)
+    async def heal(self, key: Key, make_room: MakeRoom | None = None) -> HealPlan | None:
+        snapshot = await self.snapshot(key, make_room)
         if snapshot is None:
             return None
         # The packing search is CPU work: on a thread, the loop still answers admissions between slices.
         plan = await asyncio.to_thread(plan_healing, snapshot, self._memory.get(key, HealMemory()))
         self._memory[key] = plan.memory
+        tier = snapshot.healing_tier
+        if tier is not None and plan.moving is None and make_room is None:
+            for verdict in plan.verdicts:
+                if verdict.block is Block.NO_ROOM and verdict.why in (Why.SOFT_WIDE, Why.VIOLATION):
+                    self._no_room.append((key, next(r for r in snapshot.replicas if r.name == verdict.replica), tier))
         await self.carry_out(key, snapshot, plan)
         return plan
 
-    async def snapshot(self, key: Key) -> HealSnapshot | None:
+    async def make_room(self) -> None:
+        """For this pass's wide replicas with nowhere to go, one replica of another opted-in service moved
+        out of the way (core/room.py), at most one such move under way in the cluster at a time."""
+        services = self.index.stormservices
+        if any(m.get("reason") == Why.MAKE_ROOM and not m.get("done") for s in services.values() for m in recorded_moves(s).values()):
+            return
+        tiers, topology, now = self.index.cluster_tiers(), self.index.topology(), time.time()
+        waiting = {key for key, _, _ in self._no_room}
+        residents = []
+        for key, stormservice in list(services.items()):
+            if key in waiting:
+                continue
+            for roleset in self.index.rolesets_of(*key):
+                pods = self.index.pods_of(key[0], roleset["metadata"]["name"])
+                if found := resident(stormservice, roleset, pods, tiers, topology, now, self.cooldown):
+                    residents.append(found)
+        if not residents or self._free is None:
+            return
+        for key, replica, tier in self._no_room:
+            room = await asyncio.to_thread(room_by_moving, replica.wanted(), replica.gpus_by_node(), tier, residents, self._free, topology)
+            if room is None:
+                continue
+            order = MakeRoom(room.resident.replica, f"StormService {key[0]}/{key[1]} replica {replica.name}", room.frees.switch.name)
+            plan = await self.heal((room.resident.namespace, room.resident.stormservice), order)
+            if plan is not None and plan.moving is not None:
+                log.info("%s moves to %s to make room in %s for %s", room.resident.replica, room.to.switch.name, order.frees, order.wide)
+                self._memory[key] = replace(self._memory.get(key, HealMemory()), quiet_until=float("-inf"))  # looked at next pass
+                return
+
+    async def snapshot(self, key: Key, make_room: MakeRoom | None = None) -> HealSnapshot | None:
         if self.index.known_nodes(fresh=False).shapes_tree:  # HyperNodes select nodes by pattern or label
             await self.read_nodes()
         namespace, name = key
@@ -140,6 +187,7 @@ class Healer:
             self.cooldown,
             podgroups,
             self.recheck,
+            make_room,
         )
 
     def _set_aside(self, free: dict[str, int], only: Key | None = None) -> dict[str, int]:

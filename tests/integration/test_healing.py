@@ -271,3 +271,39 @@ def test_a_hard_replica_in_violation_is_moved_back_within_its_tier(cluster: DevC
     assert sorted(node_names(cluster.wait(moved, MOVE_WITHIN, "the replica placed again within one leaf"))) == ["node0", "node1"]
     (moving,) = events(cluster, namespace, name, "ReplicaMoving")
     assert "violates its hard request" in moving, moving
+
+
+def test_a_smaller_replica_of_another_service_moves_out_of_the_way_and_the_wide_one_then_fits(
+    cluster: DevCluster, topology: Topology, namespace: str
+) -> None:
+    """No leaf has room for the wide replica, but one would without a smaller replica of another opted-in
+    service, which fits in a fuller leaf (fuller than its own, whether its old pods still terminate or
+    are gone): the smaller one moves there, then the wide one moves into the leaf it left."""
+    big, small = f"wide-{namespace}", f"small-{namespace}"
+    fill(cluster, namespace, ["node1", "node2", "node3", "node4", "node5", "node6", "node7"])  # only node0 free
+    one_each = (Role("prefill", gpus=1), Role("decode", gpus=1))
+    cluster.create(stormservice(small, namespace, roles=one_each, annotations={**SOFT_LEAF, **HEAL}))
+    placed = cluster.bound_pods(namespace, f"storm-service-name={small}", 2)
+    assert node_names(placed) == ["node0", "node0"]
+    small_before = {p["metadata"]["uid"] for p in placed}
+    for node in ("node1", "node3", "node4"):
+        free(cluster, namespace, node)
+    cluster.create(filler_pod("most-node4", namespace, "node4", 6))  # s2: 2 GPUs free, room for the smaller replica only
+    cluster.bound_pods(namespace, "stormtopo.io/filler=true", 5)
+    # node1 and node3 are the only nodes with 8 free: the 8 + 8 replica lands across s0 and s1.
+    cluster.create(stormservice(big, namespace, roles=BIG, annotations={**SOFT_LEAF, **HEAL}))
+    before = wide_placement(cluster, topology, namespace, big)
+
+    def moved(name: str, old: set[str]) -> list[dict[str, Any]]:
+        pods = [p for pods in replicas(cluster, namespace, name).values() for p in pods if p["metadata"]["uid"] not in old]
+        return pods if len(node_names(p for p in pods if p["spec"].get("nodeName"))) == 2 and in_one_leaf(topology, pods) else []
+
+    small_pods = cluster.wait(lambda: moved(small, small_before), 120, "the smaller replica placed again in another leaf")
+    assert node_names(small_pods) == ["node4", "node4"]
+    (making_room,) = events(cluster, namespace, small, "ReplicaMoving")
+    assert f"makes room in s0 for StormService {namespace}/{big} replica" in making_room, making_room
+    big_old = set(next(iter(before.values())))
+    big_pods = cluster.wait(lambda: moved(big, big_old), 120, "the wide replica placed again within s0")
+    assert sorted(node_names(big_pods)) == ["node0", "node1"]
+    (moving,) = events(cluster, namespace, big, "ReplicaMoving")
+    assert "to s0 (tier 1)" in moving, moving

@@ -1,0 +1,143 @@
+"""Making room: a wide replica that no domain of its tier can hold now gets one, by moving a replica of
+another opted-in StormService out of the way.
+
+In a fragmented cluster the room a wide replica needs is often there in pieces: a leaf would hold it
+but for a small replica that would fit in another leaf as well. Healing alone moves a replica only into
+room that exists; this finds the one smaller replica (a *resident*) whose move makes room, as KAI's
+consolidation moves running jobs for pending ones. The resident stays within its own tier: it moves
+from one domain of that tier to another.
+
+Volcano, not stormtopo, places the resident again, and its HyperNode binpack sends a gang to the
+fullest domain that holds it (`(used + the gang's requests) / allocatable`, on GPUs here). AIBrix
+re-creates evicted pods at once, and Volcano may place them while the old ones still terminate (counted
+as used where they are) or once they are gone: both were seen on the local control plane, where a
+resident whose old leaf tied with its target on GPUs went back each time, CPU breaking the tie. So a
+resident is chosen only where, in both views, its old domain cannot hold it again or is surely emptier
+than where it goes; otherwise it would go straight back, and the room would close again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from stormtopo.core.packing import DomainFit, domains_at_tier
+from stormtopo.core.topology.tree import Topology
+
+RESIDENTS_TRIED = 24  # packing searches are ~ms each; the smallest residents first, the rest not tried this pass
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A replica of an opted-in StormService, bound within its tier, that may be moved to make room."""
+
+    namespace: str
+    stormservice: str
+    replica: str
+    held: Mapping[str, int]  # GPUs per node its pods hold
+    pods: tuple[int, ...]  # GPUs per pod
+    tier: int  # the tier it must stay within
+
+
+@dataclass(frozen=True)
+class Room:
+    resident: Resident
+    to: DomainFit  # where Volcano places the resident once it has left
+    frees: DomainFit  # the domain that then holds the wide replica
+
+
+def freed(free: Mapping[str, int], held: Mapping[str, int]) -> dict[str, int]:
+    """Free GPUs once a replica holding `held` has left (a node left out of `free` is not schedulable)."""
+    out = dict(free)
+    for node, gpus in held.items():
+        if node in out:
+            out[node] += gpus
+    return out
+
+
+def volcano_choices(topology: Topology, free: Mapping[str, int], pods: Sequence[int], tier: int) -> list[tuple[float, DomainFit]]:
+    """Where Volcano may place a gang held within `tier`: the domains of the lowest tier that hold it,
+    each with its HyperNode binpack score (how full it is once the gang is in, GPUs only), best first.
+    Volcano takes the best; domains with the same score tie in Go map order."""
+    need = sum(pods)
+    for t in range(1, tier + 1):
+        fitting = [d for d in domains_at_tier(topology, free, pods, t) if d.fits]
+        if fitting:
+            scored = []
+            for d in fitting:
+                allocatable = sum(topology.nodes[n].gpus for n in d.free_per_node) or 1
+                scored.append(((allocatable - d.free_gpus + need) / allocatable, d))
+            return sorted(scored, key=lambda sd: (-sd[0], sd[1].switch.name))
+    return []
+
+
+def placed_elsewhere(
+    topology: Topology, free: Mapping[str, int], pods: Sequence[int], tier: int, held: Mapping[str, int]
+) -> DomainFit | None:
+    """The domain Volcano places a gang evicted from the nodes it `held` in (its old pods counted in
+    `free` as used), if that is surely not the domain it leaves, whether its old pods still terminate
+    or are gone: None where it may go back (the best, or tied with it, in either view)."""
+    chosen = None
+    for view in (free, freed(free, held)):
+        choices = volcano_choices(topology, view, pods, tier)
+        if not choices:
+            return None
+        best = choices[0][0]
+        if any(score == best and any(n in d.free_per_node for n in held) for score, d in choices):
+            return None
+        chosen = chosen or choices[0][1]
+    return chosen
+
+
+def take(free: Mapping[str, int], domain: DomainFit, pods: Sequence[int]) -> dict[str, int]:
+    """Free GPUs once `pods` are placed in `domain`, each on the node with the least room that holds it."""
+    out = dict(free)
+    for gpus in sorted(pods, reverse=True):
+        fitting = [n for n in domain.free_per_node if out.get(n, 0) >= gpus]
+        if fitting:
+            node = min(fitting, key=lambda n: (out[n], n))
+            out[node] -= gpus
+    return out
+
+
+def room_by_moving(
+    pods: Sequence[int],
+    held: Mapping[str, int],
+    tier: int,
+    residents: Sequence[Resident],
+    free: Mapping[str, int],
+    topology: Topology,
+) -> Room | None:
+    """The smallest resident whose move makes room within `tier` for a wide replica (its `pods`, and the
+    GPUs it `held`, free once it moves too), with where the resident goes; None if no single one does.
+    The resident moves first, while the wide replica still holds its GPUs: it goes where there is room
+    now; the wide replica then fits in what both leave."""
+    need = sum(pods)
+    for resident in sorted(residents, key=lambda r: (sum(r.pods), r.namespace, r.stormservice, r.replica))[:RESIDENTS_TRIED]:
+        if not _could_help(topology, freed(free, held), resident, need, tier):
+            continue
+        to = placed_elsewhere(topology, free, resident.pods, resident.tier, resident.held)
+        if to is None:
+            continue  # nowhere else to go, or (maybe) straight back where it was
+        placed = freed(take(freed(free, resident.held), to, resident.pods), held)
+        for t in range(1, tier + 1):
+            domains = domains_at_tier(topology, placed, pods, t)
+            if domains and domains[0].fits:
+                return Room(resident, to, domains[0])
+    return None
+
+
+def _could_help(topology: Topology, free: Mapping[str, int], resident: Resident, need: int, tier: int) -> bool:
+    """A cheap first look: some domain within `tier` around the resident has as many free GPUs as the
+    wide replica needs once the resident has left."""
+    for node in resident.held:
+        if node not in topology.nodes:
+            return False
+    for node in resident.held:
+        for switch in topology.ancestors(node):
+            if topology.switches[switch].tier > tier:
+                break
+            under = topology.nodes_under(switch)
+            if sum(free.get(n, 0) for n in under) + sum(g for n, g in resident.held.items() if n in under) >= need:
+                return True
+    return False

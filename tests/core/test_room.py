@@ -1,0 +1,138 @@
+"""Making room (core/room.py, and its move in core/healing.py): a wide replica that no leaf holds gets
+one when a smaller replica of another opted-in service moves to a leaf Volcano surely prefers. On the
+feature request's tree: leaves s0..s3 of two 8-GPU nodes each (s0: node0, node1; s1: node2, node3; ...)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from stormtopo.core.healing import Block, HealMemory, MakeRoom, Replica, Why, plan_healing, resident
+from stormtopo.core.room import Resident, room_by_moving
+from stormtopo.core.vocabulary import MOVES_ANNOTATION
+from stormtopo.core.writes import EvictPod, PostEvent, RecordMove
+from stormtopo.devenv.workloads import Role, stormservice
+from tests.core.test_healing import NOW, SOFT1, TIERS, TOPOLOGY, stamp
+
+# The wide replica: 8 + 8 GPUs, prefill on node1 (s0), decode on node3 (s1).
+WIDE_PODS, WIDE_HELD = (8, 8), {"node1": 8, "node3": 8}
+SMALL = Resident("other", "small", "small-0", {"node0": 2}, (1, 1), 1)  # on node0 (s0), 6 GPUs free beside it
+
+
+def free(**gpus: int) -> dict[str, int]:
+    """Free GPUs per node: the ones named, every other node full (the residents' own GPUs counted used)."""
+    return {n: gpus.get(n, 0) for n in TOPOLOGY.nodes}
+
+
+def test_a_small_replica_moves_to_a_fuller_leaf_and_the_wide_one_then_fits_where_it_was() -> None:
+    # s2 has 2 free on node4: fuller than s0 with the small replica's old pods terminating (6 free) or gone (8).
+    room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=2), TOPOLOGY)
+    assert room is not None and room.resident == SMALL
+    assert room.to.switch.name == "s2" and room.frees.switch.name == "s0"
+
+
+def test_no_move_where_volcano_would_send_the_resident_straight_back() -> None:
+    # s2 with 8 free is emptier than s0 (6 free while its old pods terminate): binpack picks s0 again.
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=8), TOPOLOGY) is None
+    # A tie (s2 with 6 free) goes to Go's map order, or to CPU and memory: not relied on.
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=6), TOPOLOGY) is None
+    # Its old leaf cannot hold it while its old pods terminate, but once they are gone it is as full as s2.
+    whole = Resident("other", "whole", "whole-0", {"node0": 8}, (4, 4), 1)
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [whole], free(node4=4, node5=4), TOPOLOGY) is None
+
+
+def test_the_resident_moves_first_so_it_never_counts_on_the_room_the_wide_replica_leaves() -> None:
+    # No other leaf has room for it now; node3's GPUs are the wide replica's until it moves itself.
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6), TOPOLOGY) is None
+
+
+def test_the_smallest_resident_that_helps_is_chosen_and_one_that_cannot_help_is_skipped() -> None:
+    far = Resident("other", "far", "far-0", {"node7": 2}, (1, 1), 1)  # in s3: leaving it opens nothing near 16 GPUs
+    three = Resident("other", "three", "three-0", {"node2": 3}, (1, 1, 1), 1)  # in s1, beside the wide decode
+    gpus = free(node0=6, node2=5, node4=2, node6=3)
+    room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [three, far, SMALL], gpus, TOPOLOGY)
+    assert room is not None and room.resident == SMALL and room.to.switch.name == "s2" and room.frees.switch.name == "s0"
+    room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [three, far], gpus, TOPOLOGY)
+    assert room is not None and room.resident == three and room.to.switch.name == "s3" and room.frees.switch.name == "s1"
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [far], gpus, TOPOLOGY) is None
+
+
+# -- the resident's own plan -------------------------------------------------------------------------
+
+ONE_EACH = (Role("prefill", gpus=1), Role("decode", gpus=1))
+
+
+def small_service(**moves: dict[str, Any]) -> dict[str, Any]:
+    svc = stormservice("small", "other", ONE_EACH, annotations=dict(SOFT1))
+    svc["spec"]["updateStrategy"] = {"type": "RollingUpdate"}
+    if moves:
+        svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps(moves)
+    return svc
+
+
+def small_replica(prefill: str, decode: str) -> Replica:
+    spec = small_service()["spec"]["template"]["spec"]
+    meta: dict[str, Any] = {"name": "small-0", "namespace": "other", "uid": "rs-uid", "labels": {"storm-service-name": "small"}}
+    pods = tuple(
+        {
+            "metadata": {
+                "name": f"small-0-{role}-0",
+                "uid": f"small-{role}",
+                "namespace": "other",
+                "creationTimestamp": stamp(NOW - 3600),
+                "labels": {"storm-service-name": "small", "roleset-name": "small-0", "role-name": role},
+                "ownerReferences": [{"uid": "rs-uid"}],
+            },
+            "spec": {"nodeName": node},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": stamp(NOW - 3500)}]},
+        }
+        for role, node in (("prefill", prefill), ("decode", decode))
+    )
+    return Replica({"metadata": meta, "spec": spec}, pods)
+
+
+ORDER = MakeRoom("small-0", "StormService ns/svc replica svc-a", "s0")
+
+
+def plan_for(svc: dict[str, Any], free_gpus: dict[str, int], order: MakeRoom | None = ORDER) -> Any:
+    from stormtopo.core.healing import HealSnapshot
+
+    return plan_healing(
+        HealSnapshot(svc, (small_replica("node0", "node0"),), TIERS, TOPOLOGY, free_gpus, now=NOW, make_room=order), HealMemory()
+    )
+
+
+def test_ordered_to_make_room_a_replica_within_its_tier_moves_whole_and_says_for_whom() -> None:
+    plan = plan_for(small_service(), free(node0=6, node4=2))  # s2 fuller than s0, its old pods terminating or gone
+    assert plan.moving is not None and plan.moving.why is Why.MAKE_ROOM
+    assert plan.moving.target is not None and plan.moving.target.switch.name == "s2"
+    assert sorted(w.name for w in plan.writes if isinstance(w, EvictPod)) == ["small-0-decode-0", "small-0-prefill-0"]
+    (record,) = [w.record for w in plan.writes if isinstance(w, RecordMove)]
+    assert record["reason"] == "make-room" and record["for"] == ORDER.wide
+    (moving,) = [w.say.message for w in plan.writes if isinstance(w, PostEvent) and w.say.reason == "ReplicaMoving"]
+    assert "makes room in s0 for StormService ns/svc replica svc-a" in moving
+
+
+def test_unordered_or_blocked_a_replica_within_its_tier_never_moves() -> None:
+    assert plan_for(small_service(), free(node0=6, node4=2), order=None).moving is None
+    cooling = small_service(**{"small-0": {"at": stamp(NOW - 60), "done": True}})
+    plan = plan_for(cooling, free(node0=6, node4=2))
+    assert plan.moving is None and plan.verdicts[0].block is Block.COOLDOWN
+    # Read again now, Volcano would put it back where it is (s0, 6 free beside it, fuller than s2).
+    plan = plan_for(small_service(), free(node0=6, node4=8))
+    assert plan.moving is None and plan.verdicts[0].block is Block.NO_ROOM
+
+
+def test_a_resident_is_read_from_the_index_only_when_whole_within_its_tier_and_free_to_move() -> None:
+    svc, rs = small_service(), small_replica("node0", "node0")
+    found = resident(svc, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW)
+    assert found == Resident("other", "small", "small-0", {"node0": 2}, (1, 1), 1)
+    assert resident({**svc, "metadata": {**svc["metadata"], "annotations": {}}}, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
+    cooling = small_service(**{"small-0": {"at": stamp(NOW - 60), "done": True}})
+    assert resident(cooling, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
+    moving = small_service(**{"small-1": {"at": stamp(NOW - 60)}})  # another replica of it moving
+    assert resident(moving, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
+    assert resident(svc, rs.roleset, rs.pods[:1], TIERS, TOPOLOGY, NOW) is None  # not whole
+    wide = replace(rs, pods=(rs.pods[0], {**rs.pods[1], "spec": {"nodeName": "node2"}}))
+    assert resident(svc, wide.roleset, wide.pods, TIERS, TOPOLOGY, NOW) is None  # itself above its tier
