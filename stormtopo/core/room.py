@@ -8,12 +8,14 @@ consolidation moves running jobs for pending ones. The resident stays within its
 from one domain of that tier to another.
 
 Volcano, not stormtopo, places the resident again, and its HyperNode binpack sends a gang to the
-fullest domain that holds it (`(used + the gang's requests) / allocatable`, on GPUs here). AIBrix
-re-creates evicted pods at once, and Volcano may place them while the old ones still terminate (counted
-as used where they are) or once they are gone: both were seen on the local control plane, where a
-resident whose old leaf tied with its target on GPUs went back each time, CPU breaking the tie. So a
-resident is chosen only where, in both views, its old domain cannot hold it again or is surely emptier
-than where it goes; otherwise it would go straight back, and the room would close again.
+fullest domain that holds it: `(used + the gang's requests) / allocatable`, 0 where that exceeds 1 (on
+GPUs here; Volcano v1.15.1, network_topology_aware.go getSubJobHyperNodeBinPackingScore). AIBrix
+re-creates evicted pods at once, so Volcano may place them while the old ones still terminate, and then
+it counts the old pods twice: as used where they are, and in the gang's requests (it sums every task of
+the gang); a tie goes to the domain holding the gang's tasks (scoreWithTaskNum), then to Go map order.
+Or it places them once the old ones are gone. So a resident is chosen only where, in both views, its old
+domain cannot hold it again or scores surely lower than where it goes; otherwise it goes straight back
+(as it did on the local control plane, every time, before this was modelled), and the room closes.
 """
 
 from __future__ import annotations
@@ -55,18 +57,21 @@ def freed(free: Mapping[str, int], held: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def volcano_choices(topology: Topology, free: Mapping[str, int], pods: Sequence[int], tier: int) -> list[tuple[float, DomainFit]]:
-    """Where Volcano may place a gang held within `tier`: the domains of the lowest tier that hold it,
-    each with its HyperNode binpack score (how full it is once the gang is in, GPUs only), best first.
-    Volcano takes the best; domains with the same score tie in Go map order."""
-    need = sum(pods)
+def volcano_choices(
+    topology: Topology, free: Mapping[str, int], pods: Sequence[int], tier: int, terminating: Mapping[str, int] | None = None
+) -> list[tuple[float, DomainFit]]:
+    """Where Volcano may place a gang held within `tier`: the domains of the lowest tier that hold its
+    `pods` now, each with its HyperNode binpack score, best first (Volcano takes the best). The gang's
+    old pods still `terminating` (GPUs per node, counted used in `free`) count in its request again."""
+    request = sum(pods) + sum((terminating or {}).values())
     for t in range(1, tier + 1):
         fitting = [d for d in domains_at_tier(topology, free, pods, t) if d.fits]
         if fitting:
             scored = []
             for d in fitting:
                 allocatable = sum(topology.nodes[n].gpus for n in d.free_per_node) or 1
-                scored.append(((allocatable - d.free_gpus + need) / allocatable, d))
+                used = allocatable - d.free_gpus
+                scored.append((0.0 if used + request > allocatable else (used + request) / allocatable, d))
             return sorted(scored, key=lambda sd: (-sd[0], sd[1].switch.name))
     return []
 
@@ -78,12 +83,12 @@ def placed_elsewhere(
     `free` as used), if that is surely not the domain it leaves, whether its old pods still terminate
     or are gone: None where it may go back (the best, or tied with it, in either view)."""
     chosen = None
-    for view in (free, freed(free, held)):
-        choices = volcano_choices(topology, view, pods, tier)
+    for view, terminating in ((free, held), (freed(free, held), {})):
+        choices = volcano_choices(topology, view, pods, tier, terminating)
         if not choices:
             return None
         best = choices[0][0]
-        if any(score == best and any(n in d.free_per_node for n in held) for score, d in choices):
+        if any(score >= best and any(n in d.free_per_node for n in held) for score, d in choices):
             return None
         chosen = chosen or choices[0][1]
     return chosen

@@ -26,8 +26,9 @@ def free(**gpus: int) -> dict[str, int]:
 
 
 def test_a_small_replica_moves_to_a_fuller_leaf_and_the_wide_one_then_fits_where_it_was() -> None:
-    # s2 has 2 free on node4: fuller than s0 with the small replica's old pods terminating (6 free) or gone (8).
-    room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=2), TOPOLOGY)
+    # s2 has 4 free on node4: Volcano scores it 16/16 while the old pods terminate (they count in the gang's
+    # request again: 12 used + 2 + 2), s0 14/16; and 14/16 against 10/16 once they are gone.
+    room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=4), TOPOLOGY)
     assert room is not None and room.resident == SMALL
     assert room.to.switch.name == "s2" and room.frees.switch.name == "s0"
 
@@ -35,8 +36,11 @@ def test_a_small_replica_moves_to_a_fuller_leaf_and_the_wide_one_then_fits_where
 def test_no_move_where_volcano_would_send_the_resident_straight_back() -> None:
     # s2 with 8 free is emptier than s0 (6 free while its old pods terminate): binpack picks s0 again.
     assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=8), TOPOLOGY) is None
-    # A tie (s2 with 6 free) goes to Go's map order, or to CPU and memory: not relied on.
+    # A tie (s2 with 6 free) goes to the domain holding the gang's old pods, then to Go's map order.
     assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=6), TOPOLOGY) is None
+    # s2 with exactly the 2 GPUs it needs: while its old pods terminate, Volcano asks for 4 and scores s2 0
+    # (what sent it back on the local control plane).
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=2), TOPOLOGY) is None
     # Its old leaf cannot hold it while its old pods terminate, but once they are gone it is as full as s2.
     whole = Resident("other", "whole", "whole-0", {"node0": 8}, (4, 4), 1)
     assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [whole], free(node4=4, node5=4), TOPOLOGY) is None
@@ -50,11 +54,12 @@ def test_the_resident_moves_first_so_it_never_counts_on_the_room_the_wide_replic
 def test_the_smallest_resident_that_helps_is_chosen_and_one_that_cannot_help_is_skipped() -> None:
     far = Resident("other", "far", "far-0", {"node7": 2}, (1, 1), 1)  # in s3: leaving it opens nothing near 16 GPUs
     three = Resident("other", "three", "three-0", {"node2": 3}, (1, 1, 1), 1)  # in s1, beside the wide decode
-    gpus = free(node0=6, node2=5, node4=2, node6=3)
+    gpus = free(node0=6, node2=5, node4=4, node6=3)
     room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [three, far, SMALL], gpus, TOPOLOGY)
     assert room is not None and room.resident == SMALL and room.to.switch.name == "s2" and room.frees.switch.name == "s0"
     room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [three, far], gpus, TOPOLOGY)
-    assert room is not None and room.resident == three and room.to.switch.name == "s3" and room.frees.switch.name == "s1"
+    # Its old pods counted twice, only s0 takes it (16/16) while they terminate; s3 once they are gone.
+    assert room is not None and room.resident == three and room.to.switch.name == "s0" and room.frees.switch.name == "s1"
     assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [far], gpus, TOPOLOGY) is None
 
 
@@ -104,7 +109,7 @@ def plan_for(svc: dict[str, Any], free_gpus: dict[str, int], order: MakeRoom | N
 
 
 def test_ordered_to_make_room_a_replica_within_its_tier_moves_whole_and_says_for_whom() -> None:
-    plan = plan_for(small_service(), free(node0=6, node4=2))  # s2 fuller than s0, its old pods terminating or gone
+    plan = plan_for(small_service(), free(node0=6, node4=4))  # s2 fuller than s0, its old pods terminating or gone
     assert plan.moving is not None and plan.moving.why is Why.MAKE_ROOM
     assert plan.moving.target is not None and plan.moving.target.switch.name == "s2"
     assert sorted(w.name for w in plan.writes if isinstance(w, EvictPod)) == ["small-0-decode-0", "small-0-prefill-0"]
@@ -115,9 +120,9 @@ def test_ordered_to_make_room_a_replica_within_its_tier_moves_whole_and_says_for
 
 
 def test_unordered_or_blocked_a_replica_within_its_tier_never_moves() -> None:
-    assert plan_for(small_service(), free(node0=6, node4=2), order=None).moving is None
+    assert plan_for(small_service(), free(node0=6, node4=4), order=None).moving is None
     cooling = small_service(**{"small-0": {"at": stamp(NOW - 60), "done": True}})
-    plan = plan_for(cooling, free(node0=6, node4=2))
+    plan = plan_for(cooling, free(node0=6, node4=4))
     assert plan.moving is None and plan.verdicts[0].block is Block.COOLDOWN
     # Read again now, Volcano would put it back where it is (s0, 6 free beside it, fuller than s2).
     plan = plan_for(small_service(), free(node0=6, node4=8))

@@ -288,7 +288,8 @@ def test_a_smaller_replica_of_another_service_moves_out_of_the_way_and_the_wide_
     small_before = {p["metadata"]["uid"] for p in placed}
     for node in ("node1", "node3", "node4"):
         free(cluster, namespace, node)
-    cluster.create(filler_pod("most-node4", namespace, "node4", 6))  # s2: 2 GPUs free, room for the smaller replica only
+    # s2: 4 GPUs free: room for the smaller replica twice over, as Volcano asks while its old pods terminate.
+    cluster.create(filler_pod("most-node4", namespace, "node4", 4))
     cluster.bound_pods(namespace, "stormtopo.io/filler=true", 5)
     # node1 and node3 are the only nodes with 8 free: the 8 + 8 replica lands across s0 and s1.
     cluster.create(stormservice(big, namespace, roles=BIG, annotations={**SOFT_LEAF, **HEAL}))

@@ -1,0 +1,100 @@
+"""The node tier on the real control plane (issue 21): the short list of tier-0 HyperNodes that
+core/topology/node_tier.py renders, applied by hand, is accepted by Volcano's webhook and controller (a
+leaf then names both nodes and tier-0 HyperNodes), and sends a hard tier-1 replica that one node holds to
+one node, where the leaf alone splits it; stormtopo reads that tree back as the tree it knows.
+
+The feature request's tree: leaves s0..s3 of two 8-GPU nodes each. node0 and node2 have 1 GPU free,
+node1 is empty, the rest full: s0 is the only leaf with room for a 1 + 1 GPU replica, and binpack sends
+its first pod to node0 and its second to node1. With node1 (the next empty node) at tier 0, Volcano
+tries it first and the whole replica fits there.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from stormtopo.core.topology.hypernodes import topology_from_hypernodes
+from stormtopo.core.topology.node_tier import NODE_TIER, node_tier_manifests, shortlist
+from stormtopo.core.topology.tree import Topology
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
+from stormtopo.devenv.client import DevCluster, node_names
+from stormtopo.devenv.workloads import Role, filler_pod, stormservice
+
+GROUP, VERSION, PLURAL = "topology.volcano.sh", "v1alpha1", "hypernodes"
+ONE_EACH = (Role("prefill", gpus=1), Role("decode", gpus=1))
+
+
+def apply(cluster: DevCluster, manifests: list[dict[str, Any]], before: dict[str, dict[str, Any]]) -> None:
+    """Create the HyperNodes that are new, replace the ones that changed, delete the ones left out."""
+    wanted = {m["metadata"]["name"]: m for m in manifests}
+    for name, manifest in wanted.items():  # tier 0 first: a leaf never names a HyperNode that is not there
+        if name not in before:
+            cluster.custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, manifest)
+        elif manifest["spec"] != before[name]["spec"]:
+            current = cluster.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+            cluster.custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, name, {**current, "spec": manifest["spec"]})
+    for name in set(before) - set(wanted):
+        cluster.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+
+
+@pytest.fixture
+def node_tier(cluster: DevCluster, topology: Topology) -> Iterator[list[str]]:
+    """The short list applied to the cluster's HyperNodes for the duration of the test, then taken back."""
+    original = {h["metadata"]["name"]: copy.deepcopy(h) for h in cluster.hypernodes()}
+    listed: list[str] = []
+    try:
+        yield listed
+    finally:
+        now = {h["metadata"]["name"]: h for h in cluster.hypernodes()}
+        apply(cluster, [{"metadata": {"name": n}, "spec": h["spec"]} for n, h in original.items()], now)
+        cluster.wait(lambda: {h["metadata"]["name"] for h in cluster.hypernodes()} == set(original), 30, "the tree as it was")
+
+
+def placed(cluster: DevCluster, namespace: str, name: str) -> tuple[list[str], list[Any]]:
+    """Where a replica's two pods were bound, and the tiers its placement record gives."""
+    pods = cluster.bound_pods(namespace, f"storm-service-name={name}", 2, timeout=90)
+
+    def recorded() -> list[Any]:
+        raw = (cluster.stormservice(namespace, name)["metadata"].get("annotations") or {}).get("stormtopo.io/placement")
+        return [r.get("tier") for r in json.loads(raw).values()] if raw else []
+
+    return node_names(pods), cluster.wait(recorded, 60, f"the placement record of {name}")
+
+
+def test_a_short_list_of_tier0_hypernodes_is_accepted_and_puts_a_replica_on_one_node(
+    cluster: DevCluster, topology: Topology, namespace: str, node_tier: list[str]
+) -> None:
+    used = {"node0": 7, "node2": 7, **{n: 8 for n in ("node3", "node4", "node5", "node6", "node7")}}
+    for node, gpus in used.items():
+        cluster.create(filler_pod(f"busy-{node}", namespace, node, gpus))
+    cluster.bound_pods(namespace, "stormtopo.io/filler=true", len(used))
+    hard_leaf = {MODE: "hard", HIGHEST_TIER: "1"}
+
+    # The leaf alone: s0 is the only leaf with room; binpack sends the first pod to node0 (1 GPU free).
+    split = f"split-{namespace}"
+    cluster.create(stormservice(split, namespace, roles=ONE_EACH, annotations=hard_leaf))
+    assert placed(cluster, namespace, split) == (["node0", "node1"], [1])
+    cluster.delete_stormservice(namespace, split)
+    cluster.wait(lambda: not cluster.pods(namespace, f"storm-service-name={split}"), 60, f"{split}'s pods gone")
+
+    node_tier.extend(shortlist(topology, used))
+    assert node_tier == ["node2", "node0", "node1"]  # partly used nodes (fullest leaf first), then the next empty one
+    before = {h["metadata"]["name"]: h for h in cluster.hypernodes()}
+    apply(cluster, node_tier_manifests(list(before.values()), node_tier), before)
+    applied = cluster.hypernodes()
+    assert sorted(h["metadata"]["name"] for h in applied if int(h["spec"]["tier"]) == NODE_TIER) == sorted(f"{n}.node" for n in node_tier)
+    s1 = next(h for h in applied if h["metadata"]["name"] == "s1")
+    assert sorted(m["type"] for m in s1["spec"]["members"]) == ["HyperNode", "Node"], s1["spec"]  # a mixed leaf, accepted
+    # stormtopo reads the tree back as it was: each tier-0 HyperNode folded into its node.
+    back = topology_from_hypernodes(applied)
+    assert back.nodes.keys() == topology.nodes.keys() and back.nodes["node1"].switch == "s0"
+
+    # With the node tier: Volcano tries the tier-0 HyperNodes first, and node1 holds the whole replica.
+    one = f"one-{namespace}"
+    cluster.create(stormservice(one, namespace, roles=ONE_EACH, annotations=hard_leaf))
+    assert placed(cluster, namespace, one) == (["node1", "node1"], [0])
