@@ -150,6 +150,7 @@ class HealSnapshot:
     podgroups: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # replica -> its PodGroup
     recheck: float = NO_ROOM_RECHECK  # seconds before a service with nowhere to go is read again
     make_room: MakeRoom | None = None
+    allocatable: Mapping[str, int] = field(default_factory=dict)  # GPUs per node (else its size in the tree)
 
     @property
     def request(self) -> TopologyRequest | None:
@@ -244,15 +245,16 @@ def resident(
     cooldown: float = COOLDOWN,
 ) -> Resident | None:
     """A replica that may be moved to make room (core/room.py), from what the index holds: its service
-    opted in, moves nothing now, and the replica is whole, within its tier and out of its cool-down.
-    Its own plan checks the rest (budgets, readiness) on a fresh read before it moves."""
+    opted in, has no replica wide or moving, and the replica is whole, within its tier and out of its
+    cool-down and back-off. Its own plan checks the rest (budgets, readiness) on a fresh read."""
     tier = _healing_tier(stormservice, tiers, topology, opted_in_only=True)
     moves = recorded_moves(stormservice)
     name = str(roleset["metadata"]["name"])
-    if tier is None or any(not m.get("done") for m in moves.values()):
-        return None
-    last = _seconds((moves.get(name) or {}).get("at"))
-    if last is not None and now - last < _cooldown(moves.get(name) or {}, cooldown):
+    if tier is None or may_need_healing(stormservice, tiers, topology):
+        return None  # not opted in; or wide itself, or moving: it waits for room, it does not give it
+    move = moves.get(name) or {}
+    last, retry = _seconds(move.get("at")), _seconds(move.get("retryAt"))
+    if (last is not None and now - last < _cooldown(move, cooldown)) or (retry is not None and now < retry):
         return None
     # The index keeps no owner references: the replica's pods are those carrying its label.
     meta = {k: v for k, v in (roleset.get("metadata") or {}).items() if k != "uid"}
@@ -337,7 +339,11 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
         writes += _hold(snapshot, request, replica.name, None)  # the gang back to what its request asks
     verdicts = _verdicts(snapshot, request, tier, moves, memory, in_flight)
     room = snapshot.make_room
-    says = [(v, _not_moved(v, request, tier, room)) for v in verdicts if v.why is not None and v.target is not None and v.blocked]
+    says = [
+        (v, _not_moved(v, request, tier, room))
+        for v in verdicts
+        if v.why not in (None, Why.MAKE_ROOM) and v.target is not None and v.blocked  # a donor is not wide: nothing to say
+    ]
     moving = next((v for v in verdicts if v.moves), None)
     if moving is not None and moving.target is not None:
         replica = next(r for r in snapshot.replicas if r.name == moving.replica)
@@ -352,6 +358,7 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
         }
         if moving.why is Why.MAKE_ROOM and snapshot.make_room is not None:
             record["for"] = snapshot.make_room.wide
+            record["left"] = domain_left(snapshot.topology, replica.nodes(), tier)
         says.append((moving, Say("Normal", "ReplicaMoving", _moving(moving, request, tier, replica, snapshot.make_room))))
         writes.append(_record(snapshot, moving.replica, record))
         writes += _hold(snapshot, request, moving.replica, moving.target.switch.tier)
@@ -461,12 +468,23 @@ def _making_room(
     in_flight: Sequence[str],
 ) -> Verdict:
     """A replica within its tier that the shell chose to make room: it moves, under every rule a wide
-    one moves under, only if Volcano would place it in another domain of its tier, read again now."""
+    one moves under, only if it is ready and Volcano would place it in another domain of its tier, read
+    again now."""
     blocked, block = _blocked(snapshot, replica, moves, memory, in_flight)
-    target = placed_elsewhere(snapshot.topology, snapshot.free, replica.wanted(), tier, replica.gpus_by_node())
-    if not blocked and target is None:
+    target = placed_elsewhere(snapshot.topology, snapshot.free, snapshot.allocatable, replica.wanted(), tier, replica.gpus_by_node())
+    if not blocked and not replica.ready():
+        blocked, block = "not every pod is ready", Block.NO_ROOM
+    elif not blocked and target is None:
         blocked, block = "Volcano might place it back where it is now", Block.NO_ROOM
     return Verdict(replica.name, where, Why.MAKE_ROOM, target, blocked, block)
+
+
+def domain_left(topology: Topology, nodes: Sequence[str], tier: int) -> str | None:
+    """The domain of `tier` that holds `nodes` (a replica within its tier): what a move to make room leaves."""
+    if not nodes or nodes[0] not in topology.nodes:
+        return None
+    at = [s for s in topology.ancestors(nodes[0]) if topology.switches[s].tier == tier]
+    return at[0] if at and all(n in topology.nodes_under(at[0]) for n in nodes) else None
 
 
 def _room(snapshot: HealSnapshot, replica: Replica, tier: int) -> DomainFit | None:
@@ -605,6 +623,9 @@ def _settled(snapshot: HealSnapshot, replica: Replica, move: Mapping[str, Any], 
         ready_at = [t for p in replica.bound() if (t := _ready_since(p)) is not None]
         span = snapshot.topology.span(replica.nodes())
         landed = span.tier is not None and span.tier <= tier
+        left = move.get("left")
+        if landed and isinstance(left, str) and left in snapshot.topology.switches:  # made room: it must not be back
+            landed = not set(replica.nodes()) & set(snapshot.topology.nodes_under(left))
         return Settled(replica.name, max(0.0, max(ready_at) - at) if ready_at else None, landed)
     if snapshot.now - at > MOVE_DEADLINE or (snapshot.now - at > HOLD and not replica.complete() and fresh):
         return Settled(replica.name, None, False)

@@ -20,13 +20,13 @@ domain cannot hold it again or scores surely lower than where it goes; otherwise
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from stormtopo.core.packing import DomainFit, domains_at_tier
 from stormtopo.core.topology.tree import Topology
 
-RESIDENTS_TRIED = 24  # packing searches are ~ms each; the smallest residents first, the rest not tried this pass
+RESIDENTS_TRIED = 24  # of those near enough to help, smallest first: packing searches are ~ms each
 
 
 @dataclass(frozen=True)
@@ -58,33 +58,39 @@ def freed(free: Mapping[str, int], held: Mapping[str, int]) -> dict[str, int]:
 
 
 def volcano_choices(
-    topology: Topology, free: Mapping[str, int], pods: Sequence[int], tier: int, terminating: Mapping[str, int] | None = None
+    topology: Topology,
+    free: Mapping[str, int],
+    allocatable: Mapping[str, int],
+    pods: Sequence[int],
+    tier: int,
+    terminating: Mapping[str, int] | None = None,
 ) -> list[tuple[float, DomainFit]]:
     """Where Volcano may place a gang held within `tier`: the domains of the lowest tier that hold its
     `pods` now, each with its HyperNode binpack score, best first (Volcano takes the best). The gang's
-    old pods still `terminating` (GPUs per node, counted used in `free`) count in its request again."""
+    old pods still `terminating` (GPUs per node, counted used in `free`) count in its request again.
+    `allocatable`: GPUs per node (a node not in it: its size in the tree)."""
     request = sum(pods) + sum((terminating or {}).values())
     for t in range(1, tier + 1):
         fitting = [d for d in domains_at_tier(topology, free, pods, t) if d.fits]
         if fitting:
             scored = []
             for d in fitting:
-                allocatable = sum(topology.nodes[n].gpus for n in d.free_per_node) or 1
-                used = allocatable - d.free_gpus
-                scored.append((0.0 if used + request > allocatable else (used + request) / allocatable, d))
+                size = sum(allocatable.get(n, topology.nodes[n].gpus) for n in d.free_per_node) or 1
+                used = size - d.free_gpus
+                scored.append((0.0 if used + request > size else (used + request) / size, d))
             return sorted(scored, key=lambda sd: (-sd[0], sd[1].switch.name))
     return []
 
 
 def placed_elsewhere(
-    topology: Topology, free: Mapping[str, int], pods: Sequence[int], tier: int, held: Mapping[str, int]
+    topology: Topology, free: Mapping[str, int], allocatable: Mapping[str, int], pods: Sequence[int], tier: int, held: Mapping[str, int]
 ) -> DomainFit | None:
     """The domain Volcano places a gang evicted from the nodes it `held` in (its old pods counted in
     `free` as used), if that is surely not the domain it leaves, whether its old pods still terminate
     or are gone: None where it may go back (the best, or tied with it, in either view)."""
     chosen = None
     for view, terminating in ((free, held), (freed(free, held), {})):
-        choices = volcano_choices(topology, view, pods, tier, terminating)
+        choices = volcano_choices(topology, view, allocatable, pods, tier, terminating)
         if not choices:
             return None
         best = choices[0][0]
@@ -94,14 +100,16 @@ def placed_elsewhere(
     return chosen
 
 
-def take(free: Mapping[str, int], domain: DomainFit, pods: Sequence[int]) -> dict[str, int]:
-    """Free GPUs once `pods` are placed in `domain`, each on the node with the least room that holds it."""
+def take(free: Mapping[str, int], domain: DomainFit, pods: Sequence[int]) -> dict[str, int] | None:
+    """Free GPUs once `pods` are placed in `domain`, each on the node with the least room that holds it;
+    None if this greedy placement cannot place them all (the packing search may have found a way)."""
     out = dict(free)
     for gpus in sorted(pods, reverse=True):
         fitting = [n for n in domain.free_per_node if out.get(n, 0) >= gpus]
-        if fitting:
-            node = min(fitting, key=lambda n: (out[n], n))
-            out[node] -= gpus
+        if not fitting:
+            return None
+        node = min(fitting, key=lambda n: (out[n], n))
+        out[node] -= gpus
     return out
 
 
@@ -111,25 +119,39 @@ def room_by_moving(
     tier: int,
     residents: Sequence[Resident],
     free: Mapping[str, int],
+    allocatable: Mapping[str, int],
     topology: Topology,
+    skip: Collection[str] = (),
 ) -> Room | None:
     """The smallest resident whose move makes room within `tier` for a wide replica (its `pods`, and the
     GPUs it `held`, free once it moves too), with where the resident goes; None if no single one does.
     The resident moves first, while the wide replica still holds its GPUs: it goes where there is room
-    now; the wide replica then fits in what both leave."""
+    now; the wide replica then fits in what both leave. Residents near enough to help are searched, at
+    most RESIDENTS_TRIED of them; `skip`: residents (namespace/stormservice/replica) not to offer."""
     need = sum(pods)
-    for resident in sorted(residents, key=lambda r: (sum(r.pods), r.namespace, r.stormservice, r.replica))[:RESIDENTS_TRIED]:
-        if not _could_help(topology, freed(free, held), resident, need, tier):
-            continue
-        to = placed_elsewhere(topology, free, resident.pods, resident.tier, resident.held)
+    both_gone = freed(free, held)
+    near = [
+        r
+        for r in sorted(residents, key=lambda r: (sum(r.pods), r.namespace, r.stormservice, r.replica))
+        if resident_key(r) not in skip and _could_help(topology, both_gone, r, need, tier)
+    ]
+    for resident in near[:RESIDENTS_TRIED]:
+        to = placed_elsewhere(topology, free, allocatable, resident.pods, resident.tier, resident.held)
         if to is None:
             continue  # nowhere else to go, or (maybe) straight back where it was
-        placed = freed(take(freed(free, resident.held), to, resident.pods), held)
+        moved = take(freed(free, resident.held), to, resident.pods)
+        if moved is None:
+            continue
+        placed = freed(moved, held)
         for t in range(1, tier + 1):
             domains = domains_at_tier(topology, placed, pods, t)
             if domains and domains[0].fits:
                 return Room(resident, to, domains[0])
     return None
+
+
+def resident_key(resident: Resident) -> str:
+    return f"{resident.namespace}/{resident.stormservice}/{resident.replica}"
 
 
 def _could_help(topology: Topology, free: Mapping[str, int], resident: Resident, need: int, tier: int) -> bool:

@@ -39,6 +39,7 @@ class _Worker:
     api: Api | None = None
     free: tuple[float, dict[str, int]] = (float("-inf"), {})
     schedulable: tuple[float, dict[str, int]] = (float("-inf"), {})  # healing's: nodes that take new pods only
+    allocatable: tuple[float, dict[str, int]] = (float("-inf"), {})  # making room's: every node's allocatable GPUs
 
 
 def _start_worker(parent: int) -> None:
@@ -80,6 +81,15 @@ def free_gpus_in_worker(kubeconfig: str | None, taking_new_pods: bool = False) -
     if _stale(_Worker.free[0], FREE_GPUS_TTL):
         _Worker.free = (time.monotonic(), _Worker.api.free_gpus())
     return _Worker.free[1]
+
+
+def allocatable_gpus_in_worker(kubeconfig: str | None) -> dict[str, int]:
+    """Runs in the worker: every node's allocatable GPUs (what a HyperNode's binpack divides by)."""
+    if _Worker.api is None:
+        _Worker.api = Api(kubeconfig)
+    if _stale(_Worker.allocatable[0], FREE_GPUS_TTL):
+        _Worker.allocatable = (time.monotonic(), _Worker.api.gpu_totals())
+    return _Worker.allocatable[1]
 
 
 def outcome(pending: Pending) -> str:
@@ -130,6 +140,17 @@ class Explainer:
         loop = asyncio.get_running_loop()
         try:
             work = loop.run_in_executor(self._executor(), free_gpus_in_worker, self.kubeconfig, True)
+            return await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
+        except BrokenProcessPool:
+            log.warning("the explanation worker died; starting another for the next reading")
+            self.close()
+            raise
+
+    async def allocatable_gpus(self) -> dict[str, int]:
+        """Allocatable GPUs of every node, read in the worker (making room's reading)."""
+        loop = asyncio.get_running_loop()
+        try:
+            work = loop.run_in_executor(self._executor(), allocatable_gpus_in_worker, self.kubeconfig)
             return await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
         except BrokenProcessPool:
             log.warning("the explanation worker died; starting another for the next reading")

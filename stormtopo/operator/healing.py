@@ -21,11 +21,12 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from stormtopo.core.healing import (
     COOLDOWN,
+    MOVE_DEADLINE,
     NO_ROOM_RECHECK,
     Block,
     HealMemory,
@@ -43,7 +44,7 @@ from stormtopo.core.healing import (
 )
 from stormtopo.core.moves import recorded_moves
 from stormtopo.core.placement import merge_placements
-from stormtopo.core.room import room_by_moving
+from stormtopo.core.room import Resident, resident_key, room_by_moving
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.writes import EvictPod, RecordMove, Write
 from stormtopo.kube.client import Api, ApiError, Conflict
@@ -54,6 +55,9 @@ from stormtopo.operator.index import Index, Key
 from stormtopo.operator.writer import execute
 
 log = logging.getLogger("stormtopo.healing")
+
+WIDE_TRIED = 2  # wide replicas a pass looks for a resident to move for (each search ~0.1 s at 1,000 nodes)
+DONORS_TRIED = 3  # residents offered in turn to one wide replica, when the first ones' own plans refuse
 
 
 def is_budget_refusal(exc: ApiError) -> bool:
@@ -84,6 +88,8 @@ class Healer:
     _memory: dict[Key, HealMemory] = field(default_factory=dict)
     _free: dict[str, int] | None = None  # this pass's reading
     _no_room: list[tuple[Key, Replica, int]] = field(default_factory=list)  # this pass's wide replicas with nowhere to go
+    _room_for: dict[Key, float] = field(default_factory=dict)  # services room is being made for: read every pass until then
+    _room_made: dict[tuple[Key, str], float] = field(default_factory=dict)  # (service, wide replica) -> when room was made for it
 
     async def check(self) -> None:
         """One pass over the StormServices (a loop of the operator runs it every --heal-interval)."""
@@ -97,8 +103,8 @@ class Healer:
             if not may_need_healing(stormservice, tiers, topology):
                 self._memory.pop(key, None)
                 continue
-            if now < self._memory.get(key, HealMemory()).quiet_until:
-                continue
+            if now < self._memory.get(key, HealMemory()).quiet_until and now >= self._room_for.get(key, 0.0):
+                continue  # (unless room is being made for it)
             try:
                 await self.heal(key)
             except Exception:  # one service's failure is logged; the others still get their pass
@@ -110,10 +116,14 @@ class Healer:
                 log.exception("making room failed; trying again at the next pass")
         for gone in set(self._memory) - set(self.index.stormservices):
             del self._memory[gone]
+        self._room_for = {k: t for k, t in self._room_for.items() if t > now}
+        self._room_made = {k: t for k, t in self._room_made.items() if now - t < self.cooldown}
         metrics.HEALING_PASSES.inc()
 
-    async def heal(self, key: Key, make_room: MakeRoom | None = None) -> HealPlan | None:
-        snapshot = await self.snapshot(key, make_room)
+    async def heal(self, key: Key, make_room: MakeRoom | None = None, allocatable: dict[str, int] | None = None) -> HealPlan | None:
+        """Plan one service and carry the plan out; None if there was nothing to plan or its records
+        could not be written (the service changed since it was read)."""
+        snapshot = await self.snapshot(key, make_room, allocatable)
         if snapshot is None:
             return None
         # The packing search is CPU work: on a thread, the loop still answers admissions between slices.
@@ -124,39 +134,61 @@ class Healer:
             for verdict in plan.verdicts:
                 if verdict.block is Block.NO_ROOM and verdict.why in (Why.SOFT_WIDE, Why.VIOLATION):
                     self._no_room.append((key, next(r for r in snapshot.replicas if r.name == verdict.replica), tier))
-        await self.carry_out(key, snapshot, plan)
-        return plan
+        return plan if await self.carry_out(key, snapshot, plan) else None
 
     async def make_room(self) -> None:
-        """For this pass's wide replicas with nowhere to go, one replica of another opted-in service moved
-        out of the way (core/room.py), at most one such move under way in the cluster at a time."""
+        """For this pass's wide replicas with nowhere to go (at most WIDE_TRIED of them), one replica of
+        another opted-in service moved out of the way (core/room.py): at most one such move under way in
+        the cluster, and at most one per wide replica within its cool-down. A resident its own plan
+        refuses (a budget, not ready, Volcano might put it back) is skipped for the next in line."""
         services = self.index.stormservices
         if any(m.get("reason") == Why.MAKE_ROOM and not m.get("done") for s in services.values() for m in recorded_moves(s).values()):
             return
-        tiers, topology, now = self.index.cluster_tiers(), self.index.topology(), time.time()
-        waiting = {key for key, _, _ in self._no_room}
-        residents = []
-        for key, stormservice in list(services.items()):
-            if key in waiting:
-                continue
-            for roleset in self.index.rolesets_of(*key):
-                pods = self.index.pods_of(key[0], roleset["metadata"]["name"])
-                if found := resident(stormservice, roleset, pods, tiers, topology, now, self.cooldown):
-                    residents.append(found)
-        if not residents or self._free is None:
+        now = time.time()
+        waiting = [(k, r, t) for k, r, t in self._no_room if now - self._room_made.get((k, r.name), float("-inf")) >= self.cooldown]
+        if not waiting or self._free is None:
             return
-        for key, replica, tier in self._no_room:
-            room = await asyncio.to_thread(room_by_moving, replica.wanted(), replica.gpus_by_node(), tier, residents, self._free, topology)
-            if room is None:
-                continue
-            order = MakeRoom(room.resident.replica, f"StormService {key[0]}/{key[1]} replica {replica.name}", room.frees.switch.name)
-            plan = await self.heal((room.resident.namespace, room.resident.stormservice), order)
-            if plan is not None and plan.moving is not None:
-                log.info("%s moves to %s to make room in %s for %s", room.resident.replica, room.to.switch.name, order.frees, order.wide)
-                self._memory[key] = replace(self._memory.get(key, HealMemory()), quiet_until=float("-inf"))  # looked at next pass
-                return
+        residents = await self._residents({key for key, _, _ in self._no_room}, now)
+        if not residents:
+            return
+        allocatable = await self.explainer.allocatable_gpus()
+        topology = self.index.topology()
+        for key, replica, tier in waiting[:WIDE_TRIED]:
+            skip: set[str] = set()
+            for _ in range(DONORS_TRIED):
+                room = await asyncio.to_thread(
+                    room_by_moving, replica.wanted(), replica.gpus_by_node(), tier, residents, self._free, allocatable, topology, skip
+                )
+                if room is None:
+                    break
+                order = MakeRoom(room.resident.replica, f"StormService {key[0]}/{key[1]} replica {replica.name}", room.frees.switch.name)
+                plan = await self.heal((room.resident.namespace, room.resident.stormservice), order, allocatable)
+                if plan is not None and plan.moving is not None and plan.moving.why is Why.MAKE_ROOM:
+                    log.info(
+                        "%s moves to %s to make room in %s for %s", room.resident.replica, room.to.switch.name, order.frees, order.wide
+                    )
+                    self._room_made[(key, replica.name)] = now
+                    self._room_for[key] = now + MOVE_DEADLINE  # looked at every pass until the room is there
+                    return
+                skip.add(resident_key(room.resident))
 
-    async def snapshot(self, key: Key, make_room: MakeRoom | None = None) -> HealSnapshot | None:
+    async def _residents(self, waiting: set[Key], now: float) -> list[Resident]:
+        """Replicas of other opted-in services that may make room: read from the index on the loop,
+        judged on a thread (tens of microseconds each, thousands of them)."""
+        tiers, topology = self.index.cluster_tiers(), self.index.topology()
+        found = [
+            (stormservice, roleset, self.index.pods_of(key[0], roleset["metadata"]["name"]))
+            for key, stormservice in list(self.index.stormservices.items())
+            if key not in waiting
+            for roleset in self.index.rolesets_of(*key)
+        ]
+
+        def judge() -> list[Resident]:
+            return [r for svc, rs, pods in found if (r := resident(svc, rs, pods, tiers, topology, now, self.cooldown))]
+
+        return await asyncio.to_thread(judge)
+
+    async def snapshot(self, key: Key, make_room: MakeRoom | None = None, allocatable: dict[str, int] | None = None) -> HealSnapshot | None:
         if self.index.known_nodes(fresh=False).shapes_tree:  # HyperNodes select nodes by pattern or label
             await self.read_nodes()
         namespace, name = key
@@ -188,6 +220,7 @@ class Healer:
             podgroups,
             self.recheck,
             make_room,
+            allocatable or {},
         )
 
     def _set_aside(self, free: dict[str, int], only: Key | None = None) -> dict[str, int]:
@@ -205,13 +238,14 @@ class Healer:
             free = set_aside(free, topology, stormservice, rolesets, placed)
         return free
 
-    async def carry_out(self, key: Key, snapshot: HealSnapshot, plan: HealPlan) -> None:
+    async def carry_out(self, key: Key, snapshot: HealSnapshot, plan: HealPlan) -> bool:
         """In order: the records (conditional: none lands, nothing else is done), the Events, the
         PodGroups held or let go, then the evictions, each only while this replica still leads. The
-        first eviction a PodDisruptionBudget refuses ends the move: said, recorded, backed off."""
+        first eviction a PodDisruptionBudget refuses ends the move: said, recorded, backed off. False:
+        nothing was done (its records could not be written)."""
         records = [w for w in plan.writes if isinstance(w, RecordMove)]
         if records and not await self._record(records):
-            return  # the StormService changed since it was read: plan again at the next pass
+            return False  # the StormService changed since it was read: plan again at the next pass
         if plan.moving is not None and self._free is not None:
             self._free = self._set_aside(self._free, key)  # its target is taken for the rest of this pass
         for settled in plan.settled:
@@ -225,7 +259,7 @@ class Healer:
         for done, write in enumerate(evictions):
             if not self.leading():
                 log.warning("no longer leading: the move of %s/%s stops here; the next leader resumes it", *key)
-                return
+                return True
             try:
                 await execute(self.api, [write], self.report)
             except ApiError as exc:
@@ -236,7 +270,8 @@ class Healer:
                 writes, memory = plan_refused(snapshot, plan, write.name, status_message(exc), memory, evicted=done)
                 self._memory[key] = memory
                 await execute(self.api, writes, self.report)  # the record merged into what our own write left
-                return
+                return True
+        return True
 
     async def _record(self, writes: list[RecordMove]) -> bool:
         """Write a plan's move records over the version it was planned from, in one write; the index

@@ -9,8 +9,9 @@ from dataclasses import replace
 from typing import Any
 
 from stormtopo.core.healing import Block, HealMemory, MakeRoom, Replica, Why, plan_healing, resident
-from stormtopo.core.room import Resident, room_by_moving
-from stormtopo.core.vocabulary import MOVES_ANNOTATION
+from stormtopo.core.packing import domains_at_tier
+from stormtopo.core.room import Resident, room_by_moving, take
+from stormtopo.core.vocabulary import MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import EvictPod, PostEvent, RecordMove
 from stormtopo.devenv.workloads import Role, stormservice
 from tests.core.test_healing import NOW, SOFT1, TIERS, TOPOLOGY, stamp
@@ -28,39 +29,62 @@ def free(**gpus: int) -> dict[str, int]:
 def test_a_small_replica_moves_to_a_fuller_leaf_and_the_wide_one_then_fits_where_it_was() -> None:
     # s2 has 4 free on node4: Volcano scores it 16/16 while the old pods terminate (they count in the gang's
     # request again: 12 used + 2 + 2), s0 14/16; and 14/16 against 10/16 once they are gone.
-    room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=4), TOPOLOGY)
+    room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=4), {}, TOPOLOGY)
     assert room is not None and room.resident == SMALL
     assert room.to.switch.name == "s2" and room.frees.switch.name == "s0"
 
 
 def test_no_move_where_volcano_would_send_the_resident_straight_back() -> None:
     # s2 with 8 free is emptier than s0 (6 free while its old pods terminate): binpack picks s0 again.
-    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=8), TOPOLOGY) is None
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=8), {}, TOPOLOGY) is None
     # A tie (s2 with 6 free) goes to the domain holding the gang's old pods, then to Go's map order.
-    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=6), TOPOLOGY) is None
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=6), {}, TOPOLOGY) is None
     # s2 with exactly the 2 GPUs it needs: while its old pods terminate, Volcano asks for 4 and scores s2 0
     # (what sent it back on the local control plane).
-    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=2), TOPOLOGY) is None
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=2), {}, TOPOLOGY) is None
     # Its old leaf cannot hold it while its old pods terminate, but once they are gone it is as full as s2.
     whole = Resident("other", "whole", "whole-0", {"node0": 8}, (4, 4), 1)
-    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [whole], free(node4=4, node5=4), TOPOLOGY) is None
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [whole], free(node4=4, node5=4), {}, TOPOLOGY) is None
+
+
+def test_domains_are_scored_on_the_nodes_allocatable_gpus_not_the_trees() -> None:
+    # s2 (4 + 5 free of 16) beats s0 (6 free of 16) by a little; were s0's nodes 16-GPU nodes (the operator
+    # reads allocatable GPUs; a tree read from HyperNodes knows no sizes), s0 (6 of 32) ties with it.
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=5), {}, TOPOLOGY) is not None
+    bigger_s0 = {"node0": 16, "node1": 16}
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=5), bigger_s0, TOPOLOGY) is None
+
+
+def test_a_resident_refused_by_its_own_plan_is_skipped_for_the_next_in_line() -> None:
+    gpus = free(node0=6, node4=4)
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], gpus, {}, TOPOLOGY) is not None
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], gpus, {}, TOPOLOGY, skip={"other/small/small-0"}) is None
+    # Two residents on node0 (4 free): moving either alone leaves node0 short of the 8 the wide replica needs.
+    other = Resident("other", "other", "other-0", {"node0": 2}, (1, 1), 1)
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL, other], free(node0=4, node4=4), {}, TOPOLOGY) is None
+
+
+def test_take_says_when_its_greedy_placement_cannot_place_every_pod() -> None:
+    (s0,) = [d for d in domains_at_tier(TOPOLOGY, free(node0=3, node1=3), [3, 3], 1) if d.switch.name == "s0"]
+    assert take(free(node0=3, node1=3), s0, [3, 3]) == free()
+    assert take(free(node0=3, node1=3), s0, [4]) is None
 
 
 def test_the_resident_moves_first_so_it_never_counts_on_the_room_the_wide_replica_leaves() -> None:
     # No other leaf has room for it now; node3's GPUs are the wide replica's until it moves itself.
-    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6), TOPOLOGY) is None
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6), {}, TOPOLOGY) is None
 
 
 def test_the_smallest_resident_that_helps_is_chosen_and_one_that_cannot_help_is_skipped() -> None:
     far = Resident("other", "far", "far-0", {"node7": 2}, (1, 1), 1)  # in s3: leaving it opens nothing near 16 GPUs
     three = Resident("other", "three", "three-0", {"node2": 3}, (1, 1, 1), 1)  # in s1, beside the wide decode
     gpus = free(node0=6, node2=5, node4=4, node6=3)
-    room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [three, far, SMALL], gpus, TOPOLOGY)
+    room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [three, far, SMALL], gpus, {}, TOPOLOGY)
     assert room is not None and room.resident == SMALL and room.to.switch.name == "s2" and room.frees.switch.name == "s0"
-    room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [three, far], gpus, TOPOLOGY)
+    room = room_by_moving(WIDE_PODS, WIDE_HELD, 1, [three, far], gpus, {}, TOPOLOGY)
     # Its old pods counted twice, only s0 takes it (16/16) while they terminate; s3 once they are gone.
     assert room is not None and room.resident == three and room.to.switch.name == "s0" and room.frees.switch.name == "s1"
-    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [far], gpus, TOPOLOGY) is None
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [far], gpus, {}, TOPOLOGY) is None
 
 
 # -- the resident's own plan -------------------------------------------------------------------------
@@ -129,6 +153,25 @@ def test_unordered_or_blocked_a_replica_within_its_tier_never_moves() -> None:
     assert plan.moving is None and plan.verdicts[0].block is Block.NO_ROOM
 
 
+def test_a_move_to_make_room_that_went_back_to_the_domain_it_left_did_not_land() -> None:
+    record = {"small-0": {"at": stamp(NOW - 120), "pods": ["old-a", "old-b"], "reason": "make-room", "left": "s0", "cooldown": 900}}
+    back = plan_for(small_service(**record), free(node0=6, node4=4), order=None)  # its new pods are on node0 again
+    assert [(s.replica, s.landed) for s in back.settled] == [("small-0", False)]
+    (done,) = [w.record for w in back.writes if isinstance(w, RecordMove)]
+    assert done["done"] and done["cooldown"] == 1800  # it did not help: its next move waits twice as long
+
+
+def test_a_replica_not_ready_is_not_moved_to_make_room() -> None:
+    svc = small_service()
+    rs = small_replica("node0", "node0")
+    unready = replace(rs, pods=tuple({**p, "status": {"phase": "Running", "conditions": []}} for p in rs.pods))
+    from stormtopo.core.healing import HealSnapshot
+
+    plan = plan_healing(HealSnapshot(svc, (unready,), TIERS, TOPOLOGY, free(node0=6, node4=4), now=NOW, make_room=ORDER), HealMemory())
+    assert plan.moving is None and plan.verdicts[0].blocked == "not every pod is ready"
+    assert not [w for w in plan.writes if isinstance(w, PostEvent)]  # a donor is not wide: nothing said on it
+
+
 def test_a_resident_is_read_from_the_index_only_when_whole_within_its_tier_and_free_to_move() -> None:
     svc, rs = small_service(), small_replica("node0", "node0")
     found = resident(svc, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW)
@@ -139,5 +182,10 @@ def test_a_resident_is_read_from_the_index_only_when_whole_within_its_tier_and_f
     moving = small_service(**{"small-1": {"at": stamp(NOW - 60)}})  # another replica of it moving
     assert resident(moving, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
     assert resident(svc, rs.roleset, rs.pods[:1], TIERS, TOPOLOGY, NOW) is None  # not whole
+    backing_off = small_service(**{"small-0": {"at": stamp(NOW - 7200), "done": True, "retryAt": stamp(NOW + 60)}})
+    assert resident(backing_off, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
+    waiting = small_service()
+    waiting["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"small-1": {"tier": 2}})  # another replica wide
+    assert resident(waiting, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
     wide = replace(rs, pods=(rs.pods[0], {**rs.pods[1], "spec": {"nodeName": "node2"}}))
     assert resident(svc, wide.roleset, wide.pods, TIERS, TOPOLOGY, NOW) is None  # itself above its tier

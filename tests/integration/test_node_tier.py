@@ -97,4 +97,5 @@ def test_a_short_list_of_tier0_hypernodes_is_accepted_and_puts_a_replica_on_one_
     # With the node tier: Volcano tries the tier-0 HyperNodes first, and node1 holds the whole replica.
     one = f"one-{namespace}"
     cluster.create(stormservice(one, namespace, roles=ONE_EACH, annotations=hard_leaf))
-    assert placed(cluster, namespace, one) == (["node1", "node1"], [0])
+    # The placement record reads the tree with the node tier folded away: one node is within the leaf, tier 1.
+    assert placed(cluster, namespace, one) == (["node1", "node1"], [1])
