@@ -89,3 +89,68 @@ def test_an_error_that_is_no_budget_refusal_leaves_the_move_under_way() -> None:
         asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan_healing(snapshot, HealMemory())))
     assert said == ["ReplicaMoving"]  # no refusal said or recorded: the next pass resumes the move
     assert len([c for c in api.calls if c[0] == "annotate"]) == 1
+
+
+# -- making room: which resident is offered, and when none is -------------------------------------
+
+
+def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
+    """A Healer over a fixed index whose residents are two replicas of other services (s0's node0 and
+    s1's node2, each with 6 GPUs free beside it, s2 with 4 free); each plan the residents' services
+    get is the next of `verdicts` (a Verdict moving, or None: its own plan refused)."""
+    from stormtopo.core.healing import HealPlan
+    from stormtopo.core.room import Resident
+    from tests.core.test_healing import TIERS, TOPOLOGY, free
+
+    class Index:
+        stormservices = services
+
+        def topology(self) -> Any:
+            return TOPOLOGY
+
+        def cluster_tiers(self) -> Any:
+            return TIERS
+
+    class Explainer:
+        async def allocatable_gpus(self) -> dict[str, int]:
+            return {}
+
+    class Probe(Healer):
+        async def _residents(self, waiting: set[Any], now: float) -> list[Any]:
+            return [
+                Resident("other", "second", "second-0", {"node2": 2}, (1, 1), 1),
+                Resident("other", "small", "small-0", {"node0": 2}, (1, 1), 1),
+            ]
+
+        async def heal(self, key: Any, make_room: Any = None, allocatable: Any = None) -> Any:
+            self.offered.append(make_room.replica)
+            return HealPlan(moving=verdicts.pop(0))
+
+    healer = Probe(cast(Any, Index()), cast(Any, None), lambda *_: None, cast(Any, Explainer()), cast(Any, None))
+    healer.offered = []  # type: ignore[attr-defined]
+    healer._no_room = [(("ns", "svc"), WIDE, 1)]
+    healer._free = free({n: 8 - g for n, g in {"node0": 6, "node2": 6, "node4": 4}.items()})
+    return healer
+
+
+def test_a_resident_refused_by_its_own_plan_is_followed_by_the_next_and_room_is_made_once() -> None:
+    from stormtopo.core.healing import Verdict, Why
+
+    healer = making_room_healer({}, [None, Verdict("small-0", "s0, tier 0", Why.MAKE_ROOM)])
+    asyncio.run(healer.make_room())
+    assert healer.offered == ["second-0", "small-0"]  # the first in line refused by its own plan, then the next
+    assert ("ns", "svc") in healer._room_for and (("ns", "svc"), "svc-a") in healer._room_made
+    asyncio.run(healer.make_room())
+    assert healer.offered == ["second-0", "small-0"]  # not again for the same wide replica within its cool-down
+
+
+def test_no_room_is_made_while_a_move_to_make_room_is_under_way() -> None:
+    import json
+
+    from stormtopo.core.vocabulary import MOVES_ANNOTATION
+
+    busy = service(SOFT1)
+    busy["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"x-0": {"at": "2027-01-15T08:00:00Z", "reason": "make-room"}})
+    healer = making_room_healer({("other", "busy"): busy}, [])
+    asyncio.run(healer.make_room())
+    assert healer.offered == []
