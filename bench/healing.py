@@ -327,6 +327,13 @@ def _metric(port: int, name: str) -> float:
     return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
 
 
+def _moves_by_reason(port: int) -> dict[str, float]:
+    """The operator's stormtopo_replica_moves_total per reason (soft-above-tier, hard-violation, make-room)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r'^stormtopo_replica_moves_total\{reason="([^"]+)"\} ([0-9.e+-]+)$', text, re.M)}
+
+
 def run_mode(
     state: Path, topology: Topology, stream: Sequence[Service], size: Size, heal: bool, metrics_port: int
 ) -> tuple[list[Sample], dict[str, Any]]:
@@ -348,6 +355,7 @@ def run_mode(
             client.bound_pods(namespace, f"storm-service-name={prefix}{s.name}", len(s.pod_gpus), timeout=10)
     warmup = time.monotonic() - warmup_started
     before = {m: _metric(metrics_port, m) for m in METRICS}
+    reasons_before = _moves_by_reason(metrics_port)
     if heal:  # the opt-in once the start is in place: healing acts from the clock's start, on the same start
         for s in starting:
             client.patch_stormservice(namespace, prefix + s.name, {"metadata": {"annotations": {HEAL_ANNOTATION: "true"}}})
@@ -386,6 +394,7 @@ def run_mode(
     stop.set()
     thread.join()
     after = {m: _metric(metrics_port, m) for m in METRICS}
+    reasons = {r: n - reasons_before.get(r, 0.0) for r, n in _moves_by_reason(metrics_port).items() if n > reasons_before.get(r, 0.0)}
     said = healing_events(client, namespace)
     client.delete_namespace(namespace, wait=180)
     facts = {
@@ -394,6 +403,7 @@ def run_mode(
         "most_late_s": round(late, 2),
         "samples": len(samples),
         "operator": {m: round(after[m] - before[m], 3) for m in METRICS},
+        "moves_by_reason": reasons,
         "events": said,
     }
     return samples, facts
