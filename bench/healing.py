@@ -331,7 +331,8 @@ def _moves_by_reason(port: int) -> dict[str, float]:
     """The operator's stormtopo_replica_moves_total per reason (soft-above-tier, hard-violation, make-room)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r'^stormtopo_replica_moves_total\{reason="([^"]+)"\} ([0-9.e+-]+)$', text, re.M)}
+    found = re.finditer(r'^stormtopo_replica_moves_total\{reason="([^"]+)"\} ([0-9.e+-]+)$', text, re.M)
+    return {m.group(1): float(m.group(2)) for m in found}
 
 
 def run_mode(
