@@ -168,6 +168,7 @@ async def run(config: OperatorConfig) -> None:
         lambda: reporter.read_nodes(NODES_TTL),
         config.heal_cooldown,
         recheck=NO_ROOM_RECHECKS * config.heal_interval,
+        make_room_enabled=config.heal_make_room,
         leading=lambda: leadership.is_leader,
     )
     loops.every("healing", config.heal_interval, healer.check)

@@ -41,6 +41,7 @@ class OperatorConfig:
     identity: str = ""
     heal_interval: float = HEAL_INTERVAL
     heal_cooldown: float = COOLDOWN
+    heal_make_room: bool = False  # move replicas of opted-in services out of the way of wide ones (core/room.py)
 
     @property
     def webhook_url_base(self) -> str:
@@ -95,6 +96,11 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
     p.add_argument("--identity", default=d.identity, help="this replica's name in the Lease (default: $POD_NAME or host-pid)")
     p.add_argument("--heal-interval", type=_positive(float), default=d.heal_interval, help="seconds between two healing passes")
     p.add_argument("--heal-cooldown", type=_positive(float), default=d.heal_cooldown, help="seconds before a moved replica may move again")
+    p.add_argument(
+        "--heal-make-room",
+        action="store_true",
+        help="when no domain has room for a wide replica, move a smaller replica of another opted-in service out of the way",
+    )
     a = vars(p.parse_args(argv))
     a["register_webhook"] = not a.pop("no_register_webhook")  # the flag says what not to do; the config, what to do
     return OperatorConfig(**a)

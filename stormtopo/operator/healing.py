@@ -84,6 +84,7 @@ class Healer:
     read_nodes: Callable[[], Awaitable[None]]  # the tree is only as current as the last reading of the nodes
     cooldown: float = COOLDOWN
     recheck: float = NO_ROOM_RECHECK  # seconds: NO_ROOM_RECHECKS times the interval its loop runs at
+    make_room_enabled: bool = False  # --heal-make-room
     leading: Callable[[], bool] = lambda: True
     _memory: dict[Key, HealMemory] = field(default_factory=dict)
     _free: dict[str, int] | None = None  # this pass's reading
@@ -109,7 +110,7 @@ class Healer:
                 await self.heal(key)
             except Exception:  # one service's failure is logged; the others still get their pass
                 log.exception("healing %s/%s failed; trying again at the next pass", *key)
-        if self._no_room:
+        if self._no_room and self.make_room_enabled:
             try:
                 await self.make_room()
             except Exception:

@@ -274,12 +274,31 @@ def test_a_hard_replica_in_violation_is_moved_back_within_its_tier(cluster: DevC
 
 
 def test_a_smaller_replica_of_another_service_moves_out_of_the_way_and_the_wide_one_then_fits(
-    cluster: DevCluster, topology: Topology, namespace: str
+    cluster: DevCluster, cluster_dir: Path, topology: Topology, namespace: str
 ) -> None:
     """No leaf has room for the wide replica, but one would without a smaller replica of another opted-in
     service, which fits in a fuller leaf (fuller than its own, whether its old pods still terminate or
     are gone): the smaller one moves there, then the wide one moves into the leaf it left."""
     big, small = f"wide-{namespace}", f"small-{namespace}"
+    with making_room(cluster_dir):
+        lend_room(cluster, topology, namespace, big, small)
+
+
+@contextmanager
+def making_room(cluster_dir: Path) -> Iterator[None]:
+    """The cluster's operator restarted with --heal-make-room (off by default), then as it was."""
+    from stormtopo.devenv import cluster as dev
+
+    dev.stop_component(cluster_dir, "operator")
+    try:
+        dev.start_operator(cluster_dir, extra=("--heal-make-room",))
+        yield
+    finally:
+        dev.stop_component(cluster_dir, "operator")
+        dev.start_operator(cluster_dir)
+
+
+def lend_room(cluster: DevCluster, topology: Topology, namespace: str, big: str, small: str) -> None:
     fill(cluster, namespace, ["node1", "node2", "node3", "node4", "node5", "node6", "node7"])  # only node0 free
     one_each = (Role("prefill", gpus=1), Role("decode", gpus=1))
     cluster.create(stormservice(small, namespace, roles=one_each, annotations={**SOFT_LEAF, **HEAL}))
