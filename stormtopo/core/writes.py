@@ -109,4 +109,40 @@ class PostEvent:
     say: Say
 
 
-Write = CreatePodGroup | PatchPodGroup | LabelPod | PatchPod | AdoptPod | RecordPlacement | RecordMove | EvictPod | ListOptedIn | PostEvent
+@dataclass(frozen=True)
+class CreateHyperNode:
+    """A tier-0 HyperNode of the node tier (an existing one of that name is left as it is)."""
+
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SetHyperNodeMembers:
+    """Replace a leaf's members (a merge patch of spec.members: the rest of the HyperNode is not touched)."""
+
+    name: str
+    members: Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class DeleteHyperNode:
+    """Delete a tier-0 HyperNode of the node tier that no leaf names any more (one gone already is fine)."""
+
+    name: str
+
+
+Write = (
+    CreatePodGroup
+    | PatchPodGroup
+    | LabelPod
+    | PatchPod
+    | AdoptPod
+    | RecordPlacement
+    | RecordMove
+    | EvictPod
+    | ListOptedIn
+    | PostEvent
+    | CreateHyperNode
+    | SetHyperNodeMembers
+    | DeleteHyperNode
+)

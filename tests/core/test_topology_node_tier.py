@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests, topology_from_hypernodes
-from stormtopo.core.topology.node_tier import NODE_TIER, node_hypernode_name, node_tier_manifests, shortlist
+from stormtopo.core.topology.node_tier import NODE_TIER, node_hypernode_name, node_tier_manifests, plan_node_tier, shortlist
 from stormtopo.core.topology.tree import NAME_MAX, is_name
+from stormtopo.core.vocabulary import HYPERNODE_API, NODE_TIER_LABEL
+from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNodeMembers, Write
 
 # Two leaves of four 8-GPU nodes under one spine.
 FABRIC = parse_topology("switches:\n  spine:\n    leaf-a: [a0, a1, a2, a3]\n    leaf-b: [b0, b1, b2, b3]\n")
+FABRIC_SWITCHES = topology_from_hypernodes(hypernode_manifests(FABRIC)).switches
 
 
 def test_an_empty_cluster_lists_only_the_first_node_of_the_first_leaf() -> None:
@@ -50,3 +56,97 @@ def test_a_long_node_name_still_gives_a_valid_hypernode_name() -> None:
     node = "n" * NAME_MAX
     name = node_hypernode_name(node)
     assert is_name(name) and len(name) <= NAME_MAX and name != node_hypernode_name("n" * (NAME_MAX - 1))
+
+
+# -- keeping the short list current: the planner ----------------------------------------------------
+GPUS = {n: 8 for n in FABRIC.nodes}
+
+
+def applied(hypernodes: list[dict[str, Any]], writes: list[Write]) -> list[dict[str, Any]]:
+    """The HyperNodes after `writes`, as the API server would have them; checks no leaf ever names a
+    HyperNode that is not there, after any write."""
+    state = {h["metadata"]["name"]: copy.deepcopy(h) for h in hypernodes}
+    for write in writes:
+        match write:
+            case CreateHyperNode(body):
+                assert body["metadata"]["name"] not in state
+                state[body["metadata"]["name"]] = copy.deepcopy(dict(body))
+            case SetHyperNodeMembers(name, members):
+                state[name]["spec"]["members"] = copy.deepcopy(list(members))
+            case DeleteHyperNode(name):
+                del state[name]
+        named = {m["selector"]["exactMatch"]["name"] for h in state.values() for m in h["spec"]["members"] if m["type"] == "HyperNode"}
+        assert named <= state.keys(), write
+    return list(state.values())
+
+
+def tier0(hypernodes: list[dict[str, Any]]) -> list[str]:
+    return sorted(h["metadata"]["name"] for h in hypernodes if h["spec"]["tier"] == NODE_TIER)
+
+
+def test_the_planner_renders_the_short_list_and_then_writes_nothing() -> None:
+    base = hypernode_manifests(FABRIC)
+    used = {"a0": 3, "b0": 6, "b2": 8}
+    writes = plan_node_tier(base, used, GPUS)
+    # Creates first, then the leaves that name them; nothing to delete.
+    assert [type(w).__name__ for w in writes] == ["CreateHyperNode"] * 3 + ["SetHyperNodeMembers"] * 2
+    after = applied(base, writes)
+    assert tier0(after) == ["a0.node", "b0.node", "b1.node"]  # b0, a0 partly used; b1 the next empty node (fullest leaf)
+    created = next(h for h in after if h["metadata"]["name"] == "b0.node")
+    assert created["metadata"]["labels"][NODE_TIER_LABEL] == "true" and created["apiVersion"] == HYPERNODE_API
+    assert topology_from_hypernodes(after).switches == topology_from_hypernodes(base).switches
+    # A steady state: the same usage again writes nothing, however often it is planned.
+    assert plan_node_tier(after, used, GPUS) == []
+
+
+def test_a_node_filling_up_moves_the_list_in_order_create_update_delete() -> None:
+    used = {"a0": 3, "b0": 6, "b2": 8}
+    before = applied(hypernode_manifests(FABRIC), plan_node_tier(hypernode_manifests(FABRIC), used, GPUS))
+    # b1, the listed empty node, takes a replica of 8: it is full, and the next empty node is b3.
+    used = {**used, "b1": 8}
+    writes = plan_node_tier(before, used, GPUS)
+    assert writes == [
+        CreateHyperNode(writes[0].body) if isinstance(writes[0], CreateHyperNode) else None,
+        SetHyperNodeMembers("leaf-b", writes[1].members) if isinstance(writes[1], SetHyperNodeMembers) else None,
+        DeleteHyperNode("b1.node"),
+    ]
+    assert isinstance(writes[0], CreateHyperNode) and writes[0].body["metadata"]["name"] == "b3.node"
+    after = applied(before, writes)
+    assert tier0(after) == ["a0.node", "b0.node", "b3.node"]
+    assert plan_node_tier(after, used, GPUS) == []
+    # Every pod gone: back to the first node of the first leaf, the rest taken back.
+    empty = applied(after, plan_node_tier(after, {}, GPUS))
+    assert tier0(empty) == ["a0.node"]
+    assert topology_from_hypernodes(empty).switches == FABRIC_SWITCHES
+
+
+def test_a_users_own_tier0_hypernode_and_a_selector_based_leaf_are_left_alone() -> None:
+    base = hypernode_manifests(FABRIC)
+    leaf_b = next(h for h in base if h["metadata"]["name"] == "leaf-b")
+    leaf_b["spec"]["members"] = [{"type": "Node", "selector": {"regexMatch": {"pattern": "^b"}}}]
+    mine = {
+        "apiVersion": HYPERNODE_API,
+        "kind": "HyperNode",
+        "metadata": {"name": "a1.node", "labels": {}},  # the name the node tier would give a1: not ours
+        "spec": {"tier": NODE_TIER, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "a1"}}}]},
+    }
+    leaf_a = next(h for h in base if h["metadata"]["name"] == "leaf-a")
+    leaf_a["spec"]["members"][1] = {"type": "HyperNode", "selector": {"exactMatch": {"name": "a1.node"}}}
+    hypernodes = [mine, *base]
+    used = {"a0": 3, "a1": 2, "a2": 5, "b0": 6}
+    writes = plan_node_tier(hypernodes, used, GPUS)
+    after = applied(hypernodes, writes)
+    assert next(h for h in after if h["metadata"]["name"] == "leaf-b") == leaf_b  # selector-based: untouched, b0 not listed
+    assert next(h for h in after if h["metadata"]["name"] == "a1.node") == mine  # the user's: neither listed nor deleted
+    assert tier0(after) == ["a0.node", "a1.node", "a2.node", "a3.node"]
+    assert DeleteHyperNode("a1.node") not in plan_node_tier(after, {}, GPUS) + writes
+    # A tier-0 HyperNode with our label but not our shape is not ours either.
+    odd = {**mine, "metadata": {"name": "x.node", "labels": {NODE_TIER_LABEL: "true"}}, "spec": {"tier": NODE_TIER, "members": []}}
+    assert not any(isinstance(w, DeleteHyperNode) for w in plan_node_tier([odd, *base], {}, GPUS))
+
+
+def test_a_node_that_takes_no_new_pods_is_never_listed() -> None:
+    base = hypernode_manifests(FABRIC)
+    cordoned = {n: g for n, g in GPUS.items() if n != "a0"}
+    assert tier0(applied(base, plan_node_tier(base, {}, cordoned))) == ["a1.node"]
+    assert tier0(applied(base, plan_node_tier(base, {"a1": 4}, cordoned))) == ["a1.node", "a2.node"]

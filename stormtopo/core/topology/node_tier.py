@@ -18,7 +18,9 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from stormtopo.core.topology.tree import NAME_MAX, Topology
+from stormtopo.core.topology.tree import NAME_MAX, NodeSpec, Switch, Topology
+from stormtopo.core.vocabulary import HYPERNODE_API, NODE_TIER_LABEL
+from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNodeMembers, Write
 
 NODE_TIER = 0
 NODE_TIER_SUFFIX = ".node"
@@ -73,9 +75,9 @@ def node_tier_manifests(hypernodes: Iterable[Mapping[str, Any]], listed: Iterabl
                 name = node_hypernode_name(node)
                 tier0.append(
                     {
-                        "apiVersion": hn["apiVersion"],
+                        "apiVersion": hn.get("apiVersion", HYPERNODE_API),
                         "kind": "HyperNode",
-                        "metadata": {"name": name, "labels": dict(hn["metadata"].get("labels") or {})},
+                        "metadata": {"name": name, "labels": {**(hn["metadata"].get("labels") or {}), NODE_TIER_LABEL: "true"}},
                         "spec": {"tier": NODE_TIER, "members": [member]},
                     }
                 )
@@ -98,3 +100,92 @@ def node_tier_members(hypernodes: Iterable[Mapping[str, Any]]) -> dict[str, str]
         if node:
             out[hn["metadata"]["name"]] = node
     return out
+
+
+def _exact_name(member: Mapping[str, Any]) -> str | None:
+    """The name a Node or HyperNode member selects by exactMatch alone; None for any other member."""
+    selector = member.get("selector") or {}
+    if member.get("type") not in ("Node", "HyperNode") or set(selector) != {"exactMatch"}:
+        return None
+    return (selector.get("exactMatch") or {}).get("name") or None
+
+
+def _node_tier_member(hn: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The Node member of a tier-0 HyperNode the node tier made (its label, its suffix, one exactMatch
+    node); None for any other HyperNode, a user's own tier-0 ones included."""
+    meta = hn.get("metadata") or {}
+    if (meta.get("labels") or {}).get(NODE_TIER_LABEL) != "true" or not str(meta.get("name", "")).endswith(NODE_TIER_SUFFIX):
+        return None
+    if meta["name"] not in node_tier_members([hn]):
+        return None
+    member: Mapping[str, Any] = hn["spec"]["members"][0]
+    return member if _exact_name(member) else None
+
+
+def _member_key(members: Iterable[Mapping[str, Any]]) -> list[tuple[Any, str | None]]:
+    # Compared by what they select, so a member the API server returns with defaults filled in is no change.
+    return [(m.get("type"), _exact_name(m)) for m in members]
+
+
+def plan_node_tier(
+    hypernodes: Iterable[Mapping[str, Any]],
+    used_gpus: Mapping[str, int],
+    allocatable_gpus: Mapping[str, int],
+    per_free: int = 2,
+    next_empty: int = 1,
+) -> list[Write]:
+    """The writes that bring the cluster's HyperNodes (as the API has them, the node tier's own tier-0
+    ones included) to the short list for `used_gpus`: tier-0 HyperNodes created first, then leaves
+    whose members change, then the node tier's tier-0 HyperNodes that nothing names any more deleted,
+    so a leaf never names a HyperNode that is not there. Nothing to write when the list has not moved.
+
+    `allocatable_gpus`: the nodes that take new pods and their GPUs (a node missing is never listed).
+    Only leaves whose members are all exactMatch Node or HyperNode members are changed, and only tier-0
+    HyperNodes labelled as the node tier's are created or deleted: a user's own are left alone.
+    """
+    current = {hn["metadata"]["name"]: hn for hn in hypernodes}
+    mine = {name: member for name, hn in current.items() if (member := _node_tier_member(hn)) is not None}
+    leaves: list[dict[str, Any]] = []  # the eligible leaves, each tier-0 HyperNode of ours unfolded into its node
+    others: list[Mapping[str, Any]] = []  # every other HyperNode: what it names stays
+    for name, hn in sorted(current.items()):
+        if name in mine:
+            continue
+        spec = hn.get("spec") or {}
+        members = spec.get("members") or []
+        if int(spec.get("tier", 1)) != NODE_TIER and members and all(_exact_name(m) for m in members):
+            unfolded = [mine.get(_exact_name(m) or "", m) if m.get("type") == "HyperNode" else m for m in members]
+            if any(m.get("type") == "Node" for m in unfolded):
+                leaves.append({**hn, "spec": {**spec, "members": unfolded}})
+                continue
+        others.append(hn)
+
+    # The short list over the eligible leaves only, sized by the nodes' allocatable GPUs (a tree read from
+    # HyperNodes knows no sizes); a node whose tier-0 name someone else's HyperNode has is not listed.
+    switches, nodes = {}, {}
+    for leaf in leaves:
+        name = leaf["metadata"]["name"]
+        members = tuple(n for m in leaf["spec"]["members"] if m.get("type") == "Node" and (n := _exact_name(m)))
+        switches[name] = Switch(name, int(leaf["spec"].get("tier", 1)), None, (), members)
+        for node in members:
+            nodes.setdefault(node, NodeSpec(node, name, allocatable_gpus.get(node, 0), "0", "0"))
+    listed = [
+        n
+        for n in shortlist(Topology(switches, nodes), used_gpus, per_free, next_empty)
+        if node_hypernode_name(n) in mine or node_hypernode_name(n) not in current
+    ]
+
+    desired = node_tier_manifests(leaves, listed)
+    creates: list[Write] = [CreateHyperNode(m) for m in desired if m["spec"]["tier"] == NODE_TIER and m["metadata"]["name"] not in current]
+    updates: list[Write] = [
+        SetHyperNodeMembers(m["metadata"]["name"], m["spec"]["members"])
+        for m in desired
+        if m["spec"]["tier"] != NODE_TIER and _member_key(m["spec"]["members"]) != _member_key(current[m["metadata"]["name"]]["spec"]["members"])
+    ]
+    named = {
+        _exact_name(m)
+        for hn in [*(m for m in desired if m["spec"]["tier"] != NODE_TIER), *others]
+        for m in (hn.get("spec") or {}).get("members") or []
+        if m.get("type") == "HyperNode"
+    }
+    deletes: list[Write] = [DeleteHyperNode(name) for name in sorted(mine) if name not in named]
+    return creates + updates + deletes
