@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 import urllib3
 
 from stormtopo.core.packing import takes_new_pods
-from stormtopo.core.vocabulary import AIBRIX, GPU, ROLESET_LABEL, VOLCANO_SCHEDULING
+from stormtopo.core.vocabulary import AIBRIX, GPU, ROLESET_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.credentials import Credentials, CredentialsError, IssuedCredential, load_credentials, materialize
 from stormtopo.kube.errors import ApiError, ApiUnavailable, Conflict, KubeError, NotFound
 
@@ -169,6 +169,30 @@ class Api:
 
     def patch_podgroup(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
         self.request("PATCH", self.path(VOLCANO_SCHEDULING, "podgroups", namespace, name), ops, JSON_PATCH)
+
+    def create_hypernode(self, body: dict[str, Any]) -> bool:
+        """Create a HyperNode; False if one of that name exists already (an earlier pass made it)."""
+        try:
+            self.request("POST", self.path(VOLCANO_TOPOLOGY, "hypernodes"), body)
+            return True
+        except ApiError as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    def set_hypernode_members(self, name: str, members: list[dict[str, Any]]) -> None:
+        """Merge-patch a HyperNode's spec.members (a list: replaced whole), nothing else of it."""
+        self.request("PATCH", self.path(VOLCANO_TOPOLOGY, "hypernodes", None, name), {"spec": {"members": members}}, MERGE_PATCH)
+
+    def delete_hypernode(self, name: str) -> bool:
+        """Delete a HyperNode; False if it was gone already."""
+        try:
+            self.request("DELETE", self.path(VOLCANO_TOPOLOGY, "hypernodes", None, name))
+            return True
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
 
     def server_side_apply(self, path: str, body: dict[str, Any], field_manager: str = "stormtopo") -> None:
         """Create or update an object by server-side apply: stormtopo owns exactly the fields it sets."""

@@ -25,6 +25,7 @@ from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index
 from stormtopo.operator.leader import Leadership
 from stormtopo.operator.loops import Loop, Loops, run_every
+from stormtopo.operator.node_tier import NODE_TIER_INTERVAL, NodeTier
 from stormtopo.operator.optin import OptedInList
 from stormtopo.operator.reconciliation import Reconciler
 from stormtopo.operator.replica import NODES_TTL, PlacementReporter
@@ -172,6 +173,8 @@ async def run(config: OperatorConfig) -> None:
         leading=lambda: leadership.is_leader,
     )
     loops.every("healing", config.heal_interval, healer.check)
+    if config.node_tier:
+        loops.every("node-tier", NODE_TIER_INTERVAL, NodeTier(index, api, explainer, leading=lambda: leadership.is_leader).check)
     ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops)
     ready = asyncio.Event()
     probes_runner = await _serve_probes(config, loops, ready)

@@ -42,6 +42,7 @@ class OperatorConfig:
     heal_interval: float = HEAL_INTERVAL
     heal_cooldown: float = COOLDOWN
     heal_make_room: bool = False  # move replicas of opted-in services out of the way of wide ones (core/room.py)
+    node_tier: bool = False  # keep a short list of tier-0 HyperNodes current (issue 21; README "The node tier")
 
     @property
     def webhook_url_base(self) -> str:
@@ -100,6 +101,11 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         "--heal-make-room",
         action="store_true",
         help="when no domain has room for a wide replica, move a smaller replica of another opted-in service out of the way",
+    )
+    p.add_argument(
+        "--node-tier",
+        action="store_true",
+        help="keep tier-0 HyperNodes for a short list of nodes current, so a replica one node holds lands on one node (writes HyperNodes)",
     )
     a = vars(p.parse_args(argv))
     a["register_webhook"] = not a.pop("no_register_webhook")  # the flag says what not to do; the config, what to do

@@ -51,6 +51,11 @@ MOVE_UNAVAILABLE_SECONDS = Histogram(
     "From a replica's move to all of its pods ready again",
     buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600),
 )
+NODE_TIER_WRITES = Counter(
+    "stormtopo_node_tier_writes_total",
+    "HyperNode writes that keep the node tier's short list current (--node-tier), by verb: create, update (a leaf), delete",
+    ["verb"],
+)
 LEADER = Gauge("stormtopo_leader", "1 while this replica holds the Lease and reconciles (always 1 without leader election)")
 EXPLANATIONS = Counter(
     "stormtopo_explanations_total",

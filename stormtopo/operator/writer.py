@@ -10,7 +10,9 @@ from stormtopo.core.placement import merge_placements
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import (
     AdoptPod,
+    CreateHyperNode,
     CreatePodGroup,
+    DeleteHyperNode,
     EvictPod,
     LabelPod,
     ListOptedIn,
@@ -19,6 +21,7 @@ from stormtopo.core.writes import (
     PostEvent,
     RecordMove,
     RecordPlacement,
+    SetHyperNodeMembers,
     Write,
 )
 from stormtopo.kube.client import Api, ApiError, Conflict, KubeError, NotFound
@@ -78,6 +81,18 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                 except NotFound:
                     continue  # gone already: as good as evicted
                 metrics.EVICTIONS.inc()
+            case CreateHyperNode(body):
+                if await asyncio.to_thread(api.create_hypernode, dict(body)):
+                    metrics.NODE_TIER_WRITES.labels("create").inc()
+            case SetHyperNodeMembers(name, members):
+                try:
+                    await asyncio.to_thread(api.set_hypernode_members, name, [dict(m) for m in members])
+                except NotFound:
+                    continue  # deleted meanwhile: the next pass plans without it
+                metrics.NODE_TIER_WRITES.labels("update").inc()
+            case DeleteHyperNode(name):
+                if await asyncio.to_thread(api.delete_hypernode, name):
+                    metrics.NODE_TIER_WRITES.labels("delete").inc()
 
 
 def record_placement(api: Api, write: RecordPlacement | RecordMove, annotation: str = PLACEMENT_ANNOTATION) -> None:

@@ -16,6 +16,7 @@ def test_the_charts_flags_become_a_typed_config() -> None:
     assert config.webhook_service.hosts[0] == "stormtopo-webhook.stormtopo.svc"
     assert not config.register_webhook and config.leader_elect and config.heal_interval == 5.0
     assert parse_args([]) == OperatorConfig()
+    assert not OperatorConfig().node_tier and parse_args(["--node-tier"]).node_tier  # off unless asked for
     assert parse_args(["--webhook-service", "ns/svc"]).webhook_service == ServiceRef("ns", "svc", 443)
     assert parse_args(["--webhook-url-host", "127.0.0.1", "--webhook-port", "9444"]).webhook_url_base == "https://127.0.0.1:9444"
 

@@ -161,7 +161,8 @@ def plan_node_tier(
 
     # The short list over the eligible leaves only, sized by the nodes' allocatable GPUs (a tree read from
     # HyperNodes knows no sizes); a node whose tier-0 name someone else's HyperNode has is not listed.
-    switches, nodes = {}, {}
+    switches: dict[str, Switch] = {}
+    nodes: dict[str, NodeSpec] = {}
     for leaf in leaves:
         name = leaf["metadata"]["name"]
         members = tuple(n for m in leaf["spec"]["members"] if m.get("type") == "Node" and (n := _exact_name(m)))
@@ -177,9 +178,10 @@ def plan_node_tier(
     desired = node_tier_manifests(leaves, listed)
     creates: list[Write] = [CreateHyperNode(m) for m in desired if m["spec"]["tier"] == NODE_TIER and m["metadata"]["name"] not in current]
     updates: list[Write] = [
-        SetHyperNodeMembers(m["metadata"]["name"], m["spec"]["members"])
+        SetHyperNodeMembers(name, m["spec"]["members"])
         for m in desired
-        if m["spec"]["tier"] != NODE_TIER and _member_key(m["spec"]["members"]) != _member_key(current[m["metadata"]["name"]]["spec"]["members"])
+        if m["spec"]["tier"] != NODE_TIER
+        and _member_key(m["spec"]["members"]) != _member_key(current[name := m["metadata"]["name"]]["spec"]["members"])
     ]
     named = {
         _exact_name(m)
