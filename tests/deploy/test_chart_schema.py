@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stormtopo.devenv import components
 
@@ -17,7 +18,7 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(components.ensure_binary("helm")), *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("sets", [[], ["--set", "monitoring.enabled=true"]])
+@pytest.mark.parametrize("sets", [[], ["--set", "monitoring.enabled=true"], ["--set", "nodeTier.enabled=true"]])
 def test_the_chart_lints_strictly(sets: list[str]) -> None:
     linted = helm("lint", "--strict", str(CHART), *sets)
     assert linted.returncode == 0, linted.stdout + linted.stderr
@@ -33,6 +34,7 @@ def test_the_chart_lints_strictly(sets: list[str]) -> None:
         ("networkPolicy.enabled=yes-please", "/networkPolicy/enabled"),
         ("healing.cooldownSeconds=0", "/healing/cooldownSeconds"),
         ("monitoring.enabled=yes-please", "/monitoring/enabled"),
+        ("nodeTier.enabled=yes-please", "/nodeTier/enabled"),
         ("monitoring.alerts.noLeader.for=2 minutes", "/monitoring/alerts/noLeader/for"),
         ("monitoring.alerts.workQueueBacklog.depth=-1", "/monitoring/alerts/workQueueBacklog/depth"),
         ("monitoring.alerts.admissionSlow.p99=1", "'p99' not allowed"),
@@ -41,3 +43,19 @@ def test_the_chart_lints_strictly(sets: list[str]) -> None:
 def test_a_bad_value_is_refused_naming_it(value: str, named: str) -> None:
     refused = helm("template", "x", str(CHART), "--kube-version", "1.35.3", "--set", value)
     assert refused.returncode != 0 and named in refused.stderr, refused.stderr
+
+
+def test_the_node_tier_is_off_by_default_and_writes_hypernodes_only_when_enabled() -> None:
+    def render(*sets: str) -> tuple[list[str], set[str]]:
+        done = helm("template", "x", str(CHART), "--kube-version", "1.35.3", *sets)
+        assert done.returncode == 0, done.stderr
+        objects = [o for o in yaml.safe_load_all(done.stdout) if o]
+        (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+        (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+        verbs = {v for rule in role["rules"] if "hypernodes" in rule["resources"] for v in rule["verbs"]}
+        return deployment["spec"]["template"]["spec"]["containers"][0]["args"], verbs
+
+    args, verbs = render()
+    assert "--node-tier" not in args and verbs == {"get", "list", "watch"}
+    args, verbs = render("--set", "nodeTier.enabled=true")
+    assert "--node-tier" in args and verbs == {"get", "list", "watch", "create", "update", "patch", "delete"}
