@@ -1,7 +1,8 @@
 """The node tier on the real control plane (issue 21): the short list of tier-0 HyperNodes that
 core/topology/node_tier.py renders, applied by hand, is accepted by Volcano's webhook and controller (a
 leaf then names both nodes and tier-0 HyperNodes), and sends a hard tier-1 replica that one node holds to
-one node, where the leaf alone splits it; stormtopo reads that tree back as the tree it knows.
+one node, where the leaf alone splits it; stormtopo reads that tree back as the tree it knows. Then the
+operator's --node-tier, on a cluster of its own: it renders the list itself and keeps it current.
 
 The feature request's tree: leaves s0..s3 of two 8-GPU nodes each. node0 and node2 have 1 GPU free,
 node1 is empty, the rest full: s0 is the only leaf with room for a 1 + 1 GPU replica, and binpack sends
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import copy
 import json
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,9 +24,11 @@ import pytest
 from stormtopo.core.topology.hypernodes import topology_from_hypernodes
 from stormtopo.core.topology.node_tier import NODE_TIER, node_tier_manifests, shortlist
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, NODE_TIER_LABEL
+from stormtopo.devenv import cluster as devenv
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice
+from tests.conftest import TOPOLOGY_FILE
 
 GROUP, VERSION, PLURAL = "topology.volcano.sh", "v1alpha1", "hypernodes"
 ONE_EACH = (Role("prefill", gpus=1), Role("decode", gpus=1))
@@ -99,3 +104,59 @@ def test_a_short_list_of_tier0_hypernodes_is_accepted_and_puts_a_replica_on_one_
     cluster.create(stormservice(one, namespace, roles=ONE_EACH, annotations=hard_leaf))
     # The placement record reads the tree with the node tier folded away: one node is within the leaf, tier 1.
     assert placed(cluster, namespace, one) == (["node1", "node1"], [1])
+
+
+@pytest.fixture(scope="module")
+def operator_node_tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """A cluster of its own (the feature request's tree) whose operator runs with --node-tier."""
+    state: Path = tmp_path_factory.mktemp("node-tier")
+    devenv.up(state, TOPOLOGY_FILE, timeout=300, operator_args=("--node-tier",))
+    try:
+        yield DevCluster(state)
+    finally:
+        devenv.down(state)
+
+
+def listed_by_operator(cluster: DevCluster) -> list[str]:
+    """The nodes whose tier-0 HyperNode the operator made and a leaf names (the short list in force)."""
+    hypernodes = cluster.hypernodes()
+    named = {m["selector"]["exactMatch"]["name"] for h in hypernodes for m in h["spec"]["members"] if m["type"] == "HyperNode"}
+    return sorted(
+        h["spec"]["members"][0]["selector"]["exactMatch"]["name"]
+        for h in hypernodes
+        if int(h["spec"]["tier"]) == NODE_TIER and h["metadata"]["labels"].get(NODE_TIER_LABEL) == "true" and h["metadata"]["name"] in named
+    )
+
+
+def test_the_operator_keeps_the_short_list_current_and_a_replica_lands_on_one_node(operator_node_tier: DevCluster) -> None:
+    cluster = operator_node_tier
+    namespace = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.create_namespace(namespace)
+
+    def becomes(nodes: list[str], what: str) -> None:
+        last = listed_by_operator(cluster)
+        cluster.wait(lambda: listed_by_operator(cluster) == nodes, 45, f"{what}: the node tier {nodes} (before: {last})")
+
+    # The fragmented start of the first test: the operator lists node0 and node2 (1 GPU free each) and
+    # node1, the next empty node. Without the node tier the replica splits over node0 and node1 (above).
+    used = {"node0": 7, "node2": 7, **{n: 8 for n in ("node3", "node4", "node5", "node6", "node7")}}
+    for node, gpus in used.items():
+        cluster.create(filler_pod(f"busy-{node}", namespace, node, gpus))
+    cluster.bound_pods(namespace, "stormtopo.io/filler=true", len(used))
+    becomes(["node0", "node1", "node2"], "partly used nodes and the next empty one")
+
+    one = f"one-{namespace}"
+    cluster.create(stormservice(one, namespace, roles=ONE_EACH, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+    assert placed(cluster, namespace, one) == (["node1", "node1"], [1])
+    # The tree stormtopo reads back is the one it was given: every tier-0 HyperNode folded into its node.
+    back = topology_from_hypernodes(cluster.hypernodes())
+    assert {n: s.switch for n, s in back.nodes.items()} == {f"node{i}": f"s{i // 2}" for i in range(8)}
+
+    # A filler deleted: node3 is empty, s0 (9 GPUs used) now fuller than s1 (7), and node3 the next empty node.
+    cluster.core.delete_namespaced_pod("busy-node3", namespace, grace_period_seconds=0)
+    becomes(["node0", "node1", "node2", "node3"], "the list after a filler's deletion")
+    # The replica gone: node1 empty again and the next empty node; node3's tier-0 HyperNode is deleted.
+    cluster.delete_stormservice(namespace, one)
+    cluster.wait(lambda: not cluster.pods(namespace, f"storm-service-name={one}"), 60, f"{one}'s pods gone")
+    becomes(["node0", "node1", "node2"], "the list after the replica's deletion")
+    assert not [h for h in cluster.hypernodes() if h["metadata"]["name"] == "node3.node"]
