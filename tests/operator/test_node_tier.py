@@ -1,0 +1,98 @@
+"""The node tier's loop (--node-tier): one pass reads the GPU readings and the index's HyperNodes and
+executes the plan; a second pass over what it wrote writes nothing; a stale index (a HyperNode created or
+deleted already) is no failure; only the leader writes. The API server is a dict of HyperNodes here; the
+real one is in tests/integration/test_node_tier.py."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.hypernodes import hypernode_manifests
+from stormtopo.kube.client import Api, ApiError
+from stormtopo.operator import metrics
+from stormtopo.operator.explainer import Explainer
+from stormtopo.operator.index import Index
+from stormtopo.operator.node_tier import NodeTier
+
+FABRIC = parse_topology("switches:\n  spine:\n    leaf-a: [a0, a1]\n    leaf-b: [b0, b1]\n")
+PREFIX = "/apis/topology.volcano.sh/v1alpha1/hypernodes"
+
+
+class HyperNodesApi(Api):
+    """HyperNodes as the API server keeps them: POST (409 if there), merge PATCH of members, DELETE (404 if gone)."""
+
+    def __init__(self, hypernodes: list[dict[str, Any]]) -> None:
+        self.stored = {h["metadata"]["name"]: copy.deepcopy(h) for h in hypernodes}
+        self.calls: list[str] = []
+
+    def request(self, method: str, path: str, body: Any = None, content_type: str = "", **_: str) -> Any:
+        name = path.removeprefix(PREFIX).strip("/")
+        self.calls.append(f"{method} {name or body['metadata']['name']}")
+        if method == "POST":
+            if body["metadata"]["name"] in self.stored:
+                raise ApiError.of(409, method, path, "already exists")
+            self.stored[body["metadata"]["name"]] = copy.deepcopy(body)
+        elif name not in self.stored:
+            raise ApiError.of(404, method, path, "not found")
+        elif method == "PATCH":
+            self.stored[name]["spec"]["members"] = body["spec"]["members"]
+        elif method == "DELETE":
+            del self.stored[name]
+        return {}
+
+
+class Readings(Explainer):
+    def __init__(self, used: dict[str, int]) -> None:
+        self.used = used
+
+    async def free_gpus(self) -> dict[str, int]:
+        return {n: 8 - self.used.get(n, 0) for n in FABRIC.nodes}
+
+    async def allocatable_gpus(self) -> dict[str, int]:
+        return dict.fromkeys(FABRIC.nodes, 8)
+
+
+def written(verb: str) -> float:
+    return metrics.NODE_TIER_WRITES.labels(verb)._value.get()
+
+
+def test_a_pass_renders_the_list_and_the_next_writes_nothing() -> None:
+    api = HyperNodesApi(hypernode_manifests(FABRIC))
+    index = Index(api)
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+    readings = Readings({"a0": 3})
+    created = written("create")
+    asyncio.run(NodeTier(index, api, readings).check())
+    assert api.calls == ["POST a0.node", "POST a1.node", "PATCH leaf-a"]  # a0 partly used; a1 the next empty node
+    assert written("create") == created + 2
+    # The index as the watch delivers it: the next pass writes nothing.
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+    api.calls.clear()
+    asyncio.run(NodeTier(index, api, readings).check())
+    assert api.calls == []
+
+    # a0 full, b0 partly used: the list moves to b0 and a1. The index has not seen what an earlier pass
+    # did (b0.node created, a0.node deleted): the 409 and the 404 are no failure.
+    readings.used.update({"a0": 8, "b0": 2})
+    api.stored["b0.node"] = copy.deepcopy(api.stored["a0.node"])
+    api.stored["b0.node"]["metadata"]["name"] = "b0.node"
+    api.stored["b0.node"]["spec"]["members"][0]["selector"]["exactMatch"]["name"] = "b0"
+    del api.stored["a0.node"]
+    deleted = written("delete")
+    asyncio.run(NodeTier(index, api, readings).check())
+    assert api.calls == ["POST b0.node", "PATCH leaf-a", "PATCH leaf-b", "DELETE a0.node"]
+    assert written("delete") == deleted  # nothing was deleted by this pass
+
+
+def test_only_the_leader_writes() -> None:
+    api = HyperNodesApi(hypernode_manifests(FABRIC))
+    index = Index(api)
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+    asyncio.run(NodeTier(index, api, Readings({}), leading=lambda: False).check())
+    assert api.calls == []
