@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from stormtopo.core.topology.fabric import parse_topology
-from stormtopo.core.topology.hypernodes import hypernode_manifests, topology_from_hypernodes
+from stormtopo.core.topology.hypernodes import hypernode_diff, hypernode_manifests, topology_from_hypernodes
 from stormtopo.core.topology.node_tier import NODE_TIER, node_hypernode_name, node_tier_manifests, plan_node_tier, shortlist
 from stormtopo.core.topology.tree import NAME_MAX, is_name
 from stormtopo.core.vocabulary import HYPERNODE_API, NODE_TIER_LABEL
@@ -150,3 +150,11 @@ def test_a_node_that_takes_no_new_pods_is_never_listed() -> None:
     cordoned = {n: g for n, g in GPUS.items() if n != "a0"}
     assert tier0(applied(base, plan_node_tier(base, {}, cordoned))) == ["a1.node"]
     assert tier0(applied(base, plan_node_tier(base, {"a1": 4}, cordoned))) == ["a1.node", "a2.node"]
+
+
+def test_applying_the_tree_again_takes_the_node_tier_back() -> None:
+    base = hypernode_manifests(FABRIC)
+    with_tier = applied(base, plan_node_tier(base, {"a0": 3}, GPUS))
+    diff = hypernode_diff(base, with_tier)  # what `stormtopo topology apply` does: leaves first, then the prune
+    assert diff.create == [] and sorted(m["metadata"]["name"] for m in diff.update) == ["leaf-a"]
+    assert diff.delete == ["a0.node", "a1.node"]
