@@ -48,8 +48,9 @@ def machine() -> dict[str, Any]:
 LARGE = (8, 8, 16)  # 1,024 nodes
 
 
-def run(quick: bool, large: bool = False) -> dict[str, Any]:
-    """Every benchmark on 256 nodes (16 with `quick`); with `large`, placement quality only, on 1,024."""
+def run(quick: bool, large: bool = False, node_tier: bool = False) -> dict[str, Any]:
+    """Every benchmark on 256 nodes (16 with `quick`); with `large`, placement quality only, on 1,024.
+    `node_tier`: the operator keeps the node tier's short list (--node-tier, issue 21)."""
     kv = parse_kv_model(yaml.safe_load(DEFAULT_KV_CONFIG.read_text()))
     # spines x leaves per spine x nodes per leaf
     shape = LARGE if large else (2, 2, 4) if quick else (4, 8, 8)
@@ -60,8 +61,10 @@ def run(quick: bool, large: bool = False) -> dict[str, Any]:
     topo_file = state / "fabric.yaml"
     topo_file.write_text(description)
     started = time.monotonic()
-    cluster.up(state, topo_file, vc_controllers=("queue-controller", "pg-controller"), timeout=300 if large else 120)
-    out: dict[str, Any] = {"machine": machine(), "quick": quick, "large": large, "nodes": len(topology.nodes)}
+    operator_args = ("--node-tier",) if node_tier else ()
+    controllers = ("queue-controller", "pg-controller")
+    cluster.up(state, topo_file, vc_controllers=controllers, timeout=300 if large else 120, operator_args=operator_args)
+    out: dict[str, Any] = {"machine": machine(), "quick": quick, "large": large, "node_tier": node_tier, "nodes": len(topology.nodes)}
     try:
         client = DevCluster(state)
         if not large:  # before the fillers: it starts from an empty cluster, then fragments it itself
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only healing under churn, with and without, 256 nodes (with --quick: 2 simulated hours, about 10 minutes)",
     )
     parser.add_argument("--seed", type=int, default=23, help="with --heal: the churn stream's seed")
+    parser.add_argument("--node-tier", action="store_true", help="the operator keeps the node tier's short list (--node-tier)")
     args = parser.parse_args(argv)
     if args.sim:
         from bench import sim
@@ -227,9 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         (RESULTS / f"scale-{args.scale}.json").write_text(json.dumps(result, indent=2))
         print(json.dumps(result["scale"]))
         return 0
-    out = run(args.quick)
+    out = run(args.quick, node_tier=args.node_tier)
     RESULTS.mkdir(exist_ok=True)
     name = "quick.json" if args.quick else f"full-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    name = name.replace(".json", "-node-tier.json") if args.node_tier else name
     (RESULTS / name).write_text(json.dumps(out, indent=2, default=str))
     print(f"results: {RESULTS / name}", file=sys.stderr)
     if not args.quick:
