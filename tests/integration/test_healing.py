@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from stormtopo.core.healing import COOLDOWN
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, MODE
 from stormtopo.devenv.client import DevCluster, node_names
@@ -278,7 +279,9 @@ def test_a_smaller_replica_of_another_service_moves_out_of_the_way_and_the_wide_
 ) -> None:
     """No leaf has room for the wide replica, but one would without a smaller replica of another opted-in
     service, which fits in a fuller leaf (fuller than its own, whether its old pods still terminate or
-    are gone): the smaller one moves there, then the wide one moves into the leaf it left."""
+    are gone): the smaller one moves, within one leaf; where Volcano places it in the fuller leaf, the wide
+    one then moves into the leaf it left; where Volcano holds it in its leaf (a re-created pod placed
+    before the last old one was evicted), its move is recorded as not landed and its cool-down doubled."""
     big, small = f"wide-{namespace}", f"small-{namespace}"
     with making_room(cluster_dir):
         lend_room(cluster, topology, namespace, big, small)
@@ -318,10 +321,21 @@ def lend_room(cluster: DevCluster, topology: Topology, namespace: str, big: str,
         pods = [p for pods in replicas(cluster, namespace, name).values() for p in pods if p["metadata"]["uid"] not in old]
         return pods if len(node_names(p for p in pods if p["spec"].get("nodeName"))) == 2 and in_one_leaf(topology, pods) else []
 
-    small_pods = cluster.wait(lambda: moved(small, small_before), 120, "the smaller replica placed again in another leaf")
-    assert node_names(small_pods) == ["node4", "node4"]
+    small_pods = cluster.wait(lambda: moved(small, small_before), 120, "the smaller replica placed again within one leaf")
     (making_room,) = events(cluster, namespace, small, "ReplicaMoving")
     assert f"makes room in s0 for StormService {namespace}/{big} replica" in making_room, making_room
+
+    def settled() -> dict[str, Any]:
+        raw = (cluster.stormservice(namespace, small)["metadata"].get("annotations") or {}).get("stormtopo.io/moves") or "{}"
+        return next((m for m in json.loads(raw).values() if m.get("done")), {})
+
+    record = cluster.wait(settled, 120, "the move to make room settled")
+    if not record["landed"]:
+        # Volcano may place the first re-created pod while the last old one still runs: the gang's allocated
+        # HyperNode then holds it in s0 (README, "Making room"). Then nothing more moves for it now.
+        assert node_names(small_pods) == ["node0", "node0"] and record["cooldown"] == 2 * COOLDOWN, record
+        return
+    assert node_names(small_pods) == ["node4", "node4"]
     big_old = set(next(iter(before.values())))
     big_pods = cluster.wait(lambda: moved(big, big_old), 120, "the wide replica placed again within s0")
     assert sorted(node_names(big_pods)) == ["node0", "node1"]
