@@ -115,9 +115,13 @@ def test_the_installed_operator_run_as_the_chart_runs_it_places_a_replica_within
                 return all(p["metadata"]["labels"].get(label) == leaf.name for p in admin.pods("wheel", "storm-service-name=img"))
 
             admin.wait(labelled, 60, f"the pods labelled {label}={leaf.name}")
-            with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as response:
-                exported = response.read().decode()
-            assert re.search(r'^stormtopo_replicas_placed_total\{tier="1"\} [1-9]', exported, re.M), exported[-2000:]
+
+            def counted() -> bool:  # after the labels and the placement record, which are written first
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as response:
+                    exported = response.read().decode()
+                return bool(re.search(r'^stormtopo_replicas_placed_total\{tier="1"\} [1-9]', exported, re.M))
+
+            admin.wait(counted, 30, "the placement counted in stormtopo_replicas_placed_total")
         except Exception:
             print(processes.log_tail(tmp_path, "wheel-operator", 60))
             raise
