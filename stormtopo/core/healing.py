@@ -32,7 +32,7 @@ from stormtopo.core.packing import DomainFit, domains_at_tier
 from stormtopo.core.placement import is_live
 from stormtopo.core.podgroup import desired_fields
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, valid_request
-from stormtopo.core.room import Resident, placed_elsewhere
+from stormtopo.core.room import Resident, freed, placed_elsewhere
 from stormtopo.core.topology.selectors import label_requirements
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL
@@ -490,10 +490,7 @@ def domain_left(topology: Topology, nodes: Sequence[str], tier: int) -> str | No
 def _room(snapshot: HealSnapshot, replica: Replica, tier: int) -> DomainFit | None:
     """The best domain within `tier` that holds the whole replica now, counting what it holds itself
     as free (it leaves those nodes when it moves); lowest tier first."""
-    free = dict(snapshot.free)
-    for node, gpus in replica.gpus_by_node().items():
-        if node in free:  # (a node left out of `free` is not schedulable: nothing there is free)
-            free[node] += gpus
+    free = freed(snapshot.free, replica.gpus_by_node())
     for t in range(1, tier + 1):
         domains = domains_at_tier(snapshot.topology, free, replica.wanted(), t)
         if domains and domains[0].fits:
