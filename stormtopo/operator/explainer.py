@@ -69,13 +69,13 @@ def explain_in_worker(
     return plan_pending(request, pods, created, topology, free_gpus_in_worker(kubeconfig))
 
 
-def free_gpus_in_worker(kubeconfig: str | None, taking_new_pods: bool = False) -> dict[str, int]:
+def free_gpus_in_worker(kubeconfig: str | None, taking_new_pods: bool = False, max_age: float = FREE_GPUS_TTL) -> dict[str, int]:
     """Runs in the worker: every node's free GPUs, the reading the explanations share (healing's:
-    only nodes that take new pods)."""
+    only nodes that take new pods, no older than `max_age`)."""
     if _Worker.api is None:
         _Worker.api = Api(kubeconfig)
     if taking_new_pods:
-        if _stale(_Worker.schedulable[0], FREE_GPUS_TTL):
+        if _stale(_Worker.schedulable[0], max_age):
             _Worker.schedulable = (time.monotonic(), _Worker.api.free_gpus(taking_new_pods=True))
         return _Worker.schedulable[1]
     if _stale(_Worker.free[0], FREE_GPUS_TTL):
@@ -135,11 +135,12 @@ class Explainer:
             self.close()
             return None
 
-    async def free_gpus(self) -> dict[str, int]:
-        """Free GPUs of every node that takes new pods, read in the worker (healing's reading)."""
+    async def free_gpus(self, max_age: float = FREE_GPUS_TTL) -> dict[str, int]:
+        """Free GPUs of every node that takes new pods, read in the worker (healing's reading), at
+        most `max_age` seconds old."""
         loop = asyncio.get_running_loop()
         try:
-            work = loop.run_in_executor(self._executor(), free_gpus_in_worker, self.kubeconfig, True)
+            work = loop.run_in_executor(self._executor(), free_gpus_in_worker, self.kubeconfig, True, max_age)
             return await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
         except BrokenProcessPool:
             log.warning("the explanation worker died; starting another for the next reading")

@@ -7,8 +7,10 @@ costs a read of the StormService itself (the move table on the API server, not t
 decides what may move), a list of its own pods and of its namespace's PodDisruptionBudgets; one
 reading of every node's free GPUs is shared by the whole pass, taken in the explanation worker's
 process so that its parsing never delays an admission. A service whose wide replicas had nowhere to
-go is not read again for NO_ROOM_RECHECKS passes (a leaf that frees up is seen within three passes;
-a service with nowhere to go does not cost an API read every pass).
+go is not read again for NO_ROOM_RECHECKS passes (a service with nowhere to go does not cost an API
+read every pass), unless a pod of an opted-in service has left a node since: that pass reads it
+again, over a fresh reading of the free GPUs (a freed leaf is seen at the next pass, before a new
+arrival takes it, rather than within three passes and a cached reading).
 
 A move is begun only once its record is on the StormService, written conditionally on the version
 the plan was made from: two leaders, or a pass planned from a stale read, cannot both begin one.
@@ -50,7 +52,7 @@ from stormtopo.core.writes import EvictPod, RecordMove, Write
 from stormtopo.kube.client import Api, ApiError, Conflict
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
-from stormtopo.operator.explainer import Explainer
+from stormtopo.operator.explainer import FREE_GPUS_TTL, Explainer
 from stormtopo.operator.index import Index, Key
 from stormtopo.operator.writer import execute
 
@@ -91,6 +93,8 @@ class Healer:
     _no_room: list[tuple[Key, Replica, int]] = field(default_factory=list)  # this pass's wide replicas with nowhere to go
     _room_for: dict[Key, float] = field(default_factory=dict)  # services room is being made for: read every pass until then
     _room_made: dict[tuple[Key, str], float] = field(default_factory=dict)  # (service, wide replica) -> when room was made for it
+    _freed_seen: int = -1  # the index's count of admitted pods gone from their nodes, at the last pass
+    _fresh: bool = False  # this pass: pods left their nodes since the last, so no cached reading of free GPUs
 
     async def check(self) -> None:
         """One pass over the StormServices (a loop of the operator runs it every --heal-interval)."""
@@ -98,14 +102,15 @@ class Healer:
             return
         self._free = None
         self._no_room = []
+        self._fresh, self._freed_seen = self.index.pods_freed != self._freed_seen, self.index.pods_freed
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
         now = time.time()
         for key, stormservice in list(self.index.stormservices.items()):
             if not may_need_healing(stormservice, tiers, topology):
                 self._memory.pop(key, None)
                 continue
-            if now < self._memory.get(key, HealMemory()).quiet_until and now >= self._room_for.get(key, 0.0):
-                continue  # (unless room is being made for it)
+            if now < self._memory.get(key, HealMemory()).quiet_until and now >= self._room_for.get(key, 0.0) and not self._fresh:
+                continue  # (unless room is being made for it, or may have been freed)
             try:
                 await self.heal(key)
             except Exception:  # one service's failure is logged; the others still get their pass
@@ -202,7 +207,7 @@ class Healer:
         )
         budgets = await asyncio.to_thread(self.api.disruption_budgets, namespace)
         if self._free is None:
-            self._free = self._set_aside(await self.explainer.free_gpus())
+            self._free = self._set_aside(await self.explainer.free_gpus(0.0 if self._fresh else FREE_GPUS_TTL))
         rolesets = self.index.rolesets_of(namespace, name)
         replicas = tuple(
             Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))
@@ -241,8 +246,8 @@ class Healer:
 
     async def carry_out(self, key: Key, snapshot: HealSnapshot, plan: HealPlan) -> bool:
         """In order: the records (conditional: none lands, nothing else is done), the Events, the
-        PodGroups held or let go, then the evictions, each only while this replica still leads. The
-        first eviction a PodDisruptionBudget refuses ends the move: said, recorded, backed off. False:
+        PodGroups held or let go, then the evictions, together, only while this replica still leads.
+        An eviction a PodDisruptionBudget refuses ends the move: said, recorded, backed off. False:
         nothing was done (its records could not be written)."""
         records = [w for w in plan.writes if isinstance(w, RecordMove)]
         if records and not await self._record(records):
@@ -257,21 +262,26 @@ class Healer:
         evictions = [w for w in plan.writes if isinstance(w, EvictPod)]
         if plan.moving is not None:
             metrics.REPLICA_MOVES.labels(str(plan.moving.why)).inc()
-        for done, write in enumerate(evictions):
-            if not self.leading():
-                log.warning("no longer leading: the move of %s/%s stops here; the next leader resumes it", *key)
-                return True
-            try:
-                await execute(self.api, [write], self.report)
-            except ApiError as exc:
-                if plan.moving is None or not is_budget_refusal(exc):
-                    raise  # logged by the pass; the move stays under way and is resumed
-                metrics.EVICTIONS_REFUSED.inc()
-                memory = self._memory.get(key, HealMemory())
-                writes, memory = plan_refused(snapshot, plan, write.name, status_message(exc), memory, evicted=done)
-                self._memory[key] = memory
-                await execute(self.api, writes, self.report)  # the record merged into what our own write left
-                return True
+        if not evictions:
+            return True
+        if not self.leading():
+            log.warning("no longer leading: the move of %s/%s stops here; the next leader resumes it", *key)
+            return True
+        # All at once: one at a time, Volcano may place a re-created pod while the replica's last old
+        # pod still runs, and a gang is placed around its running pods (back into the old domain).
+        outcomes = await asyncio.gather(*(execute(self.api, [w], self.report) for w in evictions), return_exceptions=True)
+        failed = [(w, o) for w, o in zip(evictions, outcomes, strict=True) if isinstance(o, BaseException)]
+        refused = [(w, o) for w, o in failed if plan.moving is not None and isinstance(o, ApiError) and is_budget_refusal(o)]
+        if not refused and failed:
+            raise failed[0][1]  # logged by the pass; the move stays under way and is resumed
+        if not refused:
+            return True
+        write, error = refused[0]
+        metrics.EVICTIONS_REFUSED.inc()
+        memory = self._memory.get(key, HealMemory())
+        writes, memory = plan_refused(snapshot, plan, write.name, status_message(error), memory, evicted=len(evictions) - len(failed))
+        self._memory[key] = memory
+        await execute(self.api, writes, self.report)  # the record merged into what our own write left
         return True
 
     async def _record(self, writes: list[RecordMove]) -> bool:

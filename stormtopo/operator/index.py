@@ -122,6 +122,9 @@ class Index:
     _rolesets_by_service: dict[Key, set[str]] = field(default_factory=dict)
     _seen: dict[tuple[str, Key], int] = field(default_factory=dict)  # (kind, key) -> when last observed
     _clock: int = 0
+    # Admitted pods that held a node and are gone: healing reads free GPUs afresh when this moves,
+    # rather than wait out a cached reading while a new arrival takes the room.
+    pods_freed: int = 0
     podgroup_schema: dict[str, Any] | None = None  # the PodGroup CRD's schema; None until read
     # Every admission and placement check reads the tiers: computed again only when a HyperNode or the
     # schema changes, not per request (a pass over every HyperNode).
@@ -157,6 +160,7 @@ class Index:
         key = key_of(obj)
         if kind == "Pod":
             _member(self._pods_by_replica, (key[0], roleset_name(obj) or ""), key[1], not deleted)
+            self.pods_freed += deleted and bool((obj.get("spec") or {}).get("nodeName"))
         if kind == "RoleSet":
             _member(self._rolesets_by_service, service_key_of(obj), key[1], not deleted)
         if deleted:

@@ -1,9 +1,11 @@
-"""Healing's shell: a move's writes run in order, and an eviction the API server refuses midway (a
-PodDisruptionBudget that changed since it was read) ends the move, is said, and backs the replica off."""
+"""Healing's shell: a move's writes run in order, its evictions together, and an eviction the API server
+refuses (a PodDisruptionBudget that changed since it was read) ends the move, is said, and backs the
+replica off."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any, cast
 
 import pytest
@@ -15,14 +17,14 @@ from tests.core.test_healing import NOW, SOFT1, WIDE, service, snap
 
 
 class RecordingApi:
-    """Records each call; the second eviction is refused as a PodDisruptionBudget refuses it."""
+    """Records each call; the prefill pod's eviction is refused as a PodDisruptionBudget refuses it."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
 
     def evict_pod(self, namespace: str, name: str) -> None:
         self.calls.append(("evict", name))
-        if len([c for c in self.calls if c[0] == "evict"]) == 2:
+        if name.endswith("-prefill-0"):
             raise ApiError(
                 429,
                 "POST",
@@ -53,12 +55,29 @@ def test_a_refused_eviction_ends_the_move_says_why_and_backs_off() -> None:
     plan = plan_healing(snapshot, HealMemory())
     healer._memory[("ns", "svc")] = plan.memory
     asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan))
-    assert [c[1] for c in api.calls if c[0] == "evict"] == ["svc-a-decode-0", "svc-a-prefill-0"]
+    assert sorted(c[1] for c in api.calls if c[0] == "evict") == ["svc-a-decode-0", "svc-a-prefill-0"]  # together
     annotations = [c[2] for c in api.calls if c[0] == "annotate"]
     assert '"done":true' not in annotations[0] and '"done":true' in annotations[-1]  # the move begun, then recorded over
     assert [r for r, _ in said] == ["ReplicaMoving", "ReplicaNotMoved"]
     assert "eviction of pod svc-a-prefill-0 was refused" in said[-1][1]
     assert healer._memory[("ns", "svc")].next_try["svc-a"] == NOW + BACKOFF
+
+
+def test_a_replicas_pods_are_evicted_together() -> None:
+    """Each eviction waits until every other one is in flight: one at a time, this times out."""
+    evicting = threading.Barrier(2, timeout=10)
+
+    class Together(RecordingApi):
+        def evict_pod(self, namespace: str, name: str) -> None:
+            self.calls.append(("evict", name))
+            evicting.wait()
+
+    api = Together()
+    healer = Healer(cast(Any, None), cast(Any, api), lambda *_: None, cast(Any, None), cast(Any, None))
+    snapshot = snap(service(SOFT1), WIDE)
+    assert asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan_healing(snapshot, HealMemory())))
+    assert sorted(c[1] for c in api.calls if c[0] == "evict") == ["svc-a-decode-0", "svc-a-prefill-0"]
+    assert not evicting.broken
 
 
 def test_evictions_wait_for_the_move_to_be_recorded_over_what_was_read() -> None:
@@ -154,3 +173,47 @@ def test_no_room_is_made_while_a_move_to_make_room_is_under_way() -> None:
     healer = making_room_healer({("other", "busy"): busy}, [])
     asyncio.run(healer.make_room())
     assert healer.offered == []
+
+
+# -- a freed node: the quiet services are read again, over a fresh reading --------------------------
+
+
+def test_a_pod_gone_from_its_node_ends_the_quiet_of_services_with_nowhere_to_go() -> None:
+    import json
+    import time
+
+    from stormtopo.core.vocabulary import PLACEMENT_ANNOTATION
+    from tests.core.test_healing import TIERS, TOPOLOGY
+
+    wide = service(SOFT1)
+    wide["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s4", "tier": 2}})
+
+    class Index:
+        stormservices = {("ns", "svc"): wide}
+        pods_freed = 0
+
+        def topology(self) -> Any:
+            return TOPOLOGY
+
+        def cluster_tiers(self) -> Any:
+            return TIERS
+
+    looked: list[Any] = []
+
+    class Probe(Healer):
+        async def heal(self, key: Any, make_room: Any = None, allocatable: Any = None) -> Any:
+            looked.append(key)
+            return None
+
+    index = Index()
+    healer = Probe(cast(Any, index), cast(Any, None), lambda *_: None, cast(Any, None), cast(Any, None))
+    asyncio.run(healer.check())
+    assert looked == [("ns", "svc")] and healer._fresh  # the first pass knows nothing of the past
+    healer._memory[("ns", "svc")] = HealMemory(quiet_until=time.time() + 3600)  # nowhere to go, for now
+    asyncio.run(healer.check())
+    assert looked == [("ns", "svc")] and not healer._fresh  # quiet: not read
+    index.pods_freed += 1  # an admitted pod left its node
+    asyncio.run(healer.check())
+    assert looked == [("ns", "svc")] * 2 and healer._fresh  # read again, over a fresh reading
+    asyncio.run(healer.check())
+    assert looked == [("ns", "svc")] * 2  # and quiet again after

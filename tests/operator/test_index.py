@@ -136,3 +136,20 @@ def test_listing_when_another_replica_creates_the_list_first() -> None:
     asyncio.run(listed.record("ns", "svc", "StormService"))
     assert calls == ["PATCH", "POST", "PATCH"]
     assert len(stored) == 2 and listed.listed
+
+
+def test_pods_freed_counts_only_admitted_pods_that_left_a_node() -> None:
+    from stormtopo.operator.index import Index
+
+    index = Index(api=None)  # type: ignore[arg-type]  # observe makes no API calls
+
+    def pod(name: str, node: str | None) -> dict[str, object]:
+        return {"kind": "Pod", "metadata": {"name": name, "namespace": "ns"}, "spec": {"nodeName": node} if node else {}}
+
+    index.observe("Pod", "ADDED", pod("bound", "node0"))
+    index.observe("Pod", "ADDED", pod("pending", None))
+    assert index.pods_freed == 0
+    index.observe("Pod", "DELETED", pod("pending", None))  # it held no node
+    assert index.pods_freed == 0
+    index.observe("Pod", "DELETED", pod("bound", "node0"))
+    assert index.pods_freed == 1
