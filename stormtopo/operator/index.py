@@ -125,6 +125,7 @@ class Index:
     # Admitted pods that held a node and are gone: healing reads free GPUs afresh when this moves,
     # rather than wait out a cached reading while a new arrival takes the room.
     pods_freed: int = 0
+    pods_bound: int = 0  # admitted pods seen bound to a node: the node tier renders its list again
     podgroup_schema: dict[str, Any] | None = None  # the PodGroup CRD's schema; None until read
     # Every admission and placement check reads the tiers: computed again only when a HyperNode or the
     # schema changes, not per request (a pass over every HyperNode).
@@ -160,13 +161,20 @@ class Index:
         key = key_of(obj)
         if kind == "Pod":
             _member(self._pods_by_replica, (key[0], roleset_name(obj) or ""), key[1], not deleted)
-            self.pods_freed += deleted and bool((obj.get("spec") or {}).get("nodeName"))
+            node = (obj.get("spec") or {}).get("nodeName")
+            self.pods_freed += deleted and bool(node)
+            self.pods_bound += not deleted and bool(node) and not ((self.pods.get(key) or {}).get("spec") or {}).get("nodeName")
         if kind == "RoleSet":
             _member(self._rolesets_by_service, service_key_of(obj), key[1], not deleted)
         if deleted:
             store.pop(key, None)
         else:
             store[key] = slim(obj)
+
+    @property
+    def hypernode_changes(self) -> int:
+        """HyperNode events seen so far: what was planned over the HyperNodes is stale once this moves."""
+        return self._hypernode_changes
 
     # -- re-lists ------------------------------------------------------------------------------
     def mark(self) -> int:

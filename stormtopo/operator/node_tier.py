@@ -1,6 +1,12 @@
 """Keeping the node tier's short list current (--node-tier, issue 21): every pass, the leader reads the
 GPUs in use per node and the HyperNodes, and writes what core/topology/node_tier.py plans, so that the
-tier-0 HyperNodes follow pods as they come and go. A steady state plans nothing and writes nothing."""
+tier-0 HyperNodes follow pods as they come and go. A steady state plans nothing and writes nothing.
+
+The list is only useful if it is current when Volcano places the next replica: once a pod of an opted-in
+service is bound or gone (the index sees it within milliseconds), the next pass, within half a second,
+takes a fresh reading of the GPUs in use rather than the shared one of up to FREE_GPUS_TTL ago. That is
+a list of every pod, in the explanation worker, at most once a pass while replicas are being placed;
+a cluster where nothing of stormtopo's moves reads every FREE_GPUS_TTL."""
 
 from __future__ import annotations
 
@@ -10,12 +16,12 @@ from dataclasses import dataclass
 
 from stormtopo.core.topology.node_tier import plan_node_tier
 from stormtopo.kube.client import Api
-from stormtopo.operator.explainer import Explainer
+from stormtopo.operator.explainer import FREE_GPUS_TTL, Explainer
 from stormtopo.operator.index import Index
 from stormtopo.operator.writer import execute
 
 log = logging.getLogger("stormtopo.node_tier")
-NODE_TIER_INTERVAL = 2.0  # seconds between two passes; the GPU readings it uses are cached for FREE_GPUS_TTL
+NODE_TIER_INTERVAL = 0.5  # seconds between two passes; a pass with nothing new reuses the cached readings
 
 
 @dataclass
@@ -24,17 +30,27 @@ class NodeTier:
     api: Api
     explainer: Explainer  # its worker reads every node's free and allocatable GPUs
     leading: Callable[[], bool] = lambda: True
+    _seen: tuple[int, int] = (-1, -1)  # the index's counts of admitted pods bound and gone, at the last fresh reading
+    _planned: tuple[int, tuple[tuple[str, int], ...]] | None = None  # what the last pass planned over
 
     async def check(self) -> None:
         """One pass (a loop of the operator runs it every NODE_TIER_INTERVAL); an exception goes to the
         loop, which logs it and backs off."""
         if not self.leading():
             return
-        free = await self.explainer.free_gpus()  # nodes that take new pods only: no other node is listed
+        moved = (self.index.pods_bound, self.index.pods_freed)
+        fresh = moved != self._seen
+        self._seen = moved
+        # Nodes that take new pods only: no other node is listed.
+        free = await self.explainer.free_gpus(0.0 if fresh else FREE_GPUS_TTL)
         allocatable = await self.explainer.allocatable_gpus()
         taking = {node: gpus for node, gpus in allocatable.items() if node in free}
         used = {node: gpus - free[node] for node, gpus in taking.items()}
+        planned = (self.index.hypernode_changes, tuple(sorted(used.items())))
+        if planned == self._planned:
+            return  # nothing moved since the last plan was carried out
         writes = plan_node_tier(list(self.index.hypernodes.values()), used, taking)
         if writes:
             log.info("node tier: %d HyperNode writes", len(writes))
             await execute(self.api, writes)
+        self._planned = planned  # only once written: a failed write is planned again at the next pass

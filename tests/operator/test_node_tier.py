@@ -47,8 +47,10 @@ class HyperNodesApi(Api):
 class Readings(Explainer):
     def __init__(self, used: dict[str, int]) -> None:
         self.used = used
+        self.ages: list[float] = []  # the max_age of each reading asked for
 
-    async def free_gpus(self) -> dict[str, int]:
+    async def free_gpus(self, max_age: float = 5.0) -> dict[str, int]:
+        self.ages.append(max_age)
         return {n: 8 - self.used.get(n, 0) for n in FABRIC.nodes}
 
     async def allocatable_gpus(self) -> dict[str, int]:
@@ -96,3 +98,31 @@ def test_only_the_leader_writes() -> None:
         index.observe("HyperNode", None, h)
     asyncio.run(NodeTier(index, api, Readings({}), leading=lambda: False).check())
     assert api.calls == []
+
+
+def test_a_bind_takes_a_fresh_reading_and_nothing_new_plans_nothing() -> None:
+    api = HyperNodesApi(hypernode_manifests(FABRIC))
+    index = Index(api)
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+    readings = Readings({})
+    tier = NodeTier(index, api, readings)
+    asyncio.run(tier.check())
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+    asyncio.run(tier.check())  # over what it wrote: writes nothing
+    api.calls.clear()
+    asyncio.run(tier.check())
+    assert readings.ages[1:] == [5.0, 5.0] and api.calls == []  # nothing bound or gone: the cached reading
+    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": {}}
+    index.observe("Pod", "ADDED", pod)
+    asyncio.run(tier.check())
+    assert readings.ages[-1] == 5.0  # created, not bound
+    index.observe("Pod", "MODIFIED", {**pod, "spec": {"nodeName": "b1"}})
+    readings.used["b1"] = 4
+    asyncio.run(tier.check())
+    assert readings.ages[-1] == 0.0  # bound: read afresh
+    assert "POST b1.node" in api.calls  # and the list follows it at once
+    index.observe("Pod", "MODIFIED", {**pod, "spec": {"nodeName": "b1"}, "status": {"phase": "Running"}})
+    asyncio.run(tier.check())
+    assert readings.ages[-1] == 5.0  # the same pod again is no new bind
