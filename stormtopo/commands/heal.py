@@ -1,18 +1,32 @@
 """`stormtopo heal NAMESPACE/STORMSERVICE --dry-run`: which replicas healing would move now, where to and
-why, or why not; by the operator's own planner (core/healing.py) over what the API says now. It never
-moves anything: the operator moves replicas of StormServices annotated stormtopo.io/heal: "true"."""
+why, or why not; by the operator's own planner (core/healing.py) over what the API says now. For a wide
+replica with nowhere to go, also which replica of another opted-in service an operator started with
+--heal-make-room would move out of its way (core/room.py). It never moves anything: the operator moves
+replicas of StormServices annotated stormtopo.io/heal: "true"."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.console import Console
 
 from stormtopo.commands.report import NotFound, cluster_view, print_report
-from stormtopo.core.healing import HealMemory, HealSnapshot, Replica, plan_healing, wants_healing
+from stormtopo.core.healing import (
+    Block,
+    HealMemory,
+    HealPlan,
+    HealSnapshot,
+    Replica,
+    Why,
+    plan_healing,
+    resident,
+    tier_to_heal,
+    wants_healing,
+)
 from stormtopo.core.request import RequestError, request_of
+from stormtopo.core.room import Resident, room_by_moving
 from stormtopo.core.vocabulary import AIBRIX, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.kube.client import Api
 
@@ -49,6 +63,7 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
         return {**report, "invalid": str(request)}
     report["request"] = request.describe() if request else None
     plan = plan_healing(snapshot, HealMemory(), opted_in_only=False)
+    rooms = rooms_made(snapshot, plan, lambda: residents(api, snapshot, (namespace, name)), api.gpu_totals)
     report["replicas"] = [
         {
             "replica": v.replica,
@@ -58,10 +73,52 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
             **({"to": v.target.switch.name, "toTier": v.target.switch.tier, "freeGPUs": v.target.free_gpus} if v.target else {}),
             **({"blocked": v.blocked} if v.blocked else {}),
             "wouldMove": plan.moving is not None and plan.moving.replica == v.replica,
+            **({"makeRoom": rooms[v.replica]} if v.replica in rooms else {}),
         }
         for v in plan.verdicts
     ]
     return report
+
+
+def rooms_made(
+    snapshot: HealSnapshot, plan: HealPlan, read_residents: Callable[[], list[Resident]], read_allocatable: Callable[[], dict[str, int]]
+) -> dict[str, dict[str, Any]]:
+    """For each wide replica with nowhere to go, the first replica of another opted-in service that
+    making room would move out of its way, as the operator's make_room offers it (its own plan may
+    still refuse it: a budget, not ready). The other services are read only if some replica needs it."""
+    tier = tier_to_heal(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only=False)
+    stuck = [v for v in plan.verdicts if v.block is Block.NO_ROOM and v.why in (Why.SOFT_WIDE, Why.VIOLATION)]
+    if tier is None or not stuck:
+        return {}
+    others, allocatable = read_residents(), read_allocatable()
+    out = {}
+    for verdict in stuck:
+        replica = next(r for r in snapshot.replicas if r.name == verdict.replica)
+        room = room_by_moving(replica.wanted(), replica.gpus_by_node(), tier, others, snapshot.free, allocatable, snapshot.topology)
+        if room is not None:
+            out[verdict.replica] = {
+                "replica": room.resident.replica,
+                "stormservice": f"{room.resident.namespace}/{room.resident.stormservice}",
+                "to": room.to.switch.name,
+                "frees": room.frees.switch.name,
+            }
+    return out
+
+
+def residents(api: Api, snapshot: HealSnapshot, own: tuple[str, str]) -> list[Resident]:
+    """Replicas of the other StormServices opted in to healing that may make room, read from the API."""
+    out = []
+    for stormservice in api.list_objects(AIBRIX, "stormservices"):
+        meta = stormservice["metadata"]
+        if (meta.get("namespace"), meta["name"]) == own or not wants_healing(stormservice):
+            continue
+        selector = f"{STORMSERVICE_LABEL}={meta['name']}"
+        pods = api.raw_list(f"/api/v1/namespaces/{meta['namespace']}/pods", labelSelector=selector)
+        for roleset in api.list_objects(AIBRIX, "rolesets", meta["namespace"], label_selector=selector):
+            own_pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == roleset["metadata"]["name"]]
+            if found := resident(stormservice, roleset, own_pods, snapshot.tiers, snapshot.topology, snapshot.now):
+                out.append(found)
+    return out
 
 
 def render(report: Mapping[str, Any]) -> list[str]:
@@ -87,5 +144,10 @@ def render(report: Mapping[str, Any]) -> list[str]:
             )
         else:
             lines.append(f"  replica {entry['replica']}: {entry['span']} ({entry['why']}): stays: {entry.get('blocked', '')}")
+        if room := entry.get("makeRoom"):
+            lines.append(
+                f"    with --heal-make-room: replica {room['replica']} of StormService {room['stormservice']} would first move "
+                f"to {room['to']}, making room in {room['frees']}"
+            )
     lines.append("  (dry run: nothing was moved)")
     return lines

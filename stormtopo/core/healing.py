@@ -159,7 +159,7 @@ class HealSnapshot:
     @property
     def healing_tier(self) -> int | None:
         """The tier its replicas must be within, if it opted in to healing."""
-        return _healing_tier(self.stormservice, self.tiers, self.topology, opted_in_only=True)
+        return tier_to_heal(self.stormservice, self.tiers, self.topology, opted_in_only=True)
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ def may_need_healing(stormservice: Mapping[str, Any], tiers: ClusterTiers, topol
     """Whether a StormService is worth a healing pass, from what the index holds (no API read): it opted
     in with a valid request, and its placement record shows a replica above its tier, or a move of
     one of its replicas has not settled yet."""
-    tier = _healing_tier(stormservice, tiers, topology, opted_in_only=True)
+    tier = tier_to_heal(stormservice, tiers, topology, opted_in_only=True)
     if tier is None:
         return False
     if any(not move.get("done") for move in recorded_moves(stormservice).values()):
@@ -225,7 +225,7 @@ def may_need_healing(stormservice: Mapping[str, Any], tiers: ClusterTiers, topol
     )
 
 
-def _healing_tier(stormservice: Mapping[str, Any], tiers: ClusterTiers, topology: Topology, opted_in_only: bool) -> int | None:
+def tier_to_heal(stormservice: Mapping[str, Any], tiers: ClusterTiers, topology: Topology, opted_in_only: bool) -> int | None:
     """The tier a replica of this service must be within, if healing applies to it at all."""
     if opted_in_only and not wants_healing(stormservice):
         return None
@@ -247,7 +247,7 @@ def resident(
     """A replica that may be moved to make room (core/room.py), from what the index holds: its service
     opted in, has no replica wide or moving, and the replica is whole, within its tier and out of its
     cool-down and back-off. Its own plan checks the rest (budgets, readiness) on a fresh read."""
-    tier = _healing_tier(stormservice, tiers, topology, opted_in_only=True)
+    tier = tier_to_heal(stormservice, tiers, topology, opted_in_only=True)
     moves = recorded_moves(stormservice)
     name = str(roleset["metadata"]["name"])
     if tier is None or may_need_healing(stormservice, tiers, topology):
@@ -315,7 +315,7 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
 
     `opted_in_only=False` (`stormtopo heal --dry-run`) judges a service that has not opted in as if it had."""
     request = snapshot.request
-    tier = _healing_tier(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only)
+    tier = tier_to_heal(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only)
     if request is None or tier is None:
         return HealPlan(memory=memory)
     moves = recorded_moves(snapshot.stormservice)

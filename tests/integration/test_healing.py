@@ -301,7 +301,26 @@ def making_room(cluster_dir: Path) -> Iterator[None]:
         dev.start_operator(cluster_dir)
 
 
-def lend_room(cluster: DevCluster, topology: Topology, namespace: str, big: str, small: str) -> None:
+def test_the_dry_run_names_the_replica_that_would_make_room(
+    cluster: DevCluster, cluster_dir: Path, topology: Topology, namespace: str
+) -> None:
+    """The operator as shipped (no --heal-make-room): the wide replica stays, and the dry run says which
+    replica of another opted-in service making room would move, and where."""
+    big, small = f"dwide-{namespace}", f"dsmall-{namespace}"
+    small_before = wide_beside_small(cluster, topology, namespace, big, small)[1]
+    dry = stormtopo("heal", f"{namespace}/{big}", "--dry-run", "--kubeconfig", str(cluster_dir / "kubeconfig"))
+    wanted = f"of StormService {namespace}/{small} would first move to s2, making room in s0"
+    assert f"with --heal-make-room: replica {small}-" in dry.stdout and wanted in dry.stdout, dry.stdout
+    after = {p["metadata"]["uid"] for pods in replicas(cluster, namespace, small).values() for p in pods}
+    assert after == small_before  # nothing moved
+
+
+def wide_beside_small(
+    cluster: DevCluster, topology: Topology, namespace: str, big: str, small: str
+) -> tuple[dict[str, list[str]], set[str]]:
+    """A smaller opted-in replica alone on node0 (s0); s2 with room for it twice over; the wide 8 + 8
+    replica across s0 and s1, s0 holding it only without the smaller one. The wide replica's pods by
+    replica, and the smaller one's pod uids."""
     fill(cluster, namespace, ["node1", "node2", "node3", "node4", "node5", "node6", "node7"])  # only node0 free
     one_each = (Role("prefill", gpus=1), Role("decode", gpus=1))
     cluster.create(stormservice(small, namespace, roles=one_each, annotations={**SOFT_LEAF, **HEAL}))
@@ -315,7 +334,11 @@ def lend_room(cluster: DevCluster, topology: Topology, namespace: str, big: str,
     cluster.bound_pods(namespace, "stormtopo.io/filler=true", 5)
     # node1 and node3 are the only nodes with 8 free: the 8 + 8 replica lands across s0 and s1.
     cluster.create(stormservice(big, namespace, roles=BIG, annotations={**SOFT_LEAF, **HEAL}))
-    before = wide_placement(cluster, topology, namespace, big)
+    return wide_placement(cluster, topology, namespace, big), small_before
+
+
+def lend_room(cluster: DevCluster, topology: Topology, namespace: str, big: str, small: str) -> None:
+    before, small_before = wide_beside_small(cluster, topology, namespace, big, small)
 
     def moved(name: str, old: set[str]) -> list[dict[str, Any]]:
         pods = [p for pods in replicas(cluster, namespace, name).values() for p in pods if p["metadata"]["uid"] not in old]

@@ -1,0 +1,40 @@
+"""`stormtopo heal --dry-run`'s report of making room (pure: the readings are passed in)."""
+
+from __future__ import annotations
+
+from stormtopo.commands.heal import render, rooms_made
+from stormtopo.core.healing import HealMemory, plan_healing
+from stormtopo.core.room import Resident
+from tests.core.test_healing import BUSY, SOFT1, WIDE, service, snap
+
+# node0 holds a small replica of another service: s0 holds the wide replica only once it leaves; node4
+# has room for that small replica in s2, which Volcano then surely prefers (tests/core/test_room.py).
+STUCK = {**BUSY, "node0": 2, "node4": 4}
+SMALL = Resident("other", "small", "small-0", {"node0": 2}, (1, 1), 1)
+
+
+def test_a_wide_replica_with_nowhere_to_go_says_which_replica_would_make_room() -> None:
+    snapshot = snap(service(SOFT1), WIDE, busy=STUCK)
+    plan = plan_healing(snapshot, HealMemory())
+    assert plan.moving is None  # no leaf holds it now
+    rooms = rooms_made(snapshot, plan, lambda: [SMALL], dict)
+    assert rooms == {"svc-a": {"replica": "small-0", "stormservice": "other/small", "to": "s2", "frees": "s0"}}
+    entry = {
+        "replica": "svc-a",
+        "span": "s4, tier 2",
+        "wide": True,
+        "why": "soft-above-tier",
+        "wouldMove": False,
+        "makeRoom": rooms["svc-a"],
+    }
+    lines = render({"namespace": "ns", "stormservice": "svc", "request": "soft, tier 1", "healing": True, "replicas": [entry]})
+    assert "with --heal-make-room: replica small-0 of StormService other/small would first move to s2, making room in s0" in lines[2]
+
+
+def test_others_are_read_only_when_a_wide_replica_has_nowhere_to_go() -> None:
+    snapshot = snap(service(SOFT1), WIDE)  # s0 has room: it moves without help
+
+    def unread() -> list[Resident]:
+        raise AssertionError("read")
+
+    assert rooms_made(snapshot, plan_healing(snapshot, HealMemory()), unread, dict) == {}
