@@ -83,6 +83,12 @@ KCM_CONTROLLERS = ",".join(
 )
 
 
+# kwok renews each node's Lease every quarter of this. Nothing here reads node Leases (kube-controller-
+# manager runs no node-lifecycle controller), and at 40 s 4,096 nodes renewed 410 Leases a second, most
+# of an idle 2-core machine (BENCHMARKS.md, "Quiet node heartbeats").
+NODE_LEASE_SECONDS = 3600
+
+
 class ClusterError(RuntimeError):
     """dev up/down could not do what was asked; the message says which component and why."""
 
@@ -520,7 +526,7 @@ class _Starter:
                 f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=true",
                 f"--server-address=127.0.0.1:{port}",
-                "--node-lease-duration-seconds=40",
+                f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
             ],
         )
         return _Launched(kwok, lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"))
