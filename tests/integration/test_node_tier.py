@@ -2,7 +2,8 @@
 core/topology/node_tier.py renders, applied by hand, is accepted by Volcano's webhook and controller (a
 leaf then names both nodes and tier-0 HyperNodes), and sends a hard tier-1 replica that one node holds to
 one node, where the leaf alone splits it; stormtopo reads that tree back as the tree it knows. Then the
-operator's --node-tier, on a cluster of its own: it renders the list itself and keeps it current.
+operator's --node-tier, on a cluster of its own: it renders the list itself and keeps it current, and a
+replaced decode pod returns to its prefill's node.
 
 The feature request's tree: leaves s0..s3 of two 8-GPU nodes each. node0 and node2 have 1 GPU free,
 node1 is empty, the rest full: s0 is the only leaf with room for a 1 + 1 GPU replica, and binpack sends
@@ -151,6 +152,19 @@ def test_the_operator_keeps_the_short_list_current_and_a_replica_lands_on_one_no
     # The tree stormtopo reads back is the one it was given: every tier-0 HyperNode folded into its node.
     back = topology_from_hypernodes(cluster.hypernodes())
     assert {n: s.switch for n, s in back.nodes.items()} == {f"node{i}": f"s{i // 2}" for i in range(8)}
+
+    # A replaced decode returns to its prefill's node: node1, partly used, keeps its tier-0 HyperNode,
+    # which Volcano takes as the gang's allocated HyperNode (the leaf alone sent it to an empty node).
+    (decode,) = [p for p in cluster.pods(namespace, f"storm-service-name={one}") if p["metadata"]["labels"].get("role-name") == "decode"]
+    cluster.core.delete_namespaced_pod(decode["metadata"]["name"], namespace, grace_period_seconds=0)
+
+    def replaced() -> list[dict[str, Any]]:
+        pods = cluster.pods(namespace, f"storm-service-name={one}")
+        bound = [p for p in pods if p["spec"].get("nodeName")]
+        return pods if len(bound) == 2 and decode["metadata"]["uid"] not in {p["metadata"]["uid"] for p in pods} else []
+
+    pods = cluster.wait(replaced, 90, "the decode re-created and bound")
+    assert node_names(pods) == ["node1", "node1"], node_names(pods)
 
     # A filler deleted: node3 is empty, s0 (9 GPUs used) now fuller than s1 (7), and node3 the next empty node.
     cluster.core.delete_namespaced_pod("busy-node3", namespace, grace_period_seconds=0)
