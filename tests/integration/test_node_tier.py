@@ -25,7 +25,7 @@ import pytest
 from stormtopo.core.topology.hypernodes import topology_from_hypernodes
 from stormtopo.core.topology.node_tier import NODE_TIER, node_tier_manifests, shortlist
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, NODE_TIER_LABEL
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, NODE_TIER_LABEL, REPLICA_HIGHEST_TIER, SCOPE
 from stormtopo.devenv import cluster as devenv
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice
@@ -174,3 +174,32 @@ def test_the_operator_keeps_the_short_list_current_and_a_replica_lands_on_one_no
     cluster.wait(lambda: not cluster.pods(namespace, f"storm-service-name={one}"), 60, f"{one}'s pods gone")
     becomes(["node0", "node1", "node2"], "the list after the replica's deletion")
     assert not [h for h in cluster.hypernodes() if h["metadata"]["name"] == "node3.node"]
+
+
+def test_nested_placement_keeps_its_meaning_beside_the_node_tier(operator_node_tier: DevCluster, topology: Topology) -> None:
+    """Scope StormService within tier 2, each replica within tier 1 (PodGroup subGroupPolicy), on the
+    cluster whose operator keeps the node tier: tier 1 is still the leaf, and the service stays within
+    a tier-2 switch, each replica within one leaf."""
+    cluster = operator_node_tier
+    namespace = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.create_namespace(namespace)
+    name = f"nested-{namespace}"
+    annotations = {MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "1"}
+    cluster.create(stormservice(name, namespace, roles=ONE_EACH, replicas=2, annotations=annotations))
+    pods = cluster.bound_pods(namespace, f"storm-service-name={name}", 4, timeout=90)
+    service_domain = topology.lowest_common_switch(node_names(pods))
+    assert service_domain is not None and service_domain.tier <= 2, node_names(pods)
+    by_replica: dict[str, list[str]] = {}
+    for pod in pods:
+        by_replica.setdefault(pod["metadata"]["labels"]["roleset-name"], []).append(pod["spec"]["nodeName"])
+    assert len(by_replica) == 2
+    for nodes in by_replica.values():
+        leaf = topology.lowest_common_switch(nodes)
+        assert leaf is not None and leaf.tier == 1, by_replica  # (one node: its leaf)
+
+    def recorded() -> list[Any]:
+        raw = (cluster.stormservice(namespace, name)["metadata"].get("annotations") or {}).get("stormtopo.io/placement")
+        table = json.loads(raw) if raw else {}
+        return [r.get("tier") for r in table.values()] if len(table) == 2 else []
+
+    assert cluster.wait(recorded, 60, f"the placement record of {name}") == [1, 1]  # the node tier folded away
