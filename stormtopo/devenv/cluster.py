@@ -87,6 +87,9 @@ KCM_CONTROLLERS = ",".join(
 # manager runs no node-lifecycle controller), and at 40 s 4,096 nodes renewed 410 Leases a second, most
 # of an idle 2-core machine (BENCHMARKS.md, "Quiet node heartbeats").
 NODE_LEASE_SECONDS = 3600
+# Volcano opens a session (a snapshot of every node) this often; its own default is 1s. Shorter here so
+# that tests wait less; a scale run may set Volcano's default (each session costs more with more nodes).
+SCHEDULE_PERIOD = "200ms"
 
 
 class ClusterError(RuntimeError):
@@ -477,7 +480,7 @@ class _Starter:
                 f"--healthz-address=127.0.0.1:{p.scheduler_healthz}",
                 "--enable-metrics",
                 f"--listen-address=127.0.0.1:{p.scheduler_metrics}",
-                "--schedule-period=200ms",
+                f"--schedule-period={SCHEDULE_PERIOD}",
                 f"--cache-dump-dir={self.dir}",
                 f"-v={os.environ.get('STORMTOPO_VOLCANO_VERBOSITY', '2')}",  # 4 or 5: every predicate and decision
             ],
