@@ -66,6 +66,7 @@ class Block(StrEnum):
     DISRUPTION_BUDGET = "pod-disruption-budget"
     NEXT = "one-at-a-time"
     NO_ROOM = "no-room"
+    ROLLOUT = "rollout"
     UNCHECKED = "not-checked"  # wide and free to move, but this pass searched enough others
 
 
@@ -517,6 +518,9 @@ def _blocked(
     retry = max(memory.next_try.get(replica.name, float("-inf")), _seconds(move.get("retryAt")) or float("-inf"))
     if snapshot.now < retry:
         return f"an eviction was refused; trying again at {_timestamp(retry)}", Block.BACKOFF
+    rollout = rollout_under_way(snapshot.stormservice)
+    if rollout:
+        return f"a rollout is under way ({rollout}); no replica moves until AIBrix has finished it", Block.ROLLOUT
     replicas, budget = replica_budget(snapshot.stormservice)
     ready_others = sum(1 for r in snapshot.replicas if r.name != replica.name and r.ready())
     if ready_others < replicas - budget:
@@ -558,6 +562,22 @@ def _disruption_budgets(budgets: Sequence[Mapping[str, Any]], pods: Sequence[Map
                 Block.DISRUPTION_BUDGET,
             )
     return "", None
+
+
+def rollout_under_way(stormservice: Mapping[str, Any]) -> str:
+    """What shows AIBrix rolling the StormService out, "" if nothing does: a spec it has not observed
+    yet, or RoleSets of two revisions (AIBrix v0.7.0 sets currentRevision to updateRevision once no
+    RoleSet of the old one is left). A move meanwhile would take a replica down beside the ones the
+    rollout replaces, beyond what either budget counts. Not updatedReplicas: it dips whenever a pod
+    is re-created, a move's own included."""
+    status = stormservice.get("status") or {}
+    generation = int((stormservice.get("metadata") or {}).get("generation") or 0)
+    if int(status.get("observedGeneration") or 0) < generation:
+        return f"generation {generation} not yet observed"
+    current, update = status.get("currentRevision"), status.get("updateRevision")
+    if current and update and current != update:
+        return f"revision {current} to {update}"
+    return ""
 
 
 def replica_budget(stormservice: Mapping[str, Any]) -> tuple[int, int]:

@@ -15,6 +15,7 @@ from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.healing import (
     BACKOFF,
     NO_ROOM_RECHECK,
+    Block,
     HealMemory,
     HealSnapshot,
     Replica,
@@ -417,3 +418,18 @@ def test_a_move_under_way_takes_its_target_so_no_second_service_is_moved_into_th
     assert plan_healing(replace(snap(service(SOFT1), other), free=evicted), HealMemory()).moving is not None
     assert plan_healing(replace(snap(service(SOFT1), other), free=taken), HealMemory()).moving is None
     assert set_aside(evicted, TOPOLOGY, svc, [WIDE.roleset], {"svc-a": 2}) == evicted  # placed: nothing set aside
+
+
+def test_no_move_while_aibrix_rolls_the_service_out() -> None:
+    svc = service(SOFT1)
+    svc["metadata"]["generation"] = 3
+    svc["status"] = {"observedGeneration": 3, "currentRevision": "svc-7c9", "updateRevision": "svc-5d4", "updatedReplicas": 0}
+    plan = plan_healing(snap(svc, WIDE), HealMemory())
+    assert plan.moving is None and evictions(plan) == []
+    assert plan.verdicts[0].block is Block.ROLLOUT and "revision svc-7c9 to svc-5d4" in plan.verdicts[0].blocked
+    svc["status"]["observedGeneration"] = 2  # a new spec AIBrix has not seen yet
+    svc["status"]["currentRevision"] = "svc-5d4"
+    assert "generation 3 not yet observed" in plan_healing(snap(svc, WIDE), HealMemory()).verdicts[0].blocked
+    svc["status"] = {"observedGeneration": 3, "currentRevision": "svc-5d4", "updateRevision": "svc-5d4", "updatedReplicas": 0}
+    plan = plan_healing(snap(svc, WIDE), HealMemory())  # done (a re-created pod makes updatedReplicas dip: no rollout)
+    assert plan.moving is not None and plan.moving.replica == "svc-a"
