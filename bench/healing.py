@@ -161,6 +161,9 @@ def within_leaf_optimum(leaves: Leaves, replicas: Sequence[tuple[int, ...]], bud
             break
         used += sum(r)
         upper += 1
+    whole = _whole_node_most(leaves, alone, budget)
+    if whole is not None:
+        upper = min(upper, whole)
     candidates = sorted(alone, key=lambda r: (sum(r), max(r)))
     # The k smallest fitting is monotone in k: a binary search for the largest k proven to fit.
     low, high = 0, upper
@@ -171,6 +174,26 @@ def within_leaf_optimum(leaves: Leaves, replicas: Sequence[tuple[int, ...]], bud
         else:
             high = k - 1
     return Bound(upper, low == upper, low)
+
+
+def _whole_node_most(leaves: Leaves, alone: Sequence[tuple[int, ...]], budget: int) -> int | None:
+    """A second upper bound: replicas whose every pod takes as many GPUs as the emptiest node has free
+    fit only on wholly free nodes. Of those, the most that fit at once are the ones of fewest pods (one
+    of more pods swapped for one of fewer still fits), found by the search; the other replicas count
+    in full. None if the search ran out of budget."""
+    most = max((g for leaf in leaves for g in leaf), default=0)
+    whole = sorted((r for r in alone if r and min(r) == most), key=len)
+    if not whole:
+        return None
+    fit = 0
+    while fit < len(whole):
+        decided = _fits(leaves, whole[: fit + 1], budget)
+        if decided is None:
+            return None
+        if not decided:
+            break
+        fit += 1
+    return len(alone) - len(whole) + fit
 
 
 # -- sampling the real cluster ------------------------------------------------------------------

@@ -31,6 +31,14 @@ def test_partly_used_nodes_are_listed_per_free_amount_fullest_leaf_first() -> No
     assert shortlist(FABRIC, used, per_free=1) == ["b0", "a0", "b3"]
 
 
+def test_an_empty_node_is_opened_where_its_leaf_has_the_fewest_empty_nodes() -> None:
+    # leaf-a is fuller (8 GPUs on a0) but keeps three empty nodes, room for a replica of three whole-node
+    # pods; leaf-b's only empty node (b3) is opened first, whatever its leaf's fullness.
+    used = {"a0": 8, "b0": 2, "b1": 2, "b2": 2}
+    assert shortlist(FABRIC, used, per_free=1) == ["b0", "b3"]
+    assert shortlist(FABRIC, used, per_free=1, next_empty=2) == ["b0", "b3", "a1"]
+
+
 def test_listed_nodes_get_a_tier0_hypernode_that_their_leaf_names_instead() -> None:
     manifests = node_tier_manifests(hypernode_manifests(FABRIC), ["a1", "b3"])
     names = [m["metadata"]["name"] for m in manifests]

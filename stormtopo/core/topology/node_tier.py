@@ -6,7 +6,7 @@ so a tier-0 HyperNode per node puts a replica on one node wherever one holds it.
 costs packing (equally full nodes tie in map order, in any leaf) and time (Volcano dry-runs the gang in each
 and walks every HyperNode on each allocate event). The short list keeps both: of the nodes already partly
 used, a few per amount of free GPUs (nodes with the same free GPUs are interchangeable for a replica that fits
-one node), in the fullest leaves; and the next empty node(s) a best-fit packer would open. A replica that no
+one node), in the fullest leaves; and the next empty node(s) to open, from the leaves with the fewest empty nodes. A replica that no
 listed node holds falls back to the leaf, chosen by Volcano as before. Tier 1 stays the leaf, so every request's
 `highestTierAllowed` keeps its meaning. The list changes with every placement: whoever renders it must
 re-render it as pods come and go (the simulator assumes it is never late).
@@ -40,6 +40,9 @@ def shortlist(topology: Topology, used_gpus: Mapping[str, int], per_free: int = 
 
     `per_free`: partly used nodes listed per amount of free GPUs; `next_empty`: empty nodes listed. Both
     should be at least the number of replicas that may be scheduled before the list is rendered again.
+    The empty nodes come from the leaves with the fewest empty nodes first (then the fullest): a replica
+    that fits one node then opens an empty node where no replica of whole-node pods could use it, and
+    a leaf's run of empty nodes is kept for the replica that needs all of them.
     """
     leaves = [s for s in topology.switches.values() if s.nodes]
     in_leaf = {leaf.name: sum(used_gpus.get(n, 0) for n in leaf.nodes) for leaf in leaves}
@@ -47,18 +50,16 @@ def shortlist(topology: Topology, used_gpus: Mapping[str, int], per_free: int = 
     ordered = sorted(leaves, key=lambda leaf: (-in_leaf[leaf.name], leaf.name))
     listed: list[str] = []
     per_amount: dict[int, int] = {}
-    empty: list[str] = []
     for leaf in ordered:
         for node in leaf.nodes:
             gpus, used = topology.nodes[node].gpus, used_gpus.get(node, 0)
             free = gpus - used
-            if used == 0 and gpus > 0:
-                if len(empty) < next_empty:
-                    empty.append(node)
-            elif free > 0 and per_amount.get(free, 0) < per_free:
+            if used > 0 and free > 0 and per_amount.get(free, 0) < per_free:
                 per_amount[free] = per_amount.get(free, 0) + 1
                 listed.append(node)
-    return listed + empty
+    empty = {leaf.name: [n for n in leaf.nodes if used_gpus.get(n, 0) == 0 and topology.nodes[n].gpus > 0] for leaf in leaves}
+    opening = sorted((leaf for leaf in ordered if empty[leaf.name]), key=lambda leaf: len(empty[leaf.name]))  # stable: fullest next
+    return listed + [n for leaf in opening for n in empty[leaf.name]][:next_empty]
 
 
 def node_tier_manifests(hypernodes: Iterable[Mapping[str, Any]], listed: Iterable[str]) -> list[dict[str, Any]]:

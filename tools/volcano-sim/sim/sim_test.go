@@ -235,8 +235,9 @@ func member(name string, t topologyv1alpha1.MemberType) api.MemberConfig {
 //   - leaf:               none (what stormtopo renders today).
 //   - node-all:           every node.
 //   - node-partial:       nodes already partly used, so an empty node opens only through the leaf's choice.
-//   - node-partial-next:  those plus the next empty node(s) to open: the first empty nodes of the fullest leaves
-//     that have one, so a replica that fits an empty node gets one, in the leaf a best-fit packer would use.
+//   - node-partial-next:  those plus the next empty node(s) to open: the first empty nodes of the leaves with
+//     the fewest empty nodes (then the fullest), so a replica that fits an empty node gets one where no
+//     replica of whole-node pods could use it.
 //   - node-bucket:        node-partial-next, but of the partly used nodes only `bucket_per_free` for each amount of
 //     free GPUs (in the fullest leaves): nodes with the same free GPUs are interchangeable for a replica that
 //     must fit one node, and the scheduler's work grows with the number of HyperNodes.
@@ -250,11 +251,21 @@ func (f *fabric) nodeTier(layout string, used map[string]int) []string {
 	// Leaves fullest first, then by name: the order a best-fit packer fills them in.
 	leaves := append([]string(nil), f.leaves...)
 	sort.SliceStable(leaves, func(i, j int) bool { return leafUsed[leaves[i]] > leafUsed[leaves[j]] })
-	// The next empty nodes to open, in the order a best-fit packer opens them: `next_empty` of them (one
-	// per replica that may arrive in one session; 1 when replicas arrive one at a time).
+	// The next empty nodes to open: `next_empty` of them (one per replica that may arrive in one session; 1
+	// when replicas arrive one at a time), from the leaves with the fewest empty nodes first, then the
+	// fullest (stormtopo/core/topology/node_tier.py's shortlist): a leaf's run of empty nodes is kept for
+	// a replica of whole-node pods.
 	next := func() []string {
+		empty := map[string]int{}
+		for _, n := range f.nodes {
+			if used[n] == 0 {
+				empty[f.leafOf[n]]++
+			}
+		}
+		opening := append([]string(nil), leaves...)
+		sort.SliceStable(opening, func(i, j int) bool { return empty[opening[i]] < empty[opening[j]] })
 		var out []string
-		for _, leaf := range leaves {
+		for _, leaf := range opening {
 			for _, n := range f.nodesOf[leaf] {
 				if used[n] == 0 && len(out) < max(f.c.NextEmpty, 1) {
 					out = append(out, n)
