@@ -589,7 +589,18 @@ def run(size: Size, seed: int = 23) -> dict[str, Any]:
         print(json.dumps({mode: {k: v for k, v in out[mode].items() if k != "run"}}), flush=True)
     out["kv_transfer"] = kv_transfer(topology, by_name, runs, size)
     out["seconds"] = round(time.monotonic() - started, 1)
+    out["samples"] = {mode: [compact(s) for s in samples] for mode, samples in runs.items()}
     return out
+
+
+def compact(sample: Sample) -> list[Any]:
+    """A sample as summarize reads it (tier, ready, the pods' uids shortened), for a later summary
+    against another bound of the optimum without running the cluster again."""
+    return [round(sample.t, 1), {k: [r["tier"], r["ready"], [u[:8] for u in r["uids"]]] for k, r in sample.replicas.items()}]
+
+
+def expand(row: Sequence[Any]) -> Sample:
+    return Sample(row[0], {k: {"tier": t, "ready": ready, "uids": uids} for k, (t, ready, uids) in row[1].items()})
 
 
 def markdown(out: Mapping[str, Any]) -> str:
@@ -637,7 +648,9 @@ def main(quick: bool, smoke: bool = False, seed: int = 23) -> dict[str, Any]:
     results.mkdir(exist_ok=True)
     name = "healing-smoke" if smoke else "healing-quick" if quick else "healing"
     name += ".json" if seed == 23 else f"-seed{seed}.json"
+    samples = out.pop("samples")
     (results / name).write_text(json.dumps(out, indent=2, default=str))
+    (results / name.replace(".json", "-samples.json")).write_text(json.dumps(samples, separators=(",", ":")))
     print(markdown(out))
     print(json.dumps({k: out[k] for k in ("seconds", "optimum")}))
     return out

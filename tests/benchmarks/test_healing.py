@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench.healing import Sample, Service, churn, epochs, most_moves_in_an_hour, summarize, within_leaf_optimum
@@ -46,6 +48,23 @@ def test_the_optimum_is_an_upper_bound_when_the_gpus_suffice_but_the_shapes_do_n
     assert within_leaf_optimum(((6,), (6,)), [(4, 2), (4, 2)]).replicas == 2
     bound = within_leaf_optimum(((6,), (6,)), [(2, 2), (2, 2), (2, 2)])
     assert bound.lower == 2 and bound.replicas == 3 and not bound.exact
+
+
+def test_replicas_of_whole_node_pods_are_bounded_by_the_wholly_free_nodes() -> None:
+    # 52 free GPUs hold the four replicas' 40 by count, and each 8+8 fits leaf 0 alone; but only leaf 0
+    # has two wholly free nodes, so only one 8+8 fits at once: the optimum is 3, and now known exactly.
+    bound = within_leaf_optimum(((8, 8, 6, 6), (6, 6, 6, 6)), [(8, 8), (8, 8), (2, 2), (2, 2)])
+    assert (bound.replicas, bound.lower, bound.exact) == (3, 3, True)
+
+
+def test_a_compact_sample_summarizes_as_the_sample() -> None:
+    from bench.healing import compact, expand
+
+    stream = {"a": Service("a", "1P1D-1", 0.0, 1000.0)}
+    samples = [Sample(0.0, {"a": _replica(2, True, ["p1-long-uid", "d1-long-uid"])}), Sample(10.0, {"a": _replica(1, True, ["p2", "d2"])})]
+    samples.append(Sample(20.0, {}))
+    again = [expand(json.loads(json.dumps(compact(s)))) for s in samples]
+    assert summarize(again, stream) == summarize(samples, stream)
 
 
 def _replica(tier: int | None, ready: bool, uids: list[str]) -> dict[str, object]:
