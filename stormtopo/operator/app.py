@@ -174,7 +174,10 @@ async def run(config: OperatorConfig) -> None:
     )
     loops.every("healing", config.heal_interval, healer.check)
     if config.node_tier:
-        loops.every("node-tier", NODE_TIER_INTERVAL, NodeTier(index, api, explainer, leading=lambda: leadership.is_leader).check)
+        bound_or_gone = asyncio.Event()  # an opted-in pod bound or gone: the list is rendered again at once
+        index.on_pods_moved = bound_or_gone.set
+        node_tier = NodeTier(index, api, explainer, leading=lambda: leadership.is_leader)
+        loops.every("node-tier", NODE_TIER_INTERVAL, node_tier.check, wake=bound_or_gone)
     ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops)
     ready = asyncio.Event()
     probes_runner = await _serve_probes(config, loops, ready)

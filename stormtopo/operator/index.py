@@ -7,7 +7,7 @@ moments before its watch event arrives) it reads through to the API server.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -126,6 +126,7 @@ class Index:
     # rather than wait out a cached reading while a new arrival takes the room.
     pods_freed: int = 0
     pods_bound: int = 0  # admitted pods seen bound to a node: the node tier renders its list again
+    on_pods_moved: Callable[[], None] | None = None  # called when either count moves (the node tier's wake-up)
     podgroup_schema: dict[str, Any] | None = None  # the PodGroup CRD's schema; None until read
     # Every admission and placement check reads the tiers: computed again only when a HyperNode or the
     # schema changes, not per request (a pass over every HyperNode).
@@ -162,8 +163,12 @@ class Index:
         if kind == "Pod":
             _member(self._pods_by_replica, (key[0], roleset_name(obj) or ""), key[1], not deleted)
             node = (obj.get("spec") or {}).get("nodeName")
-            self.pods_freed += deleted and bool(node)
-            self.pods_bound += not deleted and bool(node) and not ((self.pods.get(key) or {}).get("spec") or {}).get("nodeName")
+            freed = deleted and bool(node)
+            bound = not deleted and bool(node) and not ((self.pods.get(key) or {}).get("spec") or {}).get("nodeName")
+            self.pods_freed += freed
+            self.pods_bound += bound
+            if (freed or bound) and self.on_pods_moved is not None:
+                self.on_pods_moved()
         if kind == "RoleSet":
             _member(self._rolesets_by_service, service_key_of(obj), key[1], not deleted)
         if deleted:

@@ -10,6 +10,7 @@ replica that quietly stopped working, instead of it looking healthy for good.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -40,12 +41,24 @@ def stuck(period: float, last_progress: float, now: float, done: bool, cap: floa
     return None
 
 
-async def run_every(loop: Loop, seconds: float, work: Callable[[], Awaitable[None]], when: Callable[[], bool] = lambda: True) -> None:
-    """Run `work` every `seconds` while `when()` holds, forever, recording each iteration in `loop`. A
-    failure is logged with its traceback and retried after a backoff; only cancellation ends it."""
+async def run_every(
+    loop: Loop,
+    seconds: float,
+    work: Callable[[], Awaitable[None]],
+    when: Callable[[], bool] = lambda: True,
+    wake: asyncio.Event | None = None,
+) -> None:
+    """Run `work` every `seconds` while `when()` holds, forever, recording each iteration in `loop`; sooner
+    when `wake` is set (never during a backoff). A failure is logged with its traceback and retried
+    after a backoff; only cancellation ends it."""
     delay = seconds
     while True:
-        await asyncio.sleep(delay)
+        if wake is None or loop.failures:
+            await asyncio.sleep(delay)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), delay)
+            wake.clear()
         try:
             if when():
                 await work()
@@ -116,10 +129,18 @@ class Loops:
         self.loops[name] = loop
         return loop
 
-    def every(self, name: str, seconds: float, work: Callable[[], Awaitable[None]], when: Callable[[], bool] = lambda: True) -> Loop:
-        """Run `work` every `seconds` while `when()` holds; an iteration skipped by `when` still counts."""
+    def every(
+        self,
+        name: str,
+        seconds: float,
+        work: Callable[[], Awaitable[None]],
+        when: Callable[[], bool] = lambda: True,
+        wake: asyncio.Event | None = None,
+    ) -> Loop:
+        """Run `work` every `seconds` while `when()` holds, sooner when `wake` is set; an iteration skipped
+        by `when` still counts."""
         loop = self._record(name, seconds)
-        loop.task = self._spawn(name, run_every(loop, seconds, work, when))
+        loop.task = self._spawn(name, run_every(loop, seconds, work, when, wake))
         return loop
 
     def supervise(self, name: str, period: float, run: Callable[[Loop], Awaitable[None]]) -> Loop:

@@ -2,11 +2,11 @@
 GPUs in use per node and the HyperNodes, and writes what core/topology/node_tier.py plans, so that the
 tier-0 HyperNodes follow pods as they come and go. A steady state plans nothing and writes nothing.
 
-The list is only useful if it is current when Volcano places the next replica: once a pod of an opted-in
-service is bound or gone (the index sees it within milliseconds), the next pass, within half a second,
-takes a fresh reading of the GPUs in use rather than the shared one of up to FREE_GPUS_TTL ago. That is
-a list of every pod, in the explanation worker, at most once a pass while replicas are being placed;
-a cluster where nothing of stormtopo's moves reads every FREE_GPUS_TTL."""
+The list is only useful if it is current when Volcano places the next replica, which may be a second
+later: once a pod of an opted-in service is bound or gone (the index sees it within milliseconds), the
+loop is woken and takes a fresh reading of the GPUs in use rather than the shared one of up to
+FREE_GPUS_TTL ago. That is a list of every pod, in the explanation worker, at most once a pass while
+replicas are being placed; a cluster where nothing of stormtopo's moves reads every FREE_GPUS_TTL."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from stormtopo.operator.index import Index
 from stormtopo.operator.writer import execute
 
 log = logging.getLogger("stormtopo.node_tier")
-NODE_TIER_INTERVAL = 0.5  # seconds between two passes; a pass with nothing new reuses the cached readings
+NODE_TIER_INTERVAL = 1.0  # seconds between two passes unless woken; a pass with nothing new reuses the cached readings
 
 
 @dataclass

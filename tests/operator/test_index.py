@@ -151,5 +151,10 @@ def test_pods_freed_counts_only_admitted_pods_that_left_a_node() -> None:
     assert index.pods_freed == 0
     index.observe("Pod", "DELETED", pod("pending", None))  # it held no node
     assert index.pods_freed == 0
+    moved: list[None] = []
+    index.on_pods_moved = lambda: moved.append(None)
     index.observe("Pod", "DELETED", pod("bound", "node0"))
-    assert index.pods_freed == 1
+    assert index.pods_freed == 1 and len(moved) == 1
+    index.observe("Pod", "ADDED", pod("again", "node1"))
+    index.observe("Pod", "MODIFIED", pod("again", "node1"))  # already bound: no news
+    assert index.pods_bound == 2 and len(moved) == 2

@@ -85,6 +85,34 @@ def test_every_skips_the_work_but_counts_the_iteration_when_not_wanted() -> None
     asyncio.run(scenario())
 
 
+def test_every_runs_at_once_when_woken_and_not_again_until_woken_or_due() -> None:
+    async def scenario() -> None:
+        loops = Loops()
+        wake = asyncio.Event()
+        calls: list[None] = []
+
+        async def work() -> None:
+            calls.append(None)
+
+        loops.every("node-tier", 3600.0, work, wake=wake)  # due only in an hour
+        await asyncio.sleep(0.05)
+        assert not calls
+        wake.set()
+        await asyncio.wait_for(_until(lambda: len(calls) == 1), 10)
+        await asyncio.sleep(0.05)
+        assert len(calls) == 1 and not wake.is_set()  # cleared: the next run waits for the next wake
+        wake.set()
+        await asyncio.wait_for(_until(lambda: len(calls) == 2), 10)
+        await loops.stop()
+
+    asyncio.run(scenario())
+
+
+async def _until(condition: Any) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
+
+
 def test_supervise_restarts_a_stream_that_raises_or_returns() -> None:
     async def scenario() -> None:
         loops = Loops()
