@@ -23,6 +23,7 @@ from bench import churn, critical_path, expressions, kvflow, packing, placement_
 from bench.fabric import fabric_yaml, fragmentation
 from bench.workload import stream
 from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.tree import Topology
 from stormtopo.demo import DEFAULT_KV_CONFIG
 from stormtopo.devenv import cluster, components
 from stormtopo.devenv.client import DevCluster
@@ -98,10 +99,34 @@ def run(quick: bool, large: bool = False, node_tier: bool = False) -> dict[str, 
         out["webhook"] = critical_path.webhook_latency(client, "bench-cp", "lat-svc", roleset["metadata"]["name"], 150 if quick else 1000)
         client.create_namespace("bench-churn")
         out["churn"] = churn.pending_podgroup_writes(client, "bench-churn", seconds=20.0 if quick else 40.0)
+        if quick and not node_tier:
+            client.delete_namespace("bench-churn", wait=120)
+            out["node_tier"] = node_tier_phase(client, state, topology, requests, kv)
     finally:
         cluster.down(state)
         out["seconds"] = round(time.monotonic() - started, 1)
     return out
+
+
+def node_tier_phase(client: DevCluster, state: Path, topology: Topology, requests: list[Any], kv: Any) -> dict[str, Any]:
+    """bench-quick's last part: the operator restarted with --node-tier (issue 21), then packing (hard
+    only, from the empty and the fragmented start) and placement quality (hard) again, on the same
+    cluster and streams as above; the operator is left as it is (the cluster goes down next)."""
+    started = time.monotonic()
+    cluster.stop_component(state, "operator")
+    cluster.start_operator(state, extra=("--node-tier",))
+    client.delete_namespace("bench-fill", wait=120)  # packing starts from an empty cluster
+    packed = packing.run(client, topology, packing.QUICK.nodes(topology), wait=packing.QUICK.wait, modes=("hard",))
+    client.create_namespace("bench-fill")
+    used = fragmentation(sorted(topology.nodes), seed=7)
+    for node, gpus in used.items():
+        client.create(filler_pod(f"busy-{node}", "bench-fill", node, gpus))
+    client.bound_pods("bench-fill", "stormtopo.io/filler=true", len(used), timeout=120)
+    client.create_namespace("bench-nt-hard")
+    results = placement_quality.run_mode(client, topology, requests, "hard", "bench-nt-hard", wait=4.0)
+    hard = placement_quality.summarize(results, kv)
+    hard["replicas_detail"] = [r.__dict__ for r in results]
+    return {"packing": packed, "placement": {"hard": hard}, "seconds": round(time.monotonic() - started, 1)}
 
 
 def expressions_at_scale(shape: tuple[int, int, int] = (8, 8, 16), replicas: int = 32, rounds: int = 3) -> dict[str, Any]:
@@ -131,8 +156,20 @@ def headline(out: dict[str, Any]) -> dict[str, Any]:
         "packing_vs_optimal": out["packing"]["packing_vs_optimal"],
         "baseline_packing_vs_optimal": out["packing"]["baseline_packing_vs_optimal"],
         "diy_packing_vs_optimal": out["packing"]["diy_packing_vs_optimal"],
+        **_node_tier_headline(out.get("node_tier")),
         "nodes": out["nodes"],
         "seconds": out["seconds"],
+    }
+
+
+def _node_tier_headline(phase: dict[str, Any] | None) -> dict[str, Any]:
+    if not phase:
+        return {}
+    hard = phase["placement"]["hard"]
+    return {
+        "node_tier_hard_kv_time_vs_node_optimal": hard["kv_time_vs_node_optimal"],
+        "node_tier_packing_vs_optimal": phase["packing"]["packing_vs_optimal"],
+        "node_tier_hard_tier1_fraction": hard["tier1_fraction"],
     }
 
 

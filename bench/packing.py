@@ -233,12 +233,14 @@ def run_mode(client: DevCluster, topology: Topology, stream: Sequence[Arrival], 
     return outcome
 
 
-def scenario(client: DevCluster, topology: Topology, stream: Sequence[Arrival], label: str, wait: float) -> dict[str, Any]:
+def scenario(
+    client: DevCluster, topology: Topology, stream: Sequence[Arrival], label: str, wait: float, modes: Sequence[str] = MODES
+) -> dict[str, Any]:
     """One starting state: the optimum from the free GPUs now, then every mode from the same state."""
     free, _ = client.gpu_capacity()
     optimum = offline_optimum(topology, free, stream)
     out: dict[str, Any] = {"free_gpus": sum(free.values()), "optimum": asdict(optimum), "modes": {}}
-    for mode in MODES:
+    for mode in modes:
         ns = f"pack-{label}-{mode}"
         client.create_namespace(ns)
         outcome = run_mode(client, topology, stream[: optimum.replicas + 1], mode, ns, wait)
@@ -256,9 +258,16 @@ def scenario(client: DevCluster, topology: Topology, stream: Sequence[Arrival], 
     return out
 
 
-def run(client: DevCluster, topology: Topology, region: Sequence[str] | None = None, seed: int = 29, wait: float = 4.0) -> dict[str, Any]:
+def run(
+    client: DevCluster,
+    topology: Topology,
+    region: Sequence[str] | None = None,
+    seed: int = 29,
+    wait: float = 4.0,
+    modes: Sequence[str] = MODES,
+) -> dict[str, Any]:
     """Both starting states, empty and fragmented, on `region` (default: every node; the others are
-    filled whole, so the exact optimum stays small enough to compute)."""
+    filled whole, so the exact optimum stays small enough to compute), for each of `modes`."""
     started = time.monotonic()
     nodes = sorted(topology.nodes)
     inside = set(region if region is not None else nodes)
@@ -273,16 +282,15 @@ def run(client: DevCluster, topology: Topology, region: Sequence[str] | None = N
         client.bound_pods("pack-fill", "stormtopo.io/filler=true", fillers, timeout=120)
     out: dict[str, Any] = {"nodes": len(inside), "leaves": len({topology.nodes[n].switch for n in inside}), "seed": seed}
     out["tree"] = tree_of(topology)  # the fabric, for the KV-transfer simulation (bench/kvflow.py)
-    out["empty"] = scenario(client, topology, stream, "empty", wait)
+    out["empty"] = scenario(client, topology, stream, "empty", wait, modes)
     used = fragmentation(sorted(inside), seed=7)
     for node, gpus in used.items():
         client.create(filler_pod(f"busy-{node}", "pack-fill", node, gpus))
     client.bound_pods("pack-fill", "stormtopo.io/filler=true", fillers + len(used), timeout=120)
-    out["fragmented"] = scenario(client, topology, stream, "frag", wait)
+    out["fragmented"] = scenario(client, topology, stream, "frag", wait, modes)
     client.delete_namespace("pack-fill", wait=120)
-    out["packing_vs_optimal"] = packing_vs_optimal(out, "hard")
-    out["baseline_packing_vs_optimal"] = packing_vs_optimal(out, "baseline")
-    out["diy_packing_vs_optimal"] = packing_vs_optimal(out, "diy")
+    for mode in modes:
+        out["packing_vs_optimal" if mode == "hard" else f"{mode}_packing_vs_optimal"] = packing_vs_optimal(out, mode)
     out["seconds"] = round(time.monotonic() - started, 1)
     return out
 
