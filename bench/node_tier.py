@@ -1,0 +1,155 @@
+"""The node tier on the real control plane at 1,024 nodes (issue 21), beside the simulator's figures: the
+same cluster, fragmented as the simulator's is (bench.fabric.fragmentation, seed 7), with the operator run
+without and then with --node-tier, and without again (A B A: the machine is shared and drifts).
+
+For each layout, a seeded stream of hard tier-1 StormServices (bench/workload.py's shapes), each created once
+the previous one is bound, then the same stream without a topology (plain AIBrix + Volcano gangs). What is
+read:
+
+- where each replica landed against the offline optimum of its moment (one node where one node held it:
+  `kv_time_vs_node_optimal`, as bench-quick reports it);
+- Volcano's own time in its allocate action, from vc-scheduler's
+  `volcano_action_scheduling_latency_milliseconds{action="allocate"}`: the sum over every session while
+  the stream ran, per replica placed. Idle sessions (every 200 ms here) count in both layouts alike.
+
+    python -m bench.node_tier [--replicas 24] [--plain 12]      # about 15 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import placement_quality
+from bench.fabric import fabric_yaml, fragmentation
+from bench.workload import Request, stream
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.tree import Topology
+from stormtopo.demo import DEFAULT_KV_CONFIG
+from stormtopo.devenv import cluster
+from stormtopo.devenv.client import DevCluster
+from stormtopo.devenv.workloads import filler_pod
+from stormtopo.kvtransfer import KVModel, parse_kv_model
+
+SHAPE = (8, 8, 16)  # spines x leaves per spine x nodes per leaf: 1,024 nodes, the simulator's first size
+RESULTS = Path(__file__).resolve().parent / "results"
+ALLOCATE = re.compile(r'^volcano_action_scheduling_latency_milliseconds_(sum|count)\{action="allocate"\} (\S+)$', re.MULTILINE)
+
+
+def allocate_ms(port: int) -> tuple[float, float]:
+    """vc-scheduler's allocate action so far: (milliseconds in all, sessions)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    found = dict(ALLOCATE.findall(text))
+    return float(found.get("sum", 0.0)), float(found.get("count", 0.0))
+
+
+def measure(
+    client: DevCluster, topology: Topology, port: int, requests: list[Request], mode: str, namespace: str, kv: KVModel
+) -> dict[str, Any]:
+    client.create_namespace(namespace)
+    (ms0, sessions0), started = allocate_ms(port), time.monotonic()
+    results = placement_quality.run_mode(client, topology, requests, mode, namespace, wait=20.0)
+    ms1, sessions1 = allocate_ms(port)
+    seconds = time.monotonic() - started
+    client.delete_namespace(namespace, wait=300)
+    summary = placement_quality.summarize(results, kv)
+    placed = summary["placed"]
+    return {
+        **summary,
+        "allocate_ms": round(ms1 - ms0, 1),
+        "sessions": int(sessions1 - sessions0),
+        "allocate_ms_per_replica": round((ms1 - ms0) / placed, 2) if placed else None,
+        "allocate_ms_per_session": round((ms1 - ms0) / (sessions1 - sessions0), 3) if sessions1 > sessions0 else None,
+        "seconds": round(seconds, 1),
+        "replicas_detail": [r.__dict__ for r in results],
+    }
+
+
+def node_tier_listed(client: DevCluster) -> int:
+    return sum(1 for h in client.hypernodes() if int(h["spec"]["tier"]) == 0)
+
+
+def run(replicas: int, plain: int) -> dict[str, Any]:
+    description = fabric_yaml(*SHAPE)
+    topology = parse_topology(description)
+    kv = parse_kv_model(yaml.safe_load(DEFAULT_KV_CONFIG.read_text()))
+    state = Path(tempfile.mkdtemp(prefix="stormtopo-node-tier-"))
+    (state / "fabric.yaml").write_text(description)
+    started = time.monotonic()
+    cluster.up(state, state / "fabric.yaml", timeout=600)
+    out: dict[str, Any] = {"nodes": len(topology.nodes), "replicas": replicas, "plain": plain, "runs": []}
+    try:
+        client = DevCluster(state)
+        port = json.loads((state / "cluster.json").read_text())["ports"]["scheduler_metrics"]
+        client.create_namespace("nt-fill")
+        used = fragmentation(sorted(topology.nodes), seed=7)
+        for node, gpus in used.items():
+            client.create(filler_pod(f"busy-{node}", "nt-fill", node, gpus))
+        client.bound_pods("nt-fill", "stormtopo.io/filler=true", len(used), timeout=600)
+        hard, plain_requests = stream(replicas, seed=11), stream(plain, seed=13)
+        for i, layout in enumerate(("leaf", "node-tier", "leaf")):
+            cluster.stop_component(state, "operator")
+            cluster.start_operator(state, extra=("--node-tier",) if layout == "node-tier" else ())
+            if layout == "node-tier":
+                client.wait(lambda: node_tier_listed(client) > 0, 120, "the node tier's first list")
+            run_out = {
+                "layout": layout,
+                "tier0_hypernodes": node_tier_listed(client),
+                # Names differ per run: AIBrix v0.7.0 gives no RoleSet to a StormService named as one elsewhere.
+                "hard": measure(client, topology, port, named(hard, f"h{i}-"), "hard", f"nt-hard-{i}", kv),
+                "plain": measure(client, topology, port, named(plain_requests, f"p{i}-"), "baseline", f"nt-plain-{i}", kv),
+            }
+            out["runs"].append(run_out)
+            print(json.dumps({k: v for k, v in run_out.items() if k in ("layout", "tier0_hypernodes")} | summary_of(run_out)), flush=True)
+        out["ratios"] = ratios(out["runs"])
+    finally:
+        cluster.down(state)
+        out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def named(requests: list[Request], prefix: str) -> list[Request]:
+    return [replace(r, name=prefix + r.name) for r in requests]
+
+
+def summary_of(run_out: dict[str, Any]) -> dict[str, Any]:
+    keys = ("placed", "kv_time_vs_node_optimal", "allocate_ms_per_replica", "allocate_ms_per_session", "seconds")
+    return {mode: {k: run_out[mode][k] for k in keys} for mode in ("hard", "plain")}
+
+
+def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The node tier's allocate time per replica over the two leaf-only runs' mean, with a topology and without."""
+    leaf = [r for r in runs if r["layout"] == "leaf"]
+    tier = next(r for r in runs if r["layout"] == "node-tier")
+
+    def ratio(mode: str) -> float | None:
+        base = [r[mode]["allocate_ms_per_replica"] for r in leaf if r[mode]["allocate_ms_per_replica"]]
+        value = tier[mode]["allocate_ms_per_replica"]
+        return round(value / (sum(base) / len(base)), 3) if base and value else None
+
+    return {"allocate_with_topology_vs_leaf": ratio("hard"), "allocate_plain_vs_leaf": ratio("plain")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.node_tier")
+    parser.add_argument("--replicas", type=int, default=24)
+    parser.add_argument("--plain", type=int, default=12)
+    args = parser.parse_args(argv)
+    out = run(args.replicas, args.plain)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "node-tier-1024.json").write_text(json.dumps(out, indent=2, default=str))
+    print(json.dumps({"ratios": out["ratios"], "seconds": out["seconds"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
