@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.heal:
         from bench import healing
 
-        healing.main(quick=args.quick, seed=args.seed)
+        healing.main(quick=args.quick, seed=args.seed, node_tier=args.node_tier)
         return 0
     if args.foreign_pods:
         from bench import foreign_pods

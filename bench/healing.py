@@ -542,7 +542,7 @@ def report(summary: Summary, facts: Mapping[str, Any], size: Size) -> dict[str, 
     }
 
 
-def run(size: Size, seed: int = 23) -> dict[str, Any]:
+def run(size: Size, seed: int = 23, node_tier: bool = False) -> dict[str, Any]:
     started = time.monotonic()
     description = fabric_yaml(*size.fabric)
     topology = parse_topology(description)
@@ -567,7 +567,9 @@ def run(size: Size, seed: int = 23) -> dict[str, Any]:
     }
     state = Path(tempfile.mkdtemp(prefix="stormtopo-heal-"))
     (state / "fabric.yaml").write_text(description)
-    cluster.up(state, state / "fabric.yaml", timeout=300, operator_args=(f"--heal-interval={interval}", f"--heal-cooldown={cooldown}"))
+    operator_args = (f"--heal-interval={interval}", f"--heal-cooldown={cooldown}", *(("--node-tier",) if node_tier else ()))
+    out["node_tier"] = node_tier
+    cluster.up(state, state / "fabric.yaml", timeout=300, operator_args=operator_args)
     runs: dict[str, list[Sample]] = {}
     facts: dict[str, dict[str, Any]] = {}
     try:
@@ -641,13 +643,13 @@ def markdown(out: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool, smoke: bool = False, seed: int = 23) -> dict[str, Any]:
+def main(quick: bool, smoke: bool = False, seed: int = 23, node_tier: bool = False) -> dict[str, Any]:
     size = SMOKE if smoke else QUICK if quick else FULL
-    out = run(size, seed)
+    out = run(size, seed, node_tier)
     results = Path(__file__).resolve().parent / "results"
     results.mkdir(exist_ok=True)
     name = "healing-smoke" if smoke else "healing-quick" if quick else "healing"
-    name += ".json" if seed == 23 else f"-seed{seed}.json"
+    name += ("" if seed == 23 else f"-seed{seed}") + ("-node-tier" if node_tier else "") + ".json"
     samples = out.pop("samples")
     (results / name).write_text(json.dumps(out, indent=2, default=str))
     (results / name.replace(".json", "-samples.json")).write_text(json.dumps(samples, separators=(",", ":")))
