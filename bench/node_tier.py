@@ -1,6 +1,7 @@
 """The node tier on the real control plane at 1,024 nodes (issue 21), beside the simulator's figures: the
 same cluster, fragmented as the simulator's is (bench.fabric.fragmentation, seed 7), with the operator run
-without and then with --node-tier, and without again (A B A: the machine is shared and drifts).
+without and with --node-tier, and Volcano as shipped here and with hypernode.binpack.normal-pod.enable off
+(RUNS: leaf only as shipped first and last, as the machine is shared and drifts).
 
 For each layout, a seeded stream of hard tier-1 StormServices (bench/workload.py's shapes), each created once
 the previous one is bound, then the same stream without a topology (plain AIBrix + Volcano gangs). What is
@@ -12,7 +13,7 @@ read:
   `volcano_action_scheduling_latency_milliseconds{action="allocate"}`: the sum over every session while
   the stream ran, per replica placed. Idle sessions (every 200 ms here) count in both layouts alike.
 
-    python -m bench.node_tier [--replicas 24] [--plain 12]      # about 15 minutes on 2 cores
+    python -m bench.node_tier [--replicas 24] [--plain 12]      # about 10 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -40,6 +43,9 @@ from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import filler_pod
 from stormtopo.kvtransfer import KVModel, parse_kv_model
 
+# (layout, Volcano setting): leaf only as shipped first and last (the machine drifts), the rest between.
+RUNS = (("leaf", "shipped"), ("node-tier", "shipped"), ("node-tier", "normal-pod-off"), ("leaf", "normal-pod-off"), ("leaf", "shipped"))
+NORMAL_POD_OFF = "      hypernode.binpack.normal-pod.enable: false\n"
 SHAPE = (8, 8, 16)  # spines x leaves per spine x nodes per leaf: 1,024 nodes, the simulator's first size
 RESULTS = Path(__file__).resolve().parent / "results"
 ALLOCATE = re.compile(r'^volcano_action_scheduling_latency_milliseconds_(sum|count)\{action="allocate"\} (\S+)$', re.MULTILINE)
@@ -96,20 +102,27 @@ def run(replicas: int, plain: int) -> dict[str, Any]:
             client.create(filler_pod(f"busy-{node}", "nt-fill", node, gpus))
         client.bound_pods("nt-fill", "stormtopo.io/filler=true", len(used), timeout=600)
         hard, plain_requests = stream(replicas, seed=11), stream(plain, seed=13)
-        for i, layout in enumerate(("leaf", "node-tier", "leaf")):
+        for i, (layout, setting) in enumerate(RUNS):
+            scheduler_setting(state, setting)
             cluster.stop_component(state, "operator")
             cluster.start_operator(state, extra=("--node-tier",) if layout == "node-tier" else ())
             if layout == "node-tier":
                 client.wait(lambda: node_tier_listed(client) > 0, 120, "the node tier's first list")
+            else:  # the operator without the flag leaves the last list: the tree as rendered, without it
+                apply = ["topology", "apply", "-f", str(state / "fabric.yaml"), "--kubeconfig", str(state / "kubeconfig")]
+                subprocess.run([sys.executable, "-m", "stormtopo.cli", *apply], check=True, capture_output=True)
+                client.wait(lambda: node_tier_listed(client) == 0, 60, "the tree without the node tier")
             run_out = {
                 "layout": layout,
+                "setting": setting,
                 "tier0_hypernodes": node_tier_listed(client),
                 # Names differ per run: AIBrix v0.7.0 gives no RoleSet to a StormService named as one elsewhere.
                 "hard": measure(client, topology, port, named(hard, f"h{i}-"), "hard", f"nt-hard-{i}", kv),
                 "plain": measure(client, topology, port, named(plain_requests, f"p{i}-"), "baseline", f"nt-plain-{i}", kv),
             }
             out["runs"].append(run_out)
-            print(json.dumps({k: v for k, v in run_out.items() if k in ("layout", "tier0_hypernodes")} | summary_of(run_out)), flush=True)
+            shown = ("layout", "setting", "tier0_hypernodes")
+            print(json.dumps({k: v for k, v in run_out.items() if k in shown} | summary_of(run_out)), flush=True)
         out["ratios"] = ratios(out["runs"])
     finally:
         cluster.down(state)
@@ -127,16 +140,48 @@ def summary_of(run_out: dict[str, Any]) -> dict[str, Any]:
 
 
 def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The node tier's allocate time per replica over the two leaf-only runs' mean, with a topology and without."""
-    leaf = [r for r in runs if r["layout"] == "leaf"]
-    tier = next(r for r in runs if r["layout"] == "node-tier")
+    """Allocate time per replica of each run over the mean of the leaf-only runs as shipped (the first and
+    the last), with a topology and without; and node-level placement."""
+    leaf = [r for r in runs if (r["layout"], r["setting"]) == ("leaf", "shipped")]
 
-    def ratio(mode: str) -> float | None:
+    def ratio(run: dict[str, Any], mode: str) -> float | None:
         base = [r[mode]["allocate_ms_per_replica"] for r in leaf if r[mode]["allocate_ms_per_replica"]]
-        value = tier[mode]["allocate_ms_per_replica"]
+        value = run[mode]["allocate_ms_per_replica"]
         return round(value / (sum(base) / len(base)), 3) if base and value else None
 
-    return {"allocate_with_topology_vs_leaf": ratio("hard"), "allocate_plain_vs_leaf": ratio("plain")}
+    return {
+        f"{r['layout']}/{r['setting']}": {
+            "allocate_with_topology_vs_leaf": ratio(r, "hard"),
+            "allocate_plain_vs_leaf": ratio(r, "plain"),
+            "hard_kv_time_vs_node_optimal": r["hard"]["kv_time_vs_node_optimal"],
+        }
+        for r in runs[1:-1]
+    }
+
+
+def scheduler_setting(state: Path, setting: str) -> None:
+    """vc-scheduler restarted over the shipped configuration, or with pods without a topology left out of
+    HyperNode binpack (README: the node tier's recommended setting)."""
+    conf = cluster.SCHEDULER_CONF
+    if setting == "normal-pod-off":
+        resources = "      hypernode.binpack.resources: nvidia.com/gpu\n"
+        conf = conf.replace(resources, NORMAL_POD_OFF + resources)
+        assert NORMAL_POD_OFF in conf
+    path = state / "volcano-scheduler.conf"
+    if path.read_text() == conf:
+        return
+    path.write_text(conf)
+    cluster.restart_component(state, "vc-scheduler")
+    port = json.loads((state / "cluster.json").read_text())["ports"]["scheduler_metrics"]
+    DevCluster(state).wait(lambda: _answers(port), 60, "vc-scheduler's metrics after its restart")
+
+
+def _answers(port: int) -> bool:
+    try:
+        allocate_ms(port)
+        return True
+    except OSError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
