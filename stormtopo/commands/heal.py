@@ -28,7 +28,7 @@ from stormtopo.core.healing import (
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.room import Resident, room_by_moving
 from stormtopo.core.vocabulary import AIBRIX, ROLESET_LABEL, STORMSERVICE_LABEL
-from stormtopo.kube.client import Api
+from stormtopo.kube.client import Api, ApiError
 
 __all__ = ["NotFound", "heal_report", "render", "run"]
 
@@ -63,7 +63,10 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
         return {**report, "invalid": str(request)}
     report["request"] = request.describe() if request else None
     plan = plan_healing(snapshot, HealMemory(), opted_in_only=False)
-    rooms = rooms_made(snapshot, plan, lambda: residents(api, snapshot, (namespace, name)), api.gpu_totals)
+    try:
+        rooms = rooms_made(snapshot, plan, lambda: residents(api, snapshot, (namespace, name)), api.gpu_totals)
+    except ApiError as exc:  # e.g. no right to list StormServices in every namespace: the rest still holds
+        rooms, report["makeRoomUnknown"] = {}, str(exc)
     report["replicas"] = [
         {
             "replica": v.replica,
@@ -106,18 +109,26 @@ def rooms_made(
 
 
 def residents(api: Api, snapshot: HealSnapshot, own: tuple[str, str]) -> list[Resident]:
-    """Replicas of the other StormServices opted in to healing that may make room, read from the API."""
+    """Replicas of the other StormServices opted in to healing that may make room: three cluster-wide
+    lists (StormServices, their RoleSets, their pods), not a read per service."""
+    services = {
+        (s["metadata"].get("namespace", ""), s["metadata"]["name"]): s
+        for s in api.list_objects(AIBRIX, "stormservices")
+        if wants_healing(s) and (s["metadata"].get("namespace"), s["metadata"]["name"]) != own
+    }
+    if not services:
+        return []
+    pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for pod in api.raw_list("/api/v1/pods", labelSelector=ROLESET_LABEL):
+        labels = pod["metadata"].get("labels") or {}
+        pods.setdefault((pod["metadata"].get("namespace", ""), labels[ROLESET_LABEL]), []).append(pod)
     out = []
-    for stormservice in api.list_objects(AIBRIX, "stormservices"):
-        meta = stormservice["metadata"]
-        if (meta.get("namespace"), meta["name"]) == own or not wants_healing(stormservice):
-            continue
-        selector = f"{STORMSERVICE_LABEL}={meta['name']}"
-        pods = api.raw_list(f"/api/v1/namespaces/{meta['namespace']}/pods", labelSelector=selector)
-        for roleset in api.list_objects(AIBRIX, "rolesets", meta["namespace"], label_selector=selector):
-            own_pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == roleset["metadata"]["name"]]
-            if found := resident(stormservice, roleset, own_pods, snapshot.tiers, snapshot.topology, snapshot.now):
-                out.append(found)
+    for roleset in api.list_objects(AIBRIX, "rolesets", label_selector=STORMSERVICE_LABEL):
+        meta = roleset["metadata"]
+        service = services.get((meta.get("namespace", ""), (meta.get("labels") or {}).get(STORMSERVICE_LABEL, "")))
+        own_pods = pods.get((meta.get("namespace", ""), meta["name"]), [])
+        if service is not None and (found := resident(service, roleset, own_pods, snapshot.tiers, snapshot.topology, snapshot.now)):
+            out.append(found)
     return out
 
 
@@ -149,5 +160,7 @@ def render(report: Mapping[str, Any]) -> list[str]:
                 f"    with --heal-make-room: replica {room['replica']} of StormService {room['stormservice']} would first move "
                 f"to {room['to']}, making room in {room['frees']}"
             )
+    if report.get("makeRoomUnknown"):
+        lines.append(f"  which replica --heal-make-room would move is unknown: {report['makeRoomUnknown']}")
     lines.append("  (dry run: nothing was moved)")
     return lines

@@ -35,7 +35,7 @@ from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, v
 from stormtopo.core.room import Resident, freed, placed_elsewhere
 from stormtopo.core.topology.selectors import label_requirements
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import HEAL_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, PLACEMENT_ANNOTATION, REVISION_LABEL, ROLE_LABEL
 from stormtopo.core.writes import EvictPod, PatchPodGroup, PostEvent, RecordMove, Say, Write
 
 COOLDOWN = 900.0  # seconds: a replica is not moved again within this of its last move
@@ -210,6 +210,7 @@ class HealPlan:
     memory: HealMemory = HealMemory()
     moving: Verdict | None = None
     settled: tuple[Settled, ...] = ()
+    one_at_a_time: bool = False  # evictions one after another (a PodDisruptionBudget covers a pod), else together
 
 
 def may_need_healing(stormservice: Mapping[str, Any], tiers: ClusterTiers, topology: Topology) -> bool:
@@ -367,7 +368,17 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
     said_writes, memory = _say_once(memory, snapshot.stormservice, says)
     if not in_flight and moving is None and any(v.block is Block.NO_ROOM for v in verdicts):
         memory = replace(memory, quiet_until=snapshot.now + snapshot.recheck)
-    return HealPlan(verdicts, tuple(said_writes + writes), memory, moving, tuple(settled))
+    return HealPlan(verdicts, tuple(said_writes + writes), memory, moving, tuple(settled), _one_at_a_time(snapshot, writes))
+
+
+def _one_at_a_time(snapshot: HealSnapshot, writes: Sequence[Write]) -> bool:
+    """Whether the evictions go one after another: when a PodDisruptionBudget covers one of the pods.
+    Together, Volcano cannot place a re-created pod while an old one still runs; but evictions under one
+    budget conflict on its status (the API server retries each after 500 ms, and a refusal midway would
+    leave the others evicted)."""
+    evicted = {w.name for w in writes if isinstance(w, EvictPod)}
+    pods = [p for r in snapshot.replicas for p in r.pods if p["metadata"]["name"] in evicted]
+    return any(_selects(budget, pod) for budget in snapshot.budgets for pod in pods)
 
 
 def plan_refused(
@@ -518,7 +529,7 @@ def _blocked(
     retry = max(memory.next_try.get(replica.name, float("-inf")), _seconds(move.get("retryAt")) or float("-inf"))
     if snapshot.now < retry:
         return f"an eviction was refused; trying again at {_timestamp(retry)}", Block.BACKOFF
-    rollout = rollout_under_way(snapshot.stormservice)
+    rollout = rollout_under_way(snapshot.stormservice, [r.roleset for r in snapshot.replicas])
     if rollout:
         return f"a rollout is under way ({rollout}); no replica moves until AIBrix has finished it", Block.ROLLOUT
     replicas, budget = replica_budget(snapshot.stormservice)
@@ -564,19 +575,28 @@ def _disruption_budgets(budgets: Sequence[Mapping[str, Any]], pods: Sequence[Map
     return "", None
 
 
-def rollout_under_way(stormservice: Mapping[str, Any]) -> str:
+def rollout_under_way(stormservice: Mapping[str, Any], rolesets: Sequence[Mapping[str, Any]] = ()) -> str:
     """What shows AIBrix rolling the StormService out, "" if nothing does: a spec it has not observed
-    yet, or RoleSets of two revisions (AIBrix v0.7.0 sets currentRevision to updateRevision once no
-    RoleSet of the old one is left). A move meanwhile would take a replica down beside the ones the
-    rollout replaces, beyond what either budget counts. Not updatedReplicas: it dips whenever a pod
-    is re-created, a move's own included."""
+    yet; RoleSets of two revisions (status.currentRevision, which AIBrix v0.7.0 sets to updateRevision
+    once no RoleSet of the old one is left); or a RoleSet labelled with another revision than the one
+    it updates to (an in-place update relabels every RoleSet at once; a third revision while the second
+    rolls out). A move meanwhile would take a replica down beside the ones the rollout replaces, beyond
+    what either budget counts. Not updatedReplicas: it dips whenever a pod is re-created, a move's own
+    included. A paused service (spec.paused) rolls nothing out: only an unobserved spec counts."""
     status = stormservice.get("status") or {}
     generation = int((stormservice.get("metadata") or {}).get("generation") or 0)
     if int(status.get("observedGeneration") or 0) < generation:
         return f"generation {generation} not yet observed"
+    if (stormservice.get("spec") or {}).get("paused"):
+        return ""
     current, update = status.get("currentRevision"), status.get("updateRevision")
     if current and update and current != update:
         return f"revision {current} to {update}"
+    for roleset in rolesets:
+        meta = roleset.get("metadata") or {}
+        revision = (meta.get("labels") or {}).get(REVISION_LABEL)
+        if update and revision and revision != update:
+            return f"RoleSet {meta.get('name')} of revision {revision}, updating to {update}"
     return ""
 
 

@@ -17,6 +17,7 @@ PODGROUP_CRD = "podgroups.scheduling.volcano.sh"
 # Labels AIBrix sets on RoleSets, their pods and its PodGroups.
 STORMSERVICE_LABEL = "storm-service-name"
 ROLESET_LABEL = "roleset-name"
+REVISION_LABEL = "storm-service-revision"  # AIBrix: the StormService revision a RoleSet was made from
 ROLE_LABEL = "role-name"
 HOSTNAME_LABEL = "kubernetes.io/hostname"  # set by the kubelet on every node
 

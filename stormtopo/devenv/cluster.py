@@ -85,7 +85,8 @@ KCM_CONTROLLERS = ",".join(
 
 # kwok renews each node's Lease every quarter of this. Nothing here reads node Leases (kube-controller-
 # manager runs no node-lifecycle controller), and at 40 s 4,096 nodes renewed 410 Leases a second, most
-# of an idle 2-core machine (BENCHMARKS.md, "Quiet node heartbeats").
+# of an idle 2-core machine (BENCHMARKS.md, "Quiet node heartbeats"). kwok holds a node through its Lease:
+# a kwok restarted against the same etcd waits for them, so restart_component deletes them first.
 NODE_LEASE_SECONDS = 3600
 # Volcano opens a session (a snapshot of every node) this often; its own default is 1s. Shorter here so
 # that tests wait less; a scale run may set Volcano's default (each session costs more with more nodes).
@@ -240,6 +241,9 @@ def restart_component(state_dir: Path, name: str, kill: bool = False, down_for: 
     argv = json.loads(process.pidfile.read_text())["argv"]
     processes.stop(process, kill=kill)
     time.sleep(down_for)
+    if name == "kwok":  # a new kwok manages a node only once its Lease is free: up to NODE_LEASE_SECONDS
+        kubectl = [str(state_dir / "bin" / "kubectl"), f"--kubeconfig={state_dir / 'kubeconfig'}"]
+        subprocess.run([*kubectl, "delete", "leases", "--all", "-n", "kube-node-lease"], check=True, capture_output=True)
     return processes.start(state_dir, name, argv, env=operator_env(state_dir) if name == "operator" else None)
 
 

@@ -25,7 +25,7 @@ from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index
 from stormtopo.operator.leader import Leadership
 from stormtopo.operator.loops import Loop, Loops, run_every
-from stormtopo.operator.node_tier import NODE_TIER_INTERVAL, NodeTier
+from stormtopo.operator.node_tier import NODE_TIER_INTERVAL, NODE_TIER_MIN_GAP, NodeTier
 from stormtopo.operator.optin import OptedInList
 from stormtopo.operator.reconciliation import Reconciler
 from stormtopo.operator.replica import NODES_TTL, PlacementReporter
@@ -177,7 +177,7 @@ async def run(config: OperatorConfig) -> None:
         bound_or_gone = asyncio.Event()  # an opted-in pod bound or gone: the list is rendered again at once
         index.on_pods_moved = bound_or_gone.set
         node_tier = NodeTier(index, api, explainer, leading=lambda: leadership.is_leader)
-        loops.every("node-tier", NODE_TIER_INTERVAL, node_tier.check, wake=bound_or_gone)
+        loops.every("node-tier", NODE_TIER_INTERVAL, node_tier.check, wake=bound_or_gone, min_gap=NODE_TIER_MIN_GAP)
     ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops)
     ready = asyncio.Event()
     probes_runner = await _serve_probes(config, loops, ready)

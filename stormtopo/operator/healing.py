@@ -10,7 +10,8 @@ process so that its parsing never delays an admission. A service whose wide repl
 go is not read again for NO_ROOM_RECHECKS passes (a service with nowhere to go does not cost an API
 read every pass), unless a pod of an opted-in service has left a node since: that pass reads it
 again, over a fresh reading of the free GPUs (a freed leaf is seen at the next pass, before a new
-arrival takes it, rather than within three passes and a cached reading).
+arrival takes it, rather than within three passes and a cached reading); at most once a quiet spell,
+so that a churning cluster does not read every stuck service every pass.
 
 A move is begun only once its record is on the StormService, written conditionally on the version
 the plan was made from: two leaders, or a pass planned from a stale read, cannot both begin one.
@@ -95,6 +96,7 @@ class Healer:
     _room_made: dict[tuple[Key, str], float] = field(default_factory=dict)  # (service, wide replica) -> when room was made for it
     _freed_seen: int = -1  # the index's count of admitted pods gone from their nodes, at the last pass
     _fresh: bool = False  # this pass: pods left their nodes since the last, so no cached reading of free GPUs
+    _woken: dict[Key, float] = field(default_factory=dict)  # service -> when a freed node last ended its quiet
 
     async def check(self) -> None:
         """One pass over the StormServices (a loop of the operator runs it every --heal-interval)."""
@@ -109,8 +111,10 @@ class Healer:
             if not may_need_healing(stormservice, tiers, topology):
                 self._memory.pop(key, None)
                 continue
-            if now < self._memory.get(key, HealMemory()).quiet_until and now >= self._room_for.get(key, 0.0) and not self._fresh:
-                continue  # (unless room is being made for it, or may have been freed)
+            if now < self._memory.get(key, HealMemory()).quiet_until and now >= self._room_for.get(key, 0.0):
+                if not self._fresh or now - self._woken.get(key, float("-inf")) < self.recheck:
+                    continue  # (unless room is being made for it, or may have been freed: once a quiet spell)
+                self._woken[key] = now
             try:
                 await self.heal(key)
             except Exception:  # one service's failure is logged; the others still get their pass
@@ -122,6 +126,7 @@ class Healer:
                 log.exception("making room failed; trying again at the next pass")
         for gone in set(self._memory) - set(self.index.stormservices):
             del self._memory[gone]
+        self._woken = {k: t for k, t in self._woken.items() if now - t < self.recheck}
         self._room_for = {k: t for k, t in self._room_for.items() if t > now}
         self._room_made = {k: t for k, t in self._room_made.items() if now - t < self.cooldown}
         metrics.HEALING_PASSES.inc()
@@ -246,9 +251,10 @@ class Healer:
 
     async def carry_out(self, key: Key, snapshot: HealSnapshot, plan: HealPlan) -> bool:
         """In order: the records (conditional: none lands, nothing else is done), the Events, the
-        PodGroups held or let go, then the evictions, together, only while this replica still leads.
-        An eviction a PodDisruptionBudget refuses ends the move: said, recorded, backed off. False:
-        nothing was done (its records could not be written)."""
+        PodGroups held or let go, then the evictions, only while this replica still leads: together,
+        or one after another where a PodDisruptionBudget covers a pod (plan.one_at_a_time). An eviction
+        a budget refuses ends the move: said, recorded, backed off. False: nothing was done (its records
+        could not be written)."""
         records = [w for w in plan.writes if isinstance(w, RecordMove)]
         if records and not await self._record(records):
             return False  # the StormService changed since it was read: plan again at the next pass
@@ -267,19 +273,35 @@ class Healer:
         if not self.leading():
             log.warning("no longer leading: the move of %s/%s stops here; the next leader resumes it", *key)
             return True
-        # All at once: one at a time, Volcano may place a re-created pod while the replica's last old
-        # pod still runs, and a gang is placed around its running pods (back into the old domain).
-        outcomes = await asyncio.gather(*(execute(self.api, [w], self.report) for w in evictions), return_exceptions=True)
-        failed = [(w, o) for w, o in zip(evictions, outcomes, strict=True) if isinstance(o, BaseException)]
+        failed: list[tuple[EvictPod, BaseException]] = []
+        if plan.one_at_a_time:  # a PodDisruptionBudget covers a pod: the first refusal ends the move
+            for write in evictions:
+                if not self.leading():
+                    log.warning("no longer leading: the move of %s/%s stops here; the next leader resumes it", *key)
+                    return True
+                try:
+                    await execute(self.api, [write], self.report)
+                except Exception as exc:
+                    failed.append((write, exc))
+                    break
+        else:
+            # All at once: one at a time, Volcano may place a re-created pod while the replica's last old
+            # pod still runs, and a gang is placed around its running pods (back into the old domain).
+            outcomes = await asyncio.gather(*(execute(self.api, [w], self.report) for w in evictions), return_exceptions=True)
+            failed = [(w, o) for w, o in zip(evictions, outcomes, strict=True) if isinstance(o, BaseException)]
         refused = [(w, o) for w, o in failed if plan.moving is not None and isinstance(o, ApiError) and is_budget_refusal(o)]
+        for write, error in failed:
+            if (write, error) not in refused:
+                log.warning("evicting pod %s/%s failed: %s", write.namespace, write.name, error)
         if not refused and failed:
             raise failed[0][1]  # logged by the pass; the move stays under way and is resumed
         if not refused:
             return True
         write, error = refused[0]
-        metrics.EVICTIONS_REFUSED.inc()
+        metrics.EVICTIONS_REFUSED.inc(len(refused))
         memory = self._memory.get(key, HealMemory())
-        writes, memory = plan_refused(snapshot, plan, write.name, status_message(error), memory, evicted=len(evictions) - len(failed))
+        evicted = len(evictions) - len(failed) if not plan.one_at_a_time else evictions.index(write)
+        writes, memory = plan_refused(snapshot, plan, write.name, status_message(error), memory, evicted=evicted)
         self._memory[key] = memory
         await execute(self.api, writes, self.report)  # the record merged into what our own write left
         return True

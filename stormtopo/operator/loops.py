@@ -47,18 +47,22 @@ async def run_every(
     work: Callable[[], Awaitable[None]],
     when: Callable[[], bool] = lambda: True,
     wake: asyncio.Event | None = None,
+    min_gap: float = 0.0,
 ) -> None:
     """Run `work` every `seconds` while `when()` holds, forever, recording each iteration in `loop`; sooner
-    when `wake` is set (never during a backoff). A failure is logged with its traceback and retried
-    after a backoff; only cancellation ends it."""
+    when `wake` is set, but never within `min_gap` of the last start, nor during a backoff. A failure
+    is logged with its traceback and retried after a backoff; only cancellation ends it."""
     delay = seconds
+    started = float("-inf")
     while True:
         if wake is None or loop.failures:
             await asyncio.sleep(delay)
         else:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), delay)
+            await asyncio.sleep(max(0.0, started + min_gap - time.monotonic()))  # events during a pass: one more, not many
             wake.clear()
+        started = time.monotonic()
         try:
             if when():
                 await work()
@@ -136,11 +140,12 @@ class Loops:
         work: Callable[[], Awaitable[None]],
         when: Callable[[], bool] = lambda: True,
         wake: asyncio.Event | None = None,
+        min_gap: float = 0.0,
     ) -> Loop:
-        """Run `work` every `seconds` while `when()` holds, sooner when `wake` is set; an iteration skipped
-        by `when` still counts."""
+        """Run `work` every `seconds` while `when()` holds, sooner when `wake` is set (at most once a
+        `min_gap`); an iteration skipped by `when` still counts."""
         loop = self._record(name, seconds)
-        loop.task = self._spawn(name, run_every(loop, seconds, work, when, wake))
+        loop.task = self._spawn(name, run_every(loop, seconds, work, when, wake, min_gap))
         return loop
 
     def supervise(self, name: str, period: float, run: Callable[[Loop], Awaitable[None]]) -> Loop:

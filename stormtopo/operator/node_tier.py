@@ -5,8 +5,11 @@ tier-0 HyperNodes follow pods as they come and go. A steady state plans nothing 
 The list is only useful if it is current when Volcano places the next replica, which may be a second
 later: once a pod of an opted-in service is bound or gone (the index sees it within milliseconds), the
 loop is woken and takes a fresh reading of the GPUs in use rather than the shared one of up to
-FREE_GPUS_TTL ago. That is a list of every pod, in the explanation worker, at most once a pass while
-replicas are being placed; a cluster where nothing of stormtopo's moves reads every FREE_GPUS_TTL."""
+FREE_GPUS_TTL ago. That is a list of every pod, in the explanation worker, at most twice a second while
+replicas are being placed (NODE_TIER_MIN_GAP); a cluster where nothing of stormtopo's moves reads every
+FREE_GPUS_TTL. At thousands of nodes that list takes a second or more, and the passes then follow each
+other while replicas are being placed (adding the placed pods' GPUs to the last reading would be
+cheaper; not built)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from stormtopo.operator.writer import execute
 
 log = logging.getLogger("stormtopo.node_tier")
 NODE_TIER_INTERVAL = 1.0  # seconds between two passes unless woken; a pass with nothing new reuses the cached readings
+NODE_TIER_MIN_GAP = 0.5  # seconds between the starts of two woken passes: at most two fresh readings a second
 
 
 @dataclass
@@ -31,7 +35,7 @@ class NodeTier:
     explainer: Explainer  # its worker reads every node's free and allocatable GPUs
     leading: Callable[[], bool] = lambda: True
     _seen: tuple[int, int] = (-1, -1)  # the index's counts of admitted pods bound and gone, at the last fresh reading
-    _planned: tuple[int, tuple[tuple[str, int], ...]] | None = None  # what the last pass planned over
+    _planned: tuple[int, tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] | None = None  # what the last pass planned over
 
     async def check(self) -> None:
         """One pass (a loop of the operator runs it every NODE_TIER_INTERVAL); an exception goes to the
@@ -39,14 +43,14 @@ class NodeTier:
         if not self.leading():
             return
         moved = (self.index.pods_bound, self.index.pods_freed)
-        fresh = moved != self._seen
-        self._seen = moved
         # Nodes that take new pods only: no other node is listed.
-        free = await self.explainer.free_gpus(0.0 if fresh else FREE_GPUS_TTL)
+        free = await self.explainer.free_gpus(0.0 if moved != self._seen else FREE_GPUS_TTL)
+        self._seen = moved  # only once read: a failed reading is taken afresh at the next pass
         allocatable = await self.explainer.allocatable_gpus()
         taking = {node: gpus for node, gpus in allocatable.items() if node in free}
         used = {node: gpus - free[node] for node, gpus in taking.items()}
-        planned = (self.index.hypernode_changes, tuple(sorted(used.items())))
+        # A node's allocatable GPUs change the list too (a device plugin registering late, a GPU lost).
+        planned = (self.index.hypernode_changes, tuple(sorted(used.items())), tuple(sorted(taking.items())))
         if planned == self._planned:
             return  # nothing moved since the last plan was carried out
         writes = plan_node_tier(list(self.index.hypernodes.values()), used, taking)

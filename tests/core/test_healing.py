@@ -159,9 +159,12 @@ def test_a_disruption_budget_that_forbids_the_eviction_stops_the_move_and_says_s
     assert said(again, "ReplicaNotMoved") == []
 
 
-def test_a_budget_with_room_for_every_pod_lets_it_move() -> None:
+def test_a_budget_with_room_for_every_pod_lets_it_move_one_pod_after_another() -> None:
     budgets = (pdb("two", 2, {"matchExpressions": [{"key": "app", "operator": "In", "values": ["svc"]}]}),)
-    assert plan_healing(snap(service(SOFT1), WIDE, budgets=budgets), HealMemory()).moving is not None
+    plan = plan_healing(snap(service(SOFT1), WIDE, budgets=budgets), HealMemory())
+    assert plan.moving is not None and plan.one_at_a_time  # evictions under one budget conflict on its status
+    unrelated = (pdb("other", 0, {"matchLabels": {"app": "elsewhere"}}),)
+    assert not plan_healing(snap(service(SOFT1), WIDE, budgets=unrelated), HealMemory()).one_at_a_time  # together
 
 
 def test_two_wide_replicas_move_one_at_a_time() -> None:
@@ -433,3 +436,10 @@ def test_no_move_while_aibrix_rolls_the_service_out() -> None:
     svc["status"] = {"observedGeneration": 3, "currentRevision": "svc-5d4", "updateRevision": "svc-5d4", "updatedReplicas": 0}
     plan = plan_healing(snap(svc, WIDE), HealMemory())  # done (a re-created pod makes updatedReplicas dip: no rollout)
     assert plan.moving is not None and plan.moving.replica == "svc-a"
+    # An in-place update relabels RoleSets while the status already names one revision: a RoleSet of another.
+    old = Replica({**WIDE.roleset, "metadata": {**WIDE.roleset["metadata"], "labels": {"storm-service-revision": "svc-7c9"}}}, WIDE.pods)
+    assert "RoleSet svc-a of revision svc-7c9" in plan_healing(snap(svc, old), HealMemory()).verdicts[0].blocked
+    # Paused: AIBrix rolls nothing out, whatever the revisions.
+    svc["spec"]["paused"] = True
+    svc["status"]["currentRevision"] = "svc-7c9"
+    assert plan_healing(snap(svc, WIDE), HealMemory()).moving is not None

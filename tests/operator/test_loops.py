@@ -108,6 +108,28 @@ def test_every_runs_at_once_when_woken_and_not_again_until_woken_or_due() -> Non
     asyncio.run(scenario())
 
 
+def test_woken_passes_start_at_least_min_gap_apart() -> None:
+    async def scenario() -> None:
+        import itertools
+        import time
+
+        loops = Loops()
+        wake = asyncio.Event()
+        starts: list[float] = []
+
+        async def work() -> None:
+            starts.append(time.monotonic())
+            wake.set()  # woken again during the pass, as binds arrive while it reads
+
+        wake.set()
+        loops.every("node-tier", 3600.0, work, wake=wake, min_gap=0.3)
+        await asyncio.wait_for(_until(lambda: len(starts) >= 3), 10)
+        await loops.stop()
+        assert all(b - a >= 0.29 for a, b in itertools.pairwise(starts)), starts
+
+    asyncio.run(scenario())
+
+
 async def _until(condition: Any) -> None:
     while not condition():
         await asyncio.sleep(0.01)
