@@ -89,7 +89,8 @@ KCM_CONTROLLERS = ",".join(
 # a kwok restarted against the same etcd waits for them, so restart_component deletes them first.
 NODE_LEASE_SECONDS = 3600
 # Volcano opens a session (a snapshot of every node) this often; its own default is 1s. Shorter here so
-# that tests wait less; a scale run may set Volcano's default (each session costs more with more nodes).
+# that tests wait less; scale runs take Volcano's default (at 4,096 idle nodes, 0.44 of a core at 200ms
+# and 0.13 at 1s: BENCHMARKS.md, "Quiet node heartbeats").
 SCHEDULE_PERIOD = "200ms"
 
 
@@ -156,6 +157,7 @@ def up(
     vc_controllers: tuple[str, ...] = ("queue-controller", "pg-controller"),
     audit: bool = False,
     operator_args: tuple[str, ...] = (),
+    schedule_period: str = SCHEDULE_PERIOD,
 ) -> Path:
     """Start the control plane; return the kubeconfig path. Raises AlreadyRunning or ClusterError.
 
@@ -165,6 +167,7 @@ def up(
     `audit` writes the API server's audit log (request metadata, with user agents) to
     DIR/logs/audit.log, for counting requests per client. `operator_args` are added to the operator's
     command line (e.g. a shorter --heal-interval and --heal-cooldown for a time-compressed benchmark).
+    `schedule_period`: how often Volcano opens a session (a scale run takes Volcano's own 1s).
     """
     state_dir = state_dir.resolve()
     topology = parse_topology(topology_file.read_text()) if topology_file else None
@@ -185,7 +188,7 @@ def up(
     state_dir.mkdir(parents=True, exist_ok=True)
     ports = Ports.pick()
     try:
-        cluster = _Starter(state_dir, binaries, ports, vc_controllers, audit, operator_args)
+        cluster = _Starter(state_dir, binaries, ports, vc_controllers, audit, operator_args, schedule_period)
         cluster.start_all(topology, with_operator, timeout)
     except BaseException:
         down(state_dir)
@@ -277,7 +280,9 @@ class _Starter:
         vc_controllers: tuple[str, ...],
         audit: bool,
         operator_args: tuple[str, ...] = (),
+        schedule_period: str = SCHEDULE_PERIOD,
     ) -> None:
+        self.schedule_period = schedule_period
         self.vc_controllers = vc_controllers
         self.operator_args = operator_args
         self.audit = audit
@@ -484,7 +489,7 @@ class _Starter:
                 f"--healthz-address=127.0.0.1:{p.scheduler_healthz}",
                 "--enable-metrics",
                 f"--listen-address=127.0.0.1:{p.scheduler_metrics}",
-                f"--schedule-period={SCHEDULE_PERIOD}",
+                f"--schedule-period={self.schedule_period}",
                 f"--cache-dump-dir={self.dir}",
                 f"-v={os.environ.get('STORMTOPO_VOLCANO_VERBOSITY', '2')}",  # 4 or 5: every predicate and decision
             ],
