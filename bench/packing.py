@@ -336,19 +336,23 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m bench.packing")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--node-tier", action="store_true", help="the operator with --node-tier; stormtopo's hard mode only")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
     description = fabric_yaml(*size.fabric)
     topology = parse_topology(description)
     state = Path(tempfile.mkdtemp(prefix="stormtopo-packing-"))
     (state / "fabric.yaml").write_text(description)
-    cluster.up(state, state / "fabric.yaml", vc_controllers=("queue-controller", "pg-controller"), timeout=300)
+    operator_args = ("--node-tier",) if args.node_tier else ()
+    cluster.up(state, state / "fabric.yaml", vc_controllers=("queue-controller", "pg-controller"), timeout=300, operator_args=operator_args)
     try:
-        out = run(DevCluster(state), topology, size.nodes(topology), wait=size.wait)
+        modes = ("hard",) if args.node_tier else MODES
+        out = run(DevCluster(state), topology, size.nodes(topology), wait=size.wait, modes=modes)
     finally:
         cluster.down(state)
     results = Path(__file__).resolve().parent / "results"
-    (results / ("packing-quick.json" if args.quick else "packing.json")).write_text(json.dumps(out, indent=2))
+    name = ("packing-quick" if args.quick else "packing") + ("-node-tier" if args.node_tier else "") + ".json"
+    (results / name).write_text(json.dumps(out, indent=2))
     print(json.dumps({k: v for k, v in out.items() if "packing" in k or k == "seconds"}))
     return 0
 
