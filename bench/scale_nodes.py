@@ -71,7 +71,9 @@ def batch(client: DevCluster, topology: Topology, pids: Mapping[str, int], names
     """Create `services` StormServices at once, time until every pod is bound, then delete them all."""
     client.create_namespace(namespace)
     annotations = HARD if mode == "stormtopo" else None
-    manifests = [stormservice(f"s{i:03d}", namespace, annotations=annotations) for i in range(services)]
+    # Names of their own: AIBrix v0.7.0 gives no RoleSet to a StormService named as one in another namespace,
+    # and the last batch's may still be there (a namespace of 4,096 nodes' cluster takes minutes to go).
+    manifests = [stormservice(f"{namespace}-s{i:03d}", namespace, annotations=annotations) for i in range(services)]
     cpu = _cpu_all(pids)
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=8) as pool:
