@@ -70,15 +70,15 @@ def explain_in_worker(
 
 
 def free_gpus_in_worker(kubeconfig: str | None, taking_new_pods: bool = False, max_age: float = FREE_GPUS_TTL) -> dict[str, int]:
-    """Runs in the worker: every node's free GPUs, the reading the explanations share (healing's:
-    only nodes that take new pods, no older than `max_age`)."""
+    """Runs in the worker: every node's free GPUs, the reading the explanations share (healing's and the
+    node tier's: only nodes that take new pods), no older than `max_age`."""
     if _Worker.api is None:
         _Worker.api = Api(kubeconfig)
     if taking_new_pods:
         if _stale(_Worker.schedulable[0], max_age):
             _Worker.schedulable = (time.monotonic(), _Worker.api.free_gpus(taking_new_pods=True))
         return _Worker.schedulable[1]
-    if _stale(_Worker.free[0], FREE_GPUS_TTL):
+    if _stale(_Worker.free[0], max_age):
         _Worker.free = (time.monotonic(), _Worker.api.free_gpus())
     return _Worker.free[1]
 

@@ -270,40 +270,46 @@ class Healer:
             metrics.REPLICA_MOVES.labels(str(plan.moving.why)).inc()
         if not evictions:
             return True
-        if not self.leading():
-            log.warning("no longer leading: the move of %s/%s stops here; the next leader resumes it", *key)
-            return True
+        evicted = 0
         failed: list[tuple[EvictPod, BaseException]] = []
         if plan.one_at_a_time:  # a PodDisruptionBudget covers a pod: the first refusal ends the move
             for write in evictions:
-                if not self.leading():
-                    log.warning("no longer leading: the move of %s/%s stops here; the next leader resumes it", *key)
+                if self._deposed(key):
                     return True
                 try:
                     await execute(self.api, [write], self.report)
+                    evicted += 1
                 except Exception as exc:
                     failed.append((write, exc))
                     break
         else:
+            if self._deposed(key):
+                return True
             # All at once: one at a time, Volcano may place a re-created pod while the replica's last old
             # pod still runs, and a gang is placed around its running pods (back into the old domain).
             outcomes = await asyncio.gather(*(execute(self.api, [w], self.report) for w in evictions), return_exceptions=True)
             failed = [(w, o) for w, o in zip(evictions, outcomes, strict=True) if isinstance(o, BaseException)]
+            evicted = len(evictions) - len(failed)
         refused = [(w, o) for w, o in failed if plan.moving is not None and isinstance(o, ApiError) and is_budget_refusal(o)]
         for write, error in failed:
             if (write, error) not in refused:
                 log.warning("evicting pod %s/%s failed: %s", write.namespace, write.name, error)
-        if not refused and failed:
-            raise failed[0][1]  # logged by the pass; the move stays under way and is resumed
         if not refused:
+            if failed:
+                raise failed[0][1]  # logged by the pass; the move stays under way and is resumed
             return True
         write, error = refused[0]
         metrics.EVICTIONS_REFUSED.inc(len(refused))
         memory = self._memory.get(key, HealMemory())
-        evicted = len(evictions) - len(failed) if not plan.one_at_a_time else evictions.index(write)
         writes, memory = plan_refused(snapshot, plan, write.name, status_message(error), memory, evicted=evicted)
         self._memory[key] = memory
         await execute(self.api, writes, self.report)  # the record merged into what our own write left
+        return True
+
+    def _deposed(self, key: Key) -> bool:
+        if self.leading():
+            return False
+        log.warning("no longer leading: the move of %s/%s stops here; the next leader resumes it", *key)
         return True
 
     async def _record(self, writes: list[RecordMove]) -> bool:
