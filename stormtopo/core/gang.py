@@ -19,6 +19,11 @@ class Gang:
     min_task_member: Mapping[str, int]
 
 
+def template_spec(stormservice: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The RoleSet spec every replica of a StormService is made from."""
+    return ((stormservice.get("spec") or {}).get("template") or {}).get("spec") or {}
+
+
 def role_pod_count(role: Mapping[str, Any]) -> int:
     replicas = role.get("replicas")
     group_size = role.get("podGroupSize")

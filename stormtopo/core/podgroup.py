@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stormtopo.core.gang import followers, gang_of
+from stormtopo.core.gang import followers, gang_of, template_spec
 from stormtopo.core.ownership import owner_reference
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.vocabulary import MANAGED_BY_LABEL, OPERATOR_NAME, PODGROUP_API, REQUEST_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
@@ -104,7 +104,6 @@ def service_podgroup(stormservice: Mapping[str, Any], request: TopologyRequest, 
     """The PodGroup stormtopo owns for a StormService-scoped request; deleting the StormService deletes it."""
     meta = stormservice["metadata"]
     spec = stormservice.get("spec") or {}
-    template_spec = (spec.get("template") or {}).get("spec") or {}
     replicas = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
     return _podgroup(
         service_group_name(meta["name"]),
@@ -112,7 +111,7 @@ def service_podgroup(stormservice: Mapping[str, Any], request: TopologyRequest, 
         {STORMSERVICE_LABEL: meta["name"]},
         owner_reference(stormservice, "StormService"),
         request,
-        {"queue": queue, **service_fields(request, template_spec, replicas)},
+        {"queue": queue, **service_fields(request, template_spec(stormservice), replicas)},
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stormtopo.core.gang import requests_resources
+from stormtopo.core.gang import requests_resources, template_spec
 from stormtopo.core.jsonpatch import remove_annotation, set_annotations, set_spec_fields
 from stormtopo.core.moves import heal_annotation_problem, moving_tier
 from stormtopo.core.optin import listing
@@ -103,7 +103,7 @@ def _verdict(snapshot: ServiceSnapshot, request: TopologyRequest | RequestError 
 
 def unanchored_roles(stormservice: Mapping[str, Any]) -> list[str]:
     """The roles of a replica when none of them asks for resources: nothing anchors it to a domain."""
-    roles = (((stormservice.get("spec") or {}).get("template") or {}).get("spec") or {}).get("roles") or []
+    roles = template_spec(stormservice).get("roles") or []
     if not roles or any(requests_resources((r.get("template") or {}).get("spec") or {}) for r in roles):
         return []
     return [str(r.get("name", "")) for r in roles]

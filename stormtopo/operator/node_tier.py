@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stormtopo.core.gang import replica_pods, template_spec
 from stormtopo.core.topology.node_tier import plan_node_tier
 from stormtopo.kube.client import Api
 from stormtopo.operator.explainer import FREE_GPUS_TTL, Explainer
@@ -35,7 +36,7 @@ class NodeTier:
     explainer: Explainer  # its worker reads every node's free and allocatable GPUs
     leading: Callable[[], bool] = lambda: True
     _seen: tuple[int, int] = (-1, -1)  # the index's counts of admitted pods bound and gone, at the last fresh reading
-    _planned: tuple[int, tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] | None = None  # what the last pass planned over
+    _planned: tuple[object, ...] | None = None  # what the last pass planned over
 
     async def check(self) -> None:
         """One pass (a loop of the operator runs it every NODE_TIER_INTERVAL); an exception goes to the
@@ -49,11 +50,13 @@ class NodeTier:
         allocatable = await self.explainer.allocatable_gpus()
         taking = {node: gpus for node, gpus in allocatable.items() if node in free}
         used = {node: gpus - free[node] for node, gpus in taking.items()}
+        # The shapes of the replicas in the cluster: whether one needs a run of empty nodes.
+        replicas = frozenset(tuple(sorted(replica_pods(template_spec(s)))) for s in list(self.index.stormservices.values()))
         # A node's allocatable GPUs change the list too (a device plugin registering late, a GPU lost).
-        planned = (self.index.hypernode_changes, tuple(sorted(used.items())), tuple(sorted(taking.items())))
+        planned = (self.index.hypernode_changes, tuple(sorted(used.items())), tuple(sorted(taking.items())), replicas)
         if planned == self._planned:
             return  # nothing moved since the last plan was carried out
-        writes = plan_node_tier(list(self.index.hypernodes.values()), used, taking)
+        writes = plan_node_tier(list(self.index.hypernodes.values()), used, taking, replicas=replicas)
         if writes:
             log.info("node tier: %d HyperNode writes", len(writes))
             await execute(self.api, writes)

@@ -7,7 +7,14 @@ from typing import Any
 
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_diff, hypernode_manifests, topology_from_hypernodes
-from stormtopo.core.topology.node_tier import NODE_TIER, node_hypernode_name, node_tier_manifests, plan_node_tier, shortlist
+from stormtopo.core.topology.node_tier import (
+    NODE_TIER,
+    needs_runs,
+    node_hypernode_name,
+    node_tier_manifests,
+    plan_node_tier,
+    shortlist,
+)
 from stormtopo.core.topology.tree import NAME_MAX, is_name
 from stormtopo.core.vocabulary import HYPERNODE_API, NODE_TIER_LABEL
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNodeMembers, Write
@@ -37,6 +44,28 @@ def test_an_empty_node_is_opened_where_its_leaf_has_the_fewest_empty_nodes() -> 
     used = {"a0": 8, "b0": 2, "b1": 2, "b2": 2}
     assert shortlist(FABRIC, used, per_free=1) == ["b0", "b3"]
     assert shortlist(FABRIC, used, per_free=1, next_empty=2) == ["b0", "b3", "a1"]
+
+
+def test_a_replica_of_whole_node_pods_needs_a_run_of_empty_nodes() -> None:
+    assert needs_runs([(4, 4), (8, 8)], node_gpus=8)  # 1P1D of whole nodes: two empty nodes in one leaf
+    assert needs_runs([(8, 8, 8)], node_gpus=8)
+    assert not needs_runs([(4, 4), (8,), (2, 2, 4)], node_gpus=8)  # one whole-node pod needs no run
+    assert not needs_runs([(8, 8)], node_gpus=16)  # half a node each: they share one
+    assert not needs_runs([(8, 8)], node_gpus=0) and not needs_runs([], node_gpus=8)
+
+
+def test_with_whole_node_replicas_no_run_of_empty_nodes_is_broken() -> None:
+    # leaf-a has three empty nodes (a run), leaf-b one: b3 is listed either way; once b3 is taken, no
+    # empty node is listed while whole-node replicas run, so a replica that fits one node goes to its leaf.
+    used = {"a0": 8, "b0": 2, "b1": 2, "b2": 2}
+    assert shortlist(FABRIC, used, per_free=1, next_empty=2, keep_runs=True) == ["b0", "b3"]
+    taken = {**used, "b3": 8}
+    assert shortlist(FABRIC, taken, per_free=1) == ["b0", "a1"]
+    assert shortlist(FABRIC, taken, per_free=1, keep_runs=True) == ["b0"]
+    # The planner reads it from the replicas in the cluster.
+    base = hypernode_manifests(FABRIC)
+    assert tier0(applied(base, plan_node_tier(base, taken, GPUS, replicas=[(4, 4)]))) == ["a1.node", "b0.node", "b1.node"]
+    assert tier0(applied(base, plan_node_tier(base, taken, GPUS, replicas=[(4, 4), (8, 8)]))) == ["b0.node", "b1.node"]
 
 
 def test_listed_nodes_get_a_tier0_hypernode_that_their_leaf_names_instead() -> None:

@@ -126,3 +126,27 @@ def test_a_bind_takes_a_fresh_reading_and_nothing_new_plans_nothing() -> None:
     index.observe("Pod", "MODIFIED", {**pod, "spec": {"nodeName": "b1"}, "status": {"phase": "Running"}})
     asyncio.run(tier.check())
     assert readings.ages[-1] == 5.0  # the same pod again is no new bind
+
+
+def test_a_stormservice_of_whole_node_pods_keeps_the_runs_of_empty_nodes() -> None:
+    # Nothing bound or gone: the StormService alone moves the list. Its replicas need two empty nodes
+    # in one leaf, so the empty nodes of leaf-a's run (a0, a1) are no longer listed.
+    api = HyperNodesApi(hypernode_manifests(FABRIC))
+    index = Index(api)
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+    tier = NodeTier(index, api, Readings({"b0": 4, "b1": 2}))
+    asyncio.run(tier.check())
+    assert sorted(api.stored) == ["a0.node", "b0.node", "b1.node", "leaf-a", "leaf-b", "spine"]  # a0: the next empty
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+
+    def role(name: str, gpus: int) -> dict[str, Any]:
+        resources = {"requests": {"nvidia.com/gpu": str(gpus)}}
+        return {"name": name, "replicas": 1, "template": {"spec": {"containers": [{"name": "c", "resources": resources}]}}}
+
+    spec = {"replicas": 1, "template": {"spec": {"roles": [role("prefill", 8), role("decode", 8)]}}}
+    index.observe("StormService", "ADDED", {"kind": "StormService", "metadata": {"name": "big", "namespace": "ns"}, "spec": spec})
+    asyncio.run(tier.check())
+    assert sorted(api.stored) == ["b0.node", "b1.node", "leaf-a", "leaf-b", "spine"]
+    assert api.stored["leaf-a"]["spec"]["members"][0]["type"] == "Node"  # a0 named by its leaf again

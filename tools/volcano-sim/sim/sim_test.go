@@ -74,6 +74,12 @@ type Case struct {
 	BucketPerFree  int      `json:"bucket_per_free"`
 	Batch          int      `json:"batch"`      // replicas per scheduling session (1: each arrives after the previous is bound)
 	NextEmpty      int      `json:"next_empty"` // empty nodes node-partial-next and node-bucket offer at tier 0
+	// Which empty nodes node-partial-next and node-bucket offer. "" (stormtopo's rule, core/topology/node_tier.py):
+	// from the leaves with the fewest empty nodes, but once a gang of two or more whole-node pods has arrived,
+	// only from leaves with a single empty node, so that no run of empty nodes such a gang needs is broken.
+	// "fewest": the rule before, blind to whole-node gangs. "keep-runs-upto": keep only runs of 2..k empty
+	// nodes, k the largest such gang seen.
+	Opening string `json:"opening"`
 }
 
 type Setting struct {
@@ -84,16 +90,18 @@ type Setting struct {
 
 // GangResult is one replica of the stream.
 type GangResult struct {
-	Kind        string  `json:"kind"`
-	GPUs        int     `json:"gpus"`
-	Placed      bool    `json:"placed"`
-	OneNode     bool    `json:"one_node"`
-	OneLeaf     bool    `json:"one_leaf"`
-	FitsNode    bool    `json:"fits_node"`
-	OpenedNodes int     `json:"opened_nodes"`
-	OpenedLeafs int     `json:"opened_leaves"`
-	AllocateSec float64 `json:"allocate_s"`
-	HyperNodes  int     `json:"hypernodes"`
+	Kind        string   `json:"kind"`
+	GPUs        int      `json:"gpus"`
+	Placed      bool     `json:"placed"`
+	OneNode     bool     `json:"one_node"`
+	OneLeaf     bool     `json:"one_leaf"`
+	FitsNode    bool     `json:"fits_node"`
+	FitsFree    bool     `json:"fits_free_node"` // a node had room for the whole gang when it arrived
+	OpenedNodes int      `json:"opened_nodes"`
+	OpenedLeafs int      `json:"opened_leaves"`
+	AllocateSec float64  `json:"allocate_s"`
+	HyperNodes  int      `json:"hypernodes"`
+	Nodes       []string `json:"nodes,omitempty"` // where its pods went, one per pod (any order)
 }
 
 type Optimum struct {
@@ -237,11 +245,12 @@ func member(name string, t topologyv1alpha1.MemberType) api.MemberConfig {
 //   - node-partial:       nodes already partly used, so an empty node opens only through the leaf's choice.
 //   - node-partial-next:  those plus the next empty node(s) to open: the first empty nodes of the leaves with
 //     the fewest empty nodes (then the fullest), so a replica that fits an empty node gets one where no
-//     replica of whole-node pods could use it.
+//     replica of whole-node pods could use it; once such a replica (two or more whole-node pods, the most
+//     of them `wholeRun`) has arrived, only empty nodes alone in their leaf (Case.Opening).
 //   - node-bucket:        node-partial-next, but of the partly used nodes only `bucket_per_free` for each amount of
 //     free GPUs (in the fullest leaves): nodes with the same free GPUs are interchangeable for a replica that
 //     must fit one node, and the scheduler's work grows with the number of HyperNodes.
-func (f *fabric) nodeTier(layout string, used map[string]int) []string {
+func (f *fabric) nodeTier(layout string, used map[string]int, wholeRun int) []string {
 	gpus := f.c.NodeGPUs
 	partly := func(n string) bool { return used[n] > 0 && used[n] < gpus }
 	leafUsed := map[string]int{}
@@ -254,7 +263,7 @@ func (f *fabric) nodeTier(layout string, used map[string]int) []string {
 	// The next empty nodes to open: `next_empty` of them (one per replica that may arrive in one session; 1
 	// when replicas arrive one at a time), from the leaves with the fewest empty nodes first, then the
 	// fullest (stormtopo/core/topology/node_tier.py's shortlist): a leaf's run of empty nodes is kept for
-	// a replica of whole-node pods.
+	// a replica of whole-node pods, and not opened at all once one has arrived.
 	next := func() []string {
 		empty := map[string]int{}
 		for _, n := range f.nodes {
@@ -266,6 +275,12 @@ func (f *fabric) nodeTier(layout string, used map[string]int) []string {
 		sort.SliceStable(opening, func(i, j int) bool { return empty[opening[i]] < empty[opening[j]] })
 		var out []string
 		for _, leaf := range opening {
+			if f.c.Opening == "keep-runs-upto" && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= wholeRun {
+				continue
+			}
+			if f.c.Opening == "" && wholeRun >= 2 && empty[leaf] >= 2 {
+				continue
+			}
 			for _, n := range f.nodesOf[leaf] {
 				if used[n] == 0 && len(out) < max(f.c.NextEmpty, 1) {
 					out = append(out, n)
@@ -311,9 +326,9 @@ func (f *fabric) nodeTier(layout string, used map[string]int) []string {
 
 // hyperNodes builds the layout: tier 0 = a node's own HyperNode (where the layout gives one), tier 1 = leaf,
 // tier 2 = spine, tier 3 = the fabric when there is more than one spine. Tier 1 stays the leaf in every layout.
-func (f *fabric) hyperNodes(layout string, used map[string]int) (*api.HyperNodesInfo, int) {
+func (f *fabric) hyperNodes(layout string, used map[string]int, wholeRun int) (*api.HyperNodesInfo, int) {
 	s := &layoutState{hns: map[string]*api.HyperNodeInfo{}, byTier: map[int]sets.Set[string]{}, real: map[string]sets.Set[string]{}}
-	own := sets.New(f.nodeTier(layout, used)...)
+	own := sets.New(f.nodeTier(layout, used, wholeRun)...)
 	spineMembers := map[string][]api.MemberConfig{}
 	spineNodes := map[string]sets.Set[string]{}
 	all := sets.New[string]()
@@ -592,8 +607,11 @@ type runner struct {
 	sc      *cache.SchedulerCache
 	used    map[string]int
 	gpusOf  map[string]int
-	res     Result
-	started time.Time
+	// wholeRun: the most whole-node pods of one gang among those that arrived before (what the operator
+	// knows from the StormServices it sees when it renders the list).
+	wholeRun int
+	res      Result
+	started  time.Time
 }
 
 func newRunner(t *testing.T, spec Spec, c Case, f *fabric, layout string, s Setting) *runner {
@@ -615,7 +633,7 @@ func newRunner(t *testing.T, spec Spec, c Case, f *fabric, layout string, s Sett
 // session renders the layout from the state before it (as the operator would have), runs one allocate
 // session for these gangs, and books where Volcano put their pods.
 func (r *runner) session(chunk []gang, hard bool) (map[string][]string, float64, int) {
-	info, count := r.f.hyperNodes(r.layout, r.used)
+	info, count := r.f.hyperNodes(r.layout, r.used, r.wholeRun)
 	r.sc.HyperNodesInfo = info
 	conf.EnabledActionMap = map[string]bool{"enqueue": true, "allocate": true, "backfill": true}
 	where, seconds := schedule(r.sc, r.tiers, r.configs, chunk, hard)
@@ -639,8 +657,11 @@ func (r *runner) replicas(chunk []gang) {
 			}
 		}
 		gr := GangResult{Kind: g.Kind, GPUs: g.gpus(), FitsNode: g.gpus() <= r.c.NodeGPUs, AllocateSec: seconds / float64(len(chunk)), HyperNodes: count}
+		for _, n := range f.nodes {
+			gr.FitsFree = gr.FitsFree || r.c.NodeGPUs-r.used[n] >= g.gpus()
+		}
 		if p := where[g.Name]; len(p) == len(g.Pods) {
-			gr.Placed = true
+			gr.Placed, gr.Nodes = true, p
 			nodes, leaves := sets.New(p...), sets.New[string]()
 			for n := range nodes {
 				leaves.Insert(f.leafOf[n])
@@ -657,6 +678,17 @@ func (r *runner) replicas(chunk []gang) {
 		}
 		r.book(g)
 		r.res.Gangs = append(r.res.Gangs, gr)
+	}
+	for _, g := range chunk {
+		whole := 0
+		for _, p := range g.Pods {
+			if p >= r.c.NodeGPUs {
+				whole++
+			}
+		}
+		if whole >= 2 {
+			r.wholeRun = max(r.wholeRun, whole)
+		}
 	}
 }
 
