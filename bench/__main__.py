@@ -169,6 +169,7 @@ def _node_tier_headline(phase: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "node_tier_hard_kv_time_vs_node_optimal": hard["kv_time_vs_node_optimal"],
         "node_tier_packing_vs_optimal": phase["packing"]["packing_vs_optimal"],
+        "node_tier_packing_one_node_where_one_fits": phase["packing"].get("one_node_where_one_fits"),
         "node_tier_hard_tier1_fraction": hard["tier1_fraction"],
     }
 
