@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=23, help="with --heal: the churn stream's seed")
     parser.add_argument("--node-tier", action="store_true", help="the operator keeps the node tier's short list (--node-tier)")
+    parser.add_argument("--factor", type=float, help="with --heal: simulated seconds per real second (default 60 with --quick, 30)")
+    parser.add_argument("--make-room", action="store_true", help="with --heal: the operator with --heal-make-room")
     args = parser.parse_args(argv)
     if args.sim:
         from bench import sim
@@ -212,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.heal:
         from bench import healing
 
-        healing.main(quick=args.quick, seed=args.seed, node_tier=args.node_tier)
+        healing.main(quick=args.quick, seed=args.seed, node_tier=args.node_tier, factor=args.factor, make_room=args.make_room)
         return 0
     if args.foreign_pods:
         from bench import foreign_pods

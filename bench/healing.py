@@ -41,7 +41,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -542,7 +542,7 @@ def report(summary: Summary, facts: Mapping[str, Any], size: Size) -> dict[str, 
     }
 
 
-def run(size: Size, seed: int = 23, node_tier: bool = False) -> dict[str, Any]:
+def run(size: Size, seed: int = 23, node_tier: bool = False, make_room: bool = False) -> dict[str, Any]:
     started = time.monotonic()
     description = fabric_yaml(*size.fabric)
     topology = parse_topology(description)
@@ -567,8 +567,13 @@ def run(size: Size, seed: int = 23, node_tier: bool = False) -> dict[str, Any]:
     }
     state = Path(tempfile.mkdtemp(prefix="stormtopo-heal-"))
     (state / "fabric.yaml").write_text(description)
-    operator_args = (f"--heal-interval={interval}", f"--heal-cooldown={cooldown}", *(("--node-tier",) if node_tier else ()))
-    out["node_tier"] = node_tier
+    operator_args = (
+        f"--heal-interval={interval}",
+        f"--heal-cooldown={cooldown}",
+        *(("--node-tier",) if node_tier else ()),
+        *(("--heal-make-room",) if make_room else ()),
+    )
+    out["node_tier"], out["make_room"] = node_tier, make_room
     cluster.up(state, state / "fabric.yaml", timeout=300, operator_args=operator_args)
     runs: dict[str, list[Sample]] = {}
     facts: dict[str, dict[str, Any]] = {}
@@ -643,13 +648,19 @@ def markdown(out: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool, smoke: bool = False, seed: int = 23, node_tier: bool = False) -> dict[str, Any]:
+def main(
+    quick: bool, smoke: bool = False, seed: int = 23, node_tier: bool = False, factor: float | None = None, make_room: bool = False
+) -> dict[str, Any]:
     size = SMOKE if smoke else QUICK if quick else FULL
-    out = run(size, seed, node_tier)
+    if factor:  # a lower factor: a move's real seconds cost fewer simulated ones, and the run takes longer
+        size = replace(size, factor=factor)
+    out = run(size, seed, node_tier, make_room)
     results = Path(__file__).resolve().parent / "results"
     results.mkdir(exist_ok=True)
     name = "healing-smoke" if smoke else "healing-quick" if quick else "healing"
-    name += ("" if seed == 23 else f"-seed{seed}") + ("-node-tier" if node_tier else "") + ".json"
+    name += "" if seed == 23 else f"-seed{seed}"
+    name += f"-x{factor:g}" if factor else ""
+    name += ("-node-tier" if node_tier else "") + ("-make-room" if make_room else "") + ".json"
     samples = out.pop("samples")
     (results / name).write_text(json.dumps(out, indent=2, default=str))
     (results / name.replace(".json", "-samples.json")).write_text(json.dumps(samples, separators=(",", ":")))
