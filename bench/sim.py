@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,12 @@ DEFAULT_SIZES: dict[int, tuple[int, int, tuple[str, ...]]] = {
 
 
 def spec(
-    sizes: Mapping[int, tuple[int, int, Sequence[str]]], starts: Sequence[str], settings: Sequence[str], out: Path, batch: int = 1
+    sizes: Mapping[int, tuple[int, int, Sequence[str]]],
+    starts: Sequence[str],
+    settings: Sequence[str],
+    out: Path,
+    batch: int = 1,
+    opening: str = "",
 ) -> dict[str, Any]:
     cases = []
     for nodes, (gangs, normal, layouts) in sizes.items():
@@ -94,6 +99,7 @@ def spec(
                     "bucket_per_free": max(2, batch),
                     "next_empty": batch,
                     "batch": batch,
+                    "opening": opening,
                 }
             )
     return {
@@ -102,6 +108,64 @@ def spec(
         "settings": [{"name": name, "args": SETTINGS[name]} for name in settings],
         "out": str(out),
     }
+
+
+# The packing bench's full run uses the 64 nodes under one spine: 8 leaves of 8 nodes.
+PACKING_LEAVES, PACKING_LEAF_SIZE = 8, 8
+OPENINGS = ("", "fewest")  # which empty nodes the node tier lists: stormtopo's rule, and the one before
+
+
+def packing_spec(seeds: Sequence[int], openings: Sequence[str], out: Path, replicas: int = 60) -> dict[str, Any]:
+    """The packing bench's full run (python -m bench.packing) in the simulator, for other streams:
+    one case per stream seed, start and opening rule; leaf only once per stream and start."""
+    nodes = PACKING_LEAVES * PACKING_LEAF_SIZE
+    names = [f"node-{i:05d}" for i in range(nodes)]
+    cases = []
+    for seed in seeds:
+        gangs = [_gang(a.name, a.shape, a.pod_gpus) for a in arrivals(replicas, seed=seed)]
+        for start in ("empty", "fragmented"):
+            used = fragmentation(names, seed=FRAGMENTATION_SEED, gpus=NODE_GPUS) if start == "fragmented" else {}
+            for i, opening in enumerate(openings):
+                cases.append(
+                    {
+                        "name": f"{seed}/{start}/{opening or 'shipped'}",
+                        "nodes": nodes,
+                        "leaf_size": PACKING_LEAF_SIZE,
+                        "leaves_per_spine": PACKING_LEAVES,
+                        "node_gpus": NODE_GPUS,
+                        "start": start,
+                        "init_used": [used.get(n, 0) for n in names],
+                        "gangs": gangs,
+                        "normal": [],
+                        "layouts": ["leaf", "node-bucket"] if i == 0 else ["node-bucket"],
+                        "bucket_per_free": 2,
+                        "next_empty": 1,
+                        "batch": 1,
+                        "opening": opening,
+                    }
+                )
+    return {"scheduler_conf": cluster.SCHEDULER_CONF, "cases": cases, "settings": [{"name": "shipped", "args": {}}], "out": str(out)}
+
+
+def packing_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per record: replicas placed within their leaf before the first that was not, as bench.packing
+    counts them; and of those that one node could hold when they arrived, the fraction on one node."""
+    rows = []
+    for r in records:
+        gangs = r["gangs"]
+        within = next((i for i, g in enumerate(gangs) if not g["placed"] or not g["one_leaf"]), len(gangs))
+        fitting = [g for g in gangs[:within] if g.get("fits_free_node")]
+        seed, start, opening = r["case"].split("/")
+        rows.append(
+            {
+                "seed": int(seed),
+                "start": start,
+                "rule": "leaf only" if r["layout"] == "leaf" else opening,
+                "before_first_wait": within,
+                "one_node_where_one_fits": round(sum(g["one_node"] for g in fitting) / len(fitting), 2) if fitting else None,
+            }
+        )
+    return rows
 
 
 def _gang(name: str, kind: str, pods: Sequence[int]) -> dict[str, Any]:
@@ -131,13 +195,17 @@ def build() -> Path:
 
 
 def run(
-    sizes: Mapping[int, tuple[int, int, Sequence[str]]], starts: Sequence[str], settings: Sequence[str], batch: int = 1
+    sizes: Mapping[int, tuple[int, int, Sequence[str]]], starts: Sequence[str], settings: Sequence[str], batch: int = 1, opening: str = ""
 ) -> list[dict[str, Any]]:
     """Run the simulator; one record per (size, start, setting, layout), as the Go test writes them."""
+    return _run(lambda out: spec(sizes, starts, settings, out, batch, opening))
+
+
+def _run(make_spec: Callable[[Path], dict[str, Any]]) -> list[dict[str, Any]]:
     binary = build()
     work = Path(tempfile.mkdtemp(prefix="stormtopo-sim-"))
     out = work / "results.jsonl"
-    (work / "spec.json").write_text(json.dumps(spec(sizes, starts, settings, out, batch)))
+    (work / "spec.json").write_text(json.dumps(make_spec(out)))
     env = {**components.go_env(), "SIM_SPEC": str(work / "spec.json")}
     command = [str(binary), "-test.run", "^TestSim$", "-test.v", "-test.timeout", "0"]
     with subprocess.Popen(command, cwd=work, env=env, text=True, stdout=subprocess.PIPE) as proc:
@@ -217,7 +285,7 @@ def summarise(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "plain_ms_per_gang": round(normal_s * 1000, 1) if normal_s is not None else None,
                 "plain_vs_leaf": _ratio(normal_s, base_normal),
                 "plain_median_vs_leaf": _ratio(_median(r["normal_allocate_s"]), _median(base["normal_allocate_s"]) if base else None),
-                "plain_placed": f"{r['normal_placed']}/{len(r['normal_allocate_s'])}",
+                "plain_placed": f"{r['normal_placed']}/{len(r['normal_allocate_s'] or [])}",
                 "plain_opened_nodes": r.get("normal_opened_nodes"),
             }
         )
@@ -291,7 +359,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plain", type=int, help="gangs without a topology per case (default 32 / 8 / 4 by size)")
     parser.add_argument("--batch", type=int, default=1, help="replicas per scheduling session (default 1: one at a time)")
     parser.add_argument("--name", default="sim", help="results file stem (bench/results/NAME.json, NAME.md)")
+    parser.add_argument(
+        "--packing",
+        metavar="SEEDS",
+        help="instead: the packing bench's full run (64 nodes) for these stream seeds (e.g. 29-40), leaf only and each --openings rule",
+    )
+    parser.add_argument("--openings", default=",".join(OPENINGS), help="with --packing: the node tier's rules ('' is stormtopo's)")
+    parser.add_argument(
+        "--opening", default="", help="the node tier's rule for empty nodes ('': stormtopo's; see the Go test's Case.Opening)"
+    )
     args = parser.parse_args(argv)
+    if args.packing:
+        return packing_main(args.packing, args.openings.split(","), args.name if args.name != "sim" else "sim-packing")
     sizes = _sizes(args.sizes)
     if args.layouts:
         wanted = ("leaf", *[layout for layout in args.layouts.split(",") if layout != "leaf"])
@@ -300,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = {n: (g, args.plain, layouts) for n, (g, _, layouts) in sizes.items()}
     settings = args.settings.split(",")
     started = time.monotonic()
-    records = run(sizes, args.starts.split(","), settings, args.batch)
+    records = run(sizes, args.starts.split(","), settings, args.batch, args.opening)
     rows = summarise(records)
     from bench.__main__ import machine  # the same machine record as every other benchmark
 
@@ -310,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         "fabric": {"leaf_size": LEAF_SIZE, "leaves_per_spine": LEAVES_PER_SPINE, "node_gpus": NODE_GPUS},
         "settings": {name: SETTINGS[name] for name in settings},
         "batch": args.batch,
+        "opening": args.opening,
         "seconds": round(time.monotonic() - started, 1),
         "rows": rows,
         "records": records,
@@ -324,6 +404,34 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / f"{args.name}.md").write_text(text + "\n")
     print(text)
     print(f"bench-sim: {result['seconds']} s; bench/results/{args.name}.json", file=sys.stderr)
+    return 0
+
+
+def packing_main(seeds_text: str, openings: Sequence[str], name: str) -> int:
+    first, _, last = seeds_text.partition("-")
+    seeds = list(range(int(first), int(last or first) + 1))
+    started = time.monotonic()
+    rows = packing_rows(_run(lambda out: packing_spec(seeds, openings, out)))
+    from bench.__main__ import machine
+
+    result = {"machine": machine(), "volcano": VOLCANO, "seeds": seeds, "seconds": round(time.monotonic() - started, 1), "rows": rows}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    rules = list(dict.fromkeys(r["rule"] for r in rows))
+    lines = ["| start | seed | " + " | ".join(f"{rule}: placed (one node where one fits)" for rule in rules) + " |"]
+    lines.append("|---|---|" + "---|" * len(rules))
+    for start in ("empty", "fragmented"):
+        for seed in seeds:
+            cells = {
+                r["rule"]: f"{r['before_first_wait']} ({r['one_node_where_one_fits']})"
+                for r in rows
+                if r["seed"] == seed and r["start"] == start
+            }
+            lines.append(f"| {start} | {seed} | " + " | ".join(cells.get(rule, "—") for rule in rules) + " |")
+        totals = [sum(r["before_first_wait"] for r in rows if r["start"] == start and r["rule"] == rule) for rule in rules]
+        lines.append(f"| {start} | all | " + " | ".join(str(t) for t in totals) + " |")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
     return 0
 
 

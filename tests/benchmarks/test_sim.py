@@ -66,3 +66,24 @@ def test_rows_are_ratios_against_leaf_only_in_the_same_case() -> None:
 def test_sizes_default_and_override() -> None:
     assert sim._sizes(None) == sim.DEFAULT_SIZES
     assert sim._sizes("1024=8,128") == {1024: (8, 32, sim.LAYOUTS), 128: (16, 4, sim.LAYOUTS)}
+
+
+def test_the_packing_spec_is_the_full_packing_run_per_seed_and_rule(tmp_path: Path) -> None:
+    spec = sim.packing_spec([29, 30], ["", "fewest"], tmp_path / "out", replicas=5)
+    names = [c["name"] for c in spec["cases"]]
+    assert names[:4] == ["29/empty/shipped", "29/empty/fewest", "29/fragmented/shipped", "29/fragmented/fewest"] and len(names) == 8
+    first = spec["cases"][0]
+    assert (first["nodes"], first["leaf_size"], first["leaves_per_spine"]) == (64, 8, 8)
+    assert first["layouts"] == ["leaf", "node-bucket"] and spec["cases"][1]["layouts"] == ["node-bucket"]
+    assert [g["pods"] for g in first["gangs"]] == [list(a.pod_gpus) for a in arrivals(5, seed=29)]
+    assert spec["cases"][1]["opening"] == "fewest" and first["opening"] == ""
+
+
+def test_packing_rows_count_up_to_the_first_replica_not_within_its_leaf() -> None:
+    def gang(placed: bool, one_leaf: bool, one_node: bool, fits: bool) -> dict[str, Any]:
+        return {"placed": placed, "one_leaf": one_leaf, "one_node": one_node, "fits_free_node": fits}
+
+    gangs = [gang(True, True, True, True), gang(True, True, False, True), gang(True, True, False, False), gang(False, False, False, True)]
+    gangs.append(gang(True, True, True, True))  # after the first miss: not counted
+    rows = sim.packing_rows([{"case": "29/fragmented/shipped", "layout": "node-bucket", "gangs": gangs}])
+    assert rows == [{"seed": 29, "start": "fragmented", "rule": "shipped", "before_first_wait": 3, "one_node_where_one_fits": 0.5}]

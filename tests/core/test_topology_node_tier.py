@@ -9,11 +9,11 @@ from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_diff, hypernode_manifests, topology_from_hypernodes
 from stormtopo.core.topology.node_tier import (
     NODE_TIER,
-    needs_runs,
     node_hypernode_name,
     node_tier_manifests,
     plan_node_tier,
     shortlist,
+    whole_node_run,
 )
 from stormtopo.core.topology.tree import NAME_MAX, is_name
 from stormtopo.core.vocabulary import HYPERNODE_API, NODE_TIER_LABEL
@@ -47,21 +47,27 @@ def test_an_empty_node_is_opened_where_its_leaf_has_the_fewest_empty_nodes() -> 
 
 
 def test_a_replica_of_whole_node_pods_needs_a_run_of_empty_nodes() -> None:
-    assert needs_runs([(4, 4), (8, 8)], node_gpus=8)  # 1P1D of whole nodes: two empty nodes in one leaf
-    assert needs_runs([(8, 8, 8)], node_gpus=8)
-    assert not needs_runs([(4, 4), (8,), (2, 2, 4)], node_gpus=8)  # one whole-node pod needs no run
-    assert not needs_runs([(8, 8)], node_gpus=16)  # half a node each: they share one
-    assert not needs_runs([(8, 8)], node_gpus=0) and not needs_runs([], node_gpus=8)
+    assert whole_node_run([(4, 4), (8, 8)], node_gpus=8) == 2  # 1P1D of whole nodes: two empty nodes in one leaf
+    assert whole_node_run([(8, 8), (8, 8, 8)], node_gpus=8) == 3
+    assert whole_node_run([(4, 4), (8,), (2, 2, 4)], node_gpus=8) == 0  # one whole-node pod needs no run
+    assert whole_node_run([(8, 8)], node_gpus=16) == 0  # half a node each: they share one
+    assert whole_node_run([(8, 8)], node_gpus=0) == 0 and whole_node_run([], node_gpus=8) == 0
 
 
-def test_with_whole_node_replicas_no_run_of_empty_nodes_is_broken() -> None:
-    # leaf-a has three empty nodes (a run), leaf-b one: b3 is listed either way; once b3 is taken, no
-    # empty node is listed while whole-node replicas run, so a replica that fits one node goes to its leaf.
+def test_with_whole_node_replicas_a_run_they_may_need_is_not_broken() -> None:
+    # leaf-a has three empty nodes (a run), leaf-b one: b3 is listed either way. Once b3 is taken, leaf-a's
+    # run of three is room for one replica of two whole-node pods (or of three): kept, so a replica that fits
+    # one node goes to its leaf. A run longer than twice the largest such replica is still opened.
     used = {"a0": 8, "b0": 2, "b1": 2, "b2": 2}
-    assert shortlist(FABRIC, used, per_free=1, next_empty=2, keep_runs=True) == ["b0", "b3"]
+    assert shortlist(FABRIC, used, per_free=1, next_empty=2, whole_node_run=2) == ["b0", "b3"]
     taken = {**used, "b3": 8}
     assert shortlist(FABRIC, taken, per_free=1) == ["b0", "a1"]
-    assert shortlist(FABRIC, taken, per_free=1, keep_runs=True) == ["b0"]
+    assert shortlist(FABRIC, taken, per_free=1, whole_node_run=2) == ["b0"]
+    assert shortlist(FABRIC, {"b0": 2}, per_free=1, whole_node_run=2) == ["b0"]  # runs of four and three: kept
+    wide = parse_topology("switches:\n  spine:\n    leaf-a: [a0, a1, a2, a3, a4, a5]\n    leaf-b: [b0, b1]\n")
+    # leaf-b's lone empty node first, then leaf-a's run of six: room for three replicas of two, one may go.
+    assert shortlist(wide, {"b0": 2}, per_free=1, next_empty=2, whole_node_run=2) == ["b0", "b1", "a0"]
+    assert shortlist(wide, {"b0": 2}, per_free=1, next_empty=2, whole_node_run=3) == ["b0", "b1"]
     # The planner reads it from the replicas in the cluster.
     base = hypernode_manifests(FABRIC)
     assert tier0(applied(base, plan_node_tier(base, taken, GPUS, replicas=[(4, 4)]))) == ["a1.node", "b0.node", "b1.node"]

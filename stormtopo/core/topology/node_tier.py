@@ -7,12 +7,13 @@ costs packing (equally full nodes tie in map order, in any leaf) and time (Volca
 and walks every HyperNode on each allocate event). The short list keeps both: of the nodes already partly
 used, a few per amount of free GPUs (nodes with the same free GPUs are interchangeable for a replica that fits
 one node), in the fullest leaves; and the next empty node(s) to open, from the leaves with the fewest empty
-nodes. Once the cluster runs a replica of two or more whole-node pods, which needs a run of empty nodes in one
-leaf, only an empty node alone in its leaf is listed: a replica that fits one node must not break a run (it
-goes to its leaf, as without the node tier). A replica that no listed node holds falls back to the leaf, chosen
-by Volcano as before. Tier 1 stays the leaf, so every request's `highestTierAllowed` keeps its meaning. The
-list changes with every placement: whoever renders it must re-render it as pods come and go (the simulator
-assumes it is never late).
+nodes. Once the cluster runs a replica of k >= 2 whole-node pods, which needs a run of k empty nodes in one
+leaf, no empty node is listed from a leaf whose run is room for at most two such replicas (2..2k empty
+nodes): a replica that fits one node must not break a run that may be needed (it goes to its leaf, as
+without the node tier). A longer run, or an empty node alone in its leaf, is still opened. A replica that
+no listed node holds falls back to the leaf, chosen by Volcano as before. Tier 1 stays the leaf, so every
+request's `highestTierAllowed` keeps its meaning. The list changes with every placement: whoever renders it
+must re-render it as pods come and go (the simulator assumes it is never late).
 """
 
 from __future__ import annotations
@@ -38,14 +39,16 @@ def node_hypernode_name(node: str) -> str:
     return f"{node[: NAME_MAX - len(NODE_TIER_SUFFIX) - 11]}-{digest}{NODE_TIER_SUFFIX}"
 
 
-def needs_runs(replicas: Iterable[Sequence[int]], node_gpus: int) -> bool:
-    """Whether a replica (the GPUs of each of its pods) has two or more pods that each take a whole node
-    of `node_gpus` GPUs (the largest node's): it needs as many empty nodes in one leaf."""
-    return node_gpus > 0 and any(sum(1 for gpus in pods if gpus >= node_gpus) >= 2 for pods in replicas)
+def whole_node_run(replicas: Iterable[Sequence[int]], node_gpus: int) -> int:
+    """The most pods of one replica (the GPUs of each of its pods) that each take a whole node of
+    `node_gpus` GPUs (the largest node's): such a replica needs a run of as many empty nodes in one
+    leaf. 0 when no replica has two or more."""
+    most = max((sum(1 for gpus in pods if gpus >= node_gpus) for pods in replicas), default=0) if node_gpus > 0 else 0
+    return most if most >= 2 else 0
 
 
 def shortlist(
-    topology: Topology, used_gpus: Mapping[str, int], per_free: int = 2, next_empty: int = 1, keep_runs: bool = False
+    topology: Topology, used_gpus: Mapping[str, int], per_free: int = 2, next_empty: int = 1, whole_node_run: int = 0
 ) -> list[str]:
     """The nodes that get a tier-0 HyperNode, given the GPUs in use per node.
 
@@ -53,9 +56,10 @@ def shortlist(
     should be at least the number of replicas that may be scheduled before the list is rendered again.
     The empty nodes come from the leaves with the fewest empty nodes first (then the fullest): a replica
     that fits one node then opens an empty node where no replica of whole-node pods could use it, and
-    a leaf's run of empty nodes is kept for the replica that needs all of them. `keep_runs` (the cluster
-    runs such replicas, `needs_runs`): only empty nodes alone in their leaf; a run is never broken for
-    a replica that fits one node (its leaf places it, on partly used nodes where they hold it).
+    a leaf's run of empty nodes is kept for the replica that needs all of them. `whole_node_run` (k, the
+    most whole-node pods of a replica in the cluster): none from a leaf with 2..2k empty nodes, a run
+    that is room for at most two such replicas, which a replica that fits one node must not break (its
+    leaf places it, on partly used nodes where they hold it).
     """
     leaves = [s for s in topology.switches.values() if s.nodes]
     in_leaf = {leaf.name: sum(used_gpus.get(n, 0) for n in leaf.nodes) for leaf in leaves}
@@ -72,7 +76,7 @@ def shortlist(
                 listed.append(node)
     empty = {leaf.name: [n for n in leaf.nodes if used_gpus.get(n, 0) == 0 and topology.nodes[n].gpus > 0] for leaf in leaves}
     opening = sorted(
-        (leaf for leaf in ordered if empty[leaf.name] and not (keep_runs and len(empty[leaf.name]) > 1)),
+        (leaf for leaf in ordered if empty[leaf.name] and not 2 <= len(empty[leaf.name]) <= 2 * whole_node_run),
         key=lambda leaf: len(empty[leaf.name]),
     )  # stable: fullest next
     return listed + [n for leaf in opening for n in empty[leaf.name]][:next_empty]
@@ -158,7 +162,7 @@ def plan_node_tier(
     so a leaf never names a HyperNode that is not there. Nothing to write when the list has not moved.
 
     `allocatable_gpus`: the nodes that take new pods and their GPUs (a node missing is never listed).
-    `replicas`: the GPUs of each pod of one replica of each StormService in the cluster (`needs_runs`).
+    `replicas`: the GPUs of each pod of one replica of each StormService in the cluster (`whole_node_run`).
     Only leaves whose members are all exactMatch Node or HyperNode members are changed, and only tier-0
     HyperNodes labelled as the node tier's are created or deleted: a user's own are left alone.
     """
@@ -188,10 +192,10 @@ def plan_node_tier(
         switches[name] = Switch(name, int(leaf["spec"].get("tier", 1)), None, (), members)
         for node in members:
             nodes.setdefault(node, NodeSpec(node, name, allocatable_gpus.get(node, 0), "0", "0"))
-    keep_runs = needs_runs(replicas, max(allocatable_gpus.values(), default=0))
+    run = whole_node_run(replicas, max(allocatable_gpus.values(), default=0))
     listed = [
         n
-        for n in shortlist(Topology(switches, nodes), used_gpus, per_free, next_empty, keep_runs)
+        for n in shortlist(Topology(switches, nodes), used_gpus, per_free, next_empty, run)
         if node_hypernode_name(n) in mine or node_hypernode_name(n) not in current
     ]
 

@@ -75,10 +75,10 @@ type Case struct {
 	Batch          int      `json:"batch"`      // replicas per scheduling session (1: each arrives after the previous is bound)
 	NextEmpty      int      `json:"next_empty"` // empty nodes node-partial-next and node-bucket offer at tier 0
 	// Which empty nodes node-partial-next and node-bucket offer. "" (stormtopo's rule, core/topology/node_tier.py):
-	// from the leaves with the fewest empty nodes, but once a gang of two or more whole-node pods has arrived,
-	// only from leaves with a single empty node, so that no run of empty nodes such a gang needs is broken.
-	// "fewest": the rule before, blind to whole-node gangs. "keep-runs-upto": keep only runs of 2..k empty
-	// nodes, k the largest such gang seen.
+	// from the leaves with the fewest empty nodes, but once a gang of k >= 2 whole-node pods has arrived, not
+	// from a leaf with 2..2k empty nodes (a leaf keeps its run while it is room for at most two such gangs).
+	// "fewest": the rule before, blind to whole-node gangs. "keep-all": no leaf with 2 or more empty nodes
+	// once such a gang has arrived. "keep-runs-upto": no leaf with 2..k.
 	Opening string `json:"opening"`
 }
 
@@ -246,7 +246,7 @@ func member(name string, t topologyv1alpha1.MemberType) api.MemberConfig {
 //   - node-partial-next:  those plus the next empty node(s) to open: the first empty nodes of the leaves with
 //     the fewest empty nodes (then the fullest), so a replica that fits an empty node gets one where no
 //     replica of whole-node pods could use it; once such a replica (two or more whole-node pods, the most
-//     of them `wholeRun`) has arrived, only empty nodes alone in their leaf (Case.Opening).
+//     of them `wholeRun`) has arrived, none from a leaf whose run is room for at most two (Case.Opening).
 //   - node-bucket:        node-partial-next, but of the partly used nodes only `bucket_per_free` for each amount of
 //     free GPUs (in the fullest leaves): nodes with the same free GPUs are interchangeable for a replica that
 //     must fit one node, and the scheduler's work grows with the number of HyperNodes.
@@ -263,7 +263,7 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRun int) []st
 	// The next empty nodes to open: `next_empty` of them (one per replica that may arrive in one session; 1
 	// when replicas arrive one at a time), from the leaves with the fewest empty nodes first, then the
 	// fullest (stormtopo/core/topology/node_tier.py's shortlist): a leaf's run of empty nodes is kept for
-	// a replica of whole-node pods, and not opened at all once one has arrived.
+	// a replica of whole-node pods, and not opened at all once one has arrived unless it is room for more than two.
 	next := func() []string {
 		empty := map[string]int{}
 		for _, n := range f.nodes {
@@ -278,7 +278,10 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRun int) []st
 			if f.c.Opening == "keep-runs-upto" && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= wholeRun {
 				continue
 			}
-			if f.c.Opening == "" && wholeRun >= 2 && empty[leaf] >= 2 {
+			if f.c.Opening == "" && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= 2*wholeRun {
+				continue
+			}
+			if f.c.Opening == "keep-all" && wholeRun >= 2 && empty[leaf] >= 2 {
 				continue
 			}
 			for _, n := range f.nodesOf[leaf] {
