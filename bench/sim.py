@@ -115,9 +115,10 @@ PACKING_LEAVES, PACKING_LEAF_SIZE = 8, 8
 OPENINGS = ("", "fewest")  # which empty nodes the node tier lists: stormtopo's rule, and the one before
 
 
-def packing_spec(seeds: Sequence[int], openings: Sequence[str], out: Path, replicas: int = 60) -> dict[str, Any]:
+def packing_spec(seeds: Sequence[int], openings: Sequence[str], out: Path, replicas: int = 60, repeats: int = 1) -> dict[str, Any]:
     """The packing bench's full run (python -m bench.packing) in the simulator, for other streams:
-    one case per stream seed, start and opening rule; leaf only once per stream and start."""
+    one case per stream seed, start and opening rule; leaf only once per stream and start. `repeats`:
+    each case again (Volcano breaks ties in Go map order: the same case varies by a replica or two)."""
     nodes = PACKING_LEAVES * PACKING_LEAF_SIZE
     names = [f"node-{i:05d}" for i in range(nodes)]
     cases = []
@@ -144,6 +145,7 @@ def packing_spec(seeds: Sequence[int], openings: Sequence[str], out: Path, repli
                         "opening": opening,
                     }
                 )
+    cases = [{**case, "name": f"{case['name']}#{i}"} for i in range(repeats) for case in cases] if repeats > 1 else cases
     return {"scheduler_conf": cluster.SCHEDULER_CONF, "cases": cases, "settings": [{"name": "shipped", "args": {}}], "out": str(out)}
 
 
@@ -155,7 +157,7 @@ def packing_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         gangs = r["gangs"]
         within = next((i for i, g in enumerate(gangs) if not g["placed"] or not g["one_leaf"]), len(gangs))
         fitting = [g for g in gangs[:within] if g.get("fits_free_node")]
-        seed, start, opening = r["case"].split("/")
+        seed, start, opening = r["case"].partition("#")[0].split("/")
         rows.append(
             {
                 "seed": int(seed),
@@ -370,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.packing:
-        return packing_main(args.packing, args.openings.split(","), args.name if args.name != "sim" else "sim-packing")
+        return packing_main(args.packing, args.openings.split(","), args.name if args.name != "sim" else "sim-packing", args.repeats)
     sizes = _sizes(args.sizes)
     if args.layouts:
         wanted = ("leaf", *[layout for layout in args.layouts.split(",") if layout != "leaf"])
@@ -407,29 +409,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def packing_main(seeds_text: str, openings: Sequence[str], name: str) -> int:
+def packing_main(seeds_text: str, openings: Sequence[str], name: str, repeats: int = 1) -> int:
     first, _, last = seeds_text.partition("-")
     seeds = list(range(int(first), int(last or first) + 1))
     started = time.monotonic()
-    rows = packing_rows(_run(lambda out: packing_spec(seeds, openings, out)))
+    rows = packing_rows(_run(lambda out: packing_spec(seeds, openings, out, repeats=repeats)))
     from bench.__main__ import machine
 
-    result = {"machine": machine(), "volcano": VOLCANO, "seeds": seeds, "seconds": round(time.monotonic() - started, 1), "rows": rows}
+    seconds = round(time.monotonic() - started, 1)
+    result = {"machine": machine(), "volcano": VOLCANO, "seeds": seeds, "repeats": repeats, "seconds": seconds, "rows": rows}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     rules = list(dict.fromkeys(r["rule"] for r in rows))
-    lines = ["| start | seed | " + " | ".join(f"{rule}: placed (one node where one fits)" for rule in rules) + " |"]
-    lines.append("|---|---|" + "---|" * len(rules))
+    heading = (
+        "placed, lowest-highest over the repeats (one node where one fits, mean)" if repeats > 1 else "placed (one node where one fits)"
+    )
+    lines = ["| start | seed | " + " | ".join(f"{rule}: {heading}" for rule in rules) + " |", "|---|---|" + "---|" * len(rules)]
     for start in ("empty", "fragmented"):
         for seed in seeds:
-            cells = {
-                r["rule"]: f"{r['before_first_wait']} ({r['one_node_where_one_fits']})"
-                for r in rows
-                if r["seed"] == seed and r["start"] == start
-            }
-            lines.append(f"| {start} | {seed} | " + " | ".join(cells.get(rule, "—") for rule in rules) + " |")
-        totals = [sum(r["before_first_wait"] for r in rows if r["start"] == start and r["rule"] == rule) for rule in rules]
-        lines.append(f"| {start} | all | " + " | ".join(str(t) for t in totals) + " |")
+            cells = []
+            for rule in rules:
+                runs = [r for r in rows if r["seed"] == seed and r["start"] == start and r["rule"] == rule]
+                placed = sorted(r["before_first_wait"] for r in runs)
+                fractions = [r["one_node_where_one_fits"] for r in runs if r["one_node_where_one_fits"] is not None]
+                span = str(placed[0]) if placed[0] == placed[-1] else f"{placed[0]}-{placed[-1]}"
+                cells.append(f"{span} ({round(statistics.fmean(fractions), 2) if fractions else '—'})")
+            lines.append(f"| {start} | {seed} | " + " | ".join(cells) + " |")
+        totals = [sum(r["before_first_wait"] for r in rows if r["start"] == start and r["rule"] == rule) / repeats for rule in rules]
+        lines.append(f"| {start} | all, mean | " + " | ".join(f"{t:g}" for t in totals) + " |")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
