@@ -91,6 +91,11 @@ def test_packing_rows_count_up_to_the_first_replica_not_within_its_leaf() -> Non
 
 def test_repeated_packing_cases_are_numbered_and_read_back_as_one(tmp_path: Path) -> None:
     spec = sim.packing_spec([29], [""], tmp_path / "out", replicas=2, repeats=2)
-    assert [c["name"] for c in spec["cases"]] == ["29/empty/shipped#0", "29/fragmented/shipped#0", "29/empty/shipped#1", "29/fragmented/shipped#1"]
+    assert [c["name"] for c in spec["cases"]] == [
+        "29/empty/shipped#0",
+        "29/fragmented/shipped#0",
+        "29/empty/shipped#1",
+        "29/fragmented/shipped#1",
+    ]
     rows = sim.packing_rows([{"case": "29/empty/shipped#1", "layout": "leaf", "gangs": []}])
     assert rows[0]["seed"] == 29 and rows[0]["rule"] == "leaf only" and rows[0]["before_first_wait"] == 0
