@@ -367,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: the packing bench's full run (64 nodes) for these stream seeds (e.g. 29-40), leaf only and each --openings rule",
     )
     parser.add_argument("--openings", default=",".join(OPENINGS), help="with --packing: the node tier's rules ('' is stormtopo's)")
+    parser.add_argument("--repeats", type=int, default=1, help="with --packing: each case this many times")
     parser.add_argument(
         "--opening", default="", help="the node tier's rule for empty nodes ('': stormtopo's; see the Go test's Case.Opening)"
     )
