@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stormtopo.core.gang import replica_pods, template_spec
+from stormtopo.core.request import is_opted_in
 from stormtopo.core.topology.node_tier import plan_node_tier
 from stormtopo.kube.client import Api
 from stormtopo.operator.explainer import FREE_GPUS_TTL, Explainer
@@ -50,8 +51,13 @@ class NodeTier:
         allocatable = await self.explainer.allocatable_gpus()
         taking = {node: gpus for node, gpus in allocatable.items() if node in free}
         used = {node: gpus - free[node] for node, gpus in taking.items()}
-        # The shapes of the replicas in the cluster: whether one needs a run of empty nodes.
-        replicas = frozenset(tuple(sorted(replica_pods(template_spec(s)))) for s in list(self.index.stormservices.values()))
+        # The shapes of the replicas that ask for a topology: whether one needs a run of empty nodes in one
+        # leaf (a gang without one takes empty nodes anywhere).
+        replicas = frozenset(
+            tuple(sorted(replica_pods(template_spec(s))))
+            for s in list(self.index.stormservices.values())
+            if is_opted_in(s["metadata"].get("annotations"))
+        )
         # A node's allocatable GPUs change the list too (a device plugin registering late, a GPU lost).
         planned = (self.index.hypernode_changes, tuple(sorted(used.items())), tuple(sorted(taking.items())), replicas)
         if planned == self._planned:

@@ -11,6 +11,7 @@ from typing import Any
 
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import metrics
 from stormtopo.operator.explainer import Explainer
@@ -146,7 +147,12 @@ def test_a_stormservice_of_whole_node_pods_keeps_the_runs_of_empty_nodes() -> No
         return {"name": name, "replicas": 1, "template": {"spec": {"containers": [{"name": "c", "resources": resources}]}}}
 
     spec = {"replicas": 1, "template": {"spec": {"roles": [role("prefill", 8), role("decode", 8)]}}}
-    index.observe("StormService", "ADDED", {"kind": "StormService", "metadata": {"name": "big", "namespace": "ns"}, "spec": spec})
+    # Without a topology its gangs take empty nodes anywhere: nothing changes.
+    index.observe("StormService", "ADDED", {"kind": "StormService", "metadata": {"name": "plain", "namespace": "ns"}, "spec": spec})
+    asyncio.run(tier.check())
+    assert sorted(api.stored) == ["a0.node", "b0.node", "b1.node", "leaf-a", "leaf-b", "spine"]
+    meta = {"name": "big", "namespace": "ns", "annotations": {MODE: "hard", HIGHEST_TIER: "1"}}
+    index.observe("StormService", "ADDED", {"kind": "StormService", "metadata": meta, "spec": spec})
     asyncio.run(tier.check())
     assert sorted(api.stored) == ["b0.node", "b1.node", "leaf-a", "leaf-b", "spine"]
     assert api.stored["leaf-a"]["spec"]["members"][0]["type"] == "Node"  # a0 named by its leaf again

@@ -7,13 +7,13 @@ costs packing (equally full nodes tie in map order, in any leaf) and time (Volca
 and walks every HyperNode on each allocate event). The short list keeps both: of the nodes already partly
 used, a few per amount of free GPUs (nodes with the same free GPUs are interchangeable for a replica that fits
 one node), in the fullest leaves; and the next empty node(s) to open, from the leaves with the fewest empty
-nodes. Once the cluster runs a replica of k >= 2 whole-node pods, which needs a run of k empty nodes in one
-leaf, no empty node is listed from a leaf whose run is room for at most two such replicas (2..2k empty
-nodes): a replica that fits one node must not break a run that may be needed (it goes to its leaf, as
-without the node tier). A longer run, or an empty node alone in its leaf, is still opened. A replica that
-no listed node holds falls back to the leaf, chosen by Volcano as before. Tier 1 stays the leaf, so every
-request's `highestTierAllowed` keeps its meaning. The list changes with every placement: whoever renders it
-must re-render it as pods come and go (the simulator assumes it is never late).
+nodes. Once a StormService asks for a topology for replicas of k >= 2 whole-node pods, which need a run of k
+empty nodes in one leaf, no empty node is listed from a leaf whose run is room for at most two such replicas
+(2..2k empty nodes): a replica that fits one node must not break a run that may be needed (it goes to its
+leaf, as without the node tier). A longer run, or an empty node alone in its leaf, is still opened. A
+replica that no listed node holds falls back to the leaf, chosen by Volcano as before. Tier 1 stays the
+leaf, so every request's `highestTierAllowed` keeps its meaning. The list changes with every placement:
+whoever renders it must re-render it as pods come and go (the simulator assumes it is never late).
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ def plan_node_tier(
     so a leaf never names a HyperNode that is not there. Nothing to write when the list has not moved.
 
     `allocatable_gpus`: the nodes that take new pods and their GPUs (a node missing is never listed).
-    `replicas`: the GPUs of each pod of one replica of each StormService in the cluster (`whole_node_run`).
+    `replicas`: the GPUs of each pod of one replica of each StormService that asks for a topology
+    (`whole_node_run`).
     Only leaves whose members are all exactMatch Node or HyperNode members are changed, and only tier-0
     HyperNodes labelled as the node tier's are created or deleted: a user's own are left alone.
     """
