@@ -6,11 +6,38 @@ its count, keyed by the role name pods carry in volcano.sh/task-spec.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from stormtopo.core.vocabulary import GPU
+
+_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+)|(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei))?")
+_SUFFIXES: dict[str, Fraction] = {"m": Fraction(1, 1000), **{s: Fraction(10 ** (3 * i)) for i, s in enumerate("kMGTPE", 1)}}
+_SUFFIXES.update({f"{s}i": Fraction(2 ** (10 * i)) for i, s in enumerate("KMGTPE", 1)})
+
+
+def gpu_count(value: object) -> int:
+    """A GPU quantity as Kubernetes may write it (8, "8", "8.0", "8000m", "1e1"), rounded up; "" is 0.
+    ValueError for anything that is not a quantity."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return math.ceil(value)
+    text = str(value).strip()
+    if not text:
+        return 0
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not a quantity: {value!r}")
+    number, exponent, suffix = match.groups()
+    scale = Fraction(10) ** int(exponent) if exponent else _SUFFIXES.get(suffix or "", Fraction(1))
+    return math.ceil(Fraction(number) * Fraction(scale))
 
 
 @dataclass(frozen=True)
@@ -64,7 +91,7 @@ def gpus_per_pod(roleset_spec: Mapping[str, Any], resource: str = GPU) -> dict[s
         for c in containers:
             res = c.get("resources") or {}
             value = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource, 0))
-            total += int(str(value) or 0)
+            total += gpu_count(value)
         out[str(role.get("name", ""))] = total
     return out
 

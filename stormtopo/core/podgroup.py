@@ -78,10 +78,10 @@ def service_group_name(stormservice_name: str) -> str:
     return stormservice_name
 
 
-def service_fields(request: TopologyRequest, template_spec: Mapping[str, Any], replicas: int) -> dict[str, Any]:
+def service_fields(request: TopologyRequest, roleset_spec: Mapping[str, Any], replicas: int) -> dict[str, Any]:
     """Spec fields of the one PodGroup of a StormService-scoped request: every pod of every replica,
     within the outer tier; with a replica tier, each replica (pods sharing a roleset-name) a subgroup."""
-    gang = gang_of(template_spec)
+    gang = gang_of(roleset_spec)
     fields: dict[str, Any] = {"minMember": gang.min_member * replicas, "networkTopology": request.network_topology()}
     replica_topology = request.replica_network_topology()
     if replica_topology is None:

@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 
 import urllib3
 
+from stormtopo.core.gang import gpu_count
 from stormtopo.core.packing import takes_new_pods
 from stormtopo.core.vocabulary import AIBRIX, GPU, ROLESET_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.credentials import Credentials, CredentialsError, IssuedCredential, load_credentials, materialize
@@ -263,4 +264,4 @@ def micro_time(when: float | None = None) -> str:
 
 
 def _quantity(text: str) -> int:
-    return int(float(str(text)))  # GPU counts are whole numbers
+    return gpu_count(text)  # "8", "8000m", ...: GPU counts are whole numbers

@@ -14,8 +14,9 @@ cheaper; not built)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from stormtopo.core.gang import replica_pods, template_spec
 from stormtopo.core.request import is_opted_in
@@ -28,6 +29,17 @@ from stormtopo.operator.writer import execute
 log = logging.getLogger("stormtopo.node_tier")
 NODE_TIER_INTERVAL = 1.0  # seconds between two passes unless woken; a pass with nothing new reuses the cached readings
 NODE_TIER_MIN_GAP = 0.5  # seconds between the starts of two woken passes: at most two fresh readings a second
+
+
+def _shape(stormservice: Mapping[str, Any]) -> tuple[int, ...]:
+    """The GPUs of each pod of one replica; () for a template that gives no count (said in the log: one
+    such StormService must not stop the list for every other)."""
+    try:
+        return tuple(sorted(replica_pods(template_spec(stormservice))))
+    except (ValueError, TypeError, AttributeError) as exc:
+        meta = stormservice.get("metadata") or {}
+        log.warning("node tier: StormService %s/%s: no GPU count in its template (%s)", meta.get("namespace"), meta.get("name"), exc)
+        return ()
 
 
 @dataclass
@@ -54,9 +66,7 @@ class NodeTier:
         # The shapes of the replicas that ask for a topology: whether one needs a run of empty nodes in one
         # leaf (a gang without one takes empty nodes anywhere).
         replicas = frozenset(
-            tuple(sorted(replica_pods(template_spec(s))))
-            for s in list(self.index.stormservices.values())
-            if is_opted_in(s["metadata"].get("annotations"))
+            shape for s in list(self.index.stormservices.values()) if is_opted_in(s["metadata"].get("annotations")) and (shape := _shape(s))
         )
         # A node's allocatable GPUs change the list too (a device plugin registering late, a GPU lost).
         planned = (self.index.hypernode_changes, tuple(sorted(used.items())), tuple(sorted(taking.items())), replicas)

@@ -201,3 +201,15 @@ def test_applying_the_tree_again_takes_the_node_tier_back() -> None:
     diff = hypernode_diff(base, with_tier)  # what `stormtopo topology apply` does: leaves first, then the prune
     assert diff.create == [] and sorted(m["metadata"]["name"] for m in diff.update) == ["leaf-a"]
     assert diff.delete == ["a0.node", "a1.node"]
+
+
+def test_runs_are_of_the_largest_nodes_of_the_tree() -> None:
+    # leaf-a's nodes have 4 GPUs, leaf-b's 8; a 16-GPU node is outside the tree. Empty: a1-a3 and b2-b3.
+    base = hypernode_manifests(FABRIC)
+    sizes = {**dict.fromkeys(["a0", "a1", "a2", "a3"], 4), **dict.fromkeys(["b0", "b1", "b2", "b3"], 8), "elsewhere": 16}
+    used = {"a0": 4, "b0": 8, "b1": 8}
+    # No replica of whole-node pods: leaf-b has the fewest empty nodes, b2 opens.
+    assert tier0(applied(base, plan_node_tier(base, used, sizes, replicas=[(4, 4)]))) == ["b2.node"]
+    # Pods of 8 take a whole node of this tree (the node outside it does not count): leaf-b's pair is their
+    # run; leaf-a's 4-GPU nodes are no run for them and one of those opens instead.
+    assert tier0(applied(base, plan_node_tier(base, used, sizes, replicas=[(4, 4), (8, 8)]))) == ["a1.node"]

@@ -156,3 +156,16 @@ def test_a_stormservice_of_whole_node_pods_keeps_the_runs_of_empty_nodes() -> No
     asyncio.run(tier.check())
     assert sorted(api.stored) == ["b0.node", "b1.node", "leaf-a", "leaf-b", "spine"]
     assert api.stored["leaf-a"]["spec"]["members"][0]["type"] == "Node"  # a0 named by its leaf again
+
+
+def test_a_template_without_a_gpu_count_does_not_stop_the_list() -> None:
+    api = HyperNodesApi(hypernode_manifests(FABRIC))
+    index = Index(api)
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+    containers = [{"resources": {"requests": {"nvidia.com/gpu": "eight"}}}]
+    spec = {"template": {"spec": {"roles": [{"name": "r", "template": {"spec": {"containers": containers}}}]}}}
+    meta = {"name": "odd", "namespace": "ns", "annotations": {MODE: "hard"}}
+    index.observe("StormService", "ADDED", {"kind": "StormService", "metadata": meta, "spec": spec})
+    asyncio.run(NodeTier(index, api, Readings({"a0": 3})).check())
+    assert api.calls == ["POST a0.node", "POST a1.node", "PATCH leaf-a"]  # planned as without it

@@ -75,8 +75,11 @@ def shortlist(
                 per_amount[free] = per_amount.get(free, 0) + 1
                 listed.append(node)
     empty = {leaf.name: [n for n in leaf.nodes if used_gpus.get(n, 0) == 0 and topology.nodes[n].gpus > 0] for leaf in leaves}
+    # A run counts the empty nodes a whole-node pod fits: those of the largest size (others take other pods).
+    largest = max((topology.nodes[n].gpus for leaf in leaves for n in leaf.nodes), default=0)
+    run = {name: sum(1 for n in nodes if topology.nodes[n].gpus >= largest) for name, nodes in empty.items()}
     opening = sorted(
-        (leaf for leaf in ordered if empty[leaf.name] and not 2 <= len(empty[leaf.name]) <= 2 * whole_node_run),
+        (leaf for leaf in ordered if empty[leaf.name] and not 2 <= run[leaf.name] <= 2 * whole_node_run),
         key=lambda leaf: len(empty[leaf.name]),
     )  # stable: fullest next
     return listed + [n for leaf in opening for n in empty[leaf.name]][:next_empty]
@@ -193,7 +196,7 @@ def plan_node_tier(
         switches[name] = Switch(name, int(leaf["spec"].get("tier", 1)), None, (), members)
         for node in members:
             nodes.setdefault(node, NodeSpec(node, name, allocatable_gpus.get(node, 0), "0", "0"))
-    run = whole_node_run(replicas, max(allocatable_gpus.values(), default=0))
+    run = whole_node_run(replicas, max((n.gpus for n in nodes.values()), default=0))  # the largest node of these leaves
     listed = [
         n
         for n in shortlist(Topology(switches, nodes), used_gpus, per_free, next_empty, run)

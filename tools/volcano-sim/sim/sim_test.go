@@ -610,8 +610,8 @@ type runner struct {
 	sc      *cache.SchedulerCache
 	used    map[string]int
 	gpusOf  map[string]int
-	// wholeRun: the most whole-node pods of one gang among those that arrived before (what the operator
-	// knows from the StormServices it sees when it renders the list).
+	// wholeRun: the most whole-node pods of one gang among those of sessions before (the operator knows a
+	// StormService as soon as it exists, possibly a session earlier; every node here has NodeGPUs).
 	wholeRun int
 	res      Result
 	started  time.Time
