@@ -58,8 +58,11 @@ async def run_every(
         if wake is None or loop.failures:
             await asyncio.sleep(delay)
         else:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for may swallow a cancellation that comes as
+            # the event is set (woken often, the loop then outlived Loops.stop(): a test hung 600 s in CI).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await wake.wait()
             await asyncio.sleep(max(0.0, started + min_gap - time.monotonic()))  # events during a pass: one more, not many
             wake.clear()
         started = time.monotonic()

@@ -130,6 +130,38 @@ def test_woken_passes_start_at_least_min_gap_apart() -> None:
     asyncio.run(scenario())
 
 
+def test_stop_ends_a_loop_woken_at_every_pass() -> None:
+    # Cancellation must not be lost when it comes as the event is set (asyncio.wait_for on Python 3.11
+    # could swallow it: the loop then ran on and stop() never returned). Run in a thread, so a hang fails
+    # the test in seconds rather than at the suite's timeout.
+    import threading
+
+    async def once() -> None:
+        loops = Loops()
+        wake = asyncio.Event()
+        passes = 0
+
+        async def work() -> None:
+            nonlocal passes
+            passes += 1
+            wake.set()
+
+        wake.set()
+        loops.every("node-tier", 3600.0, work, wake=wake)
+        while passes < 3:
+            await asyncio.sleep(0)
+        await loops.stop()
+
+    def scenario() -> None:
+        for _ in range(200):
+            asyncio.run(once())
+
+    thread = threading.Thread(target=scenario, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "Loops.stop() did not end a loop woken at every pass"
+
+
 async def _until(condition: Any) -> None:
     while not condition():
         await asyncio.sleep(0.01)
