@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -113,6 +114,7 @@ def spec(
 # The packing bench's full run uses the 64 nodes under one spine: 8 leaves of 8 nodes.
 PACKING_LEAVES, PACKING_LEAF_SIZE = 8, 8
 OPENINGS = ("", "fewest")  # which empty nodes the node tier lists: stormtopo's rule, and the one before
+ALL_OPENINGS = ("", "fewest", "keep-all", "keep-runs-upto")  # every rule the Go test's Case.Opening knows
 
 
 def packing_spec(seeds: Sequence[int], openings: Sequence[str], out: Path, replicas: int = 60, repeats: int = 1) -> dict[str, Any]:
@@ -372,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         "--opening", default="", help="the node tier's rule for empty nodes ('': stormtopo's; see the Go test's Case.Opening)"
     )
     args = parser.parse_args(argv)
+    for rule in [args.opening, *args.openings.split(",")]:
+        if rule not in ALL_OPENINGS:
+            parser.error(f"unknown opening rule {rule!r}: one of {', '.join(repr(r) for r in ALL_OPENINGS)}")
+    if args.packing and not re.fullmatch(r"\d+(-\d+)?", args.packing):
+        parser.error(f"--packing {args.packing!r}: a stream seed or a range of them, e.g. 29 or 29-40")
     if args.packing:
         return packing_main(args.packing, args.openings.split(","), args.name if args.name != "sim" else "sim-packing", args.repeats)
     sizes = _sizes(args.sizes)

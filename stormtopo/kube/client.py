@@ -139,12 +139,12 @@ class Api:
                 node = pod["spec"].get("nodeName")
                 if node in free:
                     for c in pod["spec"].get("containers") or []:
-                        free[node] -= _quantity(((c.get("resources") or {}).get("requests") or {}).get(resource, "0"))
+                        free[node] -= gpu_count(((c.get("resources") or {}).get("requests") or {}).get(resource, "0"))
         return free
 
     def gpu_totals(self, resource: str = GPU, taking_new_pods: bool = False) -> dict[str, int]:
         return {
-            n["metadata"]["name"]: _quantity((n.get("status", {}).get("allocatable") or {}).get(resource, "0"))
+            n["metadata"]["name"]: gpu_count((n.get("status", {}).get("allocatable") or {}).get(resource, "0"))
             for page in self.pages("/api/v1/nodes")
             for n in page
             if not taking_new_pods or takes_new_pods(n)
@@ -261,7 +261,3 @@ def micro_time(when: float | None = None) -> str:
     """A Kubernetes MicroTime (RFC 3339, microseconds, UTC)."""
     t = time.time() if when is None else when
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e6):06d}Z"
-
-
-def _quantity(text: str) -> int:
-    return gpu_count(text)  # "8", "8000m", ...: GPU counts are whole numbers
