@@ -15,9 +15,9 @@ What is measured, from the pods sampled every few seconds (each replica's pods' 
 - against the offline optimum: the integral of `optimum(t)`, the largest number of the replicas existing
   at t that could each be within one leaf at once on the GPUs the fillers leave. Any schedule, online or
   offline, with or without moves, places the replicas existing at t somewhere on those GPUs, so it has at
-  most `optimum(t)` of them within a leaf: the integral bounds every schedule's. It is exact when the
-  search (bench/packing.py's) decides it within its step budget; otherwise an upper bound is used, which
-  only lowers the reported ratio;
+  most `optimum(t)` of them within a leaf: the integral bounds every schedule's. It is exact (bench/leaf_optimum.py:
+  an integer program; before 2026-12-02 a step-bounded search, beyond whose budget an upper bound was
+  used, which only lowered the reported ratio);
 - moves: pod sets of a replica replaced while its service lives (nothing else evicts here), and the
   operator's stormtopo_replica_moves_total; per replica per simulated hour, and the most moves of one
   replica within any simulated hour;
@@ -49,7 +49,8 @@ import yaml
 
 from bench import kvflow
 from bench.fabric import fabric_yaml, fragmentation
-from bench.packing import SHAPES, WEIGHTS, Leaves, _canonical, _OutOfBudget, _PrefixSearch, tree_of
+from bench.leaf_optimum import most_within_leaves
+from bench.packing import SHAPES, WEIGHTS, Leaves, _canonical, tree_of
 from stormtopo.core.healing import COOLDOWN
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.tree import Topology
@@ -139,61 +140,12 @@ def leaves_free(topology: Topology, free: Mapping[str, int]) -> Leaves:
     return _canonical([[free.get(n, 0) for n in s.nodes] for s in topology.switches.values() if s.tier == 1])
 
 
-def _fits(leaves: Leaves, replicas: Sequence[tuple[int, ...]], budget: int) -> bool | None:
-    try:
-        return _PrefixSearch(budget).fits(leaves, replicas)
-    except _OutOfBudget:
-        return None
-
-
-def within_leaf_optimum(leaves: Leaves, replicas: Sequence[tuple[int, ...]], budget: int = 300) -> Bound:
-    """The largest number of `replicas` that fit at once, each within one leaf.
-
-    Upper bound: the replicas that fit in some leaf alone, fewest GPUs first, as many as the leaves' free
-    GPUs hold in total (a set of k replicas needs at least the k smallest's GPUs). Lower bound: the search
-    of bench/packing.py on all of them, then dropping the largest one at a time until a set fits."""
-    fits_alone = {r: any(_fits((leaf,), [r], budget) for leaf in set(leaves)) for r in set(replicas)}
-    alone = sorted((r for r in replicas if fits_alone[r]), key=sum)
-    total = sum(sum(leaf) for leaf in leaves)
-    upper, used = 0, 0
-    for r in alone:
-        if used + sum(r) > total:
-            break
-        used += sum(r)
-        upper += 1
-    whole = _whole_node_most(leaves, alone, budget)
-    if whole is not None:
-        upper = min(upper, whole)
-    candidates = sorted(alone, key=lambda r: (sum(r), max(r)))
-    # The k smallest fitting is monotone in k: a binary search for the largest k proven to fit.
-    low, high = 0, upper
-    while low < high:
-        k = (low + high + 1) // 2
-        if _fits(leaves, candidates[:k], budget):
-            low = k
-        else:
-            high = k - 1
-    return Bound(upper, low == upper, low)
-
-
-def _whole_node_most(leaves: Leaves, alone: Sequence[tuple[int, ...]], budget: int) -> int | None:
-    """A second upper bound: replicas whose every pod takes as many GPUs as the emptiest node has free
-    fit only on wholly free nodes. Of those, the most that fit at once are the ones of fewest pods (one
-    of more pods swapped for one of fewer still fits), found by the search; the other replicas count
-    in full. None if the search ran out of budget."""
-    most = max((g for leaf in leaves for g in leaf), default=0)
-    whole = sorted((r for r in alone if r and min(r) == most), key=len)
-    if not whole:
-        return None
-    fit = 0
-    while fit < len(whole):
-        decided = _fits(leaves, whole[: fit + 1], budget)
-        if decided is None:
-            return None
-        if not decided:
-            break
-        fit += 1
-    return len(alone) - len(whole) + fit
+def within_leaf_optimum(leaves: Leaves, replicas: Sequence[tuple[int, ...]]) -> Bound:
+    """The largest number of `replicas` that fit at once, each within one leaf: exact
+    (bench/leaf_optimum.py). Until 2026-12-02 a step-bounded search gave it, and beyond its budget only
+    an upper bound (every replica that fits some leaf alone, as many as the GPUs hold)."""
+    most = most_within_leaves(leaves, replicas)
+    return Bound(most, True, most)
 
 
 # -- sampling the real cluster ------------------------------------------------------------------
@@ -669,8 +621,35 @@ def main(
     return out
 
 
+def rescore(path: Path) -> dict[str, Any]:
+    """A finished run's result file summarized again from its samples (the file beside it) against the
+    optimum as computed now; the file is rewritten, its former optimum and ratios kept under "before"."""
+    out: dict[str, Any] = json.loads(path.read_text())
+    samples = json.loads(path.with_name(path.name.replace(".json", "-samples.json")).read_text())
+    size = Size(**{**out["size"], "fabric": tuple(out["size"]["fabric"])})
+    topology = parse_topology(fabric_yaml(*size.fabric))
+    nodes = sorted(topology.nodes)
+    stream = churn(size.live, size.lifetime, size.hours * HOUR, out["seed"])
+    used = fragmentation(nodes, seed=7)
+    free = {n: topology.nodes[n].gpus - used.get(n, 0) for n in nodes}
+    before = {"optimum": out["optimum"], **{mode: out[mode]["within_tier1_vs_optimum"] for mode in samples}}
+    optimum_at, out["optimum"] = optimum_bounds(stream, size.hours * HOUR, leaves_free(topology, free))
+    by_name = {s.name: s for s in stream}
+    for mode, rows in samples.items():
+        out[mode] = report(summarize([expand(r) for r in rows], by_name, optimum_at), out[mode]["run"], size)
+    out.setdefault("before", before)
+    path.write_text(json.dumps(out, indent=2, default=str))
+    return out
+
+
 if __name__ == "__main__":
     import sys
 
-    main(quick="--quick" in sys.argv, smoke="--smoke" in sys.argv)
+    if sys.argv[1:2] == ["--rescore"]:  # python -m bench.healing --rescore bench/results/healing-*.json
+        for arg in sys.argv[2:]:
+            again = rescore(Path(arg))
+            ratios = {m: again[m]["within_tier1_vs_optimum"] for m in ("off", "heal")}
+            print(arg, json.dumps({"optimum": again["optimum"], **ratios, "before": again["before"]}))
+    else:
+        main(quick="--quick" in sys.argv, smoke="--smoke" in sys.argv)
     sys.exit(0)
