@@ -114,7 +114,7 @@ def spec(
 # The packing bench's full run uses the 64 nodes under one spine: 8 leaves of 8 nodes.
 PACKING_LEAVES, PACKING_LEAF_SIZE = 8, 8
 OPENINGS = ("", "fewest")  # which empty nodes the node tier lists: stormtopo's rule, and the one before
-ALL_OPENINGS = ("", "fewest", "keep-all", "keep-runs-upto")  # every rule the Go test's Case.Opening knows
+ALL_OPENINGS = ("", "fewest", "keep-all", "keep-runs-upto", "spare")  # every rule the Go test's Case.Opening knows
 
 
 def packing_spec(seeds: Sequence[int], openings: Sequence[str], out: Path, replicas: int = 60, repeats: int = 1) -> dict[str, Any]:
