@@ -113,8 +113,9 @@ def spec(
 
 # The packing bench's full run uses the 64 nodes under one spine: 8 leaves of 8 nodes.
 PACKING_LEAVES, PACKING_LEAF_SIZE = 8, 8
-OPENINGS = ("", "fewest")  # which empty nodes the node tier lists: stormtopo's rule, and the one before
-ALL_OPENINGS = ("", "fewest", "keep-all", "keep-runs-upto", "spare")  # every rule the Go test's Case.Opening knows
+OPENINGS = ("", "runs-2k")  # which empty nodes the node tier lists: stormtopo's rule, and the one before
+# Every rule the Go test's Case.Opening knows (N: a whole number).
+OPENING_RULES = r"|fewest|keep-all|keep-runs-upto|runs-2k|spare-runs-\d+|per-size(\d+)?"
 
 
 def packing_spec(seeds: Sequence[int], openings: Sequence[str], out: Path, replicas: int = 60, repeats: int = 1) -> dict[str, Any]:
@@ -375,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     for rule in [args.opening, *args.openings.split(",")]:
-        if rule not in ALL_OPENINGS:
-            parser.error(f"unknown opening rule {rule!r}: one of {', '.join(repr(r) for r in ALL_OPENINGS)}")
+        if not re.fullmatch(OPENING_RULES, rule):
+            parser.error(f"unknown opening rule {rule!r}: one of '', fewest, keep-all, keep-runs-upto, runs-2k, spare-runs-N, per-size[N]")
     if args.packing and not re.fullmatch(r"\d+(-\d+)?", args.packing):
         parser.error(f"--packing {args.packing!r}: a stream seed or a range of them, e.g. 29 or 29-40")
     if args.packing:

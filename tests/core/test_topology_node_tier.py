@@ -213,3 +213,17 @@ def test_runs_are_of_the_largest_nodes_of_the_tree() -> None:
     # Pods of 8 take a whole node of this tree (the node outside it does not count): leaf-b's pair is their
     # run; leaf-a's 4-GPU nodes are no run for them and one of those opens instead.
     assert tier0(applied(base, plan_node_tier(base, used, sizes, replicas=[(4, 4), (8, 8)]))) == ["a1.node"]
+
+
+def test_a_run_is_opened_when_the_other_leaves_hold_room_to_spare() -> None:
+    # Three empty leaves of four hold two replicas of two whole-node pods each: six elsewhere, so leaf-a's
+    # run of two is opened for a replica that fits one node (fewest empty nodes first). Asked to keep room
+    # for seven, every run of 2..4 is kept and no empty node is listed.
+    four = parse_topology("switches:\n  spine:\n" + "".join(f"    leaf-{x}: [{x}0, {x}1, {x}2, {x}3]\n" for x in "acde"))
+    used = {"a0": 8, "a1": 8}
+    assert shortlist(four, used, per_free=1, whole_node_run=2) == ["a2"]
+    assert shortlist(four, used, per_free=1, whole_node_run=2, spare_runs=7) == []
+    assert shortlist(four, used, per_free=1, whole_node_run=2, spare_runs=6) == ["a2"]
+    # For replicas of three the other leaves hold one each, three in all: short of four, every run is kept.
+    assert shortlist(four, used, per_free=1, whole_node_run=3, spare_runs=4) == []
+    assert shortlist(four, used, per_free=1, whole_node_run=3, spare_runs=3) == ["a2"]

@@ -28,6 +28,10 @@ from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNode
 
 NODE_TIER = 0
 NODE_TIER_SUFFIX = ".node"
+# A run of empty nodes is kept for whole-node replicas only while the other leaves' runs hold fewer than
+# this many more: in a mostly empty cluster every replica that fits one node then gets one (the simulator,
+# bench/results/sim-abundant-r3.md).
+SPARE_RUNS = 6
 
 
 def node_hypernode_name(node: str) -> str:
@@ -48,7 +52,12 @@ def whole_node_run(replicas: Iterable[Sequence[int]], node_gpus: int) -> int:
 
 
 def shortlist(
-    topology: Topology, used_gpus: Mapping[str, int], per_free: int = 2, next_empty: int = 1, whole_node_run: int = 0
+    topology: Topology,
+    used_gpus: Mapping[str, int],
+    per_free: int = 2,
+    next_empty: int = 1,
+    whole_node_run: int = 0,
+    spare_runs: int = SPARE_RUNS,
 ) -> list[str]:
     """The nodes that get a tier-0 HyperNode, given the GPUs in use per node.
 
@@ -59,7 +68,8 @@ def shortlist(
     a leaf's run of empty nodes is kept for the replica that needs all of them. `whole_node_run` (k, the
     most whole-node pods of a replica in the cluster): none from a leaf with 2..2k empty nodes, a run
     that is room for at most two such replicas, which a replica that fits one node must not break (its
-    leaf places it, on partly used nodes where they hold it).
+    leaf places it, on partly used nodes where they hold it); unless the other leaves' runs hold
+    `spare_runs` or more such replicas, when there is room to spare and node-first costs no packing.
     """
     leaves = [s for s in topology.switches.values() if s.nodes]
     in_leaf = {leaf.name: sum(used_gpus.get(n, 0) for n in leaf.nodes) for leaf in leaves}
@@ -78,11 +88,14 @@ def shortlist(
     # A run counts the empty nodes a whole-node pod fits: those of the largest size (others take other pods).
     largest = max((topology.nodes[n].gpus for leaf in leaves for n in leaf.nodes), default=0)
     run = {name: sum(1 for n in nodes if topology.nodes[n].gpus >= largest) for name, nodes in empty.items()}
-    opening = sorted(
-        (leaf for leaf in ordered if empty[leaf.name] and not 2 <= run[leaf.name] <= 2 * whole_node_run),
-        key=lambda leaf: len(empty[leaf.name]),
-    )  # stable: fullest next
-    return listed + [n for leaf in opening for n in empty[leaf.name]][:next_empty]
+    room = sum(r // whole_node_run for r in run.values()) if whole_node_run else 0  # such replicas the runs hold
+
+    def kept(leaf: str) -> bool:
+        # A run of 2..2k, while the other leaves' runs hold fewer than `spare_runs` more such replicas.
+        return 2 <= run[leaf] <= 2 * whole_node_run and room - run[leaf] // whole_node_run < spare_runs
+
+    opening = sorted((leaf for leaf in ordered if empty[leaf.name] and not kept(leaf.name)), key=lambda leaf: len(empty[leaf.name]))
+    return listed + [n for leaf in opening for n in empty[leaf.name]][:next_empty]  # sorted is stable: fullest next
 
 
 def node_tier_manifests(hypernodes: Iterable[Mapping[str, Any]], listed: Iterable[str]) -> list[dict[str, Any]]:

@@ -16,6 +16,9 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -76,9 +79,11 @@ type Case struct {
 	NextEmpty      int      `json:"next_empty"` // empty nodes node-partial-next and node-bucket offer at tier 0
 	// Which empty nodes node-partial-next and node-bucket offer. "" (stormtopo's rule, core/topology/node_tier.py):
 	// from the leaves with the fewest empty nodes, but once a gang of k >= 2 whole-node pods has arrived, not
-	// from a leaf with 2..2k empty nodes (a leaf keeps its run while it is room for at most two such gangs).
-	// "fewest": the rule before, blind to whole-node gangs. "keep-all": no leaf with 2 or more empty nodes
-	// once such a gang has arrived. "keep-runs-upto": no leaf with 2..k.
+	// from a leaf with 2..2k empty nodes (a leaf keeps its run while it is room for at most two such gangs)
+	// unless the other leaves' runs hold 6 or more such gangs ("spare-runs-N": N instead of 6). "runs-2k":
+	// the rule before, keeping every run of 2..2k. "fewest": the rule before that, blind to whole-node gangs.
+	// "keep-all": no leaf with 2 or more empty nodes once such a gang has arrived. "keep-runs-upto": no leaf
+	// with 2..k. "per-size[N]": runs keep room for N (2) gangs of each k seen, a free opening first.
 	Opening string `json:"opening"`
 }
 
@@ -250,7 +255,11 @@ func member(name string, t topologyv1alpha1.MemberType) api.MemberConfig {
 //   - node-bucket:        node-partial-next, but of the partly used nodes only `bucket_per_free` for each amount of
 //     free GPUs (in the fullest leaves): nodes with the same free GPUs are interchangeable for a replica that
 //     must fit one node, and the scheduler's work grows with the number of HyperNodes.
-func (f *fabric) nodeTier(layout string, used map[string]int, wholeRun int) []string {
+func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int) []string {
+	wholeRun := 0
+	for _, k := range wholeRuns {
+		wholeRun = max(wholeRun, k)
+	}
 	gpus := f.c.NodeGPUs
 	partly := func(n string) bool { return used[n] > 0 && used[n] < gpus }
 	leafUsed := map[string]int{}
@@ -274,12 +283,37 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRun int) []st
 		opening := append([]string(nil), leaves...)
 		sort.SliceStable(opening, func(i, j int) bool { return empty[opening[i]] < empty[opening[j]] })
 		var out []string
+		if spare, ok := strings.CutPrefix(f.c.Opening, "per-size"); ok {
+			keep := 2
+			if spare != "" {
+				keep, _ = strconv.Atoi(spare)
+			}
+			return f.spareOpening(opening, empty, used, wholeRuns, keep)
+		}
 		for _, leaf := range opening {
 			if f.c.Opening == "keep-runs-upto" && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= wholeRun {
 				continue
 			}
-			if f.c.Opening == "" && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= 2*wholeRun {
+			if f.c.Opening == "runs-2k" && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= 2*wholeRun {
 				continue
+			}
+			// "" (stormtopo's rule) and "spare-runs-N": a run of 2..2k is kept while the other leaves' runs
+			// hold fewer than N more gangs of k whole-node pods (stormtopo's SPARE_RUNS, 6).
+			need, ruled := 6, f.c.Opening == ""
+			if n, ok := strings.CutPrefix(f.c.Opening, "spare-runs-"); ok {
+				need, _ = strconv.Atoi(n)
+				ruled = true
+			}
+			if ruled && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= 2*wholeRun {
+				elsewhere := 0
+				for _, other := range leaves {
+					if other != leaf {
+						elsewhere += empty[other] / wholeRun
+					}
+				}
+				if elsewhere < need {
+					continue
+				}
 			}
 			if f.c.Opening == "keep-all" && wholeRun >= 2 && empty[leaf] >= 2 {
 				continue
@@ -327,11 +361,73 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRun int) []st
 	return out
 }
 
+// spareOpening is the "per-size[N]" rule (tried, not shipped: it packed worse from a fragmented start): the next empty nodes to open, from `opening` (the leaves in the order
+// to try), so that the runs of empty nodes keep room for at least `spareRuns` gangs of each number k of
+// whole-node pods seen (room: the sum over leaves of ⌊empty/k⌋). A leaf whose next opening costs no
+// room (its empty nodes not a multiple of any k) comes first.
+func (f *fabric) spareOpening(opening []string, empty, used map[string]int, wholeRuns []int, spareRuns int) []string {
+	left := map[string]int{}
+	room := map[int]int{}
+	for _, leaf := range opening {
+		left[leaf] = empty[leaf]
+		for _, k := range wholeRuns {
+			room[k] += empty[leaf] / k
+		}
+	}
+	costs := func(leaf string) []int { // the ks whose room one more opening in this leaf takes
+		var out []int
+		for _, k := range wholeRuns {
+			if (left[leaf]-1)/k < left[leaf]/k {
+				out = append(out, k)
+			}
+		}
+		return out
+	}
+	var out []string
+	for len(out) < max(f.c.NextEmpty, 1) {
+		best := ""
+		for _, leaf := range opening {
+			if left[leaf] == 0 {
+				continue
+			}
+			cost := costs(leaf)
+			allowed := true
+			for _, k := range cost {
+				allowed = allowed && room[k]-1 >= spareRuns
+			}
+			if !allowed {
+				continue
+			}
+			if best == "" || (len(cost) == 0 && len(costs(best)) > 0) {
+				best = leaf
+			}
+		}
+		if best == "" {
+			break
+		}
+		for _, k := range costs(best) {
+			room[k]--
+		}
+		taken := empty[best] - left[best]
+		left[best]--
+		for _, n := range f.nodesOf[best] {
+			if used[n] == 0 {
+				if taken == 0 {
+					out = append(out, n)
+					break
+				}
+				taken--
+			}
+		}
+	}
+	return out
+}
+
 // hyperNodes builds the layout: tier 0 = a node's own HyperNode (where the layout gives one), tier 1 = leaf,
 // tier 2 = spine, tier 3 = the fabric when there is more than one spine. Tier 1 stays the leaf in every layout.
-func (f *fabric) hyperNodes(layout string, used map[string]int, wholeRun int) (*api.HyperNodesInfo, int) {
+func (f *fabric) hyperNodes(layout string, used map[string]int, wholeRuns []int) (*api.HyperNodesInfo, int) {
 	s := &layoutState{hns: map[string]*api.HyperNodeInfo{}, byTier: map[int]sets.Set[string]{}, real: map[string]sets.Set[string]{}}
-	own := sets.New(f.nodeTier(layout, used, wholeRun)...)
+	own := sets.New(f.nodeTier(layout, used, wholeRuns)...)
 	spineMembers := map[string][]api.MemberConfig{}
 	spineNodes := map[string]sets.Set[string]{}
 	all := sets.New[string]()
@@ -610,9 +706,9 @@ type runner struct {
 	sc      *cache.SchedulerCache
 	used    map[string]int
 	gpusOf  map[string]int
-	// wholeRun: the most whole-node pods of one gang among those of sessions before (the operator knows a
-	// StormService as soon as it exists, possibly a session earlier; every node here has NodeGPUs).
-	wholeRun int
+	// wholeRuns: the numbers of whole-node pods (two or more) of the gangs of sessions before (the operator
+	// knows a StormService as soon as it exists, possibly a session earlier; every node here has NodeGPUs).
+	wholeRuns []int
 	res      Result
 	started  time.Time
 }
@@ -636,7 +732,7 @@ func newRunner(t *testing.T, spec Spec, c Case, f *fabric, layout string, s Sett
 // session renders the layout from the state before it (as the operator would have), runs one allocate
 // session for these gangs, and books where Volcano put their pods.
 func (r *runner) session(chunk []gang, hard bool) (map[string][]string, float64, int) {
-	info, count := r.f.hyperNodes(r.layout, r.used, r.wholeRun)
+	info, count := r.f.hyperNodes(r.layout, r.used, r.wholeRuns)
 	r.sc.HyperNodesInfo = info
 	conf.EnabledActionMap = map[string]bool{"enqueue": true, "allocate": true, "backfill": true}
 	where, seconds := schedule(r.sc, r.tiers, r.configs, chunk, hard)
@@ -689,8 +785,8 @@ func (r *runner) replicas(chunk []gang) {
 				whole++
 			}
 		}
-		if whole >= 2 {
-			r.wholeRun = max(r.wholeRun, whole)
+		if whole >= 2 && !slices.Contains(r.wholeRuns, whole) {
+			r.wholeRuns = append(r.wholeRuns, whole)
 		}
 	}
 }
