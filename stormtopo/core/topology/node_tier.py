@@ -9,8 +9,9 @@ used, a few per amount of free GPUs (nodes with the same free GPUs are interchan
 one node), in the fullest leaves; and the next empty node(s) to open, from the leaves with the fewest empty
 nodes. Once a StormService asks for a topology for replicas of k >= 2 whole-node pods, which need a run of k
 empty nodes in one leaf, no empty node is listed from a leaf whose run is room for at most two such replicas
-(2..2k empty nodes): a replica that fits one node must not break a run that may be needed (it goes to its
-leaf, as without the node tier). A longer run, or an empty node alone in its leaf, is still opened. A
+(2..2k empty nodes) while the other leaves' runs hold fewer than SPARE_RUNS more: a replica that fits one node
+must not break a run that may be needed (it goes to its leaf, as without the node tier). A longer run, an
+empty node alone in its leaf, or a run where runs are plentiful, is still opened. A
 replica that no listed node holds falls back to the leaf, chosen by Volcano as before. Tier 1 stays the
 leaf, so every request's `highestTierAllowed` keeps its meaning. The list changes with every placement:
 whoever renders it must re-render it as pods come and go (the simulator assumes it is never late).

@@ -251,7 +251,8 @@ func member(name string, t topologyv1alpha1.MemberType) api.MemberConfig {
 //   - node-partial-next:  those plus the next empty node(s) to open: the first empty nodes of the leaves with
 //     the fewest empty nodes (then the fullest), so a replica that fits an empty node gets one where no
 //     replica of whole-node pods could use it; once such a replica (two or more whole-node pods, the most
-//     of them `wholeRun`) has arrived, none from a leaf whose run is room for at most two (Case.Opening).
+//     of them `wholeRun`) has arrived, none from a leaf whose run is room for at most two while the other
+//     leaves' runs are room for fewer than six more (Case.Opening).
 //   - node-bucket:        node-partial-next, but of the partly used nodes only `bucket_per_free` for each amount of
 //     free GPUs (in the fullest leaves): nodes with the same free GPUs are interchangeable for a replica that
 //     must fit one node, and the scheduler's work grows with the number of HyperNodes.
