@@ -26,11 +26,11 @@ def size_classes(pods: Sequence[int]) -> tuple[int, ...]:
     """The distinct pod sizes, smallest first; ValueError unless each divides the next (the condition
     under which the per-size counts decide a leaf exactly)."""
     sizes = tuple(sorted(set(pods)))
+    if sizes and sizes[0] <= 0:
+        raise ValueError(f"pod sizes {sizes}: a pod asks for at least one GPU")
     for small, large in itertools.pairwise(sizes):
         if large % small:
             raise ValueError(f"pod sizes {sizes}: {large} is not a multiple of {small}; the exact test needs each to divide the next")
-    if sizes and sizes[0] <= 0:
-        raise ValueError(f"pod sizes {sizes}: a pod asks for at least one GPU")
     return sizes
 
 

@@ -26,6 +26,8 @@ def test_a_leaf_holds_pods_by_whole_multiples_of_each_size() -> None:
 def test_pod_sizes_that_do_not_divide_each_other_are_refused() -> None:
     with pytest.raises(ValueError, match="3 is not a multiple of 2"):
         size_classes([2, 3])
+    with pytest.raises(ValueError, match="at least one GPU"):
+        size_classes([0, 2])
 
 
 @settings(max_examples=300, deadline=None)
