@@ -39,6 +39,7 @@ from typing import Any
 
 from bench.fabric import fragmentation
 from bench.packing import arrivals
+from stormtopo.core.topology.node_tier import SPARE_EMPTY
 from stormtopo.devenv import cluster, components
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -99,6 +100,7 @@ def spec(
                     # amount, and as many next empty nodes, as replicas may arrive in one session.
                     "bucket_per_free": max(2, batch),
                     "next_empty": batch,
+                    "spare_empty": SPARE_EMPTY,
                     "batch": batch,
                     "opening": opening,
                 }
@@ -118,7 +120,15 @@ OPENINGS = ("", "runs-2k")  # which empty nodes the node tier lists: stormtopo's
 OPENING_RULES = r"|fewest|keep-all|keep-runs-upto|runs-2k|spare-runs-\d+|per-size(\d+)?"
 
 
-def packing_spec(seeds: Sequence[int], openings: Sequence[str], out: Path, replicas: int = 60, repeats: int = 1) -> dict[str, Any]:
+def packing_spec(
+    seeds: Sequence[int],
+    openings: Sequence[str],
+    out: Path,
+    replicas: int = 60,
+    repeats: int = 1,
+    next_empty: int = 1,
+    spare_empty: int = SPARE_EMPTY,
+) -> dict[str, Any]:
     """The packing bench's full run (python -m bench.packing) in the simulator, for other streams:
     one case per stream seed, start and opening rule; leaf only once per stream and start. `repeats`:
     each case again (Volcano breaks ties in Go map order: the same case varies by a replica or two)."""
@@ -143,7 +153,8 @@ def packing_spec(seeds: Sequence[int], openings: Sequence[str], out: Path, repli
                         "normal": [],
                         "layouts": ["leaf", "node-bucket"] if i == 0 else ["node-bucket"],
                         "bucket_per_free": 2,
-                        "next_empty": 1,
+                        "next_empty": next_empty,
+                        "spare_empty": spare_empty,
                         "batch": 1,
                         "opening": opening,
                     }
@@ -372,6 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--openings", default=",".join(OPENINGS), help="with --packing: the node tier's rules ('' is stormtopo's)")
     parser.add_argument("--repeats", type=int, default=1, help="with --packing: each case this many times")
     parser.add_argument(
+        "--spare-empty", type=int, default=SPARE_EMPTY, help="with --packing: more empty nodes of the first leaf to open, listed too"
+    )
+    parser.add_argument(
+        "--next-empty", type=int, default=1, help="with --packing: empty nodes the node tier lists (the operator's next_empty)"
+    )
+    parser.add_argument(
         "--opening", default="", help="the node tier's rule for empty nodes ('': stormtopo's; see the Go test's Case.Opening)"
     )
     args = parser.parse_args(argv)
@@ -381,7 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.packing and not re.fullmatch(r"\d+(-\d+)?", args.packing):
         parser.error(f"--packing {args.packing!r}: a stream seed or a range of them, e.g. 29 or 29-40")
     if args.packing:
-        return packing_main(args.packing, args.openings.split(","), args.name if args.name != "sim" else "sim-packing", args.repeats)
+        if args.next_empty < 1:
+            parser.error(f"--next-empty {args.next_empty}: at least 1")
+        name = args.name if args.name != "sim" else "sim-packing"
+        return packing_main(args.packing, args.openings.split(","), name, args.repeats, args.next_empty, max(0, args.spare_empty))
     sizes = _sizes(args.sizes)
     if args.layouts:
         wanted = ("leaf", *[layout for layout in args.layouts.split(",") if layout != "leaf"])
@@ -418,15 +438,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def packing_main(seeds_text: str, openings: Sequence[str], name: str, repeats: int = 1) -> int:
+def packing_main(
+    seeds_text: str, openings: Sequence[str], name: str, repeats: int = 1, next_empty: int = 1, spare_empty: int = SPARE_EMPTY
+) -> int:
     first, _, last = seeds_text.partition("-")
     seeds = list(range(int(first), int(last or first) + 1))
     started = time.monotonic()
-    rows = packing_rows(_run(lambda out: packing_spec(seeds, openings, out, repeats=repeats)))
+    rows = packing_rows(
+        _run(lambda out: packing_spec(seeds, openings, out, repeats=repeats, next_empty=next_empty, spare_empty=spare_empty))
+    )
     from bench.__main__ import machine
 
     seconds = round(time.monotonic() - started, 1)
-    result = {"machine": machine(), "volcano": VOLCANO, "seeds": seeds, "repeats": repeats, "seconds": seconds, "rows": rows}
+    result = {
+        "machine": machine(),
+        "volcano": VOLCANO,
+        "seeds": seeds,
+        "repeats": repeats,
+        "next_empty": next_empty,
+        "spare_empty": spare_empty,
+        "seconds": seconds,
+        "rows": rows,
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     rules = list(dict.fromkeys(r["rule"] for r in rows))

@@ -20,7 +20,7 @@ from typing import Any
 
 from stormtopo.core.gang import replica_pods, template_spec
 from stormtopo.core.request import is_opted_in
-from stormtopo.core.topology.node_tier import plan_node_tier
+from stormtopo.core.topology.node_tier import SPARE_EMPTY, plan_node_tier
 from stormtopo.kube.client import Api
 from stormtopo.operator.explainer import FREE_GPUS_TTL, Explainer
 from stormtopo.operator.index import Index
@@ -72,7 +72,7 @@ class NodeTier:
         planned = (self.index.hypernode_changes, tuple(sorted(used.items())), tuple(sorted(taking.items())), replicas)
         if planned == self._planned:
             return  # nothing moved since the last plan was carried out
-        writes = plan_node_tier(list(self.index.hypernodes.values()), used, taking, replicas=replicas)
+        writes = plan_node_tier(list(self.index.hypernodes.values()), used, taking, replicas=replicas, spare_empty=SPARE_EMPTY)
         if writes:
             log.info("node tier: %d HyperNode writes", len(writes))
             await execute(self.api, writes)

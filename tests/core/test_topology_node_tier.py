@@ -227,3 +227,14 @@ def test_a_run_is_opened_when_the_other_leaves_hold_room_to_spare() -> None:
     # For replicas of three the other leaves hold one each, three in all: short of four, every run is kept.
     assert shortlist(four, used, per_free=1, whole_node_run=3, spare_runs=4) == []
     assert shortlist(four, used, per_free=1, whole_node_run=3, spare_runs=3) == ["a2"]
+
+
+def test_a_spare_empty_node_is_listed_from_the_leaf_of_the_next_to_open() -> None:
+    # leaf-b's lone empty node b3 is the next to open; with nothing else empty in leaf-b, no spare. Once b3
+    # is taken, leaf-a opens next: a1, and a2 beside it for a replica that comes before the list follows.
+    used = {"a0": 8, "b0": 2, "b1": 2, "b2": 2}
+    assert shortlist(FABRIC, used, per_free=1, spare_empty=1) == ["b0", "b3"]
+    taken = {**used, "b3": 8}
+    assert shortlist(FABRIC, taken, per_free=1, spare_empty=1) == ["b0", "a1", "a2"]
+    base = hypernode_manifests(FABRIC)
+    assert tier0(applied(base, plan_node_tier(base, taken, GPUS, spare_empty=1))) == ["a1.node", "a2.node", "b0.node", "b1.node"]

@@ -138,7 +138,8 @@ def test_a_stormservice_of_whole_node_pods_keeps_the_runs_of_empty_nodes() -> No
         index.observe("HyperNode", None, h)
     tier = NodeTier(index, api, Readings({"b0": 4, "b1": 2}))
     asyncio.run(tier.check())
-    assert sorted(api.stored) == ["a0.node", "b0.node", "b1.node", "leaf-a", "leaf-b", "spine"]  # a0: the next empty
+    # a0: the next empty, a1 beside it (SPARE_EMPTY)
+    assert sorted(api.stored) == ["a0.node", "a1.node", "b0.node", "b1.node", "leaf-a", "leaf-b", "spine"]
     for h in api.stored.values():
         index.observe("HyperNode", None, h)
 
@@ -150,7 +151,7 @@ def test_a_stormservice_of_whole_node_pods_keeps_the_runs_of_empty_nodes() -> No
     # Without a topology its gangs take empty nodes anywhere: nothing changes.
     index.observe("StormService", "ADDED", {"kind": "StormService", "metadata": {"name": "plain", "namespace": "ns"}, "spec": spec})
     asyncio.run(tier.check())
-    assert sorted(api.stored) == ["a0.node", "b0.node", "b1.node", "leaf-a", "leaf-b", "spine"]
+    assert sorted(api.stored) == ["a0.node", "a1.node", "b0.node", "b1.node", "leaf-a", "leaf-b", "spine"]
     meta = {"name": "big", "namespace": "ns", "annotations": {MODE: "hard", HIGHEST_TIER: "1"}}
     index.observe("StormService", "ADDED", {"kind": "StormService", "metadata": meta, "spec": spec})
     asyncio.run(tier.check())

@@ -77,6 +77,9 @@ type Case struct {
 	BucketPerFree  int      `json:"bucket_per_free"`
 	Batch          int      `json:"batch"`      // replicas per scheduling session (1: each arrives after the previous is bound)
 	NextEmpty      int      `json:"next_empty"` // empty nodes node-partial-next and node-bucket offer at tier 0
+	// SpareEmpty: more empty nodes of the first leaf to open, listed too (stormtopo's SPARE_EMPTY, 1): on a
+	// real cluster a replica arriving before the list catches up with the previous one still finds one.
+	SpareEmpty int `json:"spare_empty"`
 	// Which empty nodes node-partial-next and node-bucket offer. "" (stormtopo's rule, core/topology/node_tier.py):
 	// from the leaves with the fewest empty nodes, but once a gang of k >= 2 whole-node pods has arrived, not
 	// from a leaf with 2..2k empty nodes (a leaf keeps its run while it is room for at most two such gangs)
@@ -319,8 +322,9 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int) [
 			if f.c.Opening == "keep-all" && wholeRun >= 2 && empty[leaf] >= 2 {
 				continue
 			}
+			first := len(out) == 0
 			for _, n := range f.nodesOf[leaf] {
-				if used[n] == 0 && len(out) < max(f.c.NextEmpty, 1) {
+				if used[n] == 0 && (len(out) < max(f.c.NextEmpty, 1) || first && len(out) < max(f.c.NextEmpty, 1)+f.c.SpareEmpty) {
 					out = append(out, n)
 				}
 			}
