@@ -128,6 +128,7 @@ def packing_spec(
     repeats: int = 1,
     next_empty: int = 1,
     spare_empty: int = SPARE_EMPTY,
+    sticky: bool = False,
 ) -> dict[str, Any]:
     """The packing bench's full run (python -m bench.packing) in the simulator, for other streams:
     one case per stream seed, start and opening rule; leaf only once per stream and start. `repeats`:
@@ -155,6 +156,7 @@ def packing_spec(
                         "bucket_per_free": 2,
                         "next_empty": next_empty,
                         "spare_empty": spare_empty,
+                        "sticky": sticky,
                         "batch": 1,
                         "opening": opening,
                     }
@@ -179,6 +181,7 @@ def packing_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "rule": "leaf only" if r["layout"] == "leaf" else opening,
                 "before_first_wait": within,
                 "one_node_where_one_fits": round(sum(g["one_node"] for g in fitting) / len(fitting), 2) if fitting else None,
+                "list_changes_per_replica": round(r.get("list_changes", 0) / len(gangs), 2) if gangs else None,
             }
         )
     return rows
@@ -382,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--openings", default=",".join(OPENINGS), help="with --packing: the node tier's rules ('' is stormtopo's)")
     parser.add_argument("--repeats", type=int, default=1, help="with --packing: each case this many times")
+    parser.add_argument("--sticky", action="store_true", help="with --packing: listed partly used nodes stay listed while they qualify")
     parser.add_argument(
         "--spare-empty", type=int, default=SPARE_EMPTY, help="with --packing: more empty nodes of the first leaf to open, listed too"
     )
@@ -401,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.next_empty < 1:
             parser.error(f"--next-empty {args.next_empty}: at least 1")
         name = args.name if args.name != "sim" else "sim-packing"
-        return packing_main(args.packing, args.openings.split(","), name, args.repeats, args.next_empty, max(0, args.spare_empty))
+        return packing_main(
+            args.packing, args.openings.split(","), name, args.repeats, args.next_empty, max(0, args.spare_empty), args.sticky
+        )
     sizes = _sizes(args.sizes)
     if args.layouts:
         wanted = ("leaf", *[layout for layout in args.layouts.split(",") if layout != "leaf"])
@@ -439,13 +445,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def packing_main(
-    seeds_text: str, openings: Sequence[str], name: str, repeats: int = 1, next_empty: int = 1, spare_empty: int = SPARE_EMPTY
+    seeds_text: str,
+    openings: Sequence[str],
+    name: str,
+    repeats: int = 1,
+    next_empty: int = 1,
+    spare_empty: int = SPARE_EMPTY,
+    sticky: bool = False,
 ) -> int:
     first, _, last = seeds_text.partition("-")
     seeds = list(range(int(first), int(last or first) + 1))
     started = time.monotonic()
     rows = packing_rows(
-        _run(lambda out: packing_spec(seeds, openings, out, repeats=repeats, next_empty=next_empty, spare_empty=spare_empty))
+        _run(lambda out: packing_spec(seeds, openings, out, repeats=repeats, next_empty=next_empty, spare_empty=spare_empty, sticky=sticky))
     )
     from bench.__main__ import machine
 
@@ -457,6 +469,7 @@ def packing_main(
         "repeats": repeats,
         "next_empty": next_empty,
         "spare_empty": spare_empty,
+        "sticky": sticky,
         "seconds": seconds,
         "rows": rows,
     }

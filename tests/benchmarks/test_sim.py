@@ -85,8 +85,17 @@ def test_packing_rows_count_up_to_the_first_replica_not_within_its_leaf() -> Non
 
     gangs = [gang(True, True, True, True), gang(True, True, False, True), gang(True, True, False, False), gang(False, False, False, True)]
     gangs.append(gang(True, True, True, True))  # after the first miss: not counted
-    rows = sim.packing_rows([{"case": "29/fragmented/shipped", "layout": "node-bucket", "gangs": gangs}])
-    assert rows == [{"seed": 29, "start": "fragmented", "rule": "shipped", "before_first_wait": 3, "one_node_where_one_fits": 0.5}]
+    rows = sim.packing_rows([{"case": "29/fragmented/shipped", "layout": "node-bucket", "gangs": gangs, "list_changes": 10}])
+    assert rows == [
+        {
+            "seed": 29,
+            "start": "fragmented",
+            "rule": "shipped",
+            "before_first_wait": 3,
+            "one_node_where_one_fits": 0.5,
+            "list_changes_per_replica": 2.0,
+        }
+    ]
 
 
 def test_repeated_packing_cases_are_numbered_and_read_back_as_one(tmp_path: Path) -> None:

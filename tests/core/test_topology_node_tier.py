@@ -238,3 +238,18 @@ def test_a_spare_empty_node_is_listed_from_the_leaf_of_the_next_to_open() -> Non
     assert shortlist(FABRIC, taken, per_free=1, spare_empty=1) == ["b0", "a1", "a2"]
     base = hypernode_manifests(FABRIC)
     assert tier0(applied(base, plan_node_tier(base, taken, GPUS, spare_empty=1))) == ["a1.node", "a2.node", "b0.node", "b1.node"]
+
+
+def test_a_listed_node_keeps_its_place_while_it_qualifies() -> None:
+    # b0 (6 GPUs free) is listed from leaf-b, the fuller leaf, and b1 is the next empty node; a0, as free,
+    # is not (one place per amount). Then leaf-a fills and is the fuller: a list chosen afresh swaps b0 for
+    # a0, a sticky one keeps b0 (and lists a3, the only node with 7 free, either way).
+    used = {"b0": 2, "b2": 8, "b3": 8, "a0": 2}
+    assert shortlist(FABRIC, used, per_free=1) == ["b0", "b1"]
+    fuller = {**used, "a1": 8, "a2": 8, "a3": 1}
+    assert shortlist(FABRIC, fuller, per_free=1) == ["a0", "a3", "b1"]
+    assert shortlist(FABRIC, fuller, per_free=1, keep={"b0", "b1"}) == ["b0", "a3", "b1"]
+    base = hypernode_manifests(FABRIC)
+    now = applied(base, plan_node_tier(base, used, GPUS, per_free=1))
+    assert tier0(applied(now, plan_node_tier(now, fuller, GPUS, per_free=1))) == ["a0.node", "a3.node", "b1.node"]
+    assert tier0(applied(now, plan_node_tier(now, fuller, GPUS, per_free=1, sticky=True))) == ["a3.node", "b0.node", "b1.node"]

@@ -65,6 +65,7 @@ def shortlist(
     whole_node_run: int = 0,
     spare_runs: int = SPARE_RUNS,
     spare_empty: int = 0,
+    keep: Collection[str] = (),
 ) -> list[str]:
     """The nodes that get a tier-0 HyperNode, given the GPUs in use per node.
 
@@ -77,7 +78,8 @@ def shortlist(
     that is room for at most two such replicas, which a replica that fits one node must not break (its
     leaf places it, on partly used nodes where they hold it); unless the other leaves' runs hold
     `spare_runs` or more such replicas, when there is room to spare and node-first costs no packing.
-    `spare_empty`: more empty nodes listed from the leaf of the first to open (SPARE_EMPTY).
+    `spare_empty`: more empty nodes listed from the leaf of the first to open (SPARE_EMPTY). `keep`: the
+    nodes listed now; those partly used keep their places while their amount of free GPUs has room.
     """
     leaves = [s for s in topology.switches.values() if s.nodes]
     in_leaf = {leaf.name: sum(used_gpus.get(n, 0) for n in leaf.nodes) for leaf in leaves}
@@ -85,13 +87,15 @@ def shortlist(
     ordered = sorted(leaves, key=lambda leaf: (-in_leaf[leaf.name], leaf.name))
     listed: list[str] = []
     per_amount: dict[int, int] = {}
-    for leaf in ordered:
-        for node in leaf.nodes:
-            gpus, used = topology.nodes[node].gpus, used_gpus.get(node, 0)
-            free = gpus - used
-            if used > 0 and free > 0 and per_amount.get(free, 0) < per_free:
-                per_amount[free] = per_amount.get(free, 0) + 1
-                listed.append(node)
+    in_order = [node for leaf in ordered for node in leaf.nodes]
+    # The nodes listed now first, while they qualify: each placement reorders the leaves, and a list
+    # chosen afresh moves many HyperNodes for nothing (writes, and windows while Volcano places a replica).
+    for node in [*(n for n in in_order if n in keep), *(n for n in in_order if n not in keep)]:
+        gpus, used = topology.nodes[node].gpus, used_gpus.get(node, 0)
+        free = gpus - used
+        if used > 0 and free > 0 and per_amount.get(free, 0) < per_free:
+            per_amount[free] = per_amount.get(free, 0) + 1
+            listed.append(node)
     empty = {leaf.name: [n for n in leaf.nodes if used_gpus.get(n, 0) == 0 and topology.nodes[n].gpus > 0] for leaf in leaves}
     # A run counts the empty nodes a whole-node pod fits: those of the largest size (others take other pods).
     largest = max((topology.nodes[n].gpus for leaf in leaves for n in leaf.nodes), default=0)
@@ -182,6 +186,7 @@ def plan_node_tier(
     next_empty: int = 1,
     replicas: Collection[Sequence[int]] = (),
     spare_empty: int = 0,
+    sticky: bool = False,
 ) -> list[Write]:
     """The writes that bring the cluster's HyperNodes (as the API has them, the node tier's own tier-0
     ones included) to the short list for `used_gpus`: tier-0 HyperNodes created first, then leaves
@@ -190,7 +195,7 @@ def plan_node_tier(
 
     `allocatable_gpus`: the nodes that take new pods and their GPUs (a node missing is never listed).
     `replicas`: the GPUs of each pod of one replica of each StormService that asks for a topology
-    (`whole_node_run`).
+    (`whole_node_run`). `sticky`: the partly used nodes listed now stay listed while they qualify.
     Only leaves whose members are all exactMatch Node or HyperNode members are changed, and only tier-0
     HyperNodes labelled as the node tier's are created or deleted: a user's own are left alone.
     """
@@ -221,9 +226,10 @@ def plan_node_tier(
         for node in members:
             nodes.setdefault(node, NodeSpec(node, name, allocatable_gpus.get(node, 0), "0", "0"))
     run = whole_node_run(replicas, max((n.gpus for n in nodes.values()), default=0))  # the largest node of these leaves
+    keep = {node for member in mine.values() if (node := _exact_name(member))} if sticky else set()
     listed = [
         n
-        for n in shortlist(Topology(switches, nodes), used_gpus, per_free, next_empty, run, spare_empty=spare_empty)
+        for n in shortlist(Topology(switches, nodes), used_gpus, per_free, next_empty, run, spare_empty=spare_empty, keep=keep)
         if node_hypernode_name(n) in mine or node_hypernode_name(n) not in current
     ]
 

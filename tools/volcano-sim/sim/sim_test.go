@@ -80,6 +80,7 @@ type Case struct {
 	// SpareEmpty: more empty nodes of the first leaf to open, listed too (stormtopo's SPARE_EMPTY, 1): on a
 	// real cluster a replica arriving before the list catches up with the previous one still finds one.
 	SpareEmpty int `json:"spare_empty"`
+	Sticky     bool `json:"sticky"` // partly used nodes listed before stay listed while they qualify (fewer writes)
 	// Which empty nodes node-partial-next and node-bucket offer. "" (stormtopo's rule, core/topology/node_tier.py):
 	// from the leaves with the fewest empty nodes, but once a gang of k >= 2 whole-node pods has arrived, not
 	// from a leaf with 2..2k empty nodes (a leaf keeps its run while it is room for at most two such gangs)
@@ -140,6 +141,9 @@ type Result struct {
 	Optimum    Optimum      `json:"optimum"`
 	SetupSec   float64      `json:"setup_s"`
 	SessionSec float64      `json:"sessions_s"`
+	// ListChanges: tier-0 HyperNodes created or deleted from one session's list to the next (node
+	// tier layouts): about the HyperNode writes the operator makes, two or three per change.
+	ListChanges int `json:"list_changes"`
 }
 
 func TestMain(m *testing.M) {
@@ -259,7 +263,7 @@ func member(name string, t topologyv1alpha1.MemberType) api.MemberConfig {
 //   - node-bucket:        node-partial-next, but of the partly used nodes only `bucket_per_free` for each amount of
 //     free GPUs (in the fullest leaves): nodes with the same free GPUs are interchangeable for a replica that
 //     must fit one node, and the scheduler's work grows with the number of HyperNodes.
-func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int) []string {
+func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int, prev sets.Set[string]) []string {
 	wholeRun := 0
 	for _, k := range wholeRuns {
 		wholeRun = max(wholeRun, k)
@@ -351,11 +355,19 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int) [
 			per = 2
 		}
 		taken := map[int]int{}
-		for _, leaf := range leaves {
-			for _, n := range f.nodesOf[leaf] {
-				if free := gpus - used[n]; partly(n) && taken[free] < per {
-					taken[free]++
-					out = append(out, n)
+		listed := sets.New[string]()
+		// Case.Sticky: the partly used nodes listed before keep their places while they qualify.
+		for pass := 0; pass < 2; pass++ {
+			for _, leaf := range leaves {
+				for _, n := range f.nodesOf[leaf] {
+					if pass == 0 && (!f.c.Sticky || !prev.Has(n)) || listed.Has(n) {
+						continue
+					}
+					if free := gpus - used[n]; partly(n) && taken[free] < per {
+						taken[free]++
+						listed.Insert(n)
+						out = append(out, n)
+					}
 				}
 			}
 		}
@@ -430,9 +442,9 @@ func (f *fabric) spareOpening(opening []string, empty, used map[string]int, whol
 
 // hyperNodes builds the layout: tier 0 = a node's own HyperNode (where the layout gives one), tier 1 = leaf,
 // tier 2 = spine, tier 3 = the fabric when there is more than one spine. Tier 1 stays the leaf in every layout.
-func (f *fabric) hyperNodes(layout string, used map[string]int, wholeRuns []int) (*api.HyperNodesInfo, int) {
+func (f *fabric) hyperNodes(layout string, used map[string]int, wholeRuns []int, prev sets.Set[string]) (*api.HyperNodesInfo, int, sets.Set[string]) {
 	s := &layoutState{hns: map[string]*api.HyperNodeInfo{}, byTier: map[int]sets.Set[string]{}, real: map[string]sets.Set[string]{}}
-	own := sets.New(f.nodeTier(layout, used, wholeRuns)...)
+	own := sets.New(f.nodeTier(layout, used, wholeRuns, prev)...)
 	spineMembers := map[string][]api.MemberConfig{}
 	spineNodes := map[string]sets.Set[string]{}
 	all := sets.New[string]()
@@ -478,7 +490,7 @@ func (f *fabric) hyperNodes(layout string, used map[string]int, wholeRuns []int)
 	}
 	ready := new(atomic.Bool)
 	ready.Store(true)
-	return api.NewHyperNodesInfoWithCache(s.hns, s.byTier, s.real, ready), len(s.hns)
+	return api.NewHyperNodesInfoWithCache(s.hns, s.byTier, s.real, ready), len(s.hns), own
 }
 
 // ---- the offline optimum -------------------------------------------------------------------------------
@@ -714,7 +726,8 @@ type runner struct {
 	// wholeRuns: the numbers of whole-node pods (two or more) of the gangs of sessions before (the operator
 	// knows a StormService as soon as it exists, possibly a session earlier; every node here has NodeGPUs).
 	wholeRuns []int
-	res      Result
+	listed    sets.Set[string] // the node tier of the session before (Case.Sticky)
+	res       Result
 	started  time.Time
 }
 
@@ -737,7 +750,11 @@ func newRunner(t *testing.T, spec Spec, c Case, f *fabric, layout string, s Sett
 // session renders the layout from the state before it (as the operator would have), runs one allocate
 // session for these gangs, and books where Volcano put their pods.
 func (r *runner) session(chunk []gang, hard bool) (map[string][]string, float64, int) {
-	info, count := r.f.hyperNodes(r.layout, r.used, r.wholeRuns)
+	info, count, listed := r.f.hyperNodes(r.layout, r.used, r.wholeRuns, r.listed)
+	if r.listed != nil {
+		r.res.ListChanges += listed.Difference(r.listed).Len() + r.listed.Difference(listed).Len()
+	}
+	r.listed = listed
 	r.sc.HyperNodesInfo = info
 	conf.EnabledActionMap = map[string]bool{"enqueue": true, "allocate": true, "backfill": true}
 	where, seconds := schedule(r.sc, r.tiers, r.configs, chunk, hard)
