@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stormtopo.core.gang import replica_pods, template_spec
@@ -31,14 +31,17 @@ NODE_TIER_INTERVAL = 1.0  # seconds between two passes unless woken; a pass with
 NODE_TIER_MIN_GAP = 0.5  # seconds between the starts of two woken passes: at most two fresh readings a second
 
 
-def _shape(stormservice: Mapping[str, Any]) -> tuple[int, ...]:
-    """The GPUs of each pod of one replica; () for a template that gives no count (said in the log: one
-    such StormService must not stop the list for every other)."""
+def _shape(stormservice: Mapping[str, Any], warned: set[tuple[str, str, str]]) -> tuple[int, ...]:
+    """The GPUs of each pod of one replica; () for a template that gives no count (said in the log once
+    per generation of the StormService: one such StormService must not stop the list for every other)."""
     try:
         return tuple(sorted(replica_pods(template_spec(stormservice))))
     except (ValueError, TypeError, AttributeError) as exc:
         meta = stormservice.get("metadata") or {}
-        log.warning("node tier: StormService %s/%s: no GPU count in its template (%s)", meta.get("namespace"), meta.get("name"), exc)
+        key = (str(meta.get("namespace")), str(meta.get("name")), str(meta.get("generation")))
+        if key not in warned:
+            warned.add(key)
+            log.warning("node tier: StormService %s/%s: no GPU count in its template (%s)", key[0], key[1], exc)
         return ()
 
 
@@ -50,6 +53,9 @@ class NodeTier:
     leading: Callable[[], bool] = lambda: True
     _seen: tuple[int, int] = (-1, -1)  # the index's counts of admitted pods bound and gone, at the last fresh reading
     _planned: tuple[object, ...] | None = None  # what the last pass planned over
+    # (namespace, name, generation) of the StormServices whose template gave no GPU count, said once each;
+    # kept only for those the index still has.
+    _warned: set[tuple[str, str, str]] = field(default_factory=set)
 
     async def check(self) -> None:
         """One pass (a loop of the operator runs it every NODE_TIER_INTERVAL); an exception goes to the
@@ -65,8 +71,10 @@ class NodeTier:
         used = {node: gpus - free[node] for node, gpus in taking.items()}
         # The shapes of the replicas that ask for a topology: whether one needs a run of empty nodes in one
         # leaf (a gang without one takes empty nodes anywhere).
+        services = list(self.index.stormservices.values())
+        self._warned &= {(str(m.get("namespace")), str(m.get("name")), str(m.get("generation"))) for s in services for m in [s["metadata"]]}
         replicas = frozenset(
-            shape for s in list(self.index.stormservices.values()) if is_opted_in(s["metadata"].get("annotations")) and (shape := _shape(s))
+            shape for s in services if is_opted_in(s["metadata"].get("annotations")) and (shape := _shape(s, self._warned))
         )
         # A node's allocatable GPUs change the list too (a device plugin registering late, a GPU lost).
         planned = (self.index.hypernode_changes, tuple(sorted(used.items())), tuple(sorted(taking.items())), replicas)

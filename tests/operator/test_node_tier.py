@@ -170,3 +170,26 @@ def test_a_template_without_a_gpu_count_does_not_stop_the_list() -> None:
     index.observe("StormService", "ADDED", {"kind": "StormService", "metadata": meta, "spec": spec})
     asyncio.run(NodeTier(index, api, Readings({"a0": 3})).check())
     assert api.calls == ["POST a0.node", "POST a1.node", "PATCH leaf-a"]  # planned as without it
+
+
+def test_a_template_without_a_gpu_count_is_said_once_per_generation(caplog: Any) -> None:
+    api = HyperNodesApi(hypernode_manifests(FABRIC))
+    index = Index(api)
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+    tier = NodeTier(index, api, Readings({"b0": 4}))
+    role = {
+        "name": "decode",
+        "replicas": 1,
+        "template": {"spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "x"}}}]}},
+    }
+    meta = {"name": "odd", "namespace": "ns", "generation": 1, "annotations": {MODE: "hard", HIGHEST_TIER: "1"}}
+    service = {"kind": "StormService", "metadata": meta, "spec": {"replicas": 1, "template": {"spec": {"roles": [role]}}}}
+    index.observe("StormService", "ADDED", service)
+    for _ in range(3):
+        asyncio.run(tier.check())
+    said = [r for r in caplog.records if "no GPU count" in r.getMessage()]
+    assert len(said) == 1 and "ns/odd" in said[0].getMessage()
+    index.observe("StormService", "MODIFIED", {**service, "metadata": {**meta, "generation": 2}})
+    asyncio.run(tier.check())
+    assert len([r for r in caplog.records if "no GPU count" in r.getMessage()]) == 2  # a new template: said again
