@@ -80,7 +80,7 @@ class NodeTier:
         planned = (self.index.hypernode_changes, tuple(sorted(used.items())), tuple(sorted(taking.items())), replicas)
         if planned == self._planned:
             return  # nothing moved since the last plan was carried out
-        writes = plan_node_tier(list(self.index.hypernodes.values()), used, taking, replicas=replicas, spare_empty=SPARE_EMPTY)
+        writes = plan_node_tier(list(self.index.hypernodes.values()), used, taking, replicas=replicas, spare_empty=SPARE_EMPTY, sticky=True)
         if writes:
             log.info("node tier: %d HyperNode writes", len(writes))
             await execute(self.api, writes)
