@@ -494,16 +494,23 @@ def report(summary: Summary, facts: Mapping[str, Any], size: Size) -> dict[str, 
     }
 
 
+def setting(size: Size, seed: int) -> tuple[Topology, list[Service], dict[str, int], dict[str, int]]:
+    """What a run of `size` and `seed` is made of: the fabric, the stream, the fillers' GPUs per node and
+    the GPUs they leave free."""
+    topology = parse_topology(fabric_yaml(*size.fabric))
+    nodes = sorted(topology.nodes)
+    used = fragmentation(nodes, seed=7)
+    free = {n: topology.nodes[n].gpus - used.get(n, 0) for n in nodes}
+    return topology, churn(size.live, size.lifetime, size.hours * HOUR, seed), used, free
+
+
 def run(size: Size, seed: int = 23, node_tier: bool = False, make_room: bool = False) -> dict[str, Any]:
     started = time.monotonic()
     description = fabric_yaml(*size.fabric)
-    topology = parse_topology(description)
+    topology, stream, used, free = setting(size, seed)
     nodes = sorted(topology.nodes)
     duration = size.hours * HOUR
-    stream = churn(size.live, size.lifetime, duration, seed)
     by_name = {s.name: s for s in stream}
-    used = fragmentation(nodes, seed=7)
-    free = {n: topology.nodes[n].gpus - used.get(n, 0) for n in nodes}
     interval = max(1.0, HEAL_INTERVAL / size.factor)
     cooldown = COOLDOWN / size.factor
     out: dict[str, Any] = {
@@ -627,11 +634,7 @@ def rescore(path: Path) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(path.read_text())
     samples = json.loads(path.with_name(path.name.replace(".json", "-samples.json")).read_text())
     size = Size(**{**out["size"], "fabric": tuple(out["size"]["fabric"])})
-    topology = parse_topology(fabric_yaml(*size.fabric))
-    nodes = sorted(topology.nodes)
-    stream = churn(size.live, size.lifetime, size.hours * HOUR, out["seed"])
-    used = fragmentation(nodes, seed=7)
-    free = {n: topology.nodes[n].gpus - used.get(n, 0) for n in nodes}
+    topology, stream, _, free = setting(size, out["seed"])
     before = {"optimum": out["optimum"], **{mode: out[mode]["within_tier1_vs_optimum"] for mode in samples}}
     optimum_at, out["optimum"] = optimum_bounds(stream, size.hours * HOUR, leaves_free(topology, free))
     by_name = {s.name: s for s in stream}
@@ -647,7 +650,10 @@ if __name__ == "__main__":
 
     if sys.argv[1:2] == ["--rescore"]:  # python -m bench.healing --rescore bench/results/healing-*.json
         for arg in sys.argv[2:]:
-            again = rescore(Path(arg))
+            try:
+                again = rescore(Path(arg))
+            except FileNotFoundError as exc:
+                sys.exit(f"--rescore {arg}: {exc.filename} not found (a result file and its -samples.json beside it)")
             ratios = {m: again[m]["within_tier1_vs_optimum"] for m in ("off", "heal")}
             print(arg, json.dumps({"optimum": again["optimum"], **ratios, "before": again["before"]}))
     else:

@@ -404,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.packing:
         if args.next_empty < 1:
             parser.error(f"--next-empty {args.next_empty}: at least 1")
+        if args.spare_empty < 0:
+            parser.error(f"--spare-empty {args.spare_empty}: 0 or more")
         name = args.name if args.name != "sim" else "sim-packing"
         return packing_main(
             args.packing, args.openings.split(","), name, args.repeats, args.next_empty, max(0, args.spare_empty), args.sticky

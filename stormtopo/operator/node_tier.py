@@ -31,14 +31,19 @@ NODE_TIER_INTERVAL = 1.0  # seconds between two passes unless woken; a pass with
 NODE_TIER_MIN_GAP = 0.5  # seconds between the starts of two woken passes: at most two fresh readings a second
 
 
+def _generation(stormservice: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(namespace, name, generation): one template of one StormService."""
+    meta = stormservice.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name")), str(meta.get("generation"))
+
+
 def _shape(stormservice: Mapping[str, Any], warned: set[tuple[str, str, str]]) -> tuple[int, ...]:
     """The GPUs of each pod of one replica; () for a template that gives no count (said in the log once
     per generation of the StormService: one such StormService must not stop the list for every other)."""
     try:
         return tuple(sorted(replica_pods(template_spec(stormservice))))
     except (ValueError, TypeError, AttributeError) as exc:
-        meta = stormservice.get("metadata") or {}
-        key = (str(meta.get("namespace")), str(meta.get("name")), str(meta.get("generation")))
+        key = _generation(stormservice)
         if key not in warned:
             warned.add(key)
             log.warning("node tier: StormService %s/%s: no GPU count in its template (%s)", key[0], key[1], exc)
@@ -72,7 +77,7 @@ class NodeTier:
         # The shapes of the replicas that ask for a topology: whether one needs a run of empty nodes in one
         # leaf (a gang without one takes empty nodes anywhere).
         services = list(self.index.stormservices.values())
-        self._warned &= {(str(m.get("namespace")), str(m.get("name")), str(m.get("generation"))) for s in services for m in [s["metadata"]]}
+        self._warned &= {_generation(s) for s in services}
         replicas = frozenset(
             shape for s in services if is_opted_in(s["metadata"].get("annotations")) and (shape := _shape(s, self._warned))
         )
