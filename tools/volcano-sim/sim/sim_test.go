@@ -17,9 +17,9 @@ import (
 	"math"
 	"os"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -79,7 +79,7 @@ type Case struct {
 	NextEmpty      int      `json:"next_empty"` // empty nodes node-partial-next and node-bucket offer at tier 0
 	// SpareEmpty: more empty nodes of the first leaf to open, listed too (stormtopo's SPARE_EMPTY, 1): on a
 	// real cluster a replica arriving before the list catches up with the previous one still finds one.
-	SpareEmpty int `json:"spare_empty"`
+	SpareEmpty int  `json:"spare_empty"`
 	Sticky     bool `json:"sticky"` // partly used nodes listed before stay listed while they qualify (fewer writes)
 	// Which empty nodes node-partial-next and node-bucket offer. "" (stormtopo's rule, core/topology/node_tier.py):
 	// from the leaves with the fewest empty nodes, but once a gang of k >= 2 whole-node pods has arrived, not
@@ -88,6 +88,8 @@ type Case struct {
 	// the rule before, keeping every run of 2..2k. "fewest": the rule before that, blind to whole-node gangs.
 	// "keep-all": no leaf with 2 or more empty nodes once such a gang has arrived. "keep-runs-upto": no leaf
 	// with 2..k. "per-size[N]": runs keep room for N (2) gangs of each k seen, a free opening first.
+	// "-lonely", "fewest-lonely": "" or "fewest", with the partly used nodes alone in their leaf with as much
+	// room listed first (tried, not shipped: no better in 12 streams x 3, bench/results/sim-fewest-lonely.md).
 	Opening string `json:"opening"`
 }
 
@@ -307,7 +309,7 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int, p
 			}
 			// "" (stormtopo's rule) and "spare-runs-N": a run of 2..2k is kept while the other leaves' runs
 			// hold fewer than N more gangs of k whole-node pods (stormtopo's SPARE_RUNS, 6).
-			need, ruled := 6, f.c.Opening == ""
+			need, ruled := 6, f.c.Opening == "" || f.c.Opening == "-lonely"
 			if n, ok := strings.CutPrefix(f.c.Opening, "spare-runs-"); ok {
 				need, _ = strconv.Atoi(n)
 				ruled = true
@@ -356,18 +358,34 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int, p
 		}
 		taken := map[int]int{}
 		listed := sets.New[string]()
+		candidates := []string{} // fullest leaf first
+		for _, leaf := range leaves {
+			candidates = append(candidates, f.nodesOf[leaf]...)
+		}
+		if strings.HasSuffix(f.c.Opening, "-lonely") {
+			// Nodes alone in their leaf with that much room first: a leaf's several roomy nodes are kept
+			// for a replica that must be split over them.
+			roomy := func(n string) int {
+				c := 0
+				for _, m := range f.nodesOf[f.leafOf[n]] {
+					if gpus-used[m] >= gpus-used[n] {
+						c++
+					}
+				}
+				return c
+			}
+			sort.SliceStable(candidates, func(i, j int) bool { return roomy(candidates[i]) < roomy(candidates[j]) })
+		}
 		// Case.Sticky: the partly used nodes listed before keep their places while they qualify.
 		for pass := 0; pass < 2; pass++ {
-			for _, leaf := range leaves {
-				for _, n := range f.nodesOf[leaf] {
-					if pass == 0 && (!f.c.Sticky || !prev.Has(n)) || listed.Has(n) {
-						continue
-					}
-					if free := gpus - used[n]; partly(n) && taken[free] < per {
-						taken[free]++
-						listed.Insert(n)
-						out = append(out, n)
-					}
+			for _, n := range candidates {
+				if pass == 0 && (!f.c.Sticky || !prev.Has(n)) || listed.Has(n) {
+					continue
+				}
+				if free := gpus - used[n]; partly(n) && taken[free] < per {
+					taken[free]++
+					listed.Insert(n)
+					out = append(out, n)
 				}
 			}
 		}
@@ -728,7 +746,7 @@ type runner struct {
 	wholeRuns []int
 	listed    sets.Set[string] // the node tier of the session before (Case.Sticky)
 	res       Result
-	started  time.Time
+	started   time.Time
 }
 
 func newRunner(t *testing.T, spec Spec, c Case, f *fabric, layout string, s Setting) *runner {
