@@ -1,0 +1,159 @@
+"""What a scheduler that knew the whole stream could do in the packing bench's full run (issue 21): the
+longest prefix of the stream placed within leaves, in arrival order, with at most `misses` replicas off one
+node although one node could hold them when they arrived (the reference of `kv_time_vs_node_optimal`).
+
+`packing_vs_optimal` counts the prefix placed within leaves, against the offline optimum that ignores nodes;
+`kv_time_vs_node_optimal` counts the replicas off one node where one node could hold them. Whether both
+targets can hold at once on a stream is this search's answer with `misses` 0 or 1. It is exhaustive: replicas
+in order, each either on one node (each distinct amount of free GPUs of each distinct leaf tried) or, where no
+node holds it or a miss is left, spread over one leaf (every distinct packing); states are leaves of free
+GPUs per node, canonical, so equal leaves and equal nodes are tried once, and a state that failed is not
+tried again. A step budget bounds it; past the budget the answer is a lower bound (`exact` false).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.fabric import fabric_yaml, fragmentation
+from bench.packing import FULL, Leaves, _canonical, _packings, arrivals
+
+
+@dataclass(frozen=True)
+class Hindsight:
+    misses: int  # replicas allowed off one node where one node could hold them when they arrived
+    replicas: int  # the longest prefix found
+    exact: bool  # false: the search ran out of steps at replicas + 1, which may still be possible
+    schedule: tuple[str, ...]  # per replica: "node <free before>" or "leaf <free after, per node>"
+    steps: int
+    seconds: float
+
+
+class _OutOfSteps(Exception):
+    pass
+
+
+class _Search:
+    def __init__(self, stream: Sequence[tuple[int, ...]], budget: int) -> None:
+        self.stream = stream
+        self.left = budget
+        # (replica index, misses left, state) -> the shortest target it failed for: it fails for longer ones too
+        self.failed: dict[tuple[int, int, Leaves], int] = {}
+        self.path: list[str] = []
+
+    def fits(self, state: Leaves, target: int, misses: int) -> bool:
+        self.path = []
+        return self._place(state, 0, target, misses)
+
+    def _place(self, state: Leaves, i: int, target: int, misses: int) -> bool:
+        if i == target:
+            return True
+        key = (i, misses, state)
+        if self.failed.get(key, target + 1) <= target:
+            return False
+        self.left -= 1
+        if self.left < 0:
+            raise _OutOfSteps
+        pods = self.stream[i]
+        total = sum(pods)
+        free = [n for leaf in state for n in leaf]
+        rest = [p for r in self.stream[i:target] for p in r]
+        if sum(rest) > sum(free) or sum(1 for p in rest if 2 * p > 8) > sum(1 for n in free if 2 * n > 8):
+            self.failed[key] = target
+            return False
+        one_node_fits = any(n >= total for n in free)
+        tried: set[tuple[int, ...]] = set()
+        for li, leaf in enumerate(state):
+            if leaf in tried:
+                continue
+            tried.add(leaf)
+            for room in sorted({n for n in leaf if n >= total}):  # best fit first
+                ni = leaf.index(room)
+                after = tuple(sorted((*leaf[:ni], room - total, *leaf[ni + 1 :]), reverse=True))
+                self.path.append(f"node {room}")
+                if self._place(_canonical((*state[:li], after, *state[li + 1 :])), i + 1, target, misses):
+                    return True
+                self.path.pop()
+            if one_node_fits and misses == 0:
+                continue
+            for after in _packings(leaf, sorted(pods, reverse=True)):
+                self.path.append(f"leaf {after}")
+                if self._place(_canonical((*state[:li], after, *state[li + 1 :])), i + 1, target, misses - int(one_node_fits)):
+                    return True
+                self.path.pop()
+        self.failed[key] = target
+        return False
+
+
+def longest_prefix(leaves: Sequence[Sequence[int]], stream: Sequence[tuple[int, ...]], misses: int, budget: int = 5_000_000) -> Hindsight:
+    """The longest prefix of `stream` placed in order within leaves with at most `misses` replicas off one
+    node where one could hold them when they came."""
+    started = time.monotonic()
+    search = _Search(stream, budget)
+    state = _canonical(leaves)
+    best: tuple[str, ...] = ()
+    exact = True
+    for target in range(1, len(stream) + 1):
+        try:
+            if not search.fits(state, target, misses):
+                break
+        except _OutOfSteps:
+            exact = False
+            break
+        best = tuple(search.path)
+    return Hindsight(misses, len(best), exact, best, budget - max(search.left, 0), round(time.monotonic() - started, 1))
+
+
+def full_run_leaves(start: str) -> list[list[int]]:
+    """The full packing run's 64 nodes (the 8 leaves under spine-0), empty or fragmented as the bench makes them."""
+    from stormtopo.core.topology.fabric import parse_topology
+
+    topology = parse_topology(fabric_yaml(*FULL.fabric))
+    inside = topology.nodes_under(FULL.region) if FULL.region else sorted(topology.nodes)
+    used = fragmentation(sorted(inside), seed=7) if start == "fragmented" else {}
+    leaves: dict[str, list[int]] = {}
+    for node in sorted(inside):
+        leaves.setdefault(topology.nodes[node].switch, []).append(topology.nodes[node].gpus - used.get(node, 0))
+    return list(leaves.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.hindsight", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seeds", default="29", help="the streams' seeds, one or a range (the full packing run's: 29)")
+    parser.add_argument("--misses", default="0", help="replicas allowed off one node, each a search (e.g. 0,1)")
+    parser.add_argument("--starts", default="fragmented,empty")
+    parser.add_argument("--budget", type=int, default=3_000_000, help="search steps per (stream, start, misses)")
+    parser.add_argument("--out", type=Path, help="write the results here (JSON)")
+    args = parser.parse_args(argv)
+    if not re.fullmatch(r"\d+(-\d+)?", args.seeds):
+        parser.error(f"--seeds {args.seeds!r}: a stream seed or a range of them, e.g. 29 or 29-40")
+    if not re.fullmatch(r"\d+(,\d+)*", args.misses):
+        parser.error(f"--misses {args.misses!r}: numbers of replicas, e.g. 0 or 0,1")
+    starts = args.starts.split(",")
+    if unknown := [s for s in starts if s not in ("empty", "fragmented")]:
+        parser.error(f"--starts: {unknown[0]!r} is not one of empty, fragmented")
+    first, _, last = args.seeds.partition("-")
+    out: dict[str, object] = {"budget": args.budget, "streams": {}}
+    for seed in range(int(first), int(last or first) + 1):
+        stream = [a.pod_gpus for a in arrivals(80, seed)]
+        found: dict[str, list[dict[str, object]]] = {}
+        for start in starts:
+            found[start] = [asdict(longest_prefix(full_run_leaves(start), stream, int(m), args.budget)) for m in args.misses.split(",")]
+            for row in found[start]:
+                found_text = f"{row['replicas']} replicas{'' if row['exact'] else ' or more'}"
+                print(f"seed {seed}, {start}: misses <= {row['misses']}: {found_text} ({row['seconds']} s)", file=sys.stderr)
+        out["streams"][seed] = found  # type: ignore[index]
+        if args.out:  # after each stream: a long run keeps what it found
+            args.out.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
