@@ -8,7 +8,7 @@ targets can hold at once on a stream is this search's answer with `misses` 0 or 
 in order, each either on one node (each distinct amount of free GPUs of each distinct leaf tried) or, where no
 node holds it or a miss is left, spread over one leaf (every distinct packing); states are leaves of free
 GPUs per node, canonical, so equal leaves and equal nodes are tried once, and a state that failed is not
-tried again. A step budget bounds it; past the budget the answer is a lower bound (`exact` false).
+tried again. A step budget per prefix length bounds it; past the budget the answer is a lower bound (`exact` false).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from pathlib import Path
 
 from bench.fabric import fabric_yaml, fragmentation
 from bench.packing import FULL, Leaves, _canonical, _packings, arrivals
+
+NODE_GPUS = 8  # the bench's nodes
 
 
 @dataclass(frozen=True)
@@ -41,15 +43,17 @@ class _OutOfSteps(Exception):
 
 
 class _Search:
-    def __init__(self, stream: Sequence[tuple[int, ...]], budget: int) -> None:
+    def __init__(self, stream: Sequence[tuple[int, ...]]) -> None:
         self.stream = stream
-        self.left = budget
+        self.left = 0  # steps left for the target being searched
+        self.steps = 0
         # (replica index, misses left, state) -> the shortest target it failed for: it fails for longer ones too
         self.failed: dict[tuple[int, int, Leaves], int] = {}
         self.path: list[str] = []
 
-    def fits(self, state: Leaves, target: int, misses: int) -> bool:
+    def fits(self, state: Leaves, target: int, misses: int, budget: int) -> bool:
         self.path = []
+        self.left = budget
         return self._place(state, 0, target, misses)
 
     def _place(self, state: Leaves, i: int, target: int, misses: int) -> bool:
@@ -59,13 +63,13 @@ class _Search:
         if self.failed.get(key, target + 1) <= target:
             return False
         self.left -= 1
+        self.steps += 1
         if self.left < 0:
             raise _OutOfSteps
         pods = self.stream[i]
         total = sum(pods)
         free = [n for leaf in state for n in leaf]
-        rest = [p for r in self.stream[i:target] for p in r]
-        if sum(rest) > sum(free) or sum(1 for p in rest if 2 * p > 8) > sum(1 for n in free if 2 * n > 8):
+        if not _may_fit(state, self.stream[i:target]):
             self.failed[key] = target
             return False
         one_node_fits = any(n >= total for n in free)
@@ -92,23 +96,36 @@ class _Search:
         return False
 
 
-def longest_prefix(leaves: Sequence[Sequence[int]], stream: Sequence[tuple[int, ...]], misses: int, budget: int = 5_000_000) -> Hindsight:
+def _may_fit(state: Leaves, replicas: Sequence[tuple[int, ...]], node_gpus: int = NODE_GPUS) -> bool:
+    """Necessary conditions for placing `replicas` from `state`: GPUs enough; a node each for the pods
+    larger than half a node (no two share one); and for each k, the replicas of k or more whole-node pods
+    no more than the disjoint runs of k empty nodes in one leaf."""
+    free = [n for leaf in state for n in leaf]
+    pods = [p for r in replicas for p in r]
+    if sum(pods) > sum(free) or sum(1 for p in pods if 2 * p > node_gpus) > sum(1 for n in free if 2 * n > node_gpus):
+        return False
+    whole = [sum(1 for p in r if p >= node_gpus) for r in replicas]
+    empty = [sum(1 for n in leaf if n >= node_gpus) for leaf in state]
+    return all(sum(1 for w in whole if w >= k) <= sum(e // k for e in empty) for k in set(whole) if k >= 2)
+
+
+def longest_prefix(leaves: Sequence[Sequence[int]], stream: Sequence[tuple[int, ...]], misses: int, budget: int = 1_000_000) -> Hindsight:
     """The longest prefix of `stream` placed in order within leaves with at most `misses` replicas off one
-    node where one could hold them when they came."""
+    node where one could hold them when they came. `budget`: search steps for each prefix length."""
     started = time.monotonic()
-    search = _Search(stream, budget)
+    search = _Search(stream)
     state = _canonical(leaves)
     best: tuple[str, ...] = ()
     exact = True
     for target in range(1, len(stream) + 1):
         try:
-            if not search.fits(state, target, misses):
+            if not search.fits(state, target, misses, budget):
                 break
         except _OutOfSteps:
             exact = False
             break
         best = tuple(search.path)
-    return Hindsight(misses, len(best), exact, best, budget - max(search.left, 0), round(time.monotonic() - started, 1))
+    return Hindsight(misses, len(best), exact, best, search.steps, round(time.monotonic() - started, 1))
 
 
 def full_run_leaves(start: str) -> list[list[int]]:
@@ -129,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="29", help="the streams' seeds, one or a range (the full packing run's: 29)")
     parser.add_argument("--misses", default="0", help="replicas allowed off one node, each a search (e.g. 0,1)")
     parser.add_argument("--starts", default="fragmented,empty")
-    parser.add_argument("--budget", type=int, default=3_000_000, help="search steps per (stream, start, misses)")
+    parser.add_argument("--budget", type=int, default=1_000_000, help="search steps per prefix length tried")
     parser.add_argument("--out", type=Path, help="write the results here (JSON)")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"\d+(-\d+)?", args.seeds):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.hindsight import full_run_leaves, longest_prefix
+from bench.hindsight import _may_fit, full_run_leaves, longest_prefix
 
 
 def test_a_replica_that_fits_one_node_takes_the_node_a_later_replica_does_not_need() -> None:
@@ -35,3 +35,12 @@ def test_the_full_runs_leaves_are_the_benchs() -> None:
     assert full_run_leaves("empty") == [[8] * 8] * 8
     fragmented = full_run_leaves("fragmented")
     assert len(fragmented) == 8 and sum(n == 8 for leaf in fragmented for n in leaf) == 15
+
+
+def test_replicas_of_whole_node_pods_need_disjoint_runs_in_one_leaf() -> None:
+    three = (8, 8, 8)
+    assert _may_fit(((8, 8, 8), (8, 8, 8)), [three, three])
+    # GPUs and empty nodes enough, but four and two empty nodes are one run of three, not two.
+    assert not _may_fit(((8, 8, 8, 8), (8, 8)), [three, three])
+    assert not _may_fit(((8, 8, 8), (8, 8)), [three, (8, 8), (4,)])  # GPUs short
+    assert _may_fit(((8, 8, 8), (8, 8)), [three, (8, 8)])
