@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.fabric import fabric_yaml, fragmentation
+from bench.leaf_optimum import most_within_leaves
 from bench.packing import FULL, Leaves, _canonical, _packings, arrivals
 
 NODE_GPUS = 8  # the bench's nodes
@@ -33,6 +34,7 @@ class Hindsight:
     misses: int  # replicas allowed off one node where one node could hold them when they arrived
     replicas: int  # the longest prefix found
     exact: bool  # false: the search ran out of steps at replicas + 1, which may still be possible
+    optimum: int | None  # the longest prefix with nodes ignored (each replica within one leaf): a ceiling
     schedule: tuple[str, ...]  # per replica: "node <free before>" or "leaf <free after, per node>"
     steps: int
     seconds: float
@@ -43,8 +45,9 @@ class _OutOfSteps(Exception):
 
 
 class _Search:
-    def __init__(self, stream: Sequence[tuple[int, ...]]) -> None:
+    def __init__(self, stream: Sequence[tuple[int, ...]], node_gpus: int) -> None:
         self.stream = stream
+        self.node_gpus = node_gpus
         self.left = 0  # steps left for the target being searched
         self.steps = 0
         # (replica index, misses left, state) -> the shortest target it failed for: it fails for longer ones too
@@ -69,7 +72,7 @@ class _Search:
         pods = self.stream[i]
         total = sum(pods)
         free = [n for leaf in state for n in leaf]
-        if not _may_fit(state, self.stream[i:target]):
+        if not _may_fit(state, self.stream[i:target], self.node_gpus):
             self.failed[key] = target
             return False
         one_node_fits = any(n >= total for n in free)
@@ -96,10 +99,10 @@ class _Search:
         return False
 
 
-def _may_fit(state: Leaves, replicas: Sequence[tuple[int, ...]], node_gpus: int = NODE_GPUS) -> bool:
-    """Necessary conditions for placing `replicas` from `state`: GPUs enough; a node each for the pods
-    larger than half a node (no two share one); and for each k, the replicas of k or more whole-node pods
-    no more than the disjoint runs of k empty nodes in one leaf."""
+def _may_fit(state: Leaves, replicas: Sequence[tuple[int, ...]], node_gpus: int) -> bool:
+    """Necessary conditions for placing `replicas` from `state` (nodes of `node_gpus` GPUs): GPUs enough; a
+    node each for the pods larger than half a node (no two share one); and for each k, the replicas of k or
+    more whole-node pods no more than the disjoint sets of k empty nodes in one leaf."""
     free = [n for leaf in state for n in leaf]
     pods = [p for r in replicas for p in r]
     if sum(pods) > sum(free) or sum(1 for p in pods if 2 * p > node_gpus) > sum(1 for n in free if 2 * n > node_gpus):
@@ -109,15 +112,30 @@ def _may_fit(state: Leaves, replicas: Sequence[tuple[int, ...]], node_gpus: int 
     return all(sum(1 for w in whole if w >= k) <= sum(e // k for e in empty) for k in set(whole) if k >= 2)
 
 
-def longest_prefix(leaves: Sequence[Sequence[int]], stream: Sequence[tuple[int, ...]], misses: int, budget: int = 1_000_000) -> Hindsight:
+def prefix_optimum(leaves: Sequence[Sequence[int]], stream: Sequence[tuple[int, ...]]) -> int | None:
+    """The longest prefix of `stream` that fits at once, each replica within one leaf, nodes ignored (exact,
+    bench/leaf_optimum.py); None where pod sizes do not divide each other, which that method needs."""
+    try:
+        return next(k for k in range(len(stream) + 1) if k == len(stream) or most_within_leaves(leaves, stream[: k + 1]) <= k)
+    except ValueError:
+        return None
+
+
+def longest_prefix(
+    leaves: Sequence[Sequence[int]], stream: Sequence[tuple[int, ...]], misses: int, budget: int = 1_000_000, node_gpus: int = NODE_GPUS
+) -> Hindsight:
     """The longest prefix of `stream` placed in order within leaves with at most `misses` replicas off one
-    node where one could hold them when they came. `budget`: search steps for each prefix length."""
+    node where one could hold them when they came. `budget`: search steps for each prefix length; it stops
+    at the optimum with nodes ignored, which no schedule passes."""
+    if any(free > node_gpus for leaf in leaves for free in leaf):
+        raise ValueError(f"a node with more than {node_gpus} GPUs free: pass node_gpus, the nodes' size")
     started = time.monotonic()
-    search = _Search(stream)
+    search = _Search(stream, node_gpus)
     state = _canonical(leaves)
+    optimum = prefix_optimum(leaves, stream)
     best: tuple[str, ...] = ()
     exact = True
-    for target in range(1, len(stream) + 1):
+    for target in range(1, (len(stream) if optimum is None else optimum) + 1):
         try:
             if not search.fits(state, target, misses, budget):
                 break
@@ -125,7 +143,7 @@ def longest_prefix(leaves: Sequence[Sequence[int]], stream: Sequence[tuple[int, 
             exact = False
             break
         best = tuple(search.path)
-    return Hindsight(misses, len(best), exact, best, search.steps, round(time.monotonic() - started, 1))
+    return Hindsight(misses, len(best), exact, optimum, best, search.steps, round(time.monotonic() - started, 1))
 
 
 def full_run_leaves(start: str) -> list[list[int]]:
@@ -157,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [s for s in starts if s not in ("empty", "fragmented")]:
         parser.error(f"--starts: {unknown[0]!r} is not one of empty, fragmented")
     first, _, last = args.seeds.partition("-")
-    out: dict[str, object] = {"budget": args.budget, "streams": {}}
+    streams: dict[int, dict[str, list[dict[str, object]]]] = {}
+    out = {"budget": args.budget, "streams": streams}
     for seed in range(int(first), int(last or first) + 1):
         stream = [a.pod_gpus for a in arrivals(80, seed)]
         found: dict[str, list[dict[str, object]]] = {}
@@ -166,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             for row in found[start]:
                 found_text = f"{row['replicas']} replicas{'' if row['exact'] else ' or more'}"
                 print(f"seed {seed}, {start}: misses <= {row['misses']}: {found_text} ({row['seconds']} s)", file=sys.stderr)
-        out["streams"][seed] = found  # type: ignore[index]
+        streams[seed] = found
         if args.out:  # after each stream: a long run keeps what it found
             args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -117,7 +117,7 @@ def spec(
 PACKING_LEAVES, PACKING_LEAF_SIZE = 8, 8
 OPENINGS = ("", "runs-2k")  # which empty nodes the node tier lists: stormtopo's rule, and the one before
 # Every rule the Go test's Case.Opening knows (N: a whole number).
-OPENING_RULES = r"(|fewest)(-lonely)?|keep-all|keep-runs-upto|runs-2k|spare-runs-\d+|per-size(\d+)?"
+OPENING_RULES = r"(|fewest)(-lonely|-pairs)?|keep-all|keep-runs-upto|runs-2k|spare-runs-\d+|per-size(\d+)?"
 
 
 def packing_spec(
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         if not re.fullmatch(OPENING_RULES, rule):
             parser.error(
                 f"unknown opening rule {rule!r}: one of '', fewest, keep-all, keep-runs-upto, runs-2k, spare-runs-N,"
-                " per-size[N], -lonely, fewest-lonely"
+                " per-size[N], -lonely, fewest-lonely, -pairs, fewest-pairs"
             )
     if args.packing and not re.fullmatch(r"\d+(-\d+)?", args.packing):
         parser.error(f"--packing {args.packing!r}: a stream seed or a range of them, e.g. 29 or 29-40")

@@ -176,7 +176,7 @@ async def run(config: OperatorConfig) -> None:
     if config.node_tier:
         bound_or_gone = asyncio.Event()  # an opted-in pod bound or gone: the list is rendered again at once
         index.on_pods_moved = bound_or_gone.set
-        node_tier = NodeTier(index, api, explainer, leading=lambda: leadership.is_leader)
+        node_tier = NodeTier(index, api, explainer, leading=lambda: leadership.is_leader, keep_runs=config.node_tier_keep_runs)
         loops.every("node-tier", NODE_TIER_INTERVAL, node_tier.check, wake=bound_or_gone, min_gap=NODE_TIER_MIN_GAP)
     ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops)
     ready = asyncio.Event()

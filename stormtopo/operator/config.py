@@ -43,6 +43,7 @@ class OperatorConfig:
     heal_cooldown: float = COOLDOWN
     heal_make_room: bool = False  # move replicas of opted-in services out of the way of wide ones (core/room.py)
     node_tier: bool = False  # keep a short list of tier-0 HyperNodes current (issue 21; README "The node tier")
+    node_tier_keep_runs: bool = False  # the node tier keeps runs of empty nodes for whole-node replicas
 
     @property
     def webhook_url_base(self) -> str:
@@ -106,6 +107,11 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         "--node-tier",
         action="store_true",
         help="keep tier-0 HyperNodes for a short list of nodes current, so a replica one node holds lands on one node (writes HyperNodes)",
+    )
+    p.add_argument(
+        "--node-tier-keep-runs",
+        action="store_true",
+        help="with --node-tier: keep runs of empty nodes for replicas of whole-node pods (more packing, fewer replicas on one node)",
     )
     a = vars(p.parse_args(argv))
     a["register_webhook"] = not a.pop("no_register_webhook")  # the flag says what not to do; the config, what to do

@@ -56,6 +56,9 @@ class NodeTier:
     api: Api
     explainer: Explainer  # its worker reads every node's free and allocatable GPUs
     leading: Callable[[], bool] = lambda: True
+    # --node-tier-keep-runs: keep runs of empty nodes for replicas of whole-node pods (packs more from a
+    # fragmented start, puts fewer replicas that one node holds on one node; README "The node tier").
+    keep_runs: bool = False
     _seen: tuple[int, int] = (-1, -1)  # the index's counts of admitted pods bound and gone, at the last fresh reading
     _planned: tuple[object, ...] | None = None  # what the last pass planned over
     # (namespace, name, generation) of the StormServices whose template gave no GPU count, said once each;
@@ -76,7 +79,7 @@ class NodeTier:
         used = {node: gpus - free[node] for node, gpus in taking.items()}
         # The shapes of the replicas that ask for a topology: whether one needs a run of empty nodes in one
         # leaf (a gang without one takes empty nodes anywhere).
-        services = list(self.index.stormservices.values())
+        services = list(self.index.stormservices.values()) if self.keep_runs else []
         self._warned &= {_generation(s) for s in services}
         replicas = frozenset(
             shape for s in services if is_opted_in(s["metadata"].get("annotations")) and (shape := _shape(s, self._warned))
@@ -85,7 +88,9 @@ class NodeTier:
         planned = (self.index.hypernode_changes, tuple(sorted(used.items())), tuple(sorted(taking.items())), replicas)
         if planned == self._planned:
             return  # nothing moved since the last plan was carried out
-        writes = plan_node_tier(list(self.index.hypernodes.values()), used, taking, replicas=replicas, spare_empty=SPARE_EMPTY, sticky=True)
+        writes = plan_node_tier(
+            list(self.index.hypernodes.values()), used, taking, replicas=replicas, spare_empty=SPARE_EMPTY, sticky=True, keep_pairs=True
+        )
         if writes:
             log.info("node tier: %d HyperNode writes", len(writes))
             await execute(self.api, writes)

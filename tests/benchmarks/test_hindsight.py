@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -74,8 +75,18 @@ def test_a_replica_no_leaf_holds_ends_the_prefix() -> None:
 
 def test_out_of_steps_is_a_lower_bound() -> None:
     found = longest_prefix([[8, 8], [8, 4, 4]], [(4, 4), (8, 8)], misses=0, budget=1)
-    assert not found.exact
-    assert found.replicas <= 2
+    assert (found.replicas, found.exact) == (1, False)
+
+
+def test_the_search_stops_at_the_optimum_with_nodes_ignored() -> None:
+    found = longest_prefix([[8, 8]], [(4, 4), (4, 4), (8,), (1,)], misses=0, budget=2)
+    assert (found.optimum, found.replicas, found.exact) == (2, 2, True)  # without the ceiling, 3 would run out of steps
+
+
+def test_nodes_larger_than_said_are_refused() -> None:
+    with pytest.raises(ValueError, match="more than 8 GPUs free"):
+        longest_prefix([[16]], [(8, 8)], misses=0)
+    assert longest_prefix([[16]], [(8, 8)], misses=0, node_gpus=16).replicas == 1
 
 
 def test_the_full_runs_leaves_are_the_benchs() -> None:
@@ -86,11 +97,11 @@ def test_the_full_runs_leaves_are_the_benchs() -> None:
 
 def test_replicas_of_whole_node_pods_need_disjoint_runs_in_one_leaf() -> None:
     three = (8, 8, 8)
-    assert _may_fit(((8, 8, 8), (8, 8, 8)), [three, three])
+    assert _may_fit(((8, 8, 8), (8, 8, 8)), [three, three], 8)
     # GPUs and empty nodes enough, but four and two empty nodes are one run of three, not two.
-    assert not _may_fit(((8, 8, 8, 8), (8, 8)), [three, three])
-    assert not _may_fit(((8, 8, 8), (8, 8)), [three, (8, 8), (4,)])  # GPUs short
-    assert _may_fit(((8, 8, 8), (8, 8)), [three, (8, 8)])
+    assert not _may_fit(((8, 8, 8, 8), (8, 8)), [three, three], 8)
+    assert not _may_fit(((8, 8, 8), (8, 8)), [three, (8, 8), (4,)], 8)  # GPUs short
+    assert _may_fit(((8, 8, 8), (8, 8)), [three, (8, 8)], 8)
 
 
 @settings(max_examples=500, deadline=None)

@@ -253,3 +253,19 @@ def test_a_listed_node_keeps_its_place_while_it_qualifies() -> None:
     now = applied(base, plan_node_tier(base, used, GPUS, per_free=1))
     assert tier0(applied(now, plan_node_tier(now, fuller, GPUS, per_free=1))) == ["a0.node", "a3.node", "b1.node"]
     assert tier0(applied(now, plan_node_tier(now, fuller, GPUS, per_free=1, sticky=True))) == ["a3.node", "b0.node", "b1.node"]
+
+
+def test_keeping_pairs_lists_a_node_whose_taking_costs_no_pair_first() -> None:
+    # leaf-a's a0 and a1 (4 free each) hold a replica of 4 + 4 between them; leaf-b's b0 (6 free) is alone
+    # with half a node or more. A replica that fits one of them goes to b0: a0 and a1 are not listed.
+    used = {"a0": 4, "a1": 4, "a2": 8, "a3": 8, "b0": 2, "b1": 8, "b2": 8}
+    assert shortlist(FABRIC, used) == ["a0", "a1", "b0", "b3"]
+    assert shortlist(FABRIC, used, keep_pairs=True) == ["b0", "b3"]
+    # Once b0 is taken, no node costs nothing: the pair is listed again (a replica still gets one node).
+    taken = {**used, "b0": 6}
+    assert shortlist(FABRIC, taken, keep_pairs=True) == ["b0", "a0", "a1", "b3"]
+    # Three roomy nodes in a leaf: one of them can go without costing the pair.
+    three = {"a0": 4, "a1": 4, "a2": 4, "a3": 8, "b0": 8, "b1": 8, "b2": 8}
+    assert shortlist(FABRIC, three, keep_pairs=True) == ["a0", "a1", "b3"]
+    base = hypernode_manifests(FABRIC)
+    assert tier0(applied(base, plan_node_tier(base, used, GPUS, keep_pairs=True))) == ["b0.node", "b3.node"]

@@ -136,7 +136,7 @@ def test_a_stormservice_of_whole_node_pods_keeps_the_runs_of_empty_nodes() -> No
     index = Index(api)
     for h in api.stored.values():
         index.observe("HyperNode", None, h)
-    tier = NodeTier(index, api, Readings({"b0": 4, "b1": 2}))
+    tier = NodeTier(index, api, Readings({"b0": 4, "b1": 2}), keep_runs=True)
     asyncio.run(tier.check())
     # a0: the next empty, a1 beside it (SPARE_EMPTY)
     assert sorted(api.stored) == ["a0.node", "a1.node", "b0.node", "b1.node", "leaf-a", "leaf-b", "spine"]
@@ -159,6 +159,20 @@ def test_a_stormservice_of_whole_node_pods_keeps_the_runs_of_empty_nodes() -> No
     assert api.stored["leaf-a"]["spec"]["members"][0]["type"] == "Node"  # a0 named by its leaf again
 
 
+def test_by_default_no_run_is_kept_for_whole_node_replicas() -> None:
+    # Without --node-tier-keep-runs every replica that one node holds gets one: the next empty node stays listed.
+    api = HyperNodesApi(hypernode_manifests(FABRIC))
+    index = Index(api)
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+    containers = [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "8"}}}]
+    roles = [{"name": r, "replicas": 1, "template": {"spec": {"containers": containers}}} for r in ("prefill", "decode")]
+    meta = {"name": "big", "namespace": "ns", "annotations": {MODE: "hard", HIGHEST_TIER: "1"}}
+    index.observe("StormService", "ADDED", {"kind": "StormService", "metadata": meta, "spec": {"template": {"spec": {"roles": roles}}}})
+    asyncio.run(NodeTier(index, api, Readings({"b0": 4, "b1": 2})).check())
+    assert sorted(api.stored) == ["a0.node", "a1.node", "b0.node", "b1.node", "leaf-a", "leaf-b", "spine"]
+
+
 def test_a_template_without_a_gpu_count_does_not_stop_the_list() -> None:
     api = HyperNodesApi(hypernode_manifests(FABRIC))
     index = Index(api)
@@ -168,7 +182,7 @@ def test_a_template_without_a_gpu_count_does_not_stop_the_list() -> None:
     spec = {"template": {"spec": {"roles": [{"name": "r", "template": {"spec": {"containers": containers}}}]}}}
     meta = {"name": "odd", "namespace": "ns", "annotations": {MODE: "hard"}}
     index.observe("StormService", "ADDED", {"kind": "StormService", "metadata": meta, "spec": spec})
-    asyncio.run(NodeTier(index, api, Readings({"a0": 3})).check())
+    asyncio.run(NodeTier(index, api, Readings({"a0": 3}), keep_runs=True).check())
     assert api.calls == ["POST a0.node", "POST a1.node", "PATCH leaf-a"]  # planned as without it
 
 
@@ -177,7 +191,7 @@ def test_a_template_without_a_gpu_count_is_said_once_per_generation(caplog: Any)
     index = Index(api)
     for h in api.stored.values():
         index.observe("HyperNode", None, h)
-    tier = NodeTier(index, api, Readings({"b0": 4}))
+    tier = NodeTier(index, api, Readings({"b0": 4}), keep_runs=True)
     role = {
         "name": "decode",
         "replicas": 1,

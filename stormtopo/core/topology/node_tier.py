@@ -66,6 +66,7 @@ def shortlist(
     spare_runs: int = SPARE_RUNS,
     spare_empty: int = 0,
     keep: Collection[str] = (),
+    keep_pairs: bool = False,
 ) -> list[str]:
     """The nodes that get a tier-0 HyperNode, given the GPUs in use per node.
 
@@ -80,6 +81,11 @@ def shortlist(
     `spare_runs` or more such replicas, when there is room to spare and node-first costs no packing.
     `spare_empty`: more empty nodes listed from the leaf of the first to open (SPARE_EMPTY). `keep`: the
     nodes listed now; those partly used keep their places while their amount of free GPUs has room.
+    `keep_pairs`: a leaf's partly used nodes with half a node free or more hold, two by two, a replica of
+    half-node pods that no node holds whole; a node that is one of an even number of them in its leaf (taking
+    it costs such a pair) is not listed while a node that costs none has as much room or more, and those
+    that cost none come first (the simulator: with it, every replica that one node holds goes on one node
+    and packing equals hindsight's on 12 streams; bench/results/sim-pairs.md).
     """
     leaves = [s for s in topology.switches.values() if s.nodes]
     in_leaf = {leaf.name: sum(used_gpus.get(n, 0) for n in leaf.nodes) for leaf in leaves}
@@ -88,12 +94,14 @@ def shortlist(
     listed: list[str] = []
     per_amount: dict[int, int] = {}
     in_order = [node for leaf in ordered for node in leaf.nodes]
+    costing, unlisted = _pairs(topology, used_gpus) if keep_pairs else (set(), set())
+    in_order = sorted(in_order, key=lambda node: node in costing)  # stable: fullest leaf first within each
     # The nodes listed now first, while they qualify: each placement reorders the leaves, and a list
     # chosen afresh moves many HyperNodes for nothing (writes, and windows while Volcano places a replica).
     for node in [*(n for n in in_order if n in keep), *(n for n in in_order if n not in keep)]:
         gpus, used = topology.nodes[node].gpus, used_gpus.get(node, 0)
         free = gpus - used
-        if used > 0 and free > 0 and per_amount.get(free, 0) < per_free:
+        if used > 0 and free > 0 and per_amount.get(free, 0) < per_free and node not in unlisted:
             per_amount[free] = per_amount.get(free, 0) + 1
             listed.append(node)
     empty = {leaf.name: [n for n in leaf.nodes if used_gpus.get(n, 0) == 0 and topology.nodes[n].gpus > 0] for leaf in leaves}
@@ -110,6 +118,21 @@ def shortlist(
     nexts = [n for leaf in opening for n in empty[leaf.name]][:next_empty]  # sorted is stable: fullest next
     spares = [n for n in empty[opening[0].name] if n not in nexts][:spare_empty] if opening else []
     return listed + nexts + spares
+
+
+def _pairs(topology: Topology, used_gpus: Mapping[str, int]) -> tuple[set[str], set[str]]:
+    """For `keep_pairs`: the partly used nodes whose taking costs a pair (each one of an even number of
+    nodes with half a node free or more in its leaf), and of those the ones not listed (a node that costs
+    none has as much room or more)."""
+    roomy: dict[str, list[str]] = {}
+    for node, spec in topology.nodes.items():
+        used = used_gpus.get(node, 0)
+        if 0 < used < spec.gpus and spec.gpus - used >= spec.gpus / 2:
+            roomy.setdefault(spec.switch, []).append(node)
+    pairing = {node for nodes in roomy.values() if len(nodes) % 2 == 0 for node in nodes}
+    free = {node: topology.nodes[node].gpus - used_gpus.get(node, 0) for nodes in roomy.values() for node in nodes}
+    most = max((free[node] for node in free if node not in pairing), default=-1)
+    return pairing, {node for node in pairing if free[node] <= most}
 
 
 def node_tier_manifests(hypernodes: Iterable[Mapping[str, Any]], listed: Iterable[str]) -> list[dict[str, Any]]:
@@ -187,6 +210,7 @@ def plan_node_tier(
     replicas: Collection[Sequence[int]] = (),
     spare_empty: int = 0,
     sticky: bool = False,
+    keep_pairs: bool = False,
 ) -> list[Write]:
     """The writes that bring the cluster's HyperNodes (as the API has them, the node tier's own tier-0
     ones included) to the short list for `used_gpus`: tier-0 HyperNodes created first, then leaves
@@ -196,6 +220,7 @@ def plan_node_tier(
     `allocatable_gpus`: the nodes that take new pods and their GPUs (a node missing is never listed).
     `replicas`: the GPUs of each pod of one replica of each StormService that asks for a topology
     (`whole_node_run`). `sticky`: the partly used nodes listed now stay listed while they qualify.
+    `keep_pairs`: see `shortlist`.
     Only leaves whose members are all exactMatch Node or HyperNode members are changed, and only tier-0
     HyperNodes labelled as the node tier's are created or deleted: a user's own are left alone.
     """
@@ -229,7 +254,9 @@ def plan_node_tier(
     keep = {node for member in mine.values() if (node := _exact_name(member))} if sticky else set()
     listed = [
         n
-        for n in shortlist(Topology(switches, nodes), used_gpus, per_free, next_empty, run, spare_empty=spare_empty, keep=keep)
+        for n in shortlist(
+            Topology(switches, nodes), used_gpus, per_free, next_empty, run, spare_empty=spare_empty, keep=keep, keep_pairs=keep_pairs
+        )
         if node_hypernode_name(n) in mine or node_hypernode_name(n) not in current
     ]
 

@@ -309,7 +309,7 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int, p
 			}
 			// "" (stormtopo's rule) and "spare-runs-N": a run of 2..2k is kept while the other leaves' runs
 			// hold fewer than N more gangs of k whole-node pods (stormtopo's SPARE_RUNS, 6).
-			need, ruled := 6, f.c.Opening == "" || f.c.Opening == "-lonely"
+			need, ruled := 6, f.c.Opening == "" || f.c.Opening == "-lonely" || f.c.Opening == "-pairs"
 			if n, ok := strings.CutPrefix(f.c.Opening, "spare-runs-"); ok {
 				need, _ = strconv.Atoi(n)
 				ruled = true
@@ -376,10 +376,32 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int, p
 			}
 			sort.SliceStable(candidates, func(i, j int) bool { return roomy(candidates[i]) < roomy(candidates[j]) })
 		}
+		skip := func(string) bool { return false }
+		if strings.HasSuffix(f.c.Opening, "-pairs") {
+			// A leaf's partly used nodes with half a node free or more hold, two by two, a replica of two
+			// half-node pods that no node holds whole. Taking one of an even number of them costs such a
+			// pair; such a node is not listed while a node that costs none has as much room or more.
+			half := gpus / 2
+			roomy := map[string]int{}
+			for _, n := range f.nodes {
+				if partly(n) && gpus-used[n] >= half {
+					roomy[f.leafOf[n]]++
+				}
+			}
+			costs := func(n string) bool { return partly(n) && gpus-used[n] >= half && roomy[f.leafOf[n]]%2 == 0 }
+			most := -1
+			for _, n := range f.nodes {
+				if partly(n) && gpus-used[n] >= half && !costs(n) {
+					most = max(most, gpus-used[n])
+				}
+			}
+			skip = func(n string) bool { return costs(n) && gpus-used[n] <= most }
+			sort.SliceStable(candidates, func(i, j int) bool { return !costs(candidates[i]) && costs(candidates[j]) })
+		}
 		// Case.Sticky: the partly used nodes listed before keep their places while they qualify.
 		for pass := 0; pass < 2; pass++ {
 			for _, n := range candidates {
-				if pass == 0 && (!f.c.Sticky || !prev.Has(n)) || listed.Has(n) {
+				if pass == 0 && (!f.c.Sticky || !prev.Has(n)) || listed.Has(n) || skip(n) {
 					continue
 				}
 				if free := gpus - used[n]; partly(n) && taken[free] < per {
