@@ -71,13 +71,18 @@ DEFAULT_SIZES: dict[int, tuple[int, int, tuple[str, ...]]] = {
 }
 
 
+# The node tier's rules: stormtopo's ("fewest-pairs": every replica that fits one node gets one, partly used
+# nodes listed so as to keep pairs), and --node-tier-keep-runs ("-pairs": runs of empty nodes kept too).
+SHIPPED = "fewest-pairs"
+
+
 def spec(
     sizes: Mapping[int, tuple[int, int, Sequence[str]]],
     starts: Sequence[str],
     settings: Sequence[str],
     out: Path,
     batch: int = 1,
-    opening: str = "",
+    opening: str = SHIPPED,
 ) -> dict[str, Any]:
     cases = []
     for nodes, (gangs, normal, layouts) in sizes.items():
@@ -115,7 +120,7 @@ def spec(
 
 # The packing bench's full run uses the 64 nodes under one spine: 8 leaves of 8 nodes.
 PACKING_LEAVES, PACKING_LEAF_SIZE = 8, 8
-OPENINGS = ("", "runs-2k")  # which empty nodes the node tier lists: stormtopo's rule, and the one before
+OPENINGS = (SHIPPED, "-pairs")
 # Every rule the Go test's Case.Opening knows (N: a whole number).
 OPENING_RULES = r"(|fewest)(-lonely|-pairs)?|keep-all|keep-runs-upto|runs-2k|spare-runs-\d+|per-size(\d+)?"
 
@@ -214,7 +219,11 @@ def build() -> Path:
 
 
 def run(
-    sizes: Mapping[int, tuple[int, int, Sequence[str]]], starts: Sequence[str], settings: Sequence[str], batch: int = 1, opening: str = ""
+    sizes: Mapping[int, tuple[int, int, Sequence[str]]],
+    starts: Sequence[str],
+    settings: Sequence[str],
+    batch: int = 1,
+    opening: str = SHIPPED,
 ) -> list[dict[str, Any]]:
     """Run the simulator; one record per (size, start, setting, layout), as the Go test writes them."""
     return _run(lambda out: spec(sizes, starts, settings, out, batch, opening))
@@ -383,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SEEDS",
         help="instead: the packing bench's full run (64 nodes) for these stream seeds (e.g. 29-40), leaf only and each --openings rule",
     )
-    parser.add_argument("--openings", default=",".join(OPENINGS), help="with --packing: the node tier's rules ('' is stormtopo's)")
+    parser.add_argument("--openings", default=",".join(OPENINGS), help=f"with --packing: the node tier's rules ({SHIPPED} is stormtopo's)")
     parser.add_argument("--repeats", type=int, default=1, help="with --packing: each case this many times")
     parser.add_argument("--sticky", action="store_true", help="with --packing: listed partly used nodes stay listed while they qualify")
     parser.add_argument(
@@ -392,9 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--next-empty", type=int, default=1, help="with --packing: empty nodes the node tier lists (the operator's next_empty)"
     )
-    parser.add_argument(
-        "--opening", default="", help="the node tier's rule for empty nodes ('': stormtopo's; see the Go test's Case.Opening)"
-    )
+    parser.add_argument("--opening", default=SHIPPED, help=f"the node tier's rule ({SHIPPED}: stormtopo's; see the Go test's Case.Opening)")
     args = parser.parse_args(argv)
     for rule in [args.opening, *args.openings.split(",")]:
         if not re.fullmatch(OPENING_RULES, rule):

@@ -59,3 +59,6 @@ def test_the_node_tier_is_off_by_default_and_writes_hypernodes_only_when_enabled
     assert "--node-tier" not in args and verbs == {"get", "list", "watch"}
     args, verbs = render("--set", "nodeTier.enabled=true")
     assert "--node-tier" in args and verbs == {"get", "list", "watch", "create", "update", "patch", "delete"}
+    assert "--node-tier-keep-runs" not in args
+    args, _ = render("--set", "nodeTier.enabled=true", "--set", "nodeTier.keepRuns=true")
+    assert "--node-tier" in args and "--node-tier-keep-runs" in args

@@ -81,7 +81,9 @@ type Case struct {
 	// real cluster a replica arriving before the list catches up with the previous one still finds one.
 	SpareEmpty int  `json:"spare_empty"`
 	Sticky     bool `json:"sticky"` // partly used nodes listed before stay listed while they qualify (fewer writes)
-	// Which empty nodes node-partial-next and node-bucket offer. "" (stormtopo's rule, core/topology/node_tier.py):
+	// stormtopo's rule (core/topology/node_tier.py) is "fewest-pairs" since 2026-12-02 ("-pairs" with
+	// --node-tier-keep-runs); "" was its rule before.
+	// Which empty nodes node-partial-next and node-bucket offer. "" (stormtopo's rule before, --node-tier-keep-runs without pairs):
 	// from the leaves with the fewest empty nodes, but once a gang of k >= 2 whole-node pods has arrived, not
 	// from a leaf with 2..2k empty nodes (a leaf keeps its run while it is room for at most two such gangs)
 	// unless the other leaves' runs hold 6 or more such gangs ("spare-runs-N": N instead of 6). "runs-2k":
@@ -90,6 +92,8 @@ type Case struct {
 	// with 2..k. "per-size[N]": runs keep room for N (2) gangs of each k seen, a free opening first.
 	// "-lonely", "fewest-lonely": "" or "fewest", with the partly used nodes alone in their leaf with as much
 	// room listed first (tried, not shipped: no better in 12 streams x 3, bench/results/sim-fewest-lonely.md).
+	// "-pairs", "fewest-pairs": "" or "fewest", with a partly used node not listed where taking it costs its
+	// leaf a pair of nodes with half a node free while a node that costs none has as much room (stormtopo's).
 	Opening string `json:"opening"`
 }
 
