@@ -114,5 +114,7 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         help="with --node-tier: keep runs of empty nodes for replicas of whole-node pods (more packing, fewer replicas on one node)",
     )
     a = vars(p.parse_args(argv))
+    if a["node_tier_keep_runs"] and not a["node_tier"]:
+        p.error("--node-tier-keep-runs: accepted only with --node-tier (it changes the node tier's list)")
     a["register_webhook"] = not a.pop("no_register_webhook")  # the flag says what not to do; the config, what to do
     return OperatorConfig(**a)

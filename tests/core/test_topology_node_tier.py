@@ -269,3 +269,20 @@ def test_keeping_pairs_lists_a_node_whose_taking_costs_no_pair_first() -> None:
     assert shortlist(FABRIC, three, keep_pairs=True) == ["a0", "a1", "b3"]
     base = hypernode_manifests(FABRIC)
     assert tier0(applied(base, plan_node_tier(base, used, GPUS, keep_pairs=True))) == ["b0.node", "b3.node"]
+
+
+def test_keeping_pairs_ties_unlist_the_pair_and_a_listed_node_of_a_pair_is_not_kept() -> None:
+    # a0, a1: a pair with 4 free; b0 alone in its leaf with 4 free as well: as much room, so the pair goes.
+    used = {"a0": 4, "a1": 4, "a2": 8, "a3": 8, "b0": 4, "b1": 8, "b2": 8}
+    assert shortlist(FABRIC, used, keep_pairs=True) == ["b0", "b3"]
+    # A node listed before (sticky) that now costs a pair is not kept.
+    assert shortlist(FABRIC, used, keep_pairs=True, keep={"a0", "b3"}) == ["b0", "b3"]
+
+
+def test_keeping_pairs_counts_only_nodes_of_the_largest_size() -> None:
+    # leaf-a: two 8-GPU nodes with 4 free and a 4-GPU node with 2 free: still a pair of the large nodes.
+    mixed = parse_topology(
+        "nodeDefaults: {gpus: 8}\nswitches:\n  spine:\n    leaf-a: [a0, a1, {name: a2, gpus: 4}]\n    leaf-b: [b0, b1]\n"
+    )
+    used = {"a0": 4, "a1": 4, "a2": 2, "b0": 2, "b1": 8}
+    assert shortlist(mixed, used, keep_pairs=True) == ["a2", "b0"]

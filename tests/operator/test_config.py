@@ -17,6 +17,7 @@ def test_the_charts_flags_become_a_typed_config() -> None:
     assert not config.register_webhook and config.leader_elect and config.heal_interval == 5.0
     assert parse_args([]) == OperatorConfig()
     assert not OperatorConfig().node_tier and parse_args(["--node-tier"]).node_tier  # off unless asked for
+    assert not parse_args(["--node-tier"]).node_tier_keep_runs and parse_args(["--node-tier", "--node-tier-keep-runs"]).node_tier_keep_runs
     assert parse_args(["--webhook-service", "ns/svc"]).webhook_service == ServiceRef("ns", "svc", 443)
     assert parse_args(["--webhook-url-host", "127.0.0.1", "--webhook-port", "9444"]).webhook_url_base == "https://127.0.0.1:9444"
 
@@ -29,6 +30,7 @@ def test_the_charts_flags_become_a_typed_config() -> None:
         (["--metrics-port", "99999"], "--metrics-port: '99999': accepted: a port from 1 to 65535"),
         (["--heal-cooldown", "-1"], "--heal-cooldown: '-1': accepted: a positive float"),
         (["--lease-duration", "soon"], "--lease-duration: 'soon': accepted: a positive int"),
+        (["--node-tier-keep-runs"], "--node-tier-keep-runs: accepted only with --node-tier"),
     ],
 )
 def test_a_bad_flag_is_refused_before_anything_starts(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -207,3 +207,13 @@ def test_a_template_without_a_gpu_count_is_said_once_per_generation(caplog: Any)
     index.observe("StormService", "MODIFIED", {**service, "metadata": {**meta, "generation": 2}})
     asyncio.run(tier.check())
     assert len([r for r in caplog.records if "no GPU count" in r.getMessage()]) == 2  # a new template: said again
+
+
+def test_the_operator_keeps_pairs() -> None:
+    # leaf-a's a0 and a1 (4 free each) are a pair; leaf-b's b0 (6 free) costs none: only b0 is listed.
+    api = HyperNodesApi(hypernode_manifests(FABRIC))
+    index = Index(api)
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+    asyncio.run(NodeTier(index, api, Readings({"a0": 4, "a1": 4, "b0": 2, "b1": 8})).check())
+    assert sorted(api.stored) == ["b0.node", "leaf-a", "leaf-b", "spine"]  # without pairs: a0 and a1 too

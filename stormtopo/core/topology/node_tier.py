@@ -123,14 +123,17 @@ def shortlist(
 def _pairs(topology: Topology, used_gpus: Mapping[str, int]) -> tuple[set[str], set[str]]:
     """For `keep_pairs`: the partly used nodes whose taking costs a pair (each one of an even number of
     nodes with half a node free or more in its leaf), and of those the ones not listed (a node that costs
-    none has as much room or more)."""
+    none has as much room or more). Only nodes of the largest size count: two of them with half a node
+    free hold what one of them holds whole, which nodes of other sizes need not."""
+    largest = max((spec.gpus for spec in topology.nodes.values()), default=0)
+    half = largest // 2
     roomy: dict[str, list[str]] = {}
     for node, spec in topology.nodes.items():
         used = used_gpus.get(node, 0)
-        if 0 < used < spec.gpus and spec.gpus - used >= spec.gpus / 2:
+        if spec.gpus == largest > 0 and 0 < used < spec.gpus and spec.gpus - used >= half:
             roomy.setdefault(spec.switch, []).append(node)
     pairing = {node for nodes in roomy.values() if len(nodes) % 2 == 0 for node in nodes}
-    free = {node: topology.nodes[node].gpus - used_gpus.get(node, 0) for nodes in roomy.values() for node in nodes}
+    free = {node: largest - used_gpus.get(node, 0) for nodes in roomy.values() for node in nodes}
     most = max((free[node] for node in free if node not in pairing), default=-1)
     return pairing, {node for node in pairing if free[node] <= most}
 
