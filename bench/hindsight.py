@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.fabric import fabric_yaml, fragmentation
 from bench.leaf_optimum import most_within_leaves
-from bench.packing import FULL, Leaves, _canonical, _packings, arrivals
+from bench.packing import FULL, Leaves, _canonical, _OutOfBudget, _packings, arrivals
 
 NODE_GPUS = 8  # the bench's nodes
 
@@ -38,10 +38,6 @@ class Hindsight:
     schedule: tuple[str, ...]  # per replica: "node <free before>" or "leaf <free after, per node>"
     steps: int
     seconds: float
-
-
-class _OutOfSteps(Exception):
-    pass
 
 
 class _Search:
@@ -68,7 +64,7 @@ class _Search:
         self.left -= 1
         self.steps += 1
         if self.left < 0:
-            raise _OutOfSteps
+            raise _OutOfBudget
         pods = self.stream[i]
         total = sum(pods)
         free = [n for leaf in state for n in leaf]
@@ -139,7 +135,7 @@ def longest_prefix(
         try:
             if not search.fits(state, target, misses, budget):
                 break
-        except _OutOfSteps:
+        except _OutOfBudget:
             exact = False
             break
         best = tuple(search.path)
