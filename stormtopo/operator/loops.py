@@ -1,10 +1,15 @@
 """The operator's long-running loops: supervised, so that no exception ends one, and visible in /healthz.
 
 Every background task the operator starts is owned by one `Loops` registry. A loop that raises is
-logged with its traceback, waits a capped exponential backoff (reset by a success) and goes on; only
-cancellation ends it. Each loop records when it last completed an iteration, and `/healthz` fails when
-one has not for much longer than its period, or when its task ended: the kubelet then restarts a
-replica that quietly stopped working, instead of it looking healthy for good.
+logged (with its traceback once per change of reason, not at every retry), waits a capped exponential
+backoff (reset by a success) and goes on; only cancellation ends it.
+
+Liveness means stuck, nothing else (issue 32): `/healthz` fails only when a loop of stormtopo's own
+cannot run: its task ended, one iteration has not returned for HANG_SECONDS (a deadlock, an await that
+never returns), or no iteration started for much longer than its period. A failed iteration is
+progress: the API server down, Volcano's webhook refusing a write, a policy saying no are outside
+stormtopo, and a restart fixes none of them, so they show in the metrics (when each loop last
+succeeded, how often it failed) and the chart's StormtopoLoopFailing alert instead.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -21,6 +27,10 @@ log = logging.getLogger("stormtopo.loops")
 BACKOFF_BASE = 1.0  # seconds before the first retry after a failure
 BACKOFF_CAP = 30.0  # the longest wait between retries
 STALE_PERIODS = 3  # a loop is stuck after this many periods (plus the backoff cap) without an iteration
+# One iteration still running after this long (or 10 periods) is stuck. Generous: a pass may wait its turn
+# behind an explanation in the shared worker (EXPLAIN_TIMEOUT, 120 s), and a slow answer is no reason to
+# restart; a deadlock is found within ten minutes.
+HANG_SECONDS = 600.0
 
 
 def backoff(failures: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:
@@ -30,11 +40,19 @@ def backoff(failures: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP)
     return float(min(cap, base * 2 ** min(failures - 1, 32)))
 
 
-def stuck(period: float, last_progress: float, now: float, done: bool, cap: float = BACKOFF_CAP) -> str | None:
-    """Why a loop counts as stuck, or None while it is healthy. `last_progress` is when it last completed
-    an iteration (or started). A loop whose task ended has died: nothing restarts it."""
+def stuck(
+    period: float, last_progress: float, now: float, done: bool, cap: float = BACKOFF_CAP, busy_since: float | None = None
+) -> str | None:
+    """Why a loop counts as stuck, or None while it is healthy. `last_progress` is when it last ended an
+    iteration, failed or not (or started); `busy_since` when the iteration under way began (None between
+    iterations). A loop whose task ended has died: nothing restarts it."""
     if done:
         return "its task ended"
+    if busy_since is not None:
+        limit = max(HANG_SECONDS, 10 * period)
+        if now - busy_since > limit:
+            return f"one iteration running for {now - busy_since:.0f} s (allowed {limit:.0f} s)"
+        return None
     allowed = STALE_PERIODS * period + cap
     if now - last_progress > allowed:
         return f"no iteration completed for {now - last_progress:.0f} s (allowed {allowed:.0f} s)"
@@ -66,15 +84,30 @@ async def run_every(
             await asyncio.sleep(max(0.0, started + min_gap - time.monotonic()))  # events during a pass: one more, not many
             wake.clear()
         started = time.monotonic()
+        loop.busy_since = loop.clock()
         try:
             if when():
                 await work()
         except Exception as exc:  # anything but cancellation
             delay = loop.failed(exc)
-            log.exception("%s failed (%d in a row); retrying in %.0f s", loop.name, loop.failures, delay)
             continue
+        finally:
+            loop.busy_since = None
         loop.succeeded()
         delay = seconds
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What a failure is, for the log: its type and the first line of its message without digits (a
+    resourceVersion, a port, a count differ from one attempt to the next; the reason does not)."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {re.sub(r'[0-9]+', '#', first)[:200]}"
+
+
+def _power_of_ten(n: int) -> bool:
+    while n >= 10 and n % 10 == 0:
+        n //= 10
+    return n == 1
 
 
 @dataclass
@@ -85,16 +118,22 @@ class Loop:
     period: float  # how often it is expected to complete an iteration
     started: float
     last_success: float | None = None
-    last_progress: float | None = None  # an iteration completed, even one whose failure it handled itself
+    last_progress: float | None = None  # an iteration ended, failed or not
+    busy_since: float | None = None  # when the iteration under way began (run_every's loops)
     failures: int = 0  # consecutive
+    failures_total: int = 0  # since the process started: the metric stormtopo_loop_failures_total
     last_error: str = ""
+    _logged_reason: str = field(default="", repr=False)  # the failure last logged with its traceback
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     def succeeded(self) -> None:
         """An iteration completed (or, for a stream, it made progress)."""
+        if self.failures:
+            log.info("%s succeeded again after %d failures (the last: %s)", self.name, self.failures, self.last_error)
         self.last_success = self.last_progress = self.clock()
         self.failures = 0
+        self._logged_reason = ""
 
     def alive(self) -> None:
         """Still going, though the work did not succeed (it handles the failure and retries itself):
@@ -102,14 +141,27 @@ class Loop:
         self.last_progress = self.clock()
 
     def failed(self, exc: BaseException) -> float:
-        """Record a failure; return how long to wait before the next attempt."""
+        """Record a failure and log it; return how long to wait before the next attempt. A failure is
+        progress (the loop runs; what failed is outside it). The traceback is logged when the reason
+        changes, a line at each retry after that would say nothing new: a warning at the 1st, 10th,
+        100th ... failure of the same reason."""
         self.failures += 1
+        self.failures_total += 1
+        self.last_progress = self.clock()
         self.last_error = f"{type(exc).__name__}: {exc}"[:300]
-        return backoff(self.failures)
+        delay = backoff(self.failures)
+        reason = failure_reason(exc)
+        if reason != self._logged_reason:
+            self._logged_reason = reason
+            log.error("%s failed: %s; retrying in %.0f s", self.name, self.last_error, delay, exc_info=exc)
+        elif _power_of_ten(self.failures):
+            log.warning("%s still failing (%d in a row): %s; retrying in %.0f s", self.name, self.failures, self.last_error, delay)
+        return delay
 
     def problem(self, now: float) -> str | None:
         done = self.task is not None and self.task.done()
-        return stuck(self.period, self.last_progress if self.last_progress is not None else self.started, now, done)
+        last = self.last_progress if self.last_progress is not None else self.started
+        return stuck(self.period, last, now, done, busy_since=self.busy_since)
 
     def report(self, now: float) -> dict[str, Any]:
         return {
@@ -162,9 +214,7 @@ class Loops:
                     await run(loop)
                     raise RuntimeError("returned")  # a forever-loop that returns is a bug: restart it
                 except Exception as exc:
-                    delay = loop.failed(exc)
-                    log.exception("%s failed (%d in a row); restarting it in %.0f s", name, loop.failures, delay)
-                    await asyncio.sleep(delay)
+                    await asyncio.sleep(loop.failed(exc))
 
         loop.task = self._spawn(name, body())
         return loop

@@ -6,10 +6,11 @@ tests/integration/test_prometheus.py checks every one of those queries against a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from stormtopo.core.healing import Why
@@ -78,23 +79,37 @@ for _why in Why:
 
 
 class LoopHealth(Collector):
-    """What /healthz says of each background loop, as metrics read at scrape time: stuck (1 when the loop
-    has not completed an iteration for much longer than its period, or its task ended) and its
-    consecutive failures. /healthz makes the kubelet restart a stuck replica; these make it an alert."""
+    """Each background loop, as metrics read at scrape time: stuck (1 while /healthz says it is: its task
+    ended or an iteration hangs), when it last succeeded, and its failures. /healthz makes the kubelet
+    restart a stuck replica; a loop that fails for a reason outside stormtopo (the API server down, a
+    webhook or a policy refusing) is not stuck, and StormtopoLoopFailing alerts on its last success."""
 
-    def __init__(self) -> None:
+    def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
         self.loops: Loops | None = None
+        self.wall_clock = wall_clock
 
     def collect(self) -> Iterator[Metric]:
         stuck = GaugeMetricFamily("stormtopo_loop_stuck", "1 while a background loop is stuck or dead, as /healthz says", labels=["loop"])
         failures = GaugeMetricFamily("stormtopo_loop_consecutive_failures", "Failures of a loop since its success", labels=["loop"])
+        total = CounterMetricFamily("stormtopo_loop_failures", "Failed iterations of a loop since the process started", labels=["loop"])
+        succeeded = GaugeMetricFamily(
+            "stormtopo_loop_last_success_timestamp_seconds",
+            "When a loop last succeeded (Unix time); the process's start time until its first success",
+            labels=["loop"],
+        )
         if self.loops is not None:
-            now = self.loops.clock()
+            now, wall = self.loops.clock(), self.wall_clock()
             for name, loop in sorted(self.loops.loops.items()):
                 stuck.add_metric([name], 0.0 if loop.problem(now) is None else 1.0)
                 failures.add_metric([name], float(loop.failures))
+                total.add_metric([name], float(loop.failures_total))
+                # A loop that never succeeded counts from its start, so the alert's age grows from there.
+                last = loop.last_success if loop.last_success is not None else loop.started
+                succeeded.add_metric([name], wall - (now - last))
         yield stuck
         yield failures
+        yield total
+        yield succeeded
 
 
 LOOPS = LoopHealth()

@@ -12,7 +12,7 @@ import urllib3
 from stormtopo.kube.client import Api, ApiError, ApiUnavailable, Conflict, KubeError, NotFound
 from stormtopo.operator.app import health_response
 from stormtopo.operator.events import EventRecorder
-from stormtopo.operator.loops import BACKOFF_CAP, Loop, Loops, backoff, stuck
+from stormtopo.operator.loops import BACKOFF_CAP, HANG_SECONDS, Loop, Loops, backoff, stuck
 
 
 def test_backoff_doubles_from_one_second_up_to_the_cap_and_is_zero_without_failures() -> None:
@@ -26,6 +26,48 @@ def test_a_loop_is_stuck_after_three_periods_plus_the_backoff_cap_or_once_its_ta
     reason = stuck(30.0, last_progress=0.0, now=3 * 30 + BACKOFF_CAP + 1, done=False)
     assert reason is not None and "121 s" in reason
     assert stuck(30.0, last_progress=100.0, now=101.0, done=True) == "its task ended"
+
+
+def test_an_iteration_under_way_is_stuck_only_after_the_hang_limit() -> None:
+    """Issue 32: a pass waiting behind a long explanation (up to 120 s) is slow, not stuck."""
+    assert stuck(1.0, last_progress=0.0, now=300.0, done=False, busy_since=0.0) is None
+    reason = stuck(1.0, last_progress=0.0, now=HANG_SECONDS + 1, done=False, busy_since=0.0)
+    assert reason is not None and "one iteration running" in reason
+    assert stuck(300.0, last_progress=0.0, now=2999.0, done=False, busy_since=0.0) is None  # 10 periods of a slow loop
+
+
+def test_a_loop_that_fails_for_ever_is_not_stuck_and_logs_once_per_reason(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32, items 1 and 2: the API server down, a webhook refusing: every iteration fails, the loop
+    runs, /healthz stays 200; the traceback is logged when the reason changes, not at every retry."""
+
+    async def scenario() -> None:
+        now = [0.0]
+        loops = Loops(clock=lambda: now[0])
+        calls: list[int] = []
+
+        async def refused() -> None:
+            calls.append(1)
+            now[0] += 100.0  # each attempt far apart: 30 attempts span more than any stale limit
+            if len(calls) <= 25:
+                raise ApiError(500, "PATCH", f"/apis/topology.volcano.sh/v1alpha1/hypernodes/s{len(calls)}", "webhook refused")
+            raise ApiUnavailable("GET", "/api/v1/pods", "connection refused")
+
+        loop = loops.every("node-tier", 0.001, refused)
+        while len(calls) < 30:
+            await asyncio.sleep(0.001)
+            assert health_response(loops).status == 200, loop.problem(now[0])
+        await loops.stop()
+        assert loop.failures >= 29 and loop.failures_total >= 29 and loop.last_success is None
+
+    monkeypatch.setattr("stormtopo.operator.loops.backoff", lambda failures: 0.0)  # no waiting in the test
+    with caplog.at_level("INFO", logger="stormtopo.loops"):
+        asyncio.run(scenario())
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 2, [r.getMessage() for r in tracebacks]  # one per reason, not one per failure
+    assert "webhook refused" in tracebacks[0].getMessage() and "connection refused" in tracebacks[1].getMessage()
+    assert any("still failing (10 in a row)" in r.getMessage() for r in caplog.records)
 
 
 def test_a_success_resets_the_failure_count_and_a_handled_failure_keeps_the_loop_alive() -> None:
@@ -200,17 +242,21 @@ def test_healthz_is_500_with_the_loop_named_when_a_loop_is_stuck_or_dead() -> No
         async def hangs() -> None:
             await asyncio.Event().wait()  # an await that never returns: never completes an iteration
 
-        loops.every("resync", 30.0, hangs)
+        loops.every("resync", 0.001, hangs)
         loops.every("quick", 0.001, _nothing)
         await asyncio.sleep(0.05)
         response = health_response(loops)
         assert response.status == 200
-        now[0] = 3 * 30 + BACKOFF_CAP + 1
+        now[0] = 3 * 30 + BACKOFF_CAP + 1  # far past three periods and the backoff cap
+        await asyncio.sleep(0.05)  # "quick" runs at the new time
+        assert health_response(loops).status == 200, health_response(loops).text  # one iteration under way: slow is not stuck
+        now[0] = HANG_SECONDS + 1
+        await asyncio.sleep(0.05)
         response = health_response(loops)
         assert response.status == 500
         assert response.text is not None
         body = json.loads(response.text)
-        assert body["ok"] is False and "no iteration completed" in body["loops"]["resync"]["problem"]
+        assert body["ok"] is False and "one iteration running" in body["loops"]["resync"]["problem"]
         task = loops.loops["quick"].task
         assert task is not None
         task.cancel()  # a dead loop

@@ -3,6 +3,8 @@ background loop's health, and explanations that ran out of their budget."""
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import REGISTRY
 
 from stormtopo.core.explanation import Pending, explain
@@ -26,12 +28,23 @@ def test_leader_and_loop_health_are_read_at_each_scrape() -> None:
     assert sample("stormtopo_leader") == 1.0
     assert sample("stormtopo_loop_stuck", loop="resync") == 0.0 and sample("stormtopo_loop_stuck", loop="relist") == 0.0
 
-    now[0] = 3 * 30.0 + BACKOFF_CAP + 1  # resync has not completed an iteration for too long; relist has time
-    loops.loops["resync"].failed(RuntimeError("the API server is down"))
+    now[0] = 3 * 30.0 + BACKOFF_CAP + 1  # resync has not run an iteration for too long; relist has time
     leading[0] = False
     assert sample("stormtopo_leader") == 0.0
     assert sample("stormtopo_loop_stuck", loop="resync") == 1.0 and sample("stormtopo_loop_stuck", loop="relist") == 0.0
+    # A failure is no hang (the API server is down: a restart fixes nothing), but it shows as failures and
+    # as a last success that grows old, which StormtopoLoopFailing alerts on.
+    loops.loops["resync"].failed(RuntimeError("the API server is down"))
+    assert sample("stormtopo_loop_stuck", loop="resync") == 0.0
     assert sample("stormtopo_loop_consecutive_failures", loop="resync") == 1.0
+    assert sample("stormtopo_loop_failures_total", loop="resync") == 1.0
+    last = sample("stormtopo_loop_last_success_timestamp_seconds", loop="resync")
+    assert last is not None and abs(time.time() - now[0] - last) < 5  # never succeeded: counted from its start
+    loops.loops["resync"].succeeded()
+    last = sample("stormtopo_loop_last_success_timestamp_seconds", loop="resync")
+    assert last is not None and abs(time.time() - last) < 5
+    assert sample("stormtopo_loop_consecutive_failures", loop="resync") == 0.0
+    assert sample("stormtopo_loop_failures_total", loop="resync") == 1.0
 
 
 def test_a_follower_exports_that_it_does_not_lead() -> None:
