@@ -17,6 +17,7 @@ from rich.console import Console
 from stormtopo.core.topology.fabric import check_size, parse_topology
 from stormtopo.core.topology.hypernodes import HyperNodeDiff, hypernode_diff, hypernode_manifests, topology_from_hypernodes
 from stormtopo.core.topology.labels import topology_from_labels
+from stormtopo.core.topology.node_tier import NODE_TIER
 from stormtopo.core.topology.tree import Topology, TopologyError
 from stormtopo.core.vocabulary import OPERATOR_NAME, ROLE_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import APPLY_PATCH, Api, ApiError, NotFound
@@ -52,13 +53,15 @@ class _Write:
 def _ordered_writes(diff: HyperNodeDiff, existing: Sequence[Mapping[str, Any]]) -> list[_Write]:
     """Deletions first, parents before children, so no HyperNode is left with two parents (Volcano refuses
     to build such a tree); then creates and updates, children before parents, so a parent never names a
-    child that does not exist yet."""
+    child that does not exist yet. The node tier's tier-0 HyperNodes go last, once the leaves that named
+    them have their nodes back: a leaf naming a missing HyperNode leaves its node outside the tree."""
     tier = {h["metadata"]["name"]: int((h.get("spec") or {}).get("tier", 0)) for h in existing}
     deletes = [_Write("delete", name) for name in sorted(diff.delete, key=lambda n: (-tier.get(n, 0), n))]
     upserts = [_Write("create", m["metadata"]["name"], m) for m in diff.create]
     upserts += [_Write("update", m["metadata"]["name"], m) for m in diff.update]
     upserts.sort(key=lambda w: (int((w.manifest or {})["spec"]["tier"]), w.name))
-    return deletes + upserts
+    last = [w for w in deletes if tier.get(w.name, 0) == NODE_TIER]
+    return [w for w in deletes if w not in last] + upserts + last
 
 
 def _api_message(exc: Exception) -> str:

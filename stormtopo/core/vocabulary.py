@@ -46,6 +46,9 @@ DOMAIN_LABEL_PREFIX = "stormtopo.io/hypernode-tier-"  # on bound pods: the Hyper
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 OPERATOR_NAME = "stormtopo"
 MANAGED_BY = {MANAGED_BY_LABEL: OPERATOR_NAME}
+# Volcano's HyperNode discovery (label, UFM) labels what it discovers; it rewrites those and deletes every
+# HyperNode with this label that it did not discover.
+TOPOLOGY_SOURCE_LABEL = "volcano.sh/network-topology-source"
 NODE_TIER_LABEL = "stormtopo.io/node-tier"  # "true" on the tier-0 HyperNodes the operator's --node-tier renders and may delete
 
 GPU = "nvidia.com/gpu"  # the resource that decides where an inference replica fits

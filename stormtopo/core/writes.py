@@ -118,10 +118,13 @@ class CreateHyperNode:
 
 @dataclass(frozen=True)
 class SetHyperNodeMembers:
-    """Replace a leaf's members (a merge patch of spec.members: the rest of the HyperNode is not touched)."""
+    """Replace a leaf's members (a merge patch of spec.members: the rest of the HyperNode is not touched),
+    only if the leaf is still at `resource_version` (what the plan read): another writer's change in
+    between is kept, and the leaf planned again."""
 
     name: str
     members: Sequence[Mapping[str, Any]]
+    resource_version: str | None = None
 
 
 @dataclass(frozen=True)

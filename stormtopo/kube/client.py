@@ -181,9 +181,13 @@ class Api:
                 return False
             raise
 
-    def set_hypernode_members(self, name: str, members: list[dict[str, Any]]) -> None:
-        """Merge-patch a HyperNode's spec.members (a list: replaced whole), nothing else of it."""
-        self.request("PATCH", self.path(VOLCANO_TOPOLOGY, "hypernodes", None, name), {"spec": {"members": members}}, MERGE_PATCH)
+    def set_hypernode_members(self, name: str, members: list[dict[str, Any]], resource_version: str | None = None) -> None:
+        """Merge-patch a HyperNode's spec.members (a list: replaced whole), nothing else of it; with
+        `resource_version`, only if it is still that version (Conflict otherwise)."""
+        body: dict[str, Any] = {"spec": {"members": members}}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        self.request("PATCH", self.path(VOLCANO_TOPOLOGY, "hypernodes", None, name), body, MERGE_PATCH)
 
     def delete_hypernode(self, name: str) -> bool:
         """Delete a HyperNode; False if it was gone already."""

@@ -25,7 +25,7 @@ from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index
 from stormtopo.operator.leader import Leadership
 from stormtopo.operator.loops import Loop, Loops, run_every
-from stormtopo.operator.node_tier import NODE_TIER_INTERVAL, NODE_TIER_MIN_GAP, NodeTier
+from stormtopo.operator.node_tier import NODE_TIER_INTERVAL, NODE_TIER_MIN_GAP, NODE_TIER_OFF_INTERVAL, NodeTier
 from stormtopo.operator.optin import OptedInList
 from stormtopo.operator.reconciliation import Reconciler
 from stormtopo.operator.replica import NODES_TTL, PlacementReporter
@@ -176,8 +176,19 @@ async def run(config: OperatorConfig) -> None:
     if config.node_tier:
         bound_or_gone = asyncio.Event()  # an opted-in pod bound or gone: the list is rendered again at once
         index.on_pods_moved = bound_or_gone.set
-        node_tier = NodeTier(index, api, explainer, leading=lambda: leadership.is_leader, keep_runs=config.node_tier_keep_runs)
+        node_tier = NodeTier(
+            index,
+            api,
+            explainer,
+            leading=lambda: leadership.is_leader,
+            keep_runs=config.node_tier_keep_runs,
+            named_leaves=frozenset(config.node_tier_leaf),
+        )
         loops.every("node-tier", NODE_TIER_INTERVAL, node_tier.check, wake=bound_or_gone, min_gap=NODE_TIER_MIN_GAP)
+    else:
+        # Turned off (or never on): what an earlier run's node tier wrote is put back, once, by the leader.
+        node_tier_off = NodeTier(index, api, explainer, leading=lambda: leadership.is_leader, enabled=False)
+        loops.every("node-tier", NODE_TIER_OFF_INTERVAL, node_tier_off.check)
     ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops)
     ready = asyncio.Event()
     probes_runner = await _serve_probes(config, loops, ready)

@@ -44,6 +44,7 @@ class OperatorConfig:
     heal_make_room: bool = False  # move replicas of opted-in services out of the way of wide ones (core/room.py)
     node_tier: bool = False  # keep a short list of tier-0 HyperNodes current (issue 21; README "The node tier")
     node_tier_keep_runs: bool = False  # the node tier keeps runs of empty nodes for whole-node replicas
+    node_tier_leaf: tuple[str, ...] = ()  # leaves another writer keeps that the node tier may change anyway
 
     @property
     def webhook_url_base(self) -> str:
@@ -113,8 +114,19 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         action="store_true",
         help="with --node-tier: keep runs of empty nodes for replicas of whole-node pods (more packing, fewer replicas on one node)",
     )
+    p.add_argument(
+        "--node-tier-leaf",
+        action="append",
+        default=[],
+        metavar="HYPERNODE",
+        help="with --node-tier: a leaf that another writer keeps (Volcano's discovery, GitOps, another manager) which the node tier"
+        " may change all the same; repeat for more. Without it such leaves are left as they are",
+    )
     a = vars(p.parse_args(argv))
     if a["node_tier_keep_runs"] and not a["node_tier"]:
         p.error("--node-tier-keep-runs: accepted only with --node-tier (it changes the node tier's list)")
+    if a["node_tier_leaf"] and not a["node_tier"]:
+        p.error("--node-tier-leaf: accepted only with --node-tier (it names leaves the node tier may change)")
+    a["node_tier_leaf"] = tuple(a["node_tier_leaf"])
     a["register_webhook"] = not a.pop("no_register_webhook")  # the flag says what not to do; the config, what to do
     return OperatorConfig(**a)

@@ -57,6 +57,14 @@ NODE_TIER_WRITES = Counter(
     "HyperNode writes that keep the node tier's short list current (--node-tier), by verb: create, update (a leaf), delete",
     ["verb"],
 )
+NODE_TIER_WRITES_REFUSED = Counter(
+    "stormtopo_node_tier_writes_refused_total",
+    "HyperNode writes of the node tier the API server refused (Volcano's webhook down, a policy, RBAC), by verb",
+    ["verb"],
+)
+for _verb in ("create", "update", "delete"):
+    NODE_TIER_WRITES.labels(_verb)
+    NODE_TIER_WRITES_REFUSED.labels(_verb)
 LEADER = Gauge("stormtopo_leader", "1 while this replica holds the Lease and reconciles (always 1 without leader election)")
 EXPLANATIONS = Counter(
     "stormtopo_explanations_total",

@@ -24,10 +24,11 @@ from stormtopo.core.topology.node_tier import SPARE_EMPTY, plan_node_tier
 from stormtopo.kube.client import Api
 from stormtopo.operator.explainer import FREE_GPUS_TTL, Explainer
 from stormtopo.operator.index import Index
-from stormtopo.operator.writer import execute
+from stormtopo.operator.writer import execute_hypernode_writes
 
 log = logging.getLogger("stormtopo.node_tier")
 NODE_TIER_INTERVAL = 1.0  # seconds between two passes unless woken; a pass with nothing new reuses the cached readings
+NODE_TIER_OFF_INTERVAL = 5.0  # seconds between two looks, node tier off, at whether a leaf still names one of its HyperNodes
 NODE_TIER_MIN_GAP = 0.5  # seconds between the starts of two woken passes: at most two fresh readings a second
 
 
@@ -59,6 +60,11 @@ class NodeTier:
     # --node-tier-keep-runs: keep runs of empty nodes for replicas of whole-node pods (packs more from a
     # fragmented start, puts fewer replicas that one node holds on one node; README "The node tier").
     keep_runs: bool = False
+    # --node-tier-leaf: leaves another writer keeps (Volcano's discovery, GitOps) that the user lets the node tier change
+    named_leaves: frozenset[str] = frozenset()
+    # False: the node tier is off (not asked for): every leaf gets its nodes back and the tier-0
+    # HyperNodes go, once, from the watched HyperNodes alone (no GPU reading); then nothing to write.
+    enabled: bool = True
     _seen: tuple[int, int] = (-1, -1)  # the index's counts of admitted pods bound and gone, at the last fresh reading
     _planned: tuple[object, ...] | None = None  # what the last pass planned over
     # (namespace, name, generation) of the StormServices whose template gave no GPU count, said once each;
@@ -69,6 +75,14 @@ class NodeTier:
         """One pass (a loop of the operator runs it every NODE_TIER_INTERVAL); an exception goes to the
         loop, which logs it and backs off."""
         if not self.leading():
+            return
+        if not self.enabled:
+            if self._planned != (changes := (self.index.hypernode_changes,)):
+                writes = plan_node_tier(list(self.index.hypernodes.values()), {}, {}, enabled=False)
+                if writes:
+                    log.info("node tier off: %d HyperNode writes put the leaves back", len(writes))
+                    await execute_hypernode_writes(self.api, writes)
+                self._planned = changes
             return
         moved = (self.index.pods_bound, self.index.pods_freed)
         # Nodes that take new pods only: no other node is listed.
@@ -89,9 +103,19 @@ class NodeTier:
         if planned == self._planned:
             return  # nothing moved since the last plan was carried out
         writes = plan_node_tier(
-            list(self.index.hypernodes.values()), used, taking, replicas=replicas, spare_empty=SPARE_EMPTY, sticky=True, keep_pairs=True
+            list(self.index.hypernodes.values()),
+            used,
+            taking,
+            replicas=replicas,
+            spare_empty=SPARE_EMPTY,
+            sticky=True,
+            keep_pairs=True,
+            # The labels labelMatch members read (Index.node_label_keys); none read yet: such members may
+            # select any node, and no node they might select is listed.
+            node_labels=dict(self.index.nodes) if self.index.nodes else None,
+            named_leaves=self.named_leaves,
         )
         if writes:
             log.info("node tier: %d HyperNode writes", len(writes))
-            await execute(self.api, writes)
+            await execute_hypernode_writes(self.api, writes)
         self._planned = planned  # only once written: a failed write is planned again at the next pass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from stormtopo.core.placement import merge_placements
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
@@ -84,15 +84,54 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
             case CreateHyperNode(body):
                 if await asyncio.to_thread(api.create_hypernode, dict(body)):
                     metrics.NODE_TIER_WRITES.labels("create").inc()
-            case SetHyperNodeMembers(name, members):
+            case SetHyperNodeMembers(name, members, resource_version):
                 try:
-                    await asyncio.to_thread(api.set_hypernode_members, name, [dict(m) for m in members])
+                    await asyncio.to_thread(api.set_hypernode_members, name, [dict(m) for m in members], resource_version)
                 except NotFound:
                     continue  # deleted meanwhile: the next pass plans without it
                 metrics.NODE_TIER_WRITES.labels("update").inc()
             case DeleteHyperNode(name):
                 if await asyncio.to_thread(api.delete_hypernode, name):
                     metrics.NODE_TIER_WRITES.labels("delete").inc()
+
+
+class HyperNodeWritesRefused(RuntimeError):
+    """Some of a pass's HyperNode writes were refused; the others were carried out."""
+
+
+async def execute_hypernode_writes(api: Api, writes: Sequence[Write]) -> None:
+    """The node tier's writes, each on its own: one refused (Volcano's webhook down, a policy, RBAC) is
+    counted and the others go on, so one leaf's refusal does not hold up the rest. A leaf changed by
+    another writer since the plan read it (Conflict) is left as they made it and planned again. While a
+    leaf's write failed, no tier-0 HyperNode is deleted (the leaf may still name it; the next pass plans
+    the deletes again). Raises HyperNodeWritesRefused once all were tried, for the loop to record."""
+    refused: list[str] = []
+    leaf_failed = False
+    for write in writes:
+        if isinstance(write, DeleteHyperNode) and leaf_failed:
+            continue
+        try:
+            await execute(api, [write])
+        except Conflict:
+            leaf_failed = True
+            log.info("HyperNode %s changed meanwhile (another writer): planned again from what it is now", getattr(write, "name", "?"))
+        except (ApiError, KubeError, OSError) as exc:
+            leaf_failed = leaf_failed or isinstance(write, SetHyperNodeMembers)
+            verb = _HYPERNODE_VERBS[type(write)]
+            metrics.NODE_TIER_WRITES_REFUSED.labels(verb).inc()
+            refused.append(f"{verb} {_hypernode_name(write)}: {exc}")
+    if refused:
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        raise HyperNodeWritesRefused(f"{len(refused)} of {len(writes)} HyperNode writes refused: {refused[0][:300]}{more}")
+
+
+_HYPERNODE_VERBS: dict[type, str] = {CreateHyperNode: "create", SetHyperNodeMembers: "update", DeleteHyperNode: "delete"}
+
+
+def _hypernode_name(write: Write) -> str:
+    if isinstance(write, CreateHyperNode):
+        return str(write.body["metadata"]["name"])
+    return str(getattr(write, "name", "?"))
 
 
 def record_placement(api: Api, write: RecordPlacement | RecordMove, annotation: str = PLACEMENT_ANNOTATION) -> None:

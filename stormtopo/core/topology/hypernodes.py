@@ -80,7 +80,8 @@ def topology_from_hypernodes(
         for name, s in switches.items()
     }
     tier_names = {int(h["spec"].get("tier", 1)): str(h["spec"]["tierName"]) for h in hypernodes if (h.get("spec") or {}).get("tierName")}
-    return Topology(linked, members, tier_names)
+    gaps = frozenset(c for s in switches.values() for c in s.children if c not in switches)
+    return Topology(linked, members, tier_names, gaps=gaps)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ import hashlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from stormtopo.core.topology.selectors import selected_nodes
 from stormtopo.core.topology.tree import NAME_MAX, NodeSpec, Switch, Topology
-from stormtopo.core.vocabulary import HYPERNODE_API, NODE_TIER_LABEL
+from stormtopo.core.vocabulary import HYPERNODE_API, MANAGED_BY, MANAGED_BY_LABEL, NODE_TIER_LABEL, OPERATOR_NAME, TOPOLOGY_SOURCE_LABEL
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNodeMembers, Write
 
 NODE_TIER = 0
@@ -154,7 +155,9 @@ def node_tier_manifests(hypernodes: Iterable[Mapping[str, Any]], listed: Iterabl
                     {
                         "apiVersion": hn.get("apiVersion", HYPERNODE_API),
                         "kind": "HyperNode",
-                        "metadata": {"name": name, "labels": {**(hn["metadata"].get("labels") or {}), NODE_TIER_LABEL: "true"}},
+                        # stormtopo's own labels only: a copied volcano.sh/network-topology-source would make
+                        # Volcano's discovery delete it as one of its own it did not discover (issue 33).
+                        "metadata": {"name": name, "labels": {**MANAGED_BY, NODE_TIER_LABEL: "true"}},
                         "spec": {"tier": NODE_TIER, "members": [member]},
                     }
                 )
@@ -204,6 +207,29 @@ def _member_key(members: Iterable[Mapping[str, Any]]) -> list[tuple[Any, str | N
     return [(m.get("type"), _exact_name(m)) for m in members]
 
 
+def foreign_owner(hypernode: Mapping[str, Any]) -> str | None:
+    """Who else keeps this HyperNode, if anyone: Volcano's discovery (its source label: it rewrites the
+    members of what it discovered), a controller (an ownerReference), GitOps (Argo CD's or Flux's marks)
+    or another manager (app.kubernetes.io/managed-by). The node tier does not rewrite such a leaf unless
+    the user names it (--node-tier-leaf): its writer would undo the change, or fight it."""
+    meta = hypernode.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    if TOPOLOGY_SOURCE_LABEL in labels:
+        return f"Volcano's HyperNode discovery ({TOPOLOGY_SOURCE_LABEL}={labels[TOPOLOGY_SOURCE_LABEL]})"
+    for ref in meta.get("ownerReferences") or []:
+        return f"its owner {ref.get('kind')}/{ref.get('name')}"
+    for key in (*labels, *annotations):
+        if key.startswith(_GITOPS_KEYS):
+            return f"GitOps ({key})"
+    manager = labels.get(MANAGED_BY_LABEL)
+    if manager and manager != OPERATOR_NAME:
+        return f"{MANAGED_BY_LABEL}={manager}"
+    return None
+
+
+_GITOPS_KEYS = ("argocd.argoproj.io/", "kustomize.toolkit.fluxcd.io/", "helm.toolkit.fluxcd.io/")
+
+
 def plan_node_tier(
     hypernodes: Iterable[Mapping[str, Any]],
     used_gpus: Mapping[str, int],
@@ -214,42 +240,72 @@ def plan_node_tier(
     spare_empty: int = 0,
     sticky: bool = False,
     keep_pairs: bool = False,
+    node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    named_leaves: Collection[str] = (),
+    enabled: bool = True,
 ) -> list[Write]:
     """The writes that bring the cluster's HyperNodes (as the API has them, the node tier's own tier-0
     ones included) to the short list for `used_gpus`: tier-0 HyperNodes created first, then leaves
-    whose members change, then the node tier's tier-0 HyperNodes that nothing names any more deleted,
-    so a leaf never names a HyperNode that is not there. Nothing to write when the list has not moved.
+    whose members change (each conditional on the version read), then the node tier's tier-0
+    HyperNodes that nothing names any more deleted, so a leaf never names a HyperNode that is not there.
+    Nothing to write when the list has not moved. `enabled=False` (the node tier turned off, or
+    uninstalled): every leaf gets its nodes back and every tier-0 HyperNode of the node tier goes.
 
     `allocatable_gpus`: the nodes that take new pods and their GPUs (a node missing is never listed).
     `replicas`: the GPUs of each pod of one replica of each StormService that asks for a topology
     (`whole_node_run`). `sticky`: the partly used nodes listed now stay listed while they qualify.
-    `keep_pairs`: see `shortlist`.
-    Only leaves whose members are all exactMatch Node or HyperNode members are changed, and only tier-0
-    HyperNodes labelled as the node tier's are created or deleted: a user's own are left alone.
+    `keep_pairs`: see `shortlist`. `node_labels`: every node's labels (what labelMatch members read).
+
+    Never a second parent (Volcano refuses a HyperNode with two, and then places no gang with a network
+    topology anywhere in the cluster): a node is listed only if exactly one HyperNode selects it, by
+    whatever selector (exactMatch, regexMatch, labelMatch; without `node_labels`, any labelMatch member
+    may select any node), and its tier-0 HyperNode is named by that leaf alone. Only leaves whose
+    members are all exactMatch are changed, none kept by another writer (`foreign_owner`) unless named
+    in `named_leaves`, and only tier-0 HyperNodes labelled as the node tier's are created or deleted:
+    a user's own are left alone. A leaf that names a tier-0 HyperNode of the node tier but may not keep
+    it (another writer took it over, or a second leaf names it) gets the node back.
     """
     current = {hn["metadata"]["name"]: hn for hn in hypernodes}
     mine = {name: member for name, hn in current.items() if (member := _node_tier_member(hn)) is not None}
+    selectors = _selecting(current, mine, node_labels, allocatable_gpus)
+    named_by: dict[str, list[str]] = {}  # a tier-0 HyperNode of ours -> the HyperNodes that name it
+    for name, hn in current.items():
+        for m in (hn.get("spec") or {}).get("members") or []:
+            if m.get("type") == "HyperNode" and (child := _exact_name(m) or "") in mine and name not in mine:
+                named_by.setdefault(child, []).append(name)
     leaves: list[dict[str, Any]] = []  # the eligible leaves, each tier-0 HyperNode of ours unfolded into its node
+    restored: list[dict[str, Any]] = []  # leaves that name ours but may not keep them: unfolded, nothing listed
     others: list[Mapping[str, Any]] = []  # every other HyperNode: what it names stays
     for name, hn in sorted(current.items()):
         if name in mine:
             continue
         spec = hn.get("spec") or {}
         members = spec.get("members") or []
-        if int(spec.get("tier", 1)) != NODE_TIER and members and all(_exact_name(m) for m in members):
-            unfolded = [mine.get(_exact_name(m) or "", m) if m.get("type") == "HyperNode" else m for m in members]
-            if any(m.get("type") == "Node" for m in unfolded):
-                leaves.append({**hn, "spec": {**spec, "members": unfolded}})
-                continue
-        others.append(hn)
+        names_mine = any(m.get("type") == "HyperNode" and _exact_name(m) in mine for m in members)
+        unfolded = [mine[n] if m.get("type") == "HyperNode" and (n := _exact_name(m) or "") in mine else m for m in members]
+        exact = int(spec.get("tier", 1)) != NODE_TIER and members and all(_exact_name(m) for m in members)
+        if enabled and exact and any(m.get("type") == "Node" for m in unfolded) and (name in named_leaves or foreign_owner(hn) is None):
+            leaves.append({**hn, "spec": {**spec, "members": unfolded}})
+        elif names_mine:
+            restored.append({**hn, "spec": {**spec, "members": unfolded}})
+        else:
+            others.append(hn)
 
     # The short list over the eligible leaves only, sized by the nodes' allocatable GPUs (a tree read from
-    # HyperNodes knows no sizes); a node whose tier-0 name someone else's HyperNode has is not listed.
+    # HyperNodes knows no sizes). A node that another HyperNode selects too, or whose tier-0 name someone
+    # else's HyperNode has or another leaf names, is not listed: its tier-0 HyperNode would get two parents.
     switches: dict[str, Switch] = {}
     nodes: dict[str, NodeSpec] = {}
     for leaf in leaves:
         name = leaf["metadata"]["name"]
-        members = tuple(n for m in leaf["spec"]["members"] if m.get("type") == "Node" and (n := _exact_name(m)))
+        members = tuple(
+            node
+            for m in leaf["spec"]["members"]
+            if m.get("type") == "Node"
+            and (node := _exact_name(m))
+            and selectors.get(node) == {name}
+            and set(named_by.get(node_hypernode_name(node), [name])) == {name}
+        )
         switches[name] = Switch(name, int(leaf["spec"].get("tier", 1)), None, (), members)
         for node in members:
             nodes.setdefault(node, NodeSpec(node, name, allocatable_gpus.get(node, 0), "0", "0"))
@@ -263,10 +319,10 @@ def plan_node_tier(
         if node_hypernode_name(n) in mine or node_hypernode_name(n) not in current
     ]
 
-    desired = node_tier_manifests(leaves, listed)
+    desired = node_tier_manifests(leaves, listed) + restored
     creates: list[Write] = [CreateHyperNode(m) for m in desired if m["spec"]["tier"] == NODE_TIER and m["metadata"]["name"] not in current]
     updates: list[Write] = [
-        SetHyperNodeMembers(name, m["spec"]["members"])
+        SetHyperNodeMembers(name, m["spec"]["members"], (current[name].get("metadata") or {}).get("resourceVersion"))
         for m in desired
         if m["spec"]["tier"] != NODE_TIER
         and _member_key(m["spec"]["members"]) != _member_key(current[name := m["metadata"]["name"]]["spec"]["members"])
@@ -279,3 +335,33 @@ def plan_node_tier(
     }
     deletes: list[Write] = [DeleteHyperNode(name) for name in sorted(mine) if name not in named]
     return creates + updates + deletes
+
+
+def _selecting(
+    current: Mapping[str, Mapping[str, Any]],
+    mine: Mapping[str, Mapping[str, Any]],
+    node_labels: Mapping[str, Mapping[str, str]] | None,
+    allocatable_gpus: Mapping[str, int],
+) -> dict[str, set[str]]:
+    """Each node -> the HyperNodes that select it (a tier-0 HyperNode of ours counts as its parent). A
+    labelMatch member read without the nodes' labels may select any node: it counts for every one."""
+    names = {*allocatable_gpus, *(node_labels or {})}
+    for hn in current.values():
+        names |= {n for m in (hn.get("spec") or {}).get("members") or [] if m.get("type") == "Node" and (n := _exact_name(m))}
+    labels: Mapping[str, Mapping[str, str]] = node_labels if node_labels is not None else {n: {} for n in names}
+    out: dict[str, set[str]] = {}
+    for name, hn in current.items():
+        if name in mine:
+            continue
+        for m in (hn.get("spec") or {}).get("members") or []:
+            if m.get("type") == "HyperNode" and (child := _exact_name(m) or "") in mine:
+                selected = {_exact_name(mine[child]) or ""}
+            elif m.get("type") == "Node":
+                selector = m.get("selector") or {}
+                blind = "labelMatch" in selector and node_labels is None
+                selected = set(names) if blind else selected_nodes(selector, {n: labels.get(n, {}) for n in names})
+            else:
+                continue
+            for node in selected:
+                out.setdefault(node, set()).add(name)
+    return out

@@ -58,6 +58,9 @@ class Topology:
     nodes: Mapping[str, NodeSpec]
     tier_names: Mapping[int, str] = field(default_factory=dict)
     lines: Mapping[str, int] = field(default_factory=dict)  # where each switch and node was described
+    # HyperNodes a member names that do not exist (just deleted, not yet created, a deposed leader's stale
+    # write): the tree has a gap there, and a node missing from it is unknown, not outside every domain.
+    gaps: frozenset[str] = frozenset()
 
     @property
     def tiers(self) -> int:
