@@ -179,3 +179,61 @@ def _survives(cluster: DevCluster, cluster_dir: Path, namespace: str, kind: str,
         f"\n  {kind} {OUTAGE_SECONDS[kind]:.0f} s: API back {back - started:.0f} s after it began; stale key gone "
         f"{unlisted:.0f} s later; {text.count('failed (')} loop failures logged"
     )
+
+
+LONG_OUTAGE_SECONDS = 150.0  # past the old liveness limit of every loop (three periods + 30 s: 120 s for the 30 s loops)
+
+
+@pytest.mark.timeout(900)
+def test_healthz_stays_200_on_leader_and_follower_through_a_150_s_outage(cluster: DevCluster, cluster_dir: Path, namespace: str) -> None:
+    """Issue 32, item 1: liveness means stuck, nothing else. kube-apiserver down 150 s: /healthz of the
+    leader and of a follower answers 200 at every look (a restart would fix nothing and leave the webhook
+    without a server for the kubelet's back-off); once the API is back, the resync, Events and placements
+    resume within one resync period, and the loops' failures are in the metrics."""
+    with elected(cluster_dir, 15) as identity:
+        leader_argv = json.loads(_operator(cluster_dir).pidfile.read_text())["argv"]
+        metrics_port = processes.free_port()
+        follower_argv = [a for a in leader_argv if not a.startswith(("--metrics-port=", "--identity="))]
+        follower_argv += [f"--metrics-port={metrics_port}", f"--identity=follower-{identity}"]
+        follower = processes.start(cluster_dir, "operator-follower", follower_argv, env={**os.environ, "MALLOC_ARENA_MAX": "2"})
+        urls = {"leader": _metrics_url(cluster_dir, "/healthz"), "follower": f"http://127.0.0.1:{metrics_port}/healthz"}
+        try:
+            DevCluster.wait(lambda: _get(f"http://127.0.0.1:{metrics_port}/readyz")[0] == 200, 60, "the follower ready")
+            cluster.wait(lambda: _lease(cluster)[0] == identity, 60, f"{identity} to hold the Lease")
+            apiserver = next(p for p in processes.tracked(cluster_dir) if p.name == "kube-apiserver")
+            argv = json.loads(apiserver.pidfile.read_text())["argv"]
+            processes.stop(apiserver, kill=True)
+            started = time.monotonic()
+            looks: dict[str, list[int]] = {"leader": [], "follower": []}
+            try:
+                while time.monotonic() - started < LONG_OUTAGE_SECONDS:  # the fault's length, sampled throughout
+                    for who, url in urls.items():
+                        status, body = _get(url)
+                        looks[who].append(status)
+                        assert status == 200, f"{who} /healthz {status} {time.monotonic() - started:.0f} s into the outage: {body}"
+                    time.sleep(2.0)
+            finally:
+                processes.start(cluster_dir, "kube-apiserver", argv)
+            assert follower.alive() and _operator(cluster_dir).alive()
+            cluster.wait(lambda: cluster.api_ready(), 120, "the API server back", interval=0.5)
+            back = time.monotonic()
+
+            stale = f"{namespace}.ghost-long"
+            _add_stale_key(cluster, stale)
+            cluster.create(stormservice("typo", namespace, annotations={MODE: "hard", HIGHEST_TIER: "9"}, scheduler_name="nobody"))
+            cluster.create(stormservice("after", namespace, annotations=HARD_LEAF, volcano_strategy=False))
+            # Within one resync period (30 s) of a leader, plus the Lease taken again (15 s) and the
+            # loops' backoff (at most 30 s): none of it waits out a restart.
+            cluster.wait(lambda: stale not in _listed(cluster), 90, "the stale key removed by the resync", interval=1.0)
+            cluster.wait(lambda: "InvalidTopologyRequest" in _reasons(cluster, namespace, "typo"), 90, "the Warning on the invalid request")
+            cluster.bound_pods(namespace, "storm-service-name=after", 2, timeout=120)
+            cluster.wait(lambda: "ReplicaPlaced" in _reasons(cluster, namespace, "after"), 90, "the new replica reported as placed")
+            resumed = time.monotonic() - back
+            status, text = _get(_metrics_url(cluster_dir, "/metrics"))
+            assert status == 200
+            failed = [line for line in text.splitlines() if line.startswith("stormtopo_loop_failures_total{")]
+            assert any(float(line.rsplit(" ", 1)[1]) > 0 for line in failed), failed  # the outage shows as failures
+            assert "stormtopo_loop_last_success_timestamp_seconds{" in text
+            print(f"\n  150 s outage: {len(looks['leader'])} looks at each /healthz, all 200; everything resumed {resumed:.0f} s after")
+        finally:
+            processes.stop(follower)
