@@ -13,7 +13,7 @@ from typing import Any
 
 from stormtopo.core.gang import followers
 from stormtopo.core.jsonpatch import set_annotations, set_labels, set_spec_fields
-from stormtopo.core.moves import moving_tier
+from stormtopo.core.moves import moving_tier, released_topology
 from stormtopo.core.ownership import stormservice_name
 from stormtopo.core.podgroup import carries_constraint as carries_constraint  # the webhook's import
 from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_name
@@ -48,6 +48,7 @@ def admit_podgroup(
     cluster: ClusterTiers | None,
     last_valid: Mapping[str, Any] | None = None,
     old: Mapping[str, Any] | None = None,
+    now: float | None = None,
 ) -> Decision:
     """Give a replica's PodGroup the gang and network topology of its StormService, on create and update.
 
@@ -69,11 +70,17 @@ def admit_podgroup(
         fields = owned_fields((last_valid or {}).get("spec"))
         if _name(last_valid) != _name(podgroup):  # a sibling's gang size is its own
             fields = {k: v for k, v in fields.items() if k == "networkTopology"}
+        # A move's hold is no request: let go to what the last valid request asks, as the reconciler does.
+        released = released_topology(old or last_valid, stormservice, roleset["metadata"]["name"])
+        if released is not None:
+            fields = {**fields, "networkTopology": released}
         described = ((last_valid or {}).get("metadata") or {}).get("annotations", {}).get(REQUEST_ANNOTATION, "")
     elif request is None or request.scope is Scope.STORMSERVICE:
         return Decision()  # with scope StormService the replicas' pods join the service's own PodGroup
     else:
-        fields = desired_fields(request, roleset.get("spec") or {}, moving_tier(stormservice, roleset["metadata"]["name"]))
+        # Held only while the service still asks for healing and the move is within its deadline, by the
+        # same clock the reconciler is given (core/moves.py): otherwise each would undo the other's write.
+        fields = desired_fields(request, roleset.get("spec") or {}, moving_tier(stormservice, roleset["metadata"]["name"], now))
         described = request.describe()
     patch = set_spec_fields(podgroup.get("spec"), fields)
     patch += set_annotations(podgroup, {**_dropped(podgroup, old, "annotations"), REQUEST_ANNOTATION: described})

@@ -11,7 +11,10 @@ Safe by construction, as the descheduler is: one replica of a service moving at 
 the service's replicas minus its budget (AIBrix's maxUnavailable, resolved as AIBrix resolves it);
 every PodDisruptionBudget checked before the first eviction (and enforced by the Eviction API); a
 cool-down per replica, recorded on the StormService so a restarted operator keeps it, and doubled
-after a move that did not land within the tier; a back-off after a refused eviction.
+after a move that did not land within the tier; a back-off after a refused eviction. A replica moves
+to make room for another service's only if its own service lends room (lends_room: its choice, never
+below max(1, replicas - 1) ready replicas, never with one replica), once per wide replica within the
+cool-down (room_made_for, read back from the move records).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -27,7 +30,8 @@ from typing import Any
 from stormtopo.core.explanation import allowed_tier
 from stormtopo.core.gang import gpus_per_pod, replica_pods
 from stormtopo.core.jsonpatch import set_spec_fields
-from stormtopo.core.moves import HOLD, annotation_table, recorded_moves
+from stormtopo.core.moves import HOLD, annotation_table, recorded_moves, recorded_seconds
+from stormtopo.core.moves import MOVE_DEADLINE as MOVE_DEADLINE  # the hold's deadline too (core/moves.py); the shell's import
 from stormtopo.core.packing import DomainFit, domains_at_tier
 from stormtopo.core.placement import is_live
 from stormtopo.core.podgroup import desired_fields
@@ -35,12 +39,11 @@ from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, v
 from stormtopo.core.room import Resident, freed, placed_elsewhere
 from stormtopo.core.topology.selectors import label_requirements
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import HEAL_ANNOTATION, PLACEMENT_ANNOTATION, REVISION_LABEL, ROLE_LABEL
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, LEND_ROOM_ANNOTATION, PLACEMENT_ANNOTATION, REVISION_LABEL, ROLE_LABEL
 from stormtopo.core.writes import EvictPod, PatchPodGroup, PostEvent, RecordMove, Say, Write
 
 COOLDOWN = 900.0  # seconds: a replica is not moved again within this of its last move
 COOLDOWN_MAX = 4 * 3600.0  # the cool-down doubles after each move that did not land within the tier, up to this
-MOVE_DEADLINE = 600.0  # seconds: a move not settled by then (its pods never ready again) no longer holds the others back
 BACKOFF = 30.0  # seconds after a refused eviction before the replica is tried again; doubled per refusal
 BACKOFF_MAX = 1800.0
 ROOM_SEARCHES = 4  # packing searches per service and pass (each up to ~20 ms; they run on the operator's loop)
@@ -72,6 +75,75 @@ class Block(StrEnum):
 
 def wants_healing(stormservice: Mapping[str, Any]) -> bool:
     return str(_annotations(stormservice).get(HEAL_ANNOTATION, "")).strip().lower() == "true"
+
+
+def lends_room(stormservice: Mapping[str, Any]) -> bool:
+    """Whether a service lets its replicas be moved to make room for another service's wide replica: its
+    own choice, `stormtopo.io/lend-room: "true"`, with healing (`stormtopo.io/heal: "true"`: a lender's
+    move is a healing move, held, settled and cooled down as one) and more than one replica (a lender
+    keeps max(1, replicas - 1) ready: see lender_budget).
+
+    A service never makes room for its own wide replica, lender or not: while one of its replicas is
+    wide (or moving) it waits for room and gives none (see resident), as a replica moving out of the way
+    of its sibling would cost the same tenant two restarts for one, and its replicas move one at a time."""
+    return not not_lending(stormservice)
+
+
+def not_lending(stormservice: Mapping[str, Any]) -> str:
+    """Why a service lends no room ("" if it does: see lends_room)."""
+    if str(_annotations(stormservice).get(LEND_ROOM_ANNOTATION, "")).strip().lower() != "true":
+        return f'it did not opt in to lending room ({LEND_ROOM_ANNOTATION}: "true")'
+    if not wants_healing(stormservice):
+        return f'it lends room only with healing ({HEAL_ANNOTATION}: "true")'
+    if replica_budget(stormservice)[0] <= 1:
+        return "a service with one replica never lends room"
+    return ""
+
+
+def lender_budget(stormservice: Mapping[str, Any]) -> tuple[int, int]:
+    """A lender's replicas and how many may be unavailable when one moves to make room for another
+    service: its own budget (replica_budget, where an unset maxUnavailable resolves to 1), but never
+    below max(1, replicas - 1) ready, so at most one, and none for a service with one replica."""
+    replicas, budget = replica_budget(stormservice)
+    return replicas, max(0, min(budget, replicas - max(1, replicas - 1)))
+
+
+def wide_replica(namespace: str, stormservice: str, replica: str) -> str:
+    """How a move to make room names the wide replica it is for (MakeRoom.wide, the record's "for")."""
+    return f"StormService {namespace}/{stormservice} replica {replica}"
+
+
+_WIDE_REPLICA = re.compile(r"StormService ([^/\s]+)/(\S+) replica (\S+)")
+
+
+def room_made_for(stormservices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], float]:
+    """When room was last made for each wide replica, by (namespace, stormservice, replica): the latest
+    start of a move to make room recorded for it (its "for") on any StormService, settled or not. From
+    the move records the StormServices keep, not from the operator's memory: a new leader, or a restarted
+    operator, knows that room was made as well as the one that made it, and makes room at most once per
+    wide replica within the cool-down. (A move refused before its first eviction moved nothing: its record
+    keeps no "for", and it does not count.)"""
+    out: dict[tuple[str, str, str], float] = {}
+    for stormservice in stormservices:
+        for move in recorded_moves(stormservice).values():
+            found = _WIDE_REPLICA.fullmatch(str(move.get("for") or ""))
+            at = _seconds(move.get("at"))
+            if move.get("reason") != Why.MAKE_ROOM or found is None or at is None:
+                continue
+            key = (found.group(1), found.group(2), found.group(3))
+            out[key] = max(at, out.get(key, at))
+    return out
+
+
+def making_room_under_way(stormservices: Iterable[Mapping[str, Any]], now: float) -> bool:
+    """A move to make room not settled yet, and not past its deadline (a record its service's healing
+    no longer settles, say healing turned off meanwhile, does not block making room for ever)."""
+    for stormservice in stormservices:
+        for move in recorded_moves(stormservice).values():
+            at = _seconds(move.get("at"))
+            if move.get("reason") == Why.MAKE_ROOM and not move.get("done") and (at is None or now - at <= MOVE_DEADLINE):
+                return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -247,8 +319,11 @@ def resident(
     cooldown: float = COOLDOWN,
 ) -> Resident | None:
     """A replica that may be moved to make room (core/room.py), from what the index holds: its service
-    opted in, has no replica wide or moving, and the replica is whole, within its tier and out of its
-    cool-down and back-off. Its own plan checks the rest (budgets, readiness) on a fresh read."""
+    opted in to healing and to lending (lends_room: its own choice, more than one replica), has no
+    replica wide or moving, and the replica is whole, within its tier and out of its cool-down and
+    back-off. Its own plan checks the rest (the lender's budget, readiness) on a fresh read."""
+    if not lends_room(stormservice):
+        return None  # only a service that chose to lend is ever moved for another
     tier = tier_to_heal(stormservice, tiers, topology, opted_in_only=True)
     moves = recorded_moves(stormservice)
     name = str(roleset["metadata"]["name"])
@@ -480,9 +555,16 @@ def _making_room(
     in_flight: Sequence[str],
 ) -> Verdict:
     """A replica within its tier that the shell chose to make room: it moves, under every rule a wide
-    one moves under, only if it is ready and Volcano would place it in another domain of its tier, read
-    again now."""
-    blocked, block = _blocked(snapshot, replica, moves, memory, in_flight)
+    one moves under, only if its service lends room (lends_room, for another service than itself), the
+    lender keeps max(1, replicas - 1) ready replicas (lender_budget), it is ready, and Volcano would
+    place it in another domain of its tier, read again now."""
+    meta = snapshot.stormservice["metadata"]
+    wide = _WIDE_REPLICA.fullmatch(snapshot.make_room.wide) if snapshot.make_room is not None else None
+    own = wide is not None and (wide.group(1), wide.group(2)) == (str(meta.get("namespace", "")), str(meta["name"]))
+    why = "a service makes no room for its own replicas" if own else not_lending(snapshot.stormservice)
+    if why:
+        return Verdict(replica.name, where, Why.MAKE_ROOM, None, why, Block.NO_ROOM)
+    blocked, block = _blocked(snapshot, replica, moves, memory, in_flight, lending=True)
     target = placed_elsewhere(snapshot.topology, snapshot.free, snapshot.allocatable, replica.wanted(), tier, replica.gpus_by_node())
     if not blocked and not replica.ready():
         blocked, block = "not every pod is ready", Block.NO_ROOM
@@ -516,8 +598,10 @@ def _blocked(
     moves: Mapping[str, Mapping[str, Any]],
     memory: HealMemory,
     in_flight: Sequence[str],
+    lending: bool = False,
 ) -> tuple[str, Block | None]:
-    """Why a wide replica does not move now, cheapest check first; ("", None) when it may."""
+    """Why a wide replica (or, `lending`, a replica ordered to make room) does not move now, cheapest
+    check first; ("", None) when it may."""
     if in_flight:
         return f"replica {in_flight[0]} is moving; one replica of a StormService moves at a time", Block.MOVING
     move = moves.get(replica.name) or {}
@@ -532,12 +616,12 @@ def _blocked(
     rollout = rollout_under_way(snapshot.stormservice, [r.roleset for r in snapshot.replicas])
     if rollout:
         return f"a rollout is under way ({rollout}); no replica moves until AIBrix has finished it", Block.ROLLOUT
-    replicas, budget = replica_budget(snapshot.stormservice)
+    replicas, budget = lender_budget(snapshot.stormservice) if lending else replica_budget(snapshot.stormservice)
     ready_others = sum(1 for r in snapshot.replicas if r.name != replica.name and r.ready())
     if ready_others < replicas - budget:
+        why = "max(1, replicas - 1) when it lends room" if lending else f"maxUnavailable {budget}"
         return (
-            f"{ready_others} other replicas are ready and the service keeps at least {replicas - budget} "
-            f"of {replicas} (maxUnavailable {budget})",
+            f"{ready_others} other replicas are ready and the service keeps at least {replicas - budget} of {replicas} ({why})",
             Block.BUDGET,
         )
     return _disruption_budgets(snapshot.budgets, replica.live())
@@ -774,12 +858,7 @@ def _timestamp(seconds: float) -> str:
 
 
 def _seconds(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    return recorded_seconds(text)
 
 
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:

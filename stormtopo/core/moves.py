@@ -5,19 +5,31 @@ While a replica moves, its PodGroup asks Volcano for `hard` within the target's 
 request's mode: a soft gang is placed one pod at a time, the first by node score alone (Volcano
 v1.15.1 allocate.go: no topology score before a pod is placed, ties broken at random), so it could
 land on a node it just left in another leaf and be wide again. Hard, Volcano dry-runs the whole gang
-in each domain of the tier. The hold ends when the move settles, or after HOLD seconds: a soft replica
-then goes wherever there is room, as it did before.
+in each domain of the tier. The healer settles the move (and so ends the hold) once the replica is
+ready on new pods, or, still not bound HOLD seconds after the move, once its new pods are pending: a
+soft replica then goes wherever there is room, as it did before.
+
+Every hold ends, whatever the healer does or sees afterwards (it only settles the moves of services
+still asking for healing, and its write may be refused): the reconciler and the admission webhook
+hold a PodGroup only while its StormService still asks for healing (`stormtopo.io/heal: "true"`,
+scope RoleSet, a valid request) and for at most MOVE_DEADLINE seconds after the move began, by the
+time recorded in the move (`at`) against the clock their shell passes in.
 """
 
 from __future__ import annotations
 
+import ast
+import datetime
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from stormtopo.core.vocabulary import HEAL_ANNOTATION, MOVES_ANNOTATION
+from stormtopo.core.request import Mode, Scope, TierLimit, TopologyRequest
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, MOVES_ANNOTATION, REQUEST_ANNOTATION, SCOPE
 
-HOLD = 120.0  # seconds a moving replica's gang is held to its target's tier
+HOLD = 120.0  # seconds: a moving gang still not bound this long after its move is let go (the healer settles it)
+MOVE_DEADLINE = 600.0  # seconds: a move not settled by then no longer holds its gang, nor the service's other replicas back
 
 
 def heal_annotation_problem(stormservice: Mapping[str, Any], scope_is_roleset: bool) -> str | None:
@@ -55,10 +67,96 @@ def annotation_table(obj: Mapping[str, Any], annotation: str) -> dict[str, Mappi
     return {str(k): v for k, v in table.items() if isinstance(v, dict)}
 
 
-def moving_tier(stormservice: Mapping[str, Any] | None, replica: str) -> int | None:
-    """The tier a replica's gang is held to while it moves; None when it is not moving."""
-    move = recorded_moves(stormservice or {}).get(replica) or {}
-    tier = move.get("toTier")
-    if move.get("done") or not isinstance(tier, int) or isinstance(tier, bool) or tier < 1:
+def moving_tier(stormservice: Mapping[str, Any] | None, replica: str, now: float | None = None) -> int | None:
+    """The tier a replica's gang is held to while it moves; None when it is not moving, or no longer held.
+
+    Held only while the move is unsettled, the StormService still asks for healing (`stormtopo.io/heal`
+    exactly "true", not removed, "false" or a typo; its scope RoleSet), and, given the clock `now`
+    (seconds), no more than MOVE_DEADLINE seconds after the move began. The caller passes only a valid
+    RoleSet-scoped request (an invalid one: see released_topology). `now` None judges no deadline: the
+    reconciler and the admission webhook must both pass a clock or neither, or one holds what the
+    other lets go and each undoes the other's write."""
+    annotations = ((stormservice or {}).get("metadata") or {}).get("annotations") or {}
+    if str(annotations.get(HEAL_ANNOTATION, "")).strip().lower() != "true":
         return None
+    if str(annotations.get(SCOPE, Scope.ROLESET.value)).strip() != Scope.ROLESET.value:
+        return None
+    move = recorded_moves(stormservice or {}).get(replica) or {}
+    tier = _held_to(move)
+    if move.get("done") or tier is None:
+        return None
+    if now is not None:
+        began = recorded_seconds(move.get("at"))
+        if began is None or now - began > MOVE_DEADLINE:
+            return None  # no start to count from, or past its deadline: the hold is over
     return tier
+
+
+def _held_to(move: Mapping[str, Any]) -> int | None:
+    tier = move.get("toTier")
+    return tier if isinstance(tier, int) and not isinstance(tier, bool) and tier >= 1 else None
+
+
+def released_topology(
+    podgroup: Mapping[str, Any] | None,
+    stormservice: Mapping[str, Any] | None,
+    replica: str,
+    defaults: tuple[tuple[str, object], ...] = (),
+) -> dict[str, object] | None:
+    """While a StormService's request is invalid, "the last valid request stays applied": but a hold is
+    no request, and must not stay. For a replica's PodGroup that a move holds (its record names a
+    target tier, settled or not: a service whose request is invalid asks for no healing, and the healer
+    no longer looks at it) and that carries the hold (hard within exactly that tier), the networkTopology
+    its last valid request asks, as the PodGroup records it in `stormtopo.io/request` (set from the
+    request, never from the hold, on every write the admission webhook sees). None when it is not held,
+    already let go, or that record cannot be read back: the PodGroup is then left as it is, rather than
+    given a topology guessed from nothing."""
+    move = recorded_moves(stormservice or {}).get(replica) or {}
+    tier = _held_to(move)
+    topology = ((podgroup or {}).get("spec") or {}).get("networkTopology")
+    if tier is None or not isinstance(topology, Mapping):
+        return None
+    if topology.get("mode") != Mode.HARD.value or topology.get("highestTierAllowed") != tier or "highestTierName" in topology:
+        return None
+    recorded = ((podgroup or {}).get("metadata") or {}).get("annotations") or {}
+    request = recorded_request(recorded.get(REQUEST_ANNOTATION), defaults)
+    if request is None:
+        return None
+    wanted = request.network_topology()
+    return wanted if wanted != dict(topology) else None
+
+
+_DESCRIBED = re.compile(r"(hard|soft) within (?:tier ([0-9]+)|tier ('.*'|\".*\")|any tier)(?:, scope RoleSet)?")
+
+
+def recorded_request(described: object, defaults: tuple[tuple[str, object], ...] = ()) -> TopologyRequest | None:
+    """A replica's request read back from what TopologyRequest.describe() wrote on its PodGroup
+    ("soft within tier 2, scope RoleSet"; before scopes, without the scope); None if it is not one."""
+    found = _DESCRIBED.fullmatch(described.strip()) if isinstance(described, str) else None
+    if found is None:
+        return None
+    mode, tier, name = found.groups()
+    limit = TierLimit()
+    if tier is not None:
+        limit = TierLimit(tier=int(tier))
+    elif name is not None:
+        try:
+            value = ast.literal_eval(name)
+        except (ValueError, SyntaxError):
+            return None
+        if not isinstance(value, str):
+            return None
+        limit = TierLimit(tier_name=value)
+    if mode == Mode.HARD.value and limit == TierLimit():
+        return None  # hard needs a tier: not something describe() wrote
+    return TopologyRequest(Mode(mode), limit, Scope.ROLESET, None, defaults)
+
+
+def recorded_seconds(text: object) -> float | None:
+    """A time stormtopo recorded ("2027-01-15T08:00:00Z") in seconds; None if there is none or it is unreadable."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

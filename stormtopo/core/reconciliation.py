@@ -13,7 +13,7 @@ from typing import Any
 
 from stormtopo.core.gang import requests_resources, template_spec
 from stormtopo.core.jsonpatch import remove_annotation, set_annotations, set_spec_fields
-from stormtopo.core.moves import heal_annotation_problem, moving_tier
+from stormtopo.core.moves import heal_annotation_problem, moving_tier, released_topology
 from stormtopo.core.optin import listing
 from stormtopo.core.podgroup import (
     carries_constraint,
@@ -52,8 +52,12 @@ class ServicePlan:
         return said + listed + self.writes
 
 
-def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None) -> ServicePlan:
-    """The writes for one StormService, and the Event about its request if it differs from `said`."""
+def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None, now: float | None = None) -> ServicePlan:
+    """The writes for one StormService, and the Event about its request if it differs from `said`.
+
+    `now` (wall-clock seconds, from the shell: the core reads no clock) ends a move's hold on its
+    replica's PodGroup at the move's deadline (core/moves.py); None judges no deadline, as the admission
+    webhook must then too."""
     request = request_of(snapshot.stormservice, snapshot.tiers)
     verdict, say = _verdict(snapshot, request)
     if say is not None and verdict == said:
@@ -61,7 +65,8 @@ def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None) -> Ser
     meta = snapshot.stormservice["metadata"]
     listed = ListOptedIn(meta.get("namespace", ""), meta["name"], listing(snapshot.stormservice))  # valid or not
     if isinstance(request, RequestError):
-        return ServicePlan((), verdict, say, invalid=True, listing=listed)  # bad input changes nothing; the Warning says why
+        # Bad input changes nothing (the Warning says why), but a move's hold is no request: it is let go.
+        return ServicePlan(tuple(_let_go(snapshot)), verdict, say, invalid=True, listing=listed)
     namespace = snapshot.stormservice["metadata"]["namespace"]
     service_group = snapshot.podgroups.get(service_group_name(snapshot.stormservice["metadata"]["name"]))
     writes: list[Write] = []
@@ -72,7 +77,7 @@ def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None) -> Ser
     else:
         writes += _withdraw(namespace, service_group)
         for roleset in snapshot.rolesets:
-            moving = moving_tier(snapshot.stormservice, roleset["metadata"]["name"])
+            moving = moving_tier(snapshot.stormservice, roleset["metadata"]["name"], now)
             writes += _replica_group(namespace, roleset, snapshot.podgroups.get(roleset["metadata"]["name"]), request, moving)
     return ServicePlan(tuple(writes), verdict, say, listing=listed)
 
@@ -136,6 +141,22 @@ def _replica_group(
     if REQUEST_ANNOTATION not in ((current.get("metadata") or {}).get("annotations") or {}):
         ops += set_annotations(current, {REQUEST_ANNOTATION: request.describe()})
     return [PatchPodGroup(namespace, roleset["metadata"]["name"], ops)] if ops else []
+
+
+def _let_go(snapshot: ServiceSnapshot) -> list[Write]:
+    """While the request is invalid, the PodGroups that a move holds go back to the networkTopology of
+    their last valid request (core/moves.py released_topology); their gang, and every other PodGroup,
+    stay as they are."""
+    namespace = snapshot.stormservice["metadata"].get("namespace", "")
+    defaults = snapshot.tiers.network_topology_defaults
+    writes: list[Write] = []
+    for roleset in snapshot.rolesets:
+        name = roleset["metadata"]["name"]
+        podgroup = snapshot.podgroups.get(name)
+        topology = released_topology(podgroup, snapshot.stormservice, name, defaults)
+        if podgroup is not None and topology is not None:
+            writes.append(PatchPodGroup(namespace, name, set_spec_fields(podgroup.get("spec"), {"networkTopology": topology})))
+    return writes
 
 
 def _withdraw(namespace: str, podgroup: Mapping[str, Any] | None) -> list[Write]:

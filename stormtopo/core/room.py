@@ -1,5 +1,12 @@
 """Making room: a wide replica that no domain of its tier can hold now gets one, by moving a replica of
-another opted-in StormService out of the way.
+another StormService that lends room out of the way.
+
+Lending is the lender's choice, and costs it at most one replica at a time: only a service that opted in
+(`stormtopo.io/lend-room: "true"`, with healing) is ever moved for another, never below max(1, replicas
+- 1) ready replicas, and a service with one replica never (core/healing.py lends_room, lender_budget);
+a service never makes room for its own wide replica. One move to make room per wide replica within the
+cool-down, read back from the lenders' move records (core/healing.py room_made_for), so that a new
+leader does not make room again for a replica the last one already made room for.
 
 In a fragmented cluster the room a wide replica needs is often there in pieces: a leaf would hold it
 but for a small replica that would fit in another leaf as well. Healing alone moves a replica only into
@@ -31,7 +38,7 @@ RESIDENTS_TRIED = 24  # of those near enough to help, smallest first: packing se
 
 @dataclass(frozen=True)
 class Resident:
-    """A replica of an opted-in StormService, bound within its tier, that may be moved to make room."""
+    """A replica of a StormService that lends room, bound within its tier, that may be moved to make room."""
 
     namespace: str
     stormservice: str

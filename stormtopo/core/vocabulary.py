@@ -41,6 +41,9 @@ REQUEST_ANNOTATIONS = (MODE, HIGHEST_TIER, HIGHEST_TIER_NAME, SCOPE, REPLICA_HIG
 REQUEST_ANNOTATION = "stormtopo.io/request"  # on PodGroups: the request they carry, for humans and `explain`
 PLACEMENT_ANNOTATION = "stormtopo.io/placement"  # on the StormService: where each replica landed
 HEAL_ANNOTATION = "stormtopo.io/heal"  # on the StormService: "true" moves a replica wider than its request into one domain
+# On the StormService: "true" (with stormtopo.io/heal: "true") lets --heal-make-room move one of its replicas, within its
+# tier, so that another service's wide replica fits; never below max(1, replicas - 1) ready replicas; never with one replica.
+LEND_ROOM_ANNOTATION = "stormtopo.io/lend-room"
 MOVES_ANNOTATION = "stormtopo.io/moves"  # on the StormService: each replica's last move (the cool-down survives restarts)
 DOMAIN_LABEL_PREFIX = "stormtopo.io/hypernode-tier-"  # on bound pods: the HyperNode of each tier
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"

@@ -38,14 +38,16 @@ from stormtopo.core.healing import (
     MakeRoom,
     Replica,
     Why,
+    making_room_under_way,
     may_need_healing,
     placed_since,
     plan_healing,
     plan_refused,
     resident,
+    room_made_for,
     set_aside,
+    wide_replica,
 )
-from stormtopo.core.moves import recorded_moves
 from stormtopo.core.placement import merge_placements
 from stormtopo.core.room import Resident, resident_key, room_by_moving
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
@@ -92,8 +94,6 @@ class Healer:
     _memory: dict[Key, HealMemory] = field(default_factory=dict)
     _free: dict[str, int] | None = None  # this pass's reading
     _no_room: list[tuple[Key, Replica, int]] = field(default_factory=list)  # this pass's wide replicas with nowhere to go
-    _room_for: dict[Key, float] = field(default_factory=dict)  # services room is being made for: read every pass until then
-    _room_made: dict[tuple[Key, str], float] = field(default_factory=dict)  # (service, wide replica) -> when room was made for it
     _freed_seen: int = -1  # the index's count of admitted pods gone from their nodes, at the last pass
     _fresh: bool = False  # this pass: pods left their nodes since the last, so no cached reading of free GPUs
     _woken: dict[Key, float] = field(default_factory=dict)  # service -> when a freed node last ended its quiet
@@ -107,11 +107,13 @@ class Healer:
         self._fresh, self._freed_seen = self.index.pods_freed != self._freed_seen, self.index.pods_freed
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
         now = time.time()
+        # Services room is being made for (from the lenders' move records): read every pass until it is there.
+        awaited = {(ns, name) for (ns, name, _), at in room_made_for(self.index.stormservices.values()).items() if now - at < MOVE_DEADLINE}
         for key, stormservice in list(self.index.stormservices.items()):
             if not may_need_healing(stormservice, tiers, topology):
                 self._memory.pop(key, None)
                 continue
-            if now < self._memory.get(key, HealMemory()).quiet_until and now >= self._room_for.get(key, 0.0):
+            if now < self._memory.get(key, HealMemory()).quiet_until and key not in awaited:
                 if not self._fresh or now - self._woken.get(key, float("-inf")) < self.recheck:
                     continue  # (unless room is being made for it, or may have been freed: once a quiet spell)
                 self._woken[key] = now
@@ -127,8 +129,6 @@ class Healer:
         for gone in set(self._memory) - set(self.index.stormservices):
             del self._memory[gone]
         self._woken = {k: t for k, t in self._woken.items() if now - t < self.recheck}
-        self._room_for = {k: t for k, t in self._room_for.items() if t > now}
-        self._room_made = {k: t for k, t in self._room_made.items() if now - t < self.cooldown}
         metrics.HEALING_PASSES.inc()
 
     async def heal(self, key: Key, make_room: MakeRoom | None = None, allocatable: dict[str, int] | None = None) -> HealPlan | None:
@@ -149,14 +149,16 @@ class Healer:
 
     async def make_room(self) -> None:
         """For this pass's wide replicas with nowhere to go (at most WIDE_TRIED of them), one replica of
-        another opted-in service moved out of the way (core/room.py): at most one such move under way in
-        the cluster, and at most one per wide replica within its cool-down. A resident its own plan
-        refuses (a budget, not ready, Volcano might put it back) is skipped for the next in line."""
+        another service that lends room moved out of the way (core/room.py): at most one such move under
+        way in the cluster, and at most one per wide replica within its cool-down, both read from the move
+        records on the StormServices (a new leader knows them as the last one did). A resident its own
+        plan refuses (the lender's budget, not ready, Volcano might put it back) is skipped for the next."""
         services = self.index.stormservices
-        if any(m.get("reason") == Why.MAKE_ROOM and not m.get("done") for s in services.values() for m in recorded_moves(s).values()):
-            return
         now = time.time()
-        waiting = [(k, r, t) for k, r, t in self._no_room if now - self._room_made.get((k, r.name), float("-inf")) >= self.cooldown]
+        if making_room_under_way(services.values(), now):
+            return
+        made = room_made_for(services.values())
+        waiting = [(k, r, t) for k, r, t in self._no_room if now - made.get((*k, r.name), float("-inf")) >= self.cooldown]
         if not waiting or self._free is None:
             return
         residents = await self._residents({key for key, _, _ in self._no_room}, now)
@@ -172,19 +174,17 @@ class Healer:
                 )
                 if room is None:
                     break
-                order = MakeRoom(room.resident.replica, f"StormService {key[0]}/{key[1]} replica {replica.name}", room.frees.switch.name)
+                order = MakeRoom(room.resident.replica, wide_replica(*key, replica.name), room.frees.switch.name)
                 plan = await self.heal((room.resident.namespace, room.resident.stormservice), order, allocatable)
                 if plan is not None and plan.moving is not None and plan.moving.why is Why.MAKE_ROOM:
                     log.info(
                         "%s moves to %s to make room in %s for %s", room.resident.replica, room.to.switch.name, order.frees, order.wide
                     )
-                    self._room_made[(key, replica.name)] = now
-                    self._room_for[key] = now + MOVE_DEADLINE  # looked at every pass until the room is there
-                    return
+                    return  # its record (the lender's move, "for" this replica) now limits the next pass
                 skip.add(resident_key(room.resident))
 
     async def _residents(self, waiting: set[Key], now: float) -> list[Resident]:
-        """Replicas of other opted-in services that may make room: read from the index on the loop,
+        """Replicas of other services that lend room and may make it: read from the index on the loop,
         judged on a thread (tens of microseconds each, thousands of them)."""
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
         found = [

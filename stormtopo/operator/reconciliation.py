@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +39,7 @@ class Reconciler:
 
     async def reconcile(self, stormservice: Mapping[str, Any]) -> None:
         key = key_of(stormservice)
-        plan = plan_stormservice(self.index.snapshot_of(stormservice), self._said.get(key))
+        plan = plan_stormservice(self.index.snapshot_of(stormservice), self._said.get(key), now=time.time())
         if plan.verdict is None:
             self._said.pop(key, None)
         else:

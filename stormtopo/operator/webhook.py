@@ -31,7 +31,7 @@ from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carrie
 from stormtopo.core.optin import admission_policy, opted_in_configmap, requests_topology_condition
 from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
-from stormtopo.kube.client import Api
+from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index
 from stormtopo.operator.optin import Gate, OptedInList
@@ -101,7 +101,7 @@ def build_app(index: Index, opted_in: OptedInList, client_ca: str | None = None,
     async def podgroups(request: web.Request) -> web.Response:
         async def admit(podgroup: dict[str, Any], old: Any, roleset: Any, stormservice: Any, tiers: ClusterTiers) -> Decision:
             last_valid = old if carries_constraint(old) else index.last_valid_podgroup(podgroup)
-            return admit_podgroup(podgroup, roleset, stormservice, tiers, last_valid, old)
+            return admit_podgroup(podgroup, roleset, stormservice, tiers, last_valid, old, now=time.time())
 
         return await handle(request, "podgroup", admit)
 
@@ -254,3 +254,14 @@ def register(api: Api, objects: list[dict[str, Any]]) -> None:
         meta = obj["metadata"]
         path = _PATHS[obj["kind"]].format(namespace=meta.get("namespace", ""), name=meta["name"])
         api.server_side_apply(path, obj, field_manager="stormtopo-operator")
+
+
+def unregister(api: Api, objects: list[dict[str, Any]]) -> None:
+    """Delete what `register` created (uninstall without the chart); one gone already is fine."""
+    for obj in objects:
+        meta = obj["metadata"]
+        try:
+            api.request("DELETE", _PATHS[obj["kind"]].format(namespace=meta.get("namespace", ""), name=meta["name"]))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise

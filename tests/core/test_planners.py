@@ -416,3 +416,112 @@ def test_a_heal_annotation_that_is_not_understood_is_said_and_healing_stays_off(
     assert said is not None and "applies to scope RoleSet only" in said.message
     ok = plan_stormservice(ServiceSnapshot(service({**HARD1, "stormtopo.io/heal": "true"}), (replica(),), {}, TIERS)).say
     assert ok is not None and ok.reason == "TopologyRequest"
+
+
+# -- every hold ends (issue 34, item 2) ----------------------------------------------------------
+
+NOW = 1_800_000_000.0
+SOFT2_HEAL = {MODE: "soft", HIGHEST_TIER: "2", "stormtopo.io/heal": "true"}
+AS_ASKED = {"mode": "soft", "highestTierAllowed": 2}  # what the soft request asks
+HELD = {"mode": "hard", "highestTierAllowed": 1}  # what the move's hold asks
+
+
+def moving(annotations: dict[str, str], at: float = NOW - 30, **record: object) -> dict[str, Any]:
+    """The StormService while its replica moves into tier 1 (the healer's record, begun at `at`)."""
+    import datetime
+    import json
+
+    ss = service(annotations)
+    began = datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    move = {"at": began, "to": "s0", "toTier": 1, "reason": "soft-above-tier", "pods": ["old"], **record}
+    ss["metadata"]["annotations"]["stormtopo.io/moves"] = json.dumps({"svc-roleset-abcde": move})
+    return ss
+
+
+def held_podgroup(recorded: str = "soft within tier 2, scope RoleSet") -> dict[str, Any]:
+    pg = constrained_podgroup()
+    pg["metadata"]["annotations"] = {REQUEST_ANNOTATION: recorded}
+    pg["spec"]["networkTopology"] = dict(HELD)
+    return pg
+
+
+def planned_topology(ss: dict[str, Any], podgroup: dict[str, Any], now: float | None = NOW) -> object:
+    """The networkTopology the reconciler writes on the replica's PodGroup; None if it writes none."""
+    plan = plan_stormservice(ServiceSnapshot(ss, (replica(),), {"svc-roleset-abcde": podgroup}, TIERS), now=now)
+    ops = [op for w in plan.writes if isinstance(w, PatchPodGroup) for op in w.ops if op["path"] == "/spec/networkTopology"]
+    assert len(ops) <= 1, plan.writes
+    return ops[0].get("value", "removed") if ops else None
+
+
+def test_while_the_service_asks_for_healing_the_moving_replica_stays_held() -> None:
+    assert planned_topology(moving(SOFT2_HEAL), held_podgroup()) is None  # held already: nothing to write
+    as_asked = {**held_podgroup(), "spec": {**held_podgroup()["spec"], "networkTopology": dict(AS_ASKED)}}
+    assert planned_topology(moving(SOFT2_HEAL), as_asked) == HELD  # the reconciler holds it too (AIBrix's rewrite)
+
+
+def test_removing_the_heal_annotation_ends_the_hold() -> None:
+    removed = moving({MODE: "soft", HIGHEST_TIER: "2"})
+    assert planned_topology(removed, held_podgroup()) == AS_ASKED
+    assert planned_topology(removed, held_podgroup(), now=None) == AS_ASKED  # no clock needed for this
+
+
+def test_heal_false_ends_the_hold() -> None:
+    assert planned_topology(moving({**SOFT2_HEAL, "stormtopo.io/heal": "false"}), held_podgroup()) == AS_ASKED
+
+
+def test_a_heal_annotation_not_understood_ends_the_hold() -> None:
+    typo = moving({**SOFT2_HEAL, "stormtopo.io/heal": "ture"})
+    assert planned_topology(typo, held_podgroup()) == AS_ASKED
+    plan = plan_stormservice(ServiceSnapshot(typo, (replica(),), {"svc-roleset-abcde": held_podgroup()}, TIERS), now=NOW)
+    assert plan.say is not None and plan.say.reason == "InvalidHealAnnotation"  # and said
+
+
+def test_switching_to_scope_stormservice_ends_the_hold() -> None:
+    scoped = moving({**SOFT2_HEAL, SCOPE: "StormService"})
+    plan = plan_stormservice(ServiceSnapshot(scoped, (replica(),), {"svc-roleset-abcde": held_podgroup()}, TIERS), now=NOW)
+    # The replica's PodGroup carries no constraint now (the service's own PodGroup does): no hold left.
+    assert PatchPodGroup("ns", "svc-roleset-abcde", [{"op": "remove", "path": "/spec/networkTopology"}]) in plan.writes
+    assert not [op for w in plan.writes if isinstance(w, PatchPodGroup) for op in w.ops if op.get("value") == HELD]
+    from stormtopo.core.moves import moving_tier
+
+    assert moving_tier(scoped, "svc-roleset-abcde", NOW) is None  # nor does the webhook hold it
+
+
+def test_an_invalid_request_lets_the_hold_go_to_the_last_valid_request_and_keeps_the_rest() -> None:
+    bad = moving({MODE: "soft", HIGHEST_TIER: "7", "stormtopo.io/heal": "true"})
+    sibling = {**constrained_podgroup(), "metadata": {**constrained_podgroup()["metadata"], "name": "svc-roleset-fghij"}}
+    other = {**replica(), "metadata": {**replica()["metadata"], "name": "svc-roleset-fghij"}}
+    groups = {"svc-roleset-abcde": held_podgroup(), "svc-roleset-fghij": sibling}
+    plan = plan_stormservice(ServiceSnapshot(bad, (replica(), other), groups, TIERS), now=NOW)
+    assert plan.invalid and plan.say is not None and "the last valid request stays applied" in plan.say.message
+    # Only the held PodGroup is written, only its networkTopology, back to what it records of its last valid request.
+    assert plan.writes == (
+        PatchPodGroup("ns", "svc-roleset-abcde", [{"op": "replace", "path": "/spec/networkTopology", "value": AS_ASKED}]),
+    )
+    # Its last valid request hard within a tier name, or before scopes were written: read back as well.
+    assert planned_topology(bad, held_podgroup("hard within tier 'leaf', scope RoleSet")) == {"mode": "hard", "highestTierName": "leaf"}
+    assert planned_topology(bad, held_podgroup("soft within any tier")) == {"mode": "soft"}
+    # What it records cannot be read back: left as it is, rather than given a topology guessed from nothing.
+    assert planned_topology(bad, held_podgroup("something else")) is None
+    # Let go already (or never held): nothing to write.
+    assert planned_topology(bad, {**held_podgroup(), "spec": {**held_podgroup()["spec"], "networkTopology": dict(AS_ASKED)}}) is None
+
+
+def test_the_hold_ends_at_the_moves_deadline() -> None:
+    from stormtopo.core.moves import MOVE_DEADLINE
+
+    assert planned_topology(moving(SOFT2_HEAL, at=NOW - MOVE_DEADLINE + 5), held_podgroup()) is None  # still held
+    assert planned_topology(moving(SOFT2_HEAL, at=NOW - MOVE_DEADLINE - 1), held_podgroup()) == AS_ASKED
+    assert planned_topology(moving(SOFT2_HEAL, at=NOW - MOVE_DEADLINE - 1), held_podgroup(), now=None) is None  # no clock: not judged
+    assert planned_topology(moving(SOFT2_HEAL, at=NOW - 30, done=True), held_podgroup()) == AS_ASKED  # settled
+
+
+def test_the_webhook_lets_go_of_a_service_that_no_longer_asks_for_healing() -> None:
+    rewrite = {"metadata": {"name": "svc-roleset-abcde", "namespace": "ns"}, "spec": {"minMember": 2, "queue": "default"}}
+
+    def admitted(ss: dict[str, Any]) -> object:
+        return {op["path"]: op["value"] for op in admit_podgroup(rewrite, replica(), ss, TIERS).patch}["/spec/networkTopology"]
+
+    assert admitted(moving(SOFT2_HEAL)) == HELD
+    assert admitted(moving({MODE: "soft", HIGHEST_TIER: "2"})) == AS_ASKED
+    assert admitted(moving({**SOFT2_HEAL, "stormtopo.io/heal": "no"})) == AS_ASKED

@@ -127,7 +127,7 @@ def test_pod_of_one_stormservice_cannot_join_anothers_group_even_without_a_reque
 def test_a_moving_replicas_podgroup_is_held_hard_within_the_targets_tier_by_the_webhook_too() -> None:
     import json
 
-    soft = stormservice("svc", "ns", annotations={MODE: "soft", HIGHEST_TIER: "2"})
+    soft = stormservice("svc", "ns", annotations={MODE: "soft", HIGHEST_TIER: "2", "stormtopo.io/heal": "true"})
     rs = roleset()
     podgroup = {"metadata": {"name": rs["metadata"]["name"], "namespace": "ns"}, "spec": {"minMember": 2}}
     as_asked = admit_podgroup(podgroup, rs, soft, CLUSTER).patch
@@ -139,3 +139,21 @@ def test_a_moving_replicas_podgroup_is_held_hard_within_the_targets_tier_by_the_
     assert {"op": "add", "path": "/spec/networkTopology", "value": {"mode": "hard", "highestTierAllowed": 1}} in held
     soft["metadata"]["annotations"]["stormtopo.io/moves"] = json.dumps({rs["metadata"]["name"]: {"toTier": 1, "done": True}})
     assert admit_podgroup(podgroup, rs, soft, CLUSTER).patch == as_asked  # settled: as its request asks again
+
+
+def test_the_webhook_lets_a_hold_go_at_the_moves_deadline_as_the_reconciler_does() -> None:
+    """Issue 34, item 2: both shells pass the same clock; past MOVE_DEADLINE the webhook holds no more."""
+    import datetime
+    import json
+
+    from stormtopo.core.moves import MOVE_DEADLINE
+
+    soft = stormservice("svc", "ns", annotations={MODE: "soft", HIGHEST_TIER: "2", "stormtopo.io/heal": "true"})
+    rs = roleset()
+    podgroup = {"metadata": {"name": rs["metadata"]["name"], "namespace": "ns"}, "spec": {"minMember": 2}}
+    began = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
+    soft["metadata"]["annotations"]["stormtopo.io/moves"] = json.dumps({rs["metadata"]["name"]: {"toTier": 1, "at": began.isoformat()}})
+    hard = {"op": "add", "path": "/spec/networkTopology", "value": {"mode": "hard", "highestTierAllowed": 1}}
+    assert hard in admit_podgroup(podgroup, rs, soft, CLUSTER, now=began.timestamp() + 10).patch
+    late = admit_podgroup(podgroup, rs, soft, CLUSTER, now=began.timestamp() + MOVE_DEADLINE + 1).patch
+    assert {"op": "add", "path": "/spec/networkTopology", "value": {"mode": "soft", "highestTierAllowed": 2}} in late

@@ -1,6 +1,6 @@
 """Making room (core/room.py, and its move in core/healing.py): a wide replica that no leaf holds gets
-one when a smaller replica of another opted-in service moves to a leaf Volcano surely prefers. On the
-feature request's tree: leaves s0..s3 of two 8-GPU nodes each (s0: node0, node1; s1: node2, node3; ...)."""
+one when a smaller replica of another service that lends room moves to a leaf Volcano surely prefers. On
+the feature request's tree: leaves s0..s3 of two 8-GPU nodes each (s0: node0, node1; s1: node2, node3; ...)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,22 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from stormtopo.core.healing import Block, HealMemory, MakeRoom, Replica, Why, plan_healing, resident
+from stormtopo.core.healing import (
+    Block,
+    HealMemory,
+    HealSnapshot,
+    MakeRoom,
+    Replica,
+    Why,
+    lender_budget,
+    plan_healing,
+    resident,
+    room_made_for,
+    wide_replica,
+)
 from stormtopo.core.packing import domains_at_tier
 from stormtopo.core.room import Resident, room_by_moving, take
-from stormtopo.core.vocabulary import MOVES_ANNOTATION, PLACEMENT_ANNOTATION
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, LEND_ROOM_ANNOTATION, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import EvictPod, PostEvent, RecordMove
 from stormtopo.devenv.workloads import Role, stormservice
 from tests.core.test_healing import NOW, SOFT1, TIERS, TOPOLOGY, stamp
@@ -92,44 +104,51 @@ def test_the_smallest_resident_that_helps_is_chosen_and_one_that_cannot_help_is_
 ONE_EACH = (Role("prefill", gpus=1), Role("decode", gpus=1))
 
 
-def small_service(**moves: dict[str, Any]) -> dict[str, Any]:
-    svc = stormservice("small", "other", ONE_EACH, annotations=dict(SOFT1))
+LEND = {LEND_ROOM_ANNOTATION: "true"}
+
+
+def small_service(moves: dict[str, Any] | None = None, replicas: int = 2, lends: bool = True) -> dict[str, Any]:
+    """The smaller service: by default a lender of two replicas (small-0 is the one ordered to move)."""
+    svc = stormservice("small", "other", ONE_EACH, replicas=replicas, annotations={**SOFT1, **(LEND if lends else {})})
     svc["spec"]["updateStrategy"] = {"type": "RollingUpdate"}
     if moves:
         svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps(moves)
     return svc
 
 
-def small_replica(prefill: str, decode: str) -> Replica:
+def small_replica(prefill: str, decode: str, name: str = "small-0", ready: bool = True) -> Replica:
     spec = small_service()["spec"]["template"]["spec"]
-    meta: dict[str, Any] = {"name": "small-0", "namespace": "other", "uid": "rs-uid", "labels": {"storm-service-name": "small"}}
+    meta: dict[str, Any] = {"name": name, "namespace": "other", "uid": f"{name}-uid", "labels": {"storm-service-name": "small"}}
+    conditions = [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": stamp(NOW - 3500)}]
     pods = tuple(
         {
             "metadata": {
-                "name": f"small-0-{role}-0",
-                "uid": f"small-{role}",
+                "name": f"{name}-{role}-0",
+                "uid": f"{name}-{role}",
                 "namespace": "other",
                 "creationTimestamp": stamp(NOW - 3600),
-                "labels": {"storm-service-name": "small", "roleset-name": "small-0", "role-name": role},
-                "ownerReferences": [{"uid": "rs-uid"}],
+                "labels": {"storm-service-name": "small", "roleset-name": name, "role-name": role},
+                "ownerReferences": [{"uid": f"{name}-uid"}],
             },
             "spec": {"nodeName": node},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": stamp(NOW - 3500)}]},
+            "status": {"phase": "Running", "conditions": conditions},
         }
         for role, node in (("prefill", prefill), ("decode", decode))
     )
     return Replica({"metadata": meta, "spec": spec}, pods)
 
 
+SIBLING = small_replica("node6", "node6", name="small-1")  # the lender's other replica, ready, in s3
+
+
 ORDER = MakeRoom("small-0", "StormService ns/svc replica svc-a", "s0")
 
 
-def plan_for(svc: dict[str, Any], free_gpus: dict[str, int], order: MakeRoom | None = ORDER) -> Any:
+def plan_for(svc: dict[str, Any], free_gpus: dict[str, int], order: MakeRoom | None = ORDER, *others: Replica) -> Any:
     from stormtopo.core.healing import HealSnapshot
 
-    return plan_healing(
-        HealSnapshot(svc, (small_replica("node0", "node0"),), TIERS, TOPOLOGY, free_gpus, now=NOW, make_room=order), HealMemory()
-    )
+    replicas = (small_replica("node0", "node0"), *(others or (SIBLING,)))
+    return plan_healing(HealSnapshot(svc, replicas, TIERS, TOPOLOGY, free_gpus, now=NOW, make_room=order), HealMemory())
 
 
 def test_ordered_to_make_room_a_replica_within_its_tier_moves_whole_and_says_for_whom() -> None:
@@ -145,7 +164,7 @@ def test_ordered_to_make_room_a_replica_within_its_tier_moves_whole_and_says_for
 
 def test_unordered_or_blocked_a_replica_within_its_tier_never_moves() -> None:
     assert plan_for(small_service(), free(node0=6, node4=4), order=None).moving is None
-    cooling = small_service(**{"small-0": {"at": stamp(NOW - 60), "done": True}})
+    cooling = small_service({"small-0": {"at": stamp(NOW - 60), "done": True}})
     plan = plan_for(cooling, free(node0=6, node4=4))
     assert plan.moving is None and plan.verdicts[0].block is Block.COOLDOWN
     # Read again now, Volcano would put it back where it is (s0, 6 free beside it, fuller than s2).
@@ -155,7 +174,7 @@ def test_unordered_or_blocked_a_replica_within_its_tier_never_moves() -> None:
 
 def test_a_move_to_make_room_that_went_back_to_the_domain_it_left_did_not_land() -> None:
     record = {"small-0": {"at": stamp(NOW - 120), "pods": ["old-a", "old-b"], "reason": "make-room", "left": "s0", "cooldown": 900}}
-    back = plan_for(small_service(**record), free(node0=6, node4=4), order=None)  # its new pods are on node0 again
+    back = plan_for(small_service(record), free(node0=6, node4=4), order=None)  # its new pods are on node0 again
     assert [(s.replica, s.landed) for s in back.settled] == [("small-0", False)]
     (done,) = [w.record for w in back.writes if isinstance(w, RecordMove)]
     assert done["done"] and done["cooldown"] == 1800  # it did not help: its next move waits twice as long
@@ -167,7 +186,9 @@ def test_a_replica_not_ready_is_not_moved_to_make_room() -> None:
     unready = replace(rs, pods=tuple({**p, "status": {"phase": "Running", "conditions": []}} for p in rs.pods))
     from stormtopo.core.healing import HealSnapshot
 
-    plan = plan_healing(HealSnapshot(svc, (unready,), TIERS, TOPOLOGY, free(node0=6, node4=4), now=NOW, make_room=ORDER), HealMemory())
+    plan = plan_healing(
+        HealSnapshot(svc, (unready, SIBLING), TIERS, TOPOLOGY, free(node0=6, node4=4), now=NOW, make_room=ORDER), HealMemory()
+    )
     assert plan.moving is None and plan.verdicts[0].blocked == "not every pod is ready"
     assert not [w for w in plan.writes if isinstance(w, PostEvent)]  # a donor is not wide: nothing said on it
 
@@ -177,15 +198,77 @@ def test_a_resident_is_read_from_the_index_only_when_whole_within_its_tier_and_f
     found = resident(svc, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW)
     assert found == Resident("other", "small", "small-0", {"node0": 2}, (1, 1), 1)
     assert resident({**svc, "metadata": {**svc["metadata"], "annotations": {}}}, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
-    cooling = small_service(**{"small-0": {"at": stamp(NOW - 60), "done": True}})
+    cooling = small_service({"small-0": {"at": stamp(NOW - 60), "done": True}})
     assert resident(cooling, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
-    moving = small_service(**{"small-1": {"at": stamp(NOW - 60)}})  # another replica of it moving
+    moving = small_service({"small-1": {"at": stamp(NOW - 60)}})  # another replica of it moving
     assert resident(moving, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
     assert resident(svc, rs.roleset, rs.pods[:1], TIERS, TOPOLOGY, NOW) is None  # not whole
-    backing_off = small_service(**{"small-0": {"at": stamp(NOW - 7200), "done": True, "retryAt": stamp(NOW + 60)}})
+    backing_off = small_service({"small-0": {"at": stamp(NOW - 7200), "done": True, "retryAt": stamp(NOW + 60)}})
     assert resident(backing_off, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
     waiting = small_service()
     waiting["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"small-1": {"tier": 2}})  # another replica wide
     assert resident(waiting, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
     wide = replace(rs, pods=(rs.pods[0], {**rs.pods[1], "spec": {"nodeName": "node2"}}))
     assert resident(svc, wide.roleset, wide.pods, TIERS, TOPOLOGY, NOW) is None  # itself above its tier
+
+
+# -- lending room is the lender's choice (issue 34, item 3) ----------------------------------------
+
+ROOM = free(node0=6, node4=4)  # s2 fuller than s0: small-0 would go there, and make room in s0
+
+
+def test_a_service_that_did_not_opt_in_to_lending_is_never_chosen_to_make_room() -> None:
+    rs = small_replica("node0", "node0")
+    declined = small_service()
+    declined["metadata"]["annotations"][LEND_ROOM_ANNOTATION] = "false"
+    for svc in (small_service(lends=False), declined):
+        assert resident(svc, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
+        plan = plan_for(svc, ROOM)  # ordered all the same (an operator of before): its own plan refuses
+        assert plan.moving is None and not [w for w in plan.writes if isinstance(w, EvictPod | RecordMove)]
+        assert "did not opt in to lending room (stormtopo.io/lend-room" in plan.verdicts[0].blocked
+    # Lending without healing is no lending: a lender's move is a healing move, held, settled and cooled down as one.
+    lends_only = small_service()
+    del lends_only["metadata"]["annotations"][HEAL_ANNOTATION]
+    assert resident(lends_only, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
+    assert resident(small_service(), rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is not None  # the same, lending
+
+
+def test_a_lender_with_one_replica_never_makes_room() -> None:
+    svc, rs = small_service(replicas=1), small_replica("node0", "node0")
+    assert resident(svc, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
+    plan = plan_healing(HealSnapshot(svc, (rs,), TIERS, TOPOLOGY, ROOM, now=NOW, make_room=ORDER), HealMemory())
+    assert plan.moving is None and plan.verdicts[0].blocked == "a service with one replica never lends room"
+    assert lender_budget(svc) == (1, 0)
+
+
+def test_a_lender_keeps_all_but_one_replica_ready_whatever_its_own_budget_allows() -> None:
+    three = small_service(replicas=3)
+    three["spec"]["updateStrategy"] = {"type": "RollingUpdate", "maxUnavailable": 2}  # its own budget: 2 of 3
+    assert lender_budget(three) == (3, 1)
+    unready = small_replica("node6", "node6", name="small-2", ready=False)
+    plan = plan_for(three, ROOM, ORDER, SIBLING, unready)
+    assert plan.moving is None and plan.verdicts[0].block is Block.BUDGET
+    assert "1 other replicas are ready and the service keeps at least 2 of 3 (max(1, replicas - 1)" in plan.verdicts[0].blocked
+    ready = small_replica("node6", "node6", name="small-2")
+    assert plan_for(three, ROOM, ORDER, SIBLING, ready).moving is not None  # both others ready: it lends one
+    # Never more than its own budget: maxUnavailable 0 (and a surge) leaves nothing to lend.
+    three["spec"]["updateStrategy"] = {"type": "RollingUpdate", "maxSurge": 1, "maxUnavailable": 0}
+    assert lender_budget(three) == (3, 0) and plan_for(three, ROOM, ORDER, SIBLING, ready).moving is None
+
+
+def test_a_service_never_makes_room_for_its_own_wide_replica() -> None:
+    own = MakeRoom("small-0", wide_replica("other", "small", "small-1"), "s0")
+    plan = plan_for(small_service(), ROOM, own)
+    assert plan.moving is None and plan.verdicts[0].blocked == "a service makes no room for its own replicas"
+
+
+def test_room_made_for_a_wide_replica_is_read_back_from_the_lenders_record() -> None:
+    plan = plan_for(small_service(), ROOM)
+    (record,) = [w.record for w in plan.writes if isinstance(w, RecordMove)]
+    lender = small_service({"small-0": dict(record)})
+    assert room_made_for([lender]) == {("ns", "svc", "svc-a"): NOW}
+    # Settled, refused after its first eviction or not: room was made; the latest move counts.
+    older = small_service({"small-1": {**record, "at": stamp(NOW - 600), "done": True}})
+    assert room_made_for([older, lender]) == {("ns", "svc", "svc-a"): NOW}
+    healed = small_service({"small-0": {**record, "reason": "soft-above-tier"}})
+    assert room_made_for([healed, small_service()]) == {}  # a move of its own, for no one

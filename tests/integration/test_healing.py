@@ -24,7 +24,7 @@ from kubernetes import client
 
 from stormtopo.core.healing import COOLDOWN
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, MODE
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice
 from tests.conftest import stormtopo
@@ -318,14 +318,18 @@ def test_the_dry_run_names_the_replica_that_would_make_room(
 def wide_beside_small(
     cluster: DevCluster, topology: Topology, namespace: str, big: str, small: str
 ) -> tuple[dict[str, list[str]], set[str]]:
-    """A smaller opted-in replica alone on node0 (s0); s2 with room for it twice over; the wide 8 + 8
-    replica across s0 and s1, s0 holding it only without the smaller one. The wide replica's pods by
-    replica, and the smaller one's pod uids."""
-    fill(cluster, namespace, ["node1", "node2", "node3", "node4", "node5", "node6", "node7"])  # only node0 free
+    """A smaller replica of a service that lends room (two replicas: one may move, issue 34) alone on
+    node0 (s0), its other replica on node7; s2 with room for it twice over; the wide 8 + 8 replica across
+    s0 and s1, s0 holding it only without the smaller one. The wide replica's pods by replica, and the
+    smaller one's pod uids."""
+    fill(cluster, namespace, ["node1", "node2", "node3", "node4", "node5", "node6"])  # node0 free, node7 with 2
+    cluster.create(filler_pod("most-node7", namespace, "node7", 6))
     one_each = (Role("prefill", gpus=1), Role("decode", gpus=1))
-    cluster.create(stormservice(small, namespace, roles=one_each, annotations={**SOFT_LEAF, **HEAL}))
-    placed = cluster.bound_pods(namespace, f"storm-service-name={small}", 2)
-    assert node_names(placed) == ["node0", "node0"]
+    cluster.create(
+        stormservice(small, namespace, roles=one_each, replicas=2, annotations={**SOFT_LEAF, **HEAL, LEND_ROOM_ANNOTATION: "true"})
+    )
+    placed = cluster.bound_pods(namespace, f"storm-service-name={small}", 4)
+    assert node_names(placed) == ["node0", "node0", "node7", "node7"]
     small_before = {p["metadata"]["uid"] for p in placed}
     for node in ("node1", "node3", "node4"):
         free(cluster, namespace, node)

@@ -5,12 +5,14 @@ replica off."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import Any, cast
 
 import pytest
 
 from stormtopo.core.healing import BACKOFF, HealMemory, plan_healing
+from stormtopo.core.vocabulary import MOVES_ANNOTATION
 from stormtopo.kube.errors import ApiError
 from stormtopo.operator.healing import Healer
 from tests.core.test_healing import NOW, SOFT1, WIDE, pdb, service, snap
@@ -113,10 +115,29 @@ def test_an_error_that_is_no_budget_refusal_leaves_the_move_under_way() -> None:
 # -- making room: which resident is offered, and when none is -------------------------------------
 
 
+def lender_record(replica: str, wide: str, at: float, done: bool = True) -> dict[str, Any]:
+    """A lender's StormService whose `replica` moved at `at` to make room for `wide`, as the healer records it."""
+    import json
+
+    from stormtopo.core.vocabulary import MOVES_ANNOTATION
+    from tests.core.test_healing import stamp
+
+    svc = service(SOFT1)
+    record = {"at": stamp(at), "reason": "make-room", "for": wide, "done": done}
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({replica: record})
+    return svc
+
+
+WIDE_SVC_A = "StormService ns/svc replica svc-a"
+
+
 def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
     """A Healer over a fixed index whose residents are two replicas of other services (s0's node0 and
     s1's node2, each with 6 GPUs free beside it, s2 with 4 free); each plan the residents' services
-    get is the next of `verdicts` (a Verdict moving, or None: its own plan refused)."""
+    get is the next of `verdicts` (a Verdict moving, or None: its own plan refused). A move carried
+    out leaves its record in the index, settled, as the healer's own write does."""
+    import time
+
     from stormtopo.core.healing import HealPlan
     from stormtopo.core.room import Resident
     from tests.core.test_healing import TIERS, TOPOLOGY, free
@@ -143,7 +164,10 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
 
         async def heal(self, key: Any, make_room: Any = None, allocatable: Any = None) -> Any:
             self.offered.append(make_room.replica)
-            return HealPlan(moving=verdicts.pop(0))
+            verdict = verdicts.pop(0)
+            if verdict is not None:
+                services[key] = lender_record(make_room.replica, make_room.wide, time.time())
+            return HealPlan(moving=verdict)
 
     healer = Probe(cast(Any, Index()), cast(Any, None), lambda *_: None, cast(Any, Explainer()), cast(Any, None))
     healer.offered = []  # type: ignore[attr-defined]
@@ -155,19 +179,39 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
 def test_a_resident_refused_by_its_own_plan_is_followed_by_the_next_and_room_is_made_once() -> None:
     from stormtopo.core.healing import Verdict, Why
 
-    healer = making_room_healer({}, [None, Verdict("small-0", "s0, tier 0", Why.MAKE_ROOM)])
+    services: dict[Any, Any] = {}
+    healer = making_room_healer(services, [None, Verdict("small-0", "s0, tier 0", Why.MAKE_ROOM)])
     asyncio.run(healer.make_room())
     assert healer.offered == ["second-0", "small-0"]  # the first in line refused by its own plan, then the next
-    assert ("ns", "svc") in healer._room_for and (("ns", "svc"), "svc-a") in healer._room_made
+    (record,) = json.loads(services[("other", "small")]["metadata"]["annotations"][MOVES_ANNOTATION]).values()
+    assert record["for"] == WIDE_SVC_A
     asyncio.run(healer.make_room())
     assert healer.offered == ["second-0", "small-0"]  # not again for the same wide replica within its cool-down
 
 
+def test_room_made_once_per_wide_replica_survives_a_leader_change() -> None:
+    """A new leader (nothing in memory) reads the limit back from the lender's move record."""
+    import time
+
+    from stormtopo.core.healing import COOLDOWN, MOVE_DEADLINE, Verdict, Why
+
+    made = {("other", "small"): lender_record("small-0", WIDE_SVC_A, time.time() - 60)}
+    healer = making_room_healer(made, [Verdict("second-0", "s1, tier 1", Why.MAKE_ROOM)])
+    asyncio.run(healer.make_room())
+    assert healer.offered == []
+    # Past the cool-down, room may be made for it again; room made for another wide replica is no limit on it.
+    for stale in (
+        lender_record("small-0", WIDE_SVC_A, time.time() - COOLDOWN - 1),
+        lender_record("small-0", "StormService ns/other replica other-a", time.time() - 60),
+        # Another's move to make room never settled (its service stopped healing): past its deadline, under way no more.
+        lender_record("small-0", "StormService ns/other replica other-a", time.time() - MOVE_DEADLINE - 1, done=False),
+    ):
+        healer = making_room_healer({("other", "small"): stale}, [Verdict("second-0", "s1, tier 1", Why.MAKE_ROOM)])
+        asyncio.run(healer.make_room())
+        assert healer.offered == ["second-0"], stale
+
+
 def test_no_room_is_made_while_a_move_to_make_room_is_under_way() -> None:
-    import json
-
-    from stormtopo.core.vocabulary import MOVES_ANNOTATION
-
     busy = service(SOFT1)
     busy["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"x-0": {"at": "2027-01-15T08:00:00Z", "reason": "make-room"}})
     healer = making_room_healer({("other", "busy"): busy}, [])
@@ -220,3 +264,43 @@ def test_a_pod_gone_from_its_node_ends_the_quiet_of_services_with_nowhere_to_go(
     index.pods_freed += 1
     asyncio.run(healer.check())
     assert looked == [("ns", "svc")] * 2 and healer._fresh  # once a quiet spell: churn does not read it every pass
+
+
+def test_a_service_room_is_being_made_for_is_read_every_pass_from_the_lenders_record() -> None:
+    """Not from the healer's memory: a new leader looks at it every pass too, until the move's deadline."""
+    import time
+
+    from stormtopo.core.healing import MOVE_DEADLINE
+    from stormtopo.core.vocabulary import PLACEMENT_ANNOTATION
+    from tests.core.test_healing import TIERS, TOPOLOGY
+
+    wide = service(SOFT1)
+    wide["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s4", "tier": 2}})
+
+    class Index:
+        stormservices = {("ns", "svc"): wide, ("other", "small"): lender_record("small-0", WIDE_SVC_A, time.time() - 60)}
+        pods_freed = 0
+
+        def topology(self) -> Any:
+            return TOPOLOGY
+
+        def cluster_tiers(self) -> Any:
+            return TIERS
+
+    looked: list[Any] = []
+
+    class Probe(Healer):
+        async def heal(self, key: Any, make_room: Any = None, allocatable: Any = None) -> Any:
+            looked.append(key)
+            return None
+
+    index = Index()
+    healer = Probe(cast(Any, index), cast(Any, None), lambda *_: None, cast(Any, None), cast(Any, None))
+    healer._memory[("ns", "svc")] = HealMemory(quiet_until=time.time() + 3600)  # nowhere to go, for now
+    asyncio.run(healer.check())
+    asyncio.run(healer.check())
+    assert looked == [("ns", "svc")] * 2  # quiet, but room is being made for it
+    index.stormservices[("other", "small")] = lender_record("small-0", WIDE_SVC_A, time.time() - MOVE_DEADLINE - 1)
+    healer._memory[("ns", "svc")] = HealMemory(quiet_until=time.time() + 3600)
+    asyncio.run(healer.check())
+    assert looked == [("ns", "svc")] * 2  # past the move's deadline: quiet again

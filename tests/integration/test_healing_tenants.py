@@ -1,0 +1,196 @@
+"""Healing among tenants on the real control plane (issue 34): every hold ends, and lending room is the
+lender's choice.
+
+The feature request's tree, as in test_healing.py: leaves s0..s3 of two 8-GPU nodes each (s0: node0,
+node1; s1: node2, node3; s2: node4, node5; s3: node6, node7). A replica of an 8-GPU prefill and an
+8-GPU decode needs a whole leaf; fillers leave none, so Volcano places it across the spine (soft).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stormtopo.core.healing import COOLDOWN
+from stormtopo.core.topology.tree import Topology
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, LEND_ROOM_ANNOTATION
+from stormtopo.devenv.client import DevCluster, node_names
+from stormtopo.devenv.workloads import Role, filler_pod, stormservice
+from tests.integration.test_healing import (
+    BIG,
+    HEAL,
+    MOVE_WITHIN,
+    SOFT_LEAF,
+    events,
+    fill,
+    free,
+    healing_passes,
+    in_one_leaf,
+    making_room,
+    replicas,
+    watching_ready_replicas,
+    wide_placement,
+)
+
+AS_ASKED = {"mode": "soft", "highestTierAllowed": 1}  # what SOFT_LEAF asks of every PodGroup
+HELD = {"mode": "hard", "highestTierAllowed": 1}  # a move's hold into a leaf
+LEND = {LEND_ROOM_ANNOTATION: "true"}
+ONE_EACH = (Role("prefill", gpus=1), Role("decode", gpus=1))  # a small replica: 2 GPUs on one node
+
+
+def podgroup_topologies(cluster: DevCluster, namespace: str, name: str) -> dict[str, Any]:
+    """The networkTopology of every PodGroup of the service's replicas (AIBrix names each after its RoleSet)."""
+    rolesets = {r["metadata"]["name"] for r in cluster.rolesets(namespace, name)}
+    return {
+        pg["metadata"]["name"]: pg["spec"].get("networkTopology")
+        for pg in cluster.podgroups(namespace)
+        if pg["metadata"]["name"] in rolesets
+    }
+
+
+def test_removing_heal_right_after_replica_moving_ends_the_hold(
+    cluster: DevCluster, cluster_dir: Path, topology: Topology, namespace: str
+) -> None:
+    """A soft replica across the spine starts moving into the leaf that freed up, its PodGroup held hard
+    within the leaf; heal is removed right after ReplicaMoving, before the move can settle. Within the
+    move's deadline (well within it: the reconciler acts on the StormService's change), every PodGroup of
+    the service asks for what the service asks for again, soft, and stays so over the healing passes
+    that follow, though the healer never settles the move (it no longer looks at the service)."""
+    name = f"unheal-{namespace}"  # AIBrix v0.7.0 counts same-named RoleSets across namespaces
+    fill(cluster, namespace, ["node0", "node2", "node4", "node5", "node6", "node7"])  # free: node1 (s0), node3 (s1)
+    cluster.create(stormservice(name, namespace, roles=BIG, annotations={**SOFT_LEAF, **HEAL}))
+    wide_placement(cluster, topology, namespace, name)
+    free(cluster, namespace, "node0")  # s0: node0 free, node1 the replica's own
+
+    cluster.wait(lambda: events(cluster, namespace, name, "ReplicaMoving"), MOVE_WITHIN, "the ReplicaMoving Event")
+    # The hold is written right after the Event and before the evictions.
+    cluster.wait(lambda: HELD in podgroup_topologies(cluster, namespace, name).values(), 15, "the moving replica's PodGroup held hard")
+    cluster.patch_stormservice(namespace, name, {"metadata": {"annotations": {HEAL_ANNOTATION: None}}})
+
+    def as_asked() -> dict[str, Any]:
+        found = podgroup_topologies(cluster, namespace, name)
+        return found if found and all(t == AS_ASKED for t in found.values()) else {}
+
+    cluster.wait(as_asked, 60, "every PodGroup of the service soft within tier 1 again (the move's deadline is 600 s)")
+    passes = healing_passes(cluster_dir)
+    cluster.wait(lambda: healing_passes(cluster_dir) >= passes + 3, 90, "three healing passes since heal was removed")
+    assert as_asked(), podgroup_topologies(cluster, namespace, name)
+    # The hold ended by itself: the healer, which no longer looks at the service, did not settle the move.
+    moves = json.loads(cluster.stormservice(namespace, name)["metadata"]["annotations"]["stormtopo.io/moves"])
+    (record,) = moves.values()
+    assert record["toTier"] == 1 and not record.get("done"), moves
+
+
+@pytest.fixture
+def other_namespace(cluster: DevCluster) -> Iterator[str]:
+    """A second tenant's namespace, made and removed as the `namespace` fixture makes and removes its own."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.create_namespace(name)
+    yield name
+    cluster.delete_namespace(name, wait=120)
+
+
+def placed_on(cluster: DevCluster, namespace: str, name: str, count: int) -> dict[str, list[str]]:
+    """Wait until the service has `count` replicas bound and Running; replica -> its nodes."""
+    cluster.bound_pods(namespace, f"storm-service-name={name}", 2 * count)
+    return {r: node_names(p for p in pods if p["spec"].get("nodeName")) for r, pods in replicas(cluster, namespace, name).items()}
+
+
+def running_fillers(cluster: DevCluster, namespace: str) -> set[str]:
+    return {p["metadata"]["name"] for p in cluster.pods(namespace, "stormtopo.io/filler=true") if p["status"].get("phase") == "Running"}
+
+
+def add_filler(cluster: DevCluster, namespace: str, name: str, node: str, gpus: int) -> None:
+    """A filler of `gpus` GPUs on `node`, beside what runs there (fill's take whole nodes)."""
+    cluster.create(filler_pod(name, namespace, node, gpus))
+    cluster.wait(lambda: name in running_fillers(cluster, namespace), 30, f"the filler {name} running on {node}")
+
+
+def remove_filler(cluster: DevCluster, namespace: str, name: str) -> None:
+    cluster.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    gone = lambda: name not in {p["metadata"]["name"] for p in cluster.pods(namespace, "stormtopo.io/filler=true")}  # noqa: E731
+    cluster.wait(gone, 30, f"the filler {name} gone")
+
+
+def test_only_a_lender_makes_room_for_another_namespaces_wide_replica(
+    cluster: DevCluster, cluster_dir: Path, topology: Topology, namespace: str, other_namespace: str
+) -> None:
+    """Two services of another tenant (`other_namespace`), alike but for the lender's opt-in, each with a
+    2-GPU replica beside one of the wide replica's pods: `keep` on node0 (s0), `lend` on node2 (s1),
+    their second replicas in s3; s2 has 4 GPUs free. Moving either would make room (keep's first in
+    line before issue 34: same size, first by name); only `lend`, which opted in to lending, moves, into
+    s2, while its other replica stays ready; `keep` is never touched. Where Volcano places the lender's
+    replica in s2, the wide replica (in `namespace`) then moves into s1, the leaf it left; where Volcano
+    holds it in s1 (a re-created pod placed before the last old one was evicted), its move is recorded
+    as not landed and its cool-down doubled, and nothing more moves for it now."""
+    big, keep, lend = f"wide-{namespace}", f"keep-{other_namespace}", f"lend-{other_namespace}"
+    with making_room(cluster_dir):
+        # Each service's first replica on its own leaf, its second in s3, steered by fillers (in `namespace`).
+        fill(cluster, namespace, ["node1", "node2", "node3", "node4", "node5", "node6", "node7"])  # only node0 free
+        cluster.create(stormservice(keep, other_namespace, roles=ONE_EACH, annotations={**SOFT_LEAF, **HEAL}))
+        assert list(placed_on(cluster, other_namespace, keep, 1).values()) == [["node0", "node0"]]
+        add_filler(cluster, namespace, "rest-node0", "node0", 6)
+        free(cluster, namespace, "node2")  # only node2 free
+        cluster.create(stormservice(lend, other_namespace, roles=ONE_EACH, annotations={**SOFT_LEAF, **HEAL, **LEND}))
+        assert list(placed_on(cluster, other_namespace, lend, 1).values()) == [["node2", "node2"]]
+        add_filler(cluster, namespace, "rest-node2", "node2", 6)
+        free(cluster, namespace, "node6")  # only node6 free: both second replicas go there
+        for name in (keep, lend):
+            cluster.patch_stormservice(other_namespace, name, {"spec": {"replicas": 2}})
+            assert sorted(placed_on(cluster, other_namespace, name, 2).values())[-1] == ["node6", "node6"]
+        add_filler(cluster, namespace, "rest-node6", "node6", 4)  # s3 full
+        keep_before = {p["metadata"]["uid"] for pods in replicas(cluster, other_namespace, keep).values() for p in pods}
+        lend_before = {r: {p["metadata"]["uid"] for p in pods} for r, pods in replicas(cluster, other_namespace, lend).items()}
+        (lender,) = [r for r, pods in replicas(cluster, other_namespace, lend).items() if node_names(pods) == ["node2", "node2"]]
+
+        # node0 and node2 with 6 free beside the small replicas, node1 and node3 with 8, s2 with 4 (node4).
+        remove_filler(cluster, namespace, "rest-node0")
+        remove_filler(cluster, namespace, "rest-node2")
+        for node in ("node1", "node3", "node4"):
+            free(cluster, namespace, node)
+        add_filler(cluster, namespace, "most-node4", "node4", 4)
+        # Only node1 and node3 have 8 free: the 8 + 8 replica lands across s0 and s1.
+        with watching_ready_replicas(cluster, other_namespace, lend) as lend_ready:
+            cluster.create(stormservice(big, namespace, roles=BIG, annotations={**SOFT_LEAF, **HEAL}))
+            before = wide_placement(cluster, topology, namespace, big)
+
+            def lender_moved() -> list[dict[str, Any]]:
+                pods = [
+                    p for p in replicas(cluster, other_namespace, lend).get(lender, []) if p["metadata"]["uid"] not in lend_before[lender]
+                ]
+                return pods if len(node_names(p for p in pods if p["spec"].get("nodeName"))) == 2 and in_one_leaf(topology, pods) else []
+
+            lend_pods = cluster.wait(lender_moved, 120, "the lender's replica placed again within one leaf")
+            (making_room_event,) = events(cluster, other_namespace, lend, "ReplicaMoving")
+            assert f"makes room in s1 for StormService {namespace}/{big} replica" in making_room_event, making_room_event
+
+            def settled() -> dict[str, Any]:
+                raw = (cluster.stormservice(other_namespace, lend)["metadata"].get("annotations") or {}).get("stormtopo.io/moves") or "{}"
+                return next((m for m in json.loads(raw).values() if m.get("done")), {})
+
+            record = cluster.wait(settled, 120, "the move to make room settled")
+        # The lender kept max(1, replicas - 1) = 1 replica ready throughout, and only the one replica moved.
+        assert min(lend_ready) >= 1, lend_ready
+        others = {r: {p["metadata"]["uid"] for p in pods} for r, pods in replicas(cluster, other_namespace, lend).items() if r != lender}
+        assert others == {r: uids for r, uids in lend_before.items() if r != lender}
+        # The service that did not opt in to lending was never moved, though first in line.
+        assert {p["metadata"]["uid"] for pods in replicas(cluster, other_namespace, keep).values() for p in pods} == keep_before
+        assert not events(cluster, other_namespace, keep, "ReplicaMoving")
+        if not record["landed"]:
+            assert node_names(lend_pods) == ["node2", "node2"] and record["cooldown"] == 2 * COOLDOWN, record
+            return
+        assert node_names(lend_pods) == ["node4", "node4"]
+        big_old = set(next(iter(before.values())))
+
+        def big_moved() -> list[dict[str, Any]]:
+            pods = [p for pods in replicas(cluster, namespace, big).values() for p in pods if p["metadata"]["uid"] not in big_old]
+            return pods if len(node_names(p for p in pods if p["spec"].get("nodeName"))) == 2 and in_one_leaf(topology, pods) else []
+
+        assert sorted(node_names(cluster.wait(big_moved, 120, "the wide replica placed again within s1"))) == ["node2", "node3"]
+        (moving,) = events(cluster, namespace, big, "ReplicaMoving")
+        assert "to s1 (tier 1)" in moving, moving
