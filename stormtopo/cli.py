@@ -185,6 +185,15 @@ def _release_held(args: argparse.Namespace) -> int:
     return release_held.run(_api(args), args.namespace, args.dry_run, print)
 
 
+def _uninstall(args: argparse.Namespace) -> int:
+    from stormtopo.operator import uninstall
+
+    if args.stop_deployment and "/" not in args.stop_deployment:
+        print(f"stormtopo: --stop-deployment {args.stop_deployment!r}: accepted: NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    return uninstall.run(_api(args), args.namespace, args.stop_deployment, args.delete_webhooks)
+
+
 def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Network-topology-aware scheduling for AIBrix StormService on Volcano")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -243,6 +252,16 @@ def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
     held.add_argument("--namespace", "-n", help="only this namespace (default: every namespace)")
     held.add_argument("--dry-run", action="store_true", help="print what would be released, change nothing")
     held.set_defaults(func=_release_held)
+
+    gone = sub.add_parser(
+        "uninstall",
+        parents=[kube],
+        help="leave the cluster as it was: gates, moves' holds and the node tier's HyperNodes taken back (stop the operator first)",
+    )
+    from stormtopo.operator.uninstall import add_arguments
+
+    add_arguments(gone)
+    gone.set_defaults(func=_uninstall)
 
     demo = sub.add_parser("demo", help="the feature request's 1P1D scenario with and without stormtopo, as trees and a PNG")
     demo.add_argument("--state-dir", help="where to run the demo cluster (default: a new temporary directory)")

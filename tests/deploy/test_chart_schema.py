@@ -45,7 +45,10 @@ def test_a_bad_value_is_refused_naming_it(value: str, named: str) -> None:
     assert refused.returncode != 0 and named in refused.stderr, refused.stderr
 
 
-def test_the_node_tier_is_off_by_default_and_writes_hypernodes_only_when_enabled() -> None:
+def test_the_node_tier_is_off_by_default_and_creates_hypernodes_only_when_enabled() -> None:
+    """Off, it may still patch leaves and delete its own tier-0 HyperNodes: turned off (and at uninstall)
+    every leaf gets its nodes back (issue 33). The admission policy node-tier-only limits both."""
+
     def render(*sets: str) -> tuple[list[str], set[str]]:
         done = helm("template", "x", str(CHART), "--kube-version", "1.35.3", *sets)
         assert done.returncode == 0, done.stderr
@@ -56,9 +59,11 @@ def test_the_node_tier_is_off_by_default_and_writes_hypernodes_only_when_enabled
         return deployment["spec"]["template"]["spec"]["containers"][0]["args"], verbs
 
     args, verbs = render()
-    assert "--node-tier" not in args and verbs == {"get", "list", "watch"}
+    assert "--node-tier" not in args and verbs == {"get", "list", "watch", "patch", "delete"}
     args, verbs = render("--set", "nodeTier.enabled=true")
-    assert "--node-tier" in args and verbs == {"get", "list", "watch", "create", "update", "patch", "delete"}
+    assert "--node-tier" in args and verbs == {"get", "list", "watch", "create", "patch", "delete"}
+    args, _ = render("--set", "nodeTier.enabled=true", "--set", "nodeTier.leaves={rack-a,rack-b}")
+    assert "--node-tier-leaf=rack-a" in args and "--node-tier-leaf=rack-b" in args
     assert "--node-tier-keep-runs" not in args
     args, _ = render("--set", "nodeTier.enabled=true", "--set", "nodeTier.keepRuns=true")
     assert "--node-tier" in args and "--node-tier-keep-runs" in args

@@ -53,10 +53,29 @@ def render(*sets: str, cluster: Path | None = None) -> str:
     return proc.stdout
 
 
+def without_hooks(rendered: str) -> str:
+    """The objects Helm installs: its hooks (the uninstall Job) run only at their event."""
+    kept = [d for d in yaml.safe_load_all(rendered) if d and "helm.sh/hook" not in ((d.get("metadata") or {}).get("annotations") or {})]
+    return yaml.safe_dump_all(kept)
+
+
+def hook_of(rendered: str, event: str) -> dict[str, Any]:
+    """The hook of a rendered chart that runs at `event` (e.g. pre-delete)."""
+    return dict(
+        next(
+            d
+            for d in yaml.safe_load_all(rendered)
+            if d and ((d.get("metadata") or {}).get("annotations") or {}).get("helm.sh/hook") == event
+        )
+    )
+
+
 def install(state: Path, rendered: str) -> None:
-    """Apply a rendered chart as Helm would (server-side validation), its namespace first."""
+    """Apply a rendered chart as Helm would (server-side validation), its namespace first; no hooks."""
     kubectl(state, "create", "namespace", NAMESPACE)  # may exist: the cluster is shared by this module
-    applied = kubectl(state, "apply", "--server-side", "--force-conflicts", "--field-manager=helm", "-f", "-", stdin=rendered)
+    applied = kubectl(
+        state, "apply", "--server-side", "--force-conflicts", "--field-manager=helm", "-f", "-", stdin=without_hooks(rendered)
+    )
     assert applied.returncode == 0, applied.stderr
 
 

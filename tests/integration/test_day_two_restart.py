@@ -193,8 +193,14 @@ def test_healthz_stays_200_on_leader_and_follower_through_a_150_s_outage(cluster
     with elected(cluster_dir, 15) as identity:
         leader_argv = json.loads(_operator(cluster_dir).pidfile.read_text())["argv"]
         metrics_port = processes.free_port()
-        follower_argv = [a for a in leader_argv if not a.startswith(("--metrics-port=", "--identity="))]
-        follower_argv += [f"--metrics-port={metrics_port}", f"--identity=follower-{identity}"]
+        # A webhook of its own (its own generated CA, not registered): the API server calls the leader's.
+        follower_argv = [a for a in leader_argv if not a.startswith(("--metrics-port=", "--identity=", "--webhook-port="))]
+        follower_argv += [
+            f"--metrics-port={metrics_port}",
+            f"--webhook-port={processes.free_port()}",
+            "--no-register-webhook",
+            f"--identity=follower-{identity}",
+        ]
         follower = processes.start(cluster_dir, "operator-follower", follower_argv, env={**os.environ, "MALLOC_ARENA_MAX": "2"})
         urls = {"leader": _metrics_url(cluster_dir, "/healthz"), "follower": f"http://127.0.0.1:{metrics_port}/healthz"}
         try:

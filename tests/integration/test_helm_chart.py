@@ -31,6 +31,7 @@ from tests.integration.chart import (
     NAMESPACE,
     RELEASE,
     SA,
+    hook_of,
     http_ok,
     install,
     kubectl,
@@ -38,10 +39,11 @@ from tests.integration.chart import (
     provided_certificates,
     render,
     service_account_kubeconfig,
+    without_hooks,
     without_operator,
 )
 
-CHART_POLICIES = ["own-keys-only", "own-podgroup-fields"]  # templates/admission-policy.yaml
+CHART_POLICIES = ["own-keys-only", "own-podgroup-fields", "node-tier-only"]  # templates/admission-policy.yaml
 OPERATOR_POLICIES = [o["metadata"]["name"] for o in webhook.configuration(b"") if o["kind"] == "ValidatingAdmissionPolicy"]
 
 
@@ -73,6 +75,7 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
             "Service",
             "Service",
             "ServiceAccount",
+            "Job",  # the pre-delete hook: helm uninstall leaves the cluster as it was
         ]
     )
     # The operator's admission objects, addressed to the chart's Service and the release namespace.
@@ -399,3 +402,164 @@ def test_helm_upgrade_keeps_the_ca_and_no_admission_fails(chart_cluster: tuple[P
     assert len(admitted) >= 15
     assert upgraded == installed
     assert all(h["clientConfig"]["caBundle"] == installed["ca.crt"] for h in hooks)
+
+
+def _tree(admin: DevCluster) -> None:
+    """leaf-a [w0, w1] and leaf-b [w2, w3] with their nodes, unless an earlier test of the module made them."""
+    topology = parse_topology("switches:\n  leaf-a: [w0, w1]\n  leaf-b: [w2, w3]\n")
+    have = {h["metadata"]["name"] for h in admin.hypernodes()}
+    nodes = {n.metadata.name for n in admin.core.list_node().items}
+    for obj in node_manifests(topology) + hypernode_manifests(topology):
+        if obj["metadata"]["name"] not in (have if obj["kind"] == "HyperNode" else nodes):
+            admin.create(obj)
+
+
+def test_service_account_writes_only_the_node_tiers_hypernodes(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
+    """Issue 33, item 8: as the chart's ServiceAccount, deleting a HyperNode that is not a tier-0 one of the
+    node tier, changing a leaf's tier or labels, creating a tier-0 HyperNode with a foreign label, or
+    adding a regex member are refused; creating its own tier-0 HyperNode and swapping a leaf's node for it
+    (and back) are allowed."""
+    state, admin = chart_cluster
+    install(state, render("nodeTier.enabled=true"))
+    sa = service_account_kubeconfig(state, tmp_path)
+    _tree(admin)
+    spine = {"apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode", "metadata": {"name": "spine-x"}}
+    spine["spec"] = {"tier": 2, "members": [{"type": "HyperNode", "selector": {"exactMatch": {"name": "leaf-a"}}}]}
+    admin.create(spine)
+
+    def as_sa(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return kubectl(state, *args, stdin=stdin, kubeconfig=sa)
+
+    def patch(name: str, body: Any, patch_type: str = "merge") -> subprocess.CompletedProcess[str]:
+        return as_sa("patch", "hypernode", name, f"--type={patch_type}", "-p", json.dumps(body))
+
+    node = {"type": "Node", "selector": {"exactMatch": {"name": "w0"}}}
+    mine = {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": "w0.node", "labels": {"app.kubernetes.io/managed-by": "stormtopo", "stormtopo.io/node-tier": "true"}},
+        "spec": {"tier": 0, "members": [node]},
+    }
+    foreign = json.loads(json.dumps(mine))
+    foreign["metadata"]["name"] = "w1.node"
+    foreign["metadata"]["labels"]["volcano.sh/network-topology-source"] = "label"
+    try:
+        admin.wait(lambda: _refused(as_sa("delete", "hypernode", "spine-x", "--dry-run=server")), 30, "the policy to be in force")
+        denied = as_sa("delete", "hypernode", "spine-x")
+        assert _refused(denied) and "node-tier-only" in denied.stderr, denied.stderr
+        assert _refused(patch("leaf-a", {"spec": {"tier": 2}}))
+        assert _refused(patch("leaf-a", {"metadata": {"labels": {"team": "x"}}}))
+        assert _refused(as_sa("create", "-f", "-", stdin=json.dumps(foreign)))
+        regex = [*admin.custom.get_cluster_custom_object("topology.volcano.sh", "v1alpha1", "hypernodes", "leaf-b")["spec"]["members"]]
+        regex.append({"type": "Node", "selector": {"regexMatch": {"pattern": ".*"}}})
+        assert _refused(patch("leaf-b", {"spec": {"members": regex}}))
+
+        created = as_sa("create", "-f", "-", stdin=json.dumps(mine))
+        assert created.returncode == 0, created.stderr
+        w1 = {"type": "Node", "selector": {"exactMatch": {"name": "w1"}}}
+        swapped = [{"type": "HyperNode", "selector": {"exactMatch": {"name": "w0.node"}}}, w1]
+        assert patch("leaf-a", {"spec": {"members": swapped}}).returncode == 0
+        back = [node, w1]
+        assert patch("leaf-a", {"spec": {"members": back}}).returncode == 0
+        assert as_sa("delete", "hypernode", "w0.node").returncode == 0
+    finally:
+        kubectl(state, "delete", "hypernode", "spine-x", "w0.node", "w1.node", "--ignore-not-found")
+
+
+def test_helm_uninstall_leaves_the_cluster_as_it_was(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
+    """Issue 32, item 3: installed with the node tier and healing on, the operator run as the chart's
+    Deployment runs it (its ServiceAccount, policies and arguments): a replica placed and held by a move, a
+    pod held at stormtopo's gate, tier-0 HyperNodes written. Then helm uninstall: the operator stopped,
+    the pre-delete hook's command run as the Job runs it, the chart's objects deleted. The HyperNode tree
+    equals the one before install, no gate or hold is left, and a new replica AIBrix creates is scheduled
+    as without stormtopo."""
+    state, admin = chart_cluster
+    _tree(admin)
+    before = {h["metadata"]["name"]: h["spec"] for h in admin.hypernodes()}
+    port = processes.free_port()
+    certs = tmp_path / "tls"
+    rendered = render(*provided_certificates(certs), f"webhook.url=https://127.0.0.1:{port}", "nodeTier.enabled=true", "replicaCount=1")
+    install(state, rendered)
+    sa = service_account_kubeconfig(state, tmp_path)
+    deployment = of_kind(rendered, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    replaced = {
+        "--cert-dir": str(certs),
+        "--webhook-port": str(port),
+        "--metrics-port": str(processes.free_port()),
+        "--metrics-host": "127.0.0.1",
+    }
+    argv = [f"{a.split('=')[0]}={replaced[a.split('=')[0]]}" if a.split("=")[0] in replaced else a for a in args]
+    operator = processes.start(
+        tmp_path, "operator", [sys.executable, "-m", "stormtopo.operator", f"--kubeconfig={sa}", "--webhook-host=127.0.0.1", *argv]
+    )
+    ns = "uninstall-ns"
+    admin.create_namespace(ns)
+    try:
+        metrics = next(a for a in argv if a.startswith("--metrics-port=")).split("=")[1]
+        admin.wait(lambda: http_ok(f"http://127.0.0.1:{metrics}/readyz"), 60, "the operator ready")
+        soft = {MODE: "soft", HIGHEST_TIER: "1", "stormtopo.io/heal": "true"}
+        admin.create(stormservice("moved", ns, annotations=soft))
+        pods = admin.bound_pods(ns, "storm-service-name=moved", 2, timeout=90)
+        assert all(p["metadata"]["labels"].get("stormtopo.io/admitted") == "true" for p in pods)
+        # A router that asks for nothing beside a prefill no node holds: held at stormtopo's gate.
+        roles = (Role("prefill", gpus=64), Role("router", requests=False))
+        admin.create(stormservice("held", ns, roles=roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+
+        def gated() -> list[str]:
+            return [
+                p["metadata"]["name"]
+                for p in admin.pods(ns, "storm-service-name=held")
+                if any(g["name"] == "stormtopo.io/domain" for g in p["spec"].get("schedulingGates") or [])
+            ]
+
+        admin.wait(gated, 60, "the router held at stormtopo's gate")
+        # A move under way (as healing records it): the replica's PodGroup is held hard within tier 1.
+        (replica,) = {p["metadata"]["labels"]["roleset-name"] for p in pods}
+        moves = {replica: {"toTier": 1, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+        admin.custom.patch_namespaced_custom_object(
+            "orchestration.aibrix.ai",
+            "v1alpha1",
+            ns,
+            "stormservices",
+            "moved",
+            {"metadata": {"annotations": {"stormtopo.io/moves": json.dumps(moves)}}},
+        )
+
+        def group(name: str) -> dict[str, Any]:
+            return next((g for g in admin.podgroups(ns) if g["metadata"]["name"] == name), {})
+
+        def mode() -> str | None:
+            return (group(replica).get("spec") or {}).get("networkTopology", {}).get("mode")
+
+        admin.wait(lambda: mode() == "hard", 60, "the PodGroup held hard")
+        admin.wait(lambda: [h for h in admin.hypernodes() if h["spec"]["tier"] == 0], 60, "the node tier's HyperNodes")
+
+        # helm uninstall: the Deployment's pods end (here, the operator this test runs), the hook runs, the objects go.
+        processes.stop(operator)
+        job = hook_of(rendered, "pre-delete")
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        assert job["spec"]["template"]["spec"]["serviceAccountName"] == SA
+        done = subprocess.run(
+            [sys.executable, *container["command"][1:], *container["args"], f"--kubeconfig={sa}"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert kubectl(state, "delete", "-f", "-", "--ignore-not-found", "--wait=false", stdin=without_hooks(rendered)).returncode == 0
+
+        assert {h["metadata"]["name"]: h["spec"] for h in admin.hypernodes()} == before
+        assert not gated()
+        assert mode() != "hard"
+        assert not admin.core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=stormtopo").items
+        # A new replica, after stormtopo: AIBrix's pods, scheduled by Volcano without any gate or label of stormtopo's.
+        admin.custom.patch_namespaced_custom_object(
+            "orchestration.aibrix.ai", "v1alpha1", ns, "stormservices", "moved", {"spec": {"replicas": 2}}
+        )
+        after = admin.bound_pods(ns, "storm-service-name=moved", 4, timeout=120)
+        fresh = [p for p in after if p["metadata"]["labels"]["roleset-name"] != replica]
+        assert len(fresh) == 2 and not any(p["metadata"]["labels"].get("stormtopo.io/admitted") for p in fresh)
+    finally:
+        processes.stop(operator, kill=True)
+        admin.delete_namespace(ns)

@@ -1,0 +1,92 @@
+"""Leaving the cluster as it was (issue 32, item 3): what stormtopo wrote that changes scheduling, and the
+writes that take it back when stormtopo is uninstalled or stopped for good.
+
+- pods held at stormtopo's scheduling gate: the gate removed (they are scheduled as without stormtopo);
+- PodGroups held `hard` by a move of healing: back to what their StormService asks (nothing, if it asks
+  for nothing valid any more);
+- the node tier: every leaf gets its nodes back, then the tier-0 HyperNodes go.
+
+Everything else stormtopo wrote either follows its owner (its PodGroups are owned by their RoleSet) or
+changes no scheduling (the placement labels and annotations). A planner over one snapshot, as the
+others: the shell (operator/uninstall.py) reads and executes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stormtopo.core.jsonpatch import set_spec_fields
+from stormtopo.core.moves import recorded_moves
+from stormtopo.core.placement import is_held
+from stormtopo.core.podgroup import desired_fields
+from stormtopo.core.request import ClusterTiers, RequestError, Scope, request_of
+from stormtopo.core.topology.node_tier import plan_node_tier
+from stormtopo.core.vocabulary import DOMAIN_GATE, ROLESET_LABEL, STORMSERVICE_LABEL
+from stormtopo.core.writes import PatchPod, PatchPodGroup, Write
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    hypernodes: tuple[Mapping[str, Any], ...]
+    pods: tuple[Mapping[str, Any], ...]  # stormtopo's admitted pods (the only ones it may have gated)
+    stormservices: tuple[Mapping[str, Any], ...]
+    rolesets: tuple[Mapping[str, Any], ...]
+    podgroups: tuple[Mapping[str, Any], ...]
+    tiers: ClusterTiers
+
+
+def plan_uninstall(snapshot: ClusterSnapshot) -> list[Write]:
+    """Gates first (a held pod waits for nobody once stormtopo is gone), then the moves' holds, then
+    the node tier's HyperNodes (leaves before the tier-0 HyperNodes they name)."""
+    return [*release_gates(snapshot.pods), *release_holds(snapshot), *plan_node_tier(snapshot.hypernodes, {}, {}, enabled=False)]
+
+
+def release_gates(pods: Sequence[Mapping[str, Any]]) -> list[PatchPod]:
+    """Remove stormtopo's gate from every pod that still has it (only if it still has it: the test op)."""
+    out = []
+    for pod in pods:
+        if not is_held(pod):
+            continue
+        gates = (pod.get("spec") or {}).get("schedulingGates") or []
+        i = next(i for i, g in enumerate(gates) if g.get("name") == DOMAIN_GATE)
+        ops = [
+            {"op": "test", "path": f"/spec/schedulingGates/{i}/name", "value": DOMAIN_GATE},
+            {"op": "remove", "path": f"/spec/schedulingGates/{i}"},
+        ]
+        out.append(PatchPod(pod["metadata"].get("namespace", ""), pod["metadata"]["name"], ops))
+    return out
+
+
+def release_holds(snapshot: ClusterSnapshot) -> list[PatchPodGroup]:
+    """Each replica's PodGroup held by a move: what its StormService asks without the move, or no
+    network topology at all when it asks for nothing valid (as AIBrix would have it)."""
+    services = {(s["metadata"].get("namespace"), s["metadata"]["name"]): s for s in snapshot.stormservices}
+    rolesets = {(r["metadata"].get("namespace"), r["metadata"]["name"]): r for r in snapshot.rolesets}
+    out = []
+    for podgroup in snapshot.podgroups:
+        meta = podgroup["metadata"]
+        labels = meta.get("labels") or {}
+        namespace, replica = meta.get("namespace"), labels.get(ROLESET_LABEL) or meta["name"]
+        roleset = rolesets.get((namespace, replica))
+        service_name = ((roleset or {}).get("metadata", {}).get("labels") or {}).get(STORMSERVICE_LABEL)
+        service = services.get((namespace, service_name))
+        if service is None or roleset is None or not _unsettled(recorded_moves(service).get(replica)):
+            continue
+        request = request_of(service, snapshot.tiers)
+        spec = podgroup.get("spec") or {}
+        if request is None or isinstance(request, RequestError) or request.scope is not Scope.ROLESET:
+            ops = [{"op": "remove", "path": "/spec/networkTopology"}] if "networkTopology" in spec else []
+        else:
+            ops = set_spec_fields(spec, desired_fields(request, roleset.get("spec") or {}))
+        if ops:
+            out.append(PatchPodGroup(str(namespace), meta["name"], ops))
+    return out
+
+
+def _unsettled(move: Mapping[str, Any] | None) -> bool:
+    """A move recorded and not settled: its PodGroup may be held, whatever the service asks now (the
+    operator that would have let it go is stopped)."""
+    tier = (move or {}).get("toTier")
+    return bool(move) and not (move or {}).get("done") and isinstance(tier, int) and not isinstance(tier, bool)

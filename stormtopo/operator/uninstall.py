@@ -1,0 +1,133 @@
+"""Leaving the cluster as it was (issue 32, item 3): `python -m stormtopo.operator.uninstall`, the
+chart's pre-delete hook (and `stormtopo uninstall` without the chart).
+
+In order: the operator stopped (with --stop-deployment, the chart's Deployment scaled to zero and its
+pods waited out: a running leader would gate pods and write HyperNodes again), the opted-in list deleted
+(the chart's admission policy would otherwise refuse the pods of listed StormServices until Helm deletes
+the policy), then what core/uninstall.py plans: gates removed, moves' holds let go, the node tier's
+HyperNodes put back. With --delete-webhooks (the operator registered them itself, without the chart)
+its webhook configurations and admission policy go first. Every step is idempotent: run it again after
+a failure and it does what is left."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from typing import Any
+
+from stormtopo.core.capabilities import cluster_tiers
+from stormtopo.core.request import ClusterTiers
+from stormtopo.core.uninstall import ClusterSnapshot, plan_uninstall
+from stormtopo.core.vocabulary import ADMITTED_LABEL, AIBRIX, OPTED_IN_CONFIGMAP, PODGROUP_CRD, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNodeMembers
+from stormtopo.kube.client import MERGE_PATCH, Api, ApiError, KubeError
+from stormtopo.operator import webhook
+from stormtopo.operator.writer import execute, execute_hypernode_writes
+
+log = logging.getLogger("stormtopo.uninstall")
+STOP_TIMEOUT = 120.0  # seconds to wait for the operator's pods to end
+
+
+def snapshot(api: Api) -> ClusterSnapshot:
+    def listed(group: tuple[str, str], plural: str, selector: str = "") -> tuple[dict[str, Any], ...]:
+        try:
+            return tuple(api.list_objects(group, plural, label_selector=selector))
+        except ApiError as exc:
+            if exc.status == 404:  # that CRD is not installed: nothing of it to undo
+                return ()
+            raise
+
+    hypernodes = listed(VOLCANO_TOPOLOGY, "hypernodes")
+    tiers: ClusterTiers = cluster_tiers(list(hypernodes), api.crd_schema(PODGROUP_CRD) or {})
+    return ClusterSnapshot(
+        hypernodes=hypernodes,
+        pods=listed(("", "v1"), "pods", f"{ADMITTED_LABEL}=true"),
+        stormservices=listed(AIBRIX, "stormservices"),
+        rolesets=listed(AIBRIX, "rolesets"),
+        podgroups=listed(VOLCANO_SCHEDULING, "podgroups"),
+        tiers=tiers,
+    )
+
+
+def stop_deployment(api: Api, namespace: str, name: str, timeout: float = STOP_TIMEOUT) -> None:
+    """Scale the operator's Deployment to zero and wait until none of its pods is left."""
+    deployment = api.get(("apps", "v1"), "deployments", namespace, name)
+    if deployment is None:
+        return  # gone already
+    api.request("PATCH", api.path(("apps", "v1"), "deployments", namespace, name) + "/scale", {"spec": {"replicas": 0}}, MERGE_PATCH)
+    labels = (deployment["spec"].get("selector") or {}).get("matchLabels") or {}
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    deadline = time.monotonic() + timeout
+    while api.list_objects(("", "v1"), "pods", namespace, selector):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the operator's pods ({selector}) in {namespace} did not end within {timeout:.0f} s")
+        time.sleep(1.0)
+
+
+def delete_opted_in_list(api: Api, namespace: str) -> None:
+    try:
+        api.request("DELETE", api.path(("", "v1"), "configmaps", namespace, OPTED_IN_CONFIGMAP))
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+
+
+async def undo(api: Api) -> int:
+    """Plan over one snapshot and carry it out; the number of writes."""
+    writes = plan_uninstall(snapshot(api))
+    hypernode_writes = [w for w in writes if isinstance(w, CreateHyperNode | SetHyperNodeMembers | DeleteHyperNode)]
+    await execute(api, [w for w in writes if w not in hypernode_writes])
+    await execute_hypernode_writes(api, hypernode_writes)
+    return len(writes)
+
+
+def run(api: Api, namespace: str, stop: str | None = None, delete_webhooks: bool = False) -> int:
+    """The whole uninstall; 0 when nothing of stormtopo's that changes scheduling is left."""
+    try:
+        if stop:
+            deployment_namespace, _, name = stop.partition("/")
+            stop_deployment(api, deployment_namespace, name)
+        if delete_webhooks:
+            webhook.unregister(api, webhook.configuration(b"", url_base="https://unused", namespace=namespace))
+        delete_opted_in_list(api, namespace)
+        done = asyncio.run(undo(api))
+        # A second look: what changed while the first ran (a pod gated just before the webhook went).
+        done += asyncio.run(undo(api))
+    except (KubeError, OSError, TimeoutError, RuntimeError) as exc:
+        print(f"stormtopo uninstall: {exc}; run it again to finish: it does only what is left", file=sys.stderr)
+        return 1
+    print(f"stormtopo uninstall: {done} writes; no gate, hold or node-tier HyperNode of stormtopo's is left")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    p = argparse.ArgumentParser(prog="python -m stormtopo.operator.uninstall", description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--kubeconfig", help="kubeconfig file; in-cluster configuration when omitted")
+    add_arguments(p)
+    a = p.parse_args(argv)
+    if a.stop_deployment and "/" not in a.stop_deployment:
+        p.error(f"--stop-deployment {a.stop_deployment!r}: accepted: NAMESPACE/NAME")
+    return run(Api(a.kubeconfig), a.namespace, a.stop_deployment, a.delete_webhooks)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options `stormtopo uninstall` and the chart's hook share."""
+    p.add_argument(
+        "--stop-deployment", metavar="NAMESPACE/NAME", help="scale the operator's Deployment to zero first and wait for its pods to end"
+    )
+    p.add_argument(
+        "--namespace", default="default", help="the namespace the operator ran in: its Lease and opted-in list (default: default)"
+    )
+    p.add_argument(
+        "--delete-webhooks",
+        action="store_true",
+        help="also delete the webhook configurations and admission policy the operator registered itself",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Leaving the cluster as it was (issue 32, item 3): what the uninstall plans, from one snapshot."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stormtopo.core.request import ClusterTiers
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.hypernodes import hypernode_manifests
+from stormtopo.core.topology.node_tier import plan_node_tier
+from stormtopo.core.uninstall import ClusterSnapshot, plan_uninstall
+from stormtopo.core.vocabulary import DOMAIN_GATE, HEAL_ANNOTATION, HIGHEST_TIER, MODE, MOVES_ANNOTATION
+from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, PatchPod, PatchPodGroup, SetHyperNodeMembers, Write
+from stormtopo.devenv.workloads import stormservice
+
+CLUSTER = ClusterTiers(frozenset({1, 2}))
+FABRIC = parse_topology("switches:\n  spine:\n    leaf-a: [a0, a1]\n    leaf-b: [b0, b1]\n")
+
+
+def roleset(name: str, service: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "labels": {"storm-service-name": "svc"}},
+        "spec": service["spec"]["template"]["spec"],
+    }
+
+
+def held(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns"}, "spec": {"schedulingGates": [{"name": "other"}, {"name": DOMAIN_GATE}]}}
+
+
+def snapshot(service: dict[str, Any], podgroup_spec: dict[str, Any], hypernodes: list[dict[str, Any]] | None = None) -> ClusterSnapshot:
+    podgroup = {"metadata": {"name": "svc-rs-0", "namespace": "ns", "labels": {"roleset-name": "svc-rs-0"}}, "spec": podgroup_spec}
+    return ClusterSnapshot(
+        hypernodes=tuple(hypernodes or hypernode_manifests(FABRIC)),
+        pods=(held("router-0"), {"metadata": {"name": "free", "namespace": "ns"}, "spec": {}}),
+        stormservices=(service,),
+        rolesets=(roleset("svc-rs-0", service),),
+        podgroups=(podgroup,),
+        tiers=CLUSTER,
+    )
+
+
+def moving(annotations: dict[str, str]) -> dict[str, Any]:
+    moves = {"svc-rs-0": {"toTier": 1, "at": "2026-12-03T00:00:00Z"}}
+    return stormservice("svc", "ns", annotations={**annotations, MOVES_ANNOTATION: json.dumps(moves)})
+
+
+HELD_HARD = {"minMember": 2, "networkTopology": {"mode": "hard", "highestTierAllowed": 1}}
+
+
+def test_a_gate_of_stormtopos_is_removed_and_only_it() -> None:
+    writes = plan_uninstall(snapshot(stormservice("svc", "ns"), {}))
+    (release,) = [w for w in writes if isinstance(w, PatchPod)]
+    assert release.name == "router-0"
+    assert release.ops == [
+        {"op": "test", "path": "/spec/schedulingGates/1/name", "value": DOMAIN_GATE},
+        {"op": "remove", "path": "/spec/schedulingGates/1"},
+    ]
+
+
+def test_a_move_hold_goes_back_to_what_the_service_asks() -> None:
+    soft = moving({MODE: "soft", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"})
+    (patch,) = [w for w in plan_uninstall(snapshot(soft, HELD_HARD)) if isinstance(w, PatchPodGroup)]
+    topology = next(op["value"] for op in patch.ops if op["path"] == "/spec/networkTopology")
+    assert topology["mode"] == "soft"
+    # A service that asks for nothing valid any more: no network topology at all, as AIBrix would have it.
+    typo = moving({MODE: "hrad", HIGHEST_TIER: "1"})
+    (patch,) = [w for w in plan_uninstall(snapshot(typo, HELD_HARD)) if isinstance(w, PatchPodGroup)]
+    assert patch.ops == [{"op": "remove", "path": "/spec/networkTopology"}]
+    # No move under way: nothing to let go.
+    assert not [
+        w
+        for w in plan_uninstall(snapshot(stormservice("svc", "ns", annotations={MODE: "soft", HIGHEST_TIER: "1"}), HELD_HARD))
+        if isinstance(w, PatchPodGroup)
+    ]
+
+
+def test_the_node_tier_is_taken_back_leaves_first() -> None:
+    base = hypernode_manifests(FABRIC)
+    on = _applied(base, plan_node_tier(base, {"a0": 2}, {n: 8 for n in FABRIC.nodes}))
+    writes = plan_uninstall(snapshot(stormservice("svc", "ns"), {}, on))
+    tiered = [w for w in writes if isinstance(w, SetHyperNodeMembers | DeleteHyperNode)]
+    assert tiered and isinstance(tiered[0], SetHyperNodeMembers) and isinstance(tiered[-1], DeleteHyperNode)
+    assert sorted(_applied(on, writes), key=lambda h: h["metadata"]["name"]) == sorted(base, key=lambda h: h["metadata"]["name"])
+
+
+def _applied(hypernodes: list[dict[str, Any]], writes: list[Write]) -> list[dict[str, Any]]:
+    state = {h["metadata"]["name"]: json.loads(json.dumps(h)) for h in hypernodes}
+    for write in writes:
+        match write:
+            case CreateHyperNode(body):
+                state[body["metadata"]["name"]] = json.loads(json.dumps(body))
+            case SetHyperNodeMembers(name, members, _):
+                state[name]["spec"]["members"] = json.loads(json.dumps(list(members)))
+            case DeleteHyperNode(name):
+                state.pop(name)
+    return list(state.values())
