@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from stormtopo.kube.client import Api, ApiError, micro_time
-from stormtopo.operator.loops import Loop, backoff
+from stormtopo.operator.loops import Loop, backoff, failure_reason
 
 log = logging.getLogger("stormtopo.leader")
 LEASE_NAME = "stormtopo-operator"
@@ -74,6 +74,7 @@ class Leadership:
         self._renewed_at: float | None = None  # monotonic start of the last successful renewal
         self._observed: Observation | None = None
         self._catching_up: asyncio.Task[None] | None = None  # on_elected, running beside the renewals
+        self._failing = ""  # why the last attempts failed (logged with its traceback once per reason)
         # Threads of the Lease's own: a burst of API work (a resync's writes, a flood of admissions'
         # read-throughs) fills the default pool, and a renewal queued behind it would miss its deadline.
         # Two: one renewal may hang until its HTTP timeout while the next one goes on.
@@ -117,10 +118,17 @@ class Leadership:
             held = await asyncio.wait_for(self._in_lease_thread(self._try_acquire_or_renew), timeout=max(0.1, budget))
             self._renewed_at = started if held else None
             answered = True
+            if self._failing:
+                log.info("lease %s/%s: the API server answers again", self.namespace, LEASE_NAME)
+                self._failing = ""
         except TimeoutError:
             log.warning("lease %s/%s: renewal did not finish within the renew deadline", self.namespace, LEASE_NAME)
-        except Exception:  # the API server may be restarting: keep trying until the deadline passes
-            log.exception("lease %s/%s could not be read or renewed", self.namespace, LEASE_NAME)
+        except Exception as exc:  # the API server may be restarting: keep trying until the deadline passes
+            # Every retry period while the API server is away: the traceback once per reason, not each time.
+            reason = failure_reason(exc)
+            if reason != self._failing:
+                self._failing = reason
+                log.exception("lease %s/%s could not be read or renewed", self.namespace, LEASE_NAME)
         if self.is_leader != was:
             log.warning("%s %s leadership of lease %s/%s", self.identity, "took" if self.is_leader else "lost", self.namespace, LEASE_NAME)
             if self.is_leader and self.on_elected is not None:

@@ -23,9 +23,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from stormtopo.kube.errors import ApiError, ApiUnavailable
+
 log = logging.getLogger("stormtopo.loops")
 BACKOFF_BASE = 1.0  # seconds before the first retry after a failure
 BACKOFF_CAP = 30.0  # the longest wait between retries
+# The longest wait while the API server is away (refused, timed out, 503 while it starts): a retry costs it
+# nothing then, and a loop waiting out 30 s after it came back would delay placements past a resync period.
+UNAVAILABLE_CAP = 5.0
 STALE_PERIODS = 3  # a loop is stuck after this many periods (plus the backoff cap) without an iteration
 # One iteration still running after this long (or 10 periods) is stuck. Generous: a pass may wait its turn
 # behind an explanation in the shared worker (EXPLAIN_TIMEOUT, 120 s), and a slow answer is no reason to
@@ -104,6 +109,10 @@ def failure_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {re.sub(r'[0-9]+', '#', first)[:200]}"
 
 
+def _unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, ApiUnavailable) or (isinstance(exc, ApiError) and exc.status in (503, 504))
+
+
 def _power_of_ten(n: int) -> bool:
     while n >= 10 and n % 10 == 0:
         n //= 10
@@ -149,7 +158,7 @@ class Loop:
         self.failures_total += 1
         self.last_progress = self.clock()
         self.last_error = f"{type(exc).__name__}: {exc}"[:300]
-        delay = backoff(self.failures)
+        delay = backoff(self.failures, cap=UNAVAILABLE_CAP) if _unavailable(exc) else backoff(self.failures)
         reason = failure_reason(exc)
         if reason != self._logged_reason:
             self._logged_reason = reason

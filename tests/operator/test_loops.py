@@ -28,6 +28,16 @@ def test_a_loop_is_stuck_after_three_periods_plus_the_backoff_cap_or_once_its_ta
     assert stuck(30.0, last_progress=100.0, now=101.0, done=True) == "its task ended"
 
 
+def test_while_the_api_server_is_away_retries_wait_at_most_five_seconds() -> None:
+    """Back within a resync period once it returns: no 30 s backoff left to wait out (issue 32)."""
+    loop = Loop("watch", 1.0, started=0.0)
+    delays = [loop.failed(ApiUnavailable("GET", "/api/v1/pods", "refused")) for _ in range(8)]
+    assert max(delays) == 5.0
+    assert loop.failed(ApiError(503, "GET", "/apis", "not ready")) == 5.0
+    other = Loop("x", 1.0, started=0.0)
+    assert max(other.failed(ApiError(403, "PATCH", "/apis", "forbidden")) for _ in range(8)) == BACKOFF_CAP
+
+
 def test_an_iteration_under_way_is_stuck_only_after_the_hang_limit() -> None:
     """Issue 32: a pass waiting behind a long explanation (up to 120 s) is slow, not stuck."""
     assert stuck(1.0, last_progress=0.0, now=300.0, done=False, busy_since=0.0) is None
@@ -61,7 +71,7 @@ def test_a_loop_that_fails_for_ever_is_not_stuck_and_logs_once_per_reason(
         await loops.stop()
         assert loop.failures >= 29 and loop.failures_total >= 29 and loop.last_success is None
 
-    monkeypatch.setattr("stormtopo.operator.loops.backoff", lambda failures: 0.0)  # no waiting in the test
+    monkeypatch.setattr("stormtopo.operator.loops.backoff", lambda failures, **_: 0.0)  # no waiting in the test
     with caplog.at_level("INFO", logger="stormtopo.loops"):
         asyncio.run(scenario())
     tracebacks = [r for r in caplog.records if r.exc_info]
