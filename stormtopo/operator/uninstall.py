@@ -61,7 +61,13 @@ def stop_deployment(api: Api, namespace: str, name: str, timeout: float = STOP_T
     labels = (deployment["spec"].get("selector") or {}).get("matchLabels") or {}
     selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
     deadline = time.monotonic() + timeout
-    while api.list_objects(("", "v1"), "pods", namespace, selector):
+
+    def operators() -> list[dict[str, Any]]:
+        # The Deployment's own pods (a ReplicaSet's), never the pod this runs in, whatever its labels.
+        pods = api.list_objects(("", "v1"), "pods", namespace, selector)
+        return [p for p in pods if any(o.get("kind") == "ReplicaSet" for o in p["metadata"].get("ownerReferences") or [])]
+
+    while operators():
         if time.monotonic() > deadline:
             raise TimeoutError(f"the operator's pods ({selector}) in {namespace} did not end within {timeout:.0f} s")
         time.sleep(1.0)

@@ -47,7 +47,8 @@ def render(*sets: str, cluster: Path | None = None) -> str:
     if cluster is not None:
         cmd += ["--dry-run=server", f"--kubeconfig={cluster / 'kubeconfig'}"]
     for s in sets:
-        cmd += ["--set-string" if not s.startswith("@") else "--set-file", s.lstrip("@")]
+        typed = s.partition("=")[2] in ("true", "false") or s.partition("=")[2].isdigit()  # a boolean or a number, as --set reads it
+        cmd += ["--set-file" if s.startswith("@") else "--set" if typed else "--set-string", s.lstrip("@")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
