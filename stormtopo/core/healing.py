@@ -71,6 +71,7 @@ class Block(StrEnum):
     NO_ROOM = "no-room"
     ROLLOUT = "rollout"
     UNCHECKED = "not-checked"  # wide and free to move, but this pass searched enough others
+    CLUSTER_CAP = "cluster-cap"  # as many replicas are moving in the cluster as may at once
 
 
 def wants_healing(stormservice: Mapping[str, Any]) -> bool:
@@ -133,6 +134,20 @@ def room_made_for(stormservices: Iterable[Mapping[str, Any]]) -> dict[tuple[str,
             key = (found.group(1), found.group(2), found.group(3))
             out[key] = max(at, out.get(key, at))
     return out
+
+
+MAX_MOVING = 2  # replicas moving at once in the whole cluster (--heal-max-moving): a recovery is no synchronised restart
+
+
+def moving_in_cluster(stormservices: Iterable[Mapping[str, Any]], now: float) -> int:
+    """Replicas moving now across the cluster: moves recorded, not settled, within their deadline."""
+    count = 0
+    for stormservice in stormservices:
+        for move in recorded_moves(stormservice).values():
+            at = _seconds(move.get("at"))
+            if not move.get("done") and move.get("toTier") is not None and at is not None and now - at <= MOVE_DEADLINE:
+                count += 1
+    return count
 
 
 def making_room_under_way(stormservices: Iterable[Mapping[str, Any]], now: float) -> bool:
@@ -224,6 +239,9 @@ class HealSnapshot:
     recheck: float = NO_ROOM_RECHECK  # seconds before a service with nowhere to go is read again
     make_room: MakeRoom | None = None
     allocatable: Mapping[str, int] = field(default_factory=dict)  # GPUs per node (else its size in the tree)
+    # Replicas of other StormServices moving now (moving_in_cluster), and how many may move at once.
+    moving_elsewhere: int = 0
+    max_moving: int = MAX_MOVING
 
     @property
     def request(self) -> TopologyRequest | None:
@@ -604,6 +622,12 @@ def _blocked(
     check first; ("", None) when it may."""
     if in_flight:
         return f"replica {in_flight[0]} is moving; one replica of a StormService moves at a time", Block.MOVING
+    if snapshot.moving_elsewhere >= snapshot.max_moving:
+        return (
+            f"{snapshot.moving_elsewhere} replicas of other StormServices are moving; "
+            f"at most {snapshot.max_moving} move at once in the cluster",
+            Block.CLUSTER_CAP,
+        )
     move = moves.get(replica.name) or {}
     last = _seconds(move.get("at"))
     cooldown = _cooldown(move, snapshot.cooldown)

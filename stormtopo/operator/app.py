@@ -171,6 +171,7 @@ async def run(config: OperatorConfig) -> None:
         recheck=NO_ROOM_RECHECKS * config.heal_interval,
         make_room_enabled=config.heal_make_room,
         leading=lambda: leadership.is_leader,
+        max_moving=config.heal_max_moving,
     )
     loops.every("healing", config.heal_interval, healer.check)
     if config.node_tier:

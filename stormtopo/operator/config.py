@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from stormtopo.core.healing import COOLDOWN
+from stormtopo.core.healing import COOLDOWN, MAX_MOVING
 
 HEAL_INTERVAL = 10.0  # seconds between two healing passes
 
@@ -42,6 +42,7 @@ class OperatorConfig:
     heal_interval: float = HEAL_INTERVAL
     heal_cooldown: float = COOLDOWN
     heal_make_room: bool = False  # move replicas of opted-in services out of the way of wide ones (core/room.py)
+    heal_max_moving: int = MAX_MOVING  # replicas moving at once in the whole cluster
     node_tier: bool = False  # keep a short list of tier-0 HyperNodes current (issue 21; README "The node tier")
     node_tier_keep_runs: bool = False  # the node tier keeps runs of empty nodes for whole-node replicas
     node_tier_leaf: tuple[str, ...] = ()  # leaves another writer keeps that the node tier may change anyway
@@ -99,6 +100,12 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
     p.add_argument("--identity", default=d.identity, help="this replica's name in the Lease (default: $POD_NAME or host-pid)")
     p.add_argument("--heal-interval", type=_positive(float), default=d.heal_interval, help="seconds between two healing passes")
     p.add_argument("--heal-cooldown", type=_positive(float), default=d.heal_cooldown, help="seconds before a moved replica may move again")
+    p.add_argument(
+        "--heal-max-moving",
+        type=_positive(int),
+        default=d.heal_max_moving,
+        help="replicas that healing moves at once in the whole cluster (a recovery after an outage is no synchronised restart)",
+    )
     p.add_argument(
         "--heal-make-room",
         action="store_true",

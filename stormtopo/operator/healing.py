@@ -29,6 +29,7 @@ from typing import Any
 
 from stormtopo.core.healing import (
     COOLDOWN,
+    MAX_MOVING,
     MOVE_DEADLINE,
     NO_ROOM_RECHECK,
     Block,
@@ -40,6 +41,7 @@ from stormtopo.core.healing import (
     Why,
     making_room_under_way,
     may_need_healing,
+    moving_in_cluster,
     placed_since,
     plan_healing,
     plan_refused,
@@ -91,12 +93,14 @@ class Healer:
     recheck: float = NO_ROOM_RECHECK  # seconds: NO_ROOM_RECHECKS times the interval its loop runs at
     make_room_enabled: bool = False  # --heal-make-room
     leading: Callable[[], bool] = lambda: True
+    max_moving: int = MAX_MOVING  # --heal-max-moving: replicas moving at once in the whole cluster
     _memory: dict[Key, HealMemory] = field(default_factory=dict)
     _free: dict[str, int] | None = None  # this pass's reading
     _no_room: list[tuple[Key, Replica, int]] = field(default_factory=list)  # this pass's wide replicas with nowhere to go
     _freed_seen: int = -1  # the index's count of admitted pods gone from their nodes, at the last pass
     _fresh: bool = False  # this pass: pods left their nodes since the last, so no cached reading of free GPUs
     _woken: dict[Key, float] = field(default_factory=dict)  # service -> when a freed node last ended its quiet
+    _started: set[Key] = field(default_factory=set)  # this pass: services that began a move (the index may not show it yet)
 
     async def check(self) -> None:
         """One pass over the StormServices (a loop of the operator runs it every --heal-interval)."""
@@ -104,6 +108,7 @@ class Healer:
             return
         self._free = None
         self._no_room = []
+        self._started = set()
         self._fresh, self._freed_seen = self.index.pods_freed != self._freed_seen, self.index.pods_freed
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
         now = time.time()
@@ -140,6 +145,8 @@ class Healer:
         # The packing search is CPU work: on a thread, the loop still answers admissions between slices.
         plan = await asyncio.to_thread(plan_healing, snapshot, self._memory.get(key, HealMemory()))
         self._memory[key] = plan.memory
+        if plan.moving is not None:
+            self._started.add(key)
         tier = snapshot.healing_tier
         if tier is not None and plan.moving is None and make_room is None:
             for verdict in plan.verdicts:
@@ -232,7 +239,15 @@ class Healer:
             self.recheck,
             make_room,
             allocatable or {},
+            moving_elsewhere=self._moving_elsewhere(key),
+            max_moving=self.max_moving,
         )
+
+    def _moving_elsewhere(self, key: Key) -> int:
+        """Replicas of other services moving now: their records (from the index), and this pass's moves
+        that the index may not show yet (counted twice rather than not at all: the cap is a ceiling)."""
+        others = [s for k, s in self.index.stormservices.items() if k != key]
+        return moving_in_cluster(others, time.time()) + len(self._started - {key})
 
     def _set_aside(self, free: dict[str, int], only: Key | None = None) -> dict[str, int]:
         """The pass's reading of free GPUs, less the targets of moves under way (of every service, or

@@ -112,6 +112,25 @@ def test_a_soft_replica_above_its_tier_moves_whole_into_the_leaf_that_has_room()
     assert plan.writes.index(records[0]) < min(plan.writes.index(w) for w in plan.writes if isinstance(w, EvictPod))
 
 
+def test_no_new_move_while_as_many_replicas_move_in_the_cluster_as_may_at_once() -> None:
+    """Issue 34, item 5: after a leaf or power outage, not one replica of every service restarted together."""
+    import dataclasses
+
+    from stormtopo.core.healing import Block, moving_in_cluster
+
+    capped = dataclasses.replace(snap(service(SOFT1), WIDE), moving_elsewhere=2, max_moving=2)
+    plan = plan_healing(capped, HealMemory())
+    assert plan.moving is None and evictions(plan) == []
+    assert any(v.block is Block.CLUSTER_CAP for v in plan.verdicts)
+    below = dataclasses.replace(capped, moving_elsewhere=1)
+    assert plan_healing(below, HealMemory()).moving is not None
+    # What counts: moves recorded, not settled, within their deadline.
+    moves = {"a": {"toTier": 1, "at": stamp(NOW - 10)}, "b": {"toTier": 1, "at": stamp(NOW - 10), "done": True}}
+    old = {"c": {"toTier": 1, "at": stamp(NOW - 10_000)}}
+    services = [service({**SOFT1, MOVES_ANNOTATION: json.dumps(m)}) for m in (moves, old)]
+    assert moving_in_cluster(services, NOW) == 1
+
+
 def test_nothing_moves_without_the_opt_in_but_the_dry_run_says_what_would() -> None:
     svc = service({MODE: "soft", HIGHEST_TIER: "1"})
     assert plan_healing(snap(svc, WIDE), HealMemory()).writes == ()
