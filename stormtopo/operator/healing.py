@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,7 @@ from stormtopo.operator.writer import execute
 
 log = logging.getLogger("stormtopo.healing")
 
+REFUSED_STATUSES = (403, 422)  # RBAC, or an admission webhook or policy: not a budget, not an outage
 WIDE_TRIED = 2  # wide replicas a pass looks for a resident to move for (each search ~0.1 s at 1,000 nodes)
 DONORS_TRIED = 3  # residents offered in turn to one wide replica, when the first ones' own plans refuse
 
@@ -271,8 +272,8 @@ class Healer:
         a budget refuses ends the move: said, recorded, backed off. False: nothing was done (its records
         could not be written)."""
         records = [w for w in plan.writes if isinstance(w, RecordMove)]
-        if records and not await self._record(records):
-            return False  # the StormService changed since it was read: plan again at the next pass
+        if records and not await self._record(records, snapshot.stormservice):
+            return False  # the StormService changed since it was read (or the write was refused): plan again
         if plan.moving is not None and self._free is not None:
             self._free = self._set_aside(self._free, key)  # its target is taken for the rest of this pass
         for settled in plan.settled:
@@ -309,6 +310,9 @@ class Healer:
         for write, error in failed:
             if (write, error) not in refused:
                 log.warning("evicting pod %s/%s failed: %s", write.namespace, write.name, error)
+        forbidden = [(w, e) for w, e in failed if isinstance(e, ApiError) and e.status in REFUSED_STATUSES and (w, e) not in refused]
+        if forbidden:  # said once a pass, whatever the number of pods: the move stays under way
+            self._refused(snapshot.stormservice, "eviction", f"evicting pod {forbidden[0][0].name}", forbidden[0][1])
         if not refused:
             if failed:
                 raise failed[0][1]  # logged by the pass; the move stays under way and is resumed
@@ -321,21 +325,33 @@ class Healer:
         await execute(self.api, writes, self.report)  # the record merged into what our own write left
         return True
 
+    def _refused(self, stormservice: Mapping[str, Any], what: str, doing: str, exc: ApiError) -> None:
+        metrics.HEALING_WRITES_REFUSED.labels(what).inc()
+        message = f"healing moves nothing: {doing} was refused by the API server: {status_message(exc)[:400]}"
+        log.warning("%s/%s: %s", stormservice["metadata"].get("namespace"), stormservice["metadata"]["name"], message)
+        self.report(stormservice, "Warning", "HealingRefused", message)
+
     def _deposed(self, key: Key) -> bool:
         if self.leading():
             return False
         log.warning("no longer leading: the move of %s/%s stops here; the next leader resumes it", *key)
         return True
 
-    async def _record(self, writes: list[RecordMove]) -> bool:
+    async def _record(self, writes: list[RecordMove], stormservice: Mapping[str, Any]) -> bool:
         """Write a plan's move records over the version it was planned from, in one write; the index
-        learns the result at once."""
+        learns the result at once. A write refused (RBAC, an admission policy) is said on the StormService:
+        nothing moves, and the user sees why, not only the log."""
         try:
             updated = await asyncio.to_thread(record_moves, self.api, writes)
         except Conflict:
             log.info(
                 "%s/%s changed since it was read; its moves are planned again at the next pass", writes[0].namespace, writes[0].stormservice
             )
+            return False
+        except ApiError as exc:
+            if exc.status not in REFUSED_STATUSES:
+                raise
+            self._refused(stormservice, "record", f"writing its move record ({MOVES_ANNOTATION})", exc)
             return False
         if updated:
             self.index.observe("StormService", "MODIFIED", updated)

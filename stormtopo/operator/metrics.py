@@ -46,6 +46,13 @@ OBSERVED = Counter(
 HEALING_PASSES = Counter("stormtopo_healing_passes_total", "Healing passes over the StormServices (by the leader)")
 REPLICA_MOVES = Counter("stormtopo_replica_moves_total", "Replicas moved into one domain by healing, by why", ["reason"])
 EVICTIONS = Counter("stormtopo_evictions_total", "Pods evicted through the Eviction API to move their replica")
+HEALING_WRITES_REFUSED = Counter(
+    "stormtopo_healing_writes_refused_total",
+    "Writes of healing refused by RBAC or an admission policy (a move's record, an eviction): nothing moves; a Warning says why",
+    ["write"],
+)
+for _write in ("record", "eviction"):
+    HEALING_WRITES_REFUSED.labels(_write)
 EVICTIONS_REFUSED = Counter("stormtopo_evictions_refused_total", "Evictions the API server refused (a PodDisruptionBudget)")
 MOVE_UNAVAILABLE_SECONDS = Histogram(
     "stormtopo_move_unavailable_seconds",

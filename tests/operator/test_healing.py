@@ -108,8 +108,30 @@ def test_an_error_that_is_no_budget_refusal_leaves_the_move_under_way() -> None:
     snapshot = snap(service(SOFT1), WIDE)
     with pytest.raises(ApiError):
         asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan_healing(snapshot, HealMemory())))
-    assert said == ["ReplicaMoving"]  # no refusal said or recorded: the next pass resumes the move
+    # No budget refusal said or recorded (the next pass resumes the move), but the refusal is: a Warning, once.
+    assert said == ["ReplicaMoving", "HealingRefused"]
     assert len([c for c in api.calls if c[0] == "annotate"]) == 1
+
+
+def test_a_move_record_the_policy_refuses_moves_nothing_and_says_so() -> None:
+    """Issue 34, item 1: under a policy that forbids stormtopo.io/moves (the chart before issue 34), the
+    move is not begun, no pod is evicted, and a Warning on the StormService says why (not only a log)."""
+
+    class Refusing(RecordingApi):
+        def annotate_stormservice(self, namespace: str, name: str, key: str, value: str, version: str | None = None) -> dict[str, Any]:
+            self.calls.append(("annotate", key, value))
+            raise ApiError(422, "PATCH", "/stormservices/svc", '{"kind":"Status","message":"denied by rel-stormtopo-own-keys-only"}')
+
+    api = Refusing()
+    said: list[tuple[str, str]] = []
+    healer = Healer(
+        cast(Any, None), cast(Any, api), lambda _o, _k, reason, message: said.append((reason, message)), cast(Any, None), cast(Any, None)
+    )
+    snapshot = snap(service(SOFT1), WIDE)
+    assert asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan_healing(snapshot, HealMemory()))) is False
+    assert not [c for c in api.calls if c[0] == "evict"]
+    ((reason, message),) = said
+    assert reason == "HealingRefused" and "own-keys-only" in message and "stormtopo.io/moves" in message
 
 
 # -- making room: which resident is offered, and when none is -------------------------------------
