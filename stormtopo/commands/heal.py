@@ -6,8 +6,9 @@ replicas of StormServices annotated stormtopo.io/heal: "true"."""
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -27,7 +28,7 @@ from stormtopo.core.healing import (
 )
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.room import Resident, room_by_moving
-from stormtopo.core.vocabulary import AIBRIX, ROLESET_LABEL, STORMSERVICE_LABEL
+from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, PLACEMENT_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.kube.client import Api, ApiError
 
 __all__ = ["NotFound", "heal_report", "render", "run"]
@@ -80,7 +81,30 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
         }
         for v in plan.verdicts
     ]
+    if plan.moving is not None:
+        try:
+            policies = api.list_objects(("admissionregistration.k8s.io", "v1"), "validatingadmissionpolicies")
+        except ApiError as exc:  # no right to read them: say so, the rest still holds
+            report["policyUnknown"] = str(exc)
+        else:
+            if refusal := refusing_policy(policies):
+                report["policyRefuses"] = refusal
     return report
+
+
+def refusing_policy(policies: Sequence[Mapping[str, Any]]) -> str | None:
+    """Whether an installed chart's policy would refuse the move's first write: the chart's own-keys-only
+    policy before issue 34 let stormtopo write stormtopo.io/placement on a StormService, not its move
+    record, and healing then moved nothing under the chart."""
+    for policy in policies:
+        name = str(policy["metadata"]["name"])
+        text = json.dumps((policy.get("spec") or {}).get("validations") or [])
+        if name.endswith("own-keys-only") and PLACEMENT_ANNOTATION in text and MOVES_ANNOTATION not in text:
+            return (
+                f"the installed admission policy {name} lets stormtopo write {PLACEMENT_ANNOTATION} but not its move record "
+                f"{MOVES_ANNOTATION}: the operator's move would be refused (a HealingRefused Warning); upgrade the chart"
+            )
+    return None
 
 
 def rooms_made(
@@ -160,6 +184,10 @@ def render(report: Mapping[str, Any]) -> list[str]:
                 f"    with --heal-make-room: replica {room['replica']} of StormService {room['stormservice']} would first move "
                 f"to {room['to']}, making room in {room['frees']}"
             )
+    if report.get("policyRefuses"):
+        lines.append(f"  but: {report['policyRefuses']}")
+    if report.get("policyUnknown"):
+        lines.append(f"  whether the installed admission policies allow the move is unknown: {report['policyUnknown']}")
     if report.get("makeRoomUnknown"):
         lines.append(f"  which replica --heal-make-room would move is unknown: {report['makeRoomUnknown']}")
     lines.append("  (dry run: nothing was moved)")

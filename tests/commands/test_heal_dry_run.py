@@ -38,3 +38,19 @@ def test_others_are_read_only_when_a_wide_replica_has_nowhere_to_go() -> None:
         raise AssertionError("read")
 
     assert rooms_made(snapshot, plan_healing(snapshot, HealMemory()), unread, dict) == {}
+
+
+def test_the_dry_run_says_when_the_installed_policy_would_refuse_the_move() -> None:
+    """Issue 34, item 1: the chart's own-keys-only policy before issue 34 let stormtopo write only its
+    placement record; the dry run says the move would be refused, naming the policy."""
+    from stormtopo.commands.heal import refusing_policy
+
+    old = {"metadata": {"name": "rel-stormtopo-own-keys-only"}, "spec": {"validations": [{"expression": "k == 'stormtopo.io/placement'"}]}}
+    new = {
+        "metadata": {"name": "rel-stormtopo-own-keys-only"},
+        "spec": {"validations": [{"expression": "['stormtopo.io/placement', 'stormtopo.io/moves']"}]},
+    }
+    other = {"metadata": {"name": "someone-elses"}, "spec": {"validations": [{"expression": "'stormtopo.io/placement'"}]}}
+    refusal = refusing_policy([other, old])
+    assert refusal is not None and "rel-stormtopo-own-keys-only" in refusal and "stormtopo.io/moves" in refusal
+    assert refusing_policy([new, other]) is None and refusing_policy([]) is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -37,6 +38,9 @@ from tests.conftest import TOPOLOGY_FILE
 GROUP, VERSION, PLURAL = "topology.volcano.sh", "v1alpha1", "hypernodes"
 ONE_EACH = (Role("prefill", gpus=1), Role("decode", gpus=1))
 HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
+# How long the refusal lasts: 60 s in `make test` (twice the node tier's old liveness limit of 33 s);
+# STORMTOPO_REFUSED_FOR=600 for the ten minutes of issue 32 (run by hand; RELIABILITY.md has the result).
+REFUSED_FOR = float(os.environ.get("STORMTOPO_REFUSED_FOR", "60"))
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +173,7 @@ def test_a_node_another_writer_adds_to_a_leaf_while_a_pass_runs_is_kept(shared: 
         cluster.custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, "s3", {"spec": {"members": members}})
 
 
+@pytest.mark.timeout(REFUSED_FOR + 300)
 def test_a_refused_hypernode_write_is_counted_and_the_others_go_on(shared: DevCluster, namespace: str) -> None:
     """A policy refuses every write to leaf s3 (as Volcano's webhook down would): the node tier's writes to
     the other leaves land, the refusals are in stormtopo_node_tier_writes_refused_total, and /healthz
@@ -209,7 +214,7 @@ def test_a_refused_hypernode_write_is_counted_and_the_others_go_on(shared: DevCl
         cluster.create(filler_pod("busy-node3", namespace, "node3", 2))  # node3 (leaf s1): written
         cluster.bound_pods(namespace, "stormtopo.io/filler=true", 2)
         started = time.monotonic()
-        while time.monotonic() - started < 60:  # the fault's length, sampled throughout
+        while time.monotonic() - started < REFUSED_FOR:  # the fault's length, sampled throughout
             assert healthz(cluster) == 200
             time.sleep(2)
         assert "node3" in listed(cluster) and "node6" not in listed(cluster)
