@@ -1,6 +1,8 @@
 """Healing on the real control plane (issue 23): a replica that landed wider than its request moves into
 one leaf once a leaf has room, whole, through the Eviction API, one replica at a time, within the
-service's budget and its PodDisruptionBudgets; and nothing moves without the opt-in.
+service's budget and its PodDisruptionBudgets; and nothing moves without the opt-in. The operator runs
+as the chart runs it (issue 34): its ServiceAccount, RBAC and admission policies, the Deployment's
+arguments.
 
 The feature request's tree: leaves s0..s3 of two 8-GPU nodes each. A replica of an 8-GPU prefill and an
 8-GPU decode needs a whole leaf; fillers on one node of every leaf leave none, so Volcano places it
@@ -28,7 +30,26 @@ from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_A
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice
 from tests.conftest import stormtopo
+from tests.integration.chart import InstalledOperator
 
+INSTALLED: dict[Path, InstalledOperator] = {}  # the operator as installed, per cluster, while a healing module runs
+
+
+@pytest.fixture(scope="module")
+def as_installed(cluster: DevCluster, cluster_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledOperator]:
+    """Every test of healing and making room runs the operator as the chart runs it (issue 34, item 1):
+    the chart's ServiceAccount, RBAC and admission policies, the Deployment's arguments."""
+    installed = InstalledOperator(cluster_dir, tmp_path_factory.mktemp("as-installed"))
+    installed.start()
+    INSTALLED[cluster_dir] = installed
+    try:
+        yield installed
+    finally:
+        INSTALLED.pop(cluster_dir, None)
+        installed.stop()
+
+
+pytestmark = pytest.mark.usefixtures("as_installed")
 BIG = (Role("prefill", gpus=8), Role("decode", gpus=8))  # one whole leaf
 SOFT_LEAF = {MODE: "soft", HIGHEST_TIER: "1"}
 HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
@@ -289,16 +310,14 @@ def test_a_smaller_replica_of_another_service_moves_out_of_the_way_and_the_wide_
 
 @contextmanager
 def making_room(cluster_dir: Path) -> Iterator[None]:
-    """The cluster's operator restarted with --heal-make-room (off by default), then as it was."""
-    from stormtopo.devenv import cluster as dev
-
-    dev.stop_component(cluster_dir, "operator")
+    """The operator as installed, restarted with the chart's healing.makeRoom (--heal-make-room, off by
+    default), then as it was."""
+    installed = INSTALLED[cluster_dir]
+    installed.start("healing.makeRoom=true")
     try:
-        dev.start_operator(cluster_dir, extra=("--heal-make-room",))
         yield
     finally:
-        dev.stop_component(cluster_dir, "operator")
-        dev.start_operator(cluster_dir)
+        installed.start()
 
 
 def test_the_dry_run_names_the_replica_that_would_make_room(

@@ -21,11 +21,12 @@ from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, LEND_ROOM_ANNOTATION
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice
-from tests.integration.test_healing import (
+from tests.integration.test_healing import (  # noqa: F401 (as_installed: the fixture every test here uses)
     BIG,
     HEAL,
     MOVE_WITHIN,
     SOFT_LEAF,
+    as_installed,
     events,
     fill,
     free,
@@ -37,6 +38,7 @@ from tests.integration.test_healing import (
     wide_placement,
 )
 
+pytestmark = pytest.mark.usefixtures("as_installed")
 AS_ASKED = {"mode": "soft", "highestTierAllowed": 1}  # what SOFT_LEAF asks of every PodGroup
 HELD = {"mode": "hard", "highestTierAllowed": 1}  # a move's hold into a leaf
 LEND = {LEND_ROOM_ANNOTATION: "true"}

@@ -43,7 +43,7 @@ from tests.integration.chart import (
     without_operator,
 )
 
-CHART_POLICIES = ["own-keys-only", "own-podgroup-fields", "node-tier-only"]  # templates/admission-policy.yaml
+CHART_POLICIES = ["own-keys-only", "own-podgroup-fields", "node-tier-only", "evict-opted-in-only"]  # templates/admission-policy.yaml
 OPERATOR_POLICIES = [o["metadata"]["name"] for o in webhook.configuration(b"") if o["kind"] == "ValidatingAdmissionPolicy"]
 
 
@@ -562,4 +562,56 @@ def test_helm_uninstall_leaves_the_cluster_as_it_was(chart_cluster: tuple[Path, 
         assert len(fresh) == 2 and not any(p["metadata"]["labels"].get("stormtopo.io/admitted") for p in fresh)
     finally:
         processes.stop(operator, kill=True)
+        admin.delete_namespace(ns)
+
+
+def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
+    """Issue 34, item 6: RBAC grants pods/eviction cluster-wide; the policy evict-opted-in-only lets the
+    ServiceAccount evict only pods of StormServices in the opted-in list: a kube-system pod, or a pod of
+    a StormService that never opted in, is refused; a replica's pod of a listed one is evicted."""
+    state, admin = chart_cluster
+    install(state, render())
+    sa = service_account_kubeconfig(state, tmp_path)
+    ns = "evict-ns"
+    admin.create_namespace(ns)
+    listed = {"metadata": {"name": "stormtopo-opted-in", "namespace": NAMESPACE}, "data": {f"{ns}.svc": "RoleSet"}}
+    try:
+        admin.core.create_namespaced_config_map(NAMESPACE, listed)
+    except client.exceptions.ApiException as exc:
+        if exc.status != 409:
+            raise
+        admin.core.patch_namespaced_config_map("stormtopo-opted-in", NAMESPACE, {"data": listed["data"]})
+
+    def pod(namespace: str, name: str) -> None:
+        body = {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]},
+        }
+        admin.core.create_namespaced_pod(namespace, body)
+
+    def evict(namespace: str, name: str, dry_run: bool = False) -> subprocess.CompletedProcess[str]:
+        eviction: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        if dry_run:
+            eviction["deleteOptions"] = {"dryRun": ["All"]}
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+        return kubectl(state, "create", "--raw", path, "-f", "-", stdin=json.dumps(eviction), kubeconfig=sa)
+
+    pod("kube-system", "system-critical")
+    pod(ns, "other-roleset-abcde-prefill-0")  # a StormService that never opted in
+    pod(ns, "svc-roleset-abcde-prefill-0")
+    try:
+        # In force, and its params (the opted-in list) read: probed with dry runs, which evict nothing.
+        def in_force() -> bool:
+            allowed = evict(ns, "svc-roleset-abcde-prefill-0", True).returncode == 0
+            return allowed and _refused(evict("kube-system", "system-critical", True))
+
+        admin.wait(in_force, 60, "the policy in force with its params")
+        refused = evict("kube-system", "system-critical")
+        assert "evict-opted-in-only" in refused.stderr, refused.stderr
+        assert _refused(evict(ns, "other-roleset-abcde-prefill-0"))
+        allowed = evict(ns, "svc-roleset-abcde-prefill-0")
+        assert allowed.returncode == 0, allowed.stderr
+        assert admin.core.read_namespaced_pod("system-critical", "kube-system").metadata.deletion_timestamp is None
+    finally:
+        admin.core.delete_namespaced_pod("system-critical", "kube-system", grace_period_seconds=0)
         admin.delete_namespace(ns)
