@@ -185,6 +185,10 @@ class InstalledOperator:
 
         dev.stop_component(self.state, "operator")
         if self.rendered:
-            kubectl(self.state, "delete", "-f", "-", "--ignore-not-found", stdin=self.rendered)
+            # Only the webhook configurations (they name the provided CA, not the cluster's operator's). The
+            # policies and RBAC stay, matching only the chart's ServiceAccount: deleting some policies with
+            # ConfigMap params while others stay left kube-apiserver v1.35.3 finding no params for the others.
+            hooks = [d for d in yaml.safe_load_all(self.rendered) if d and d["kind"].endswith("WebhookConfiguration")]
+            kubectl(self.state, "delete", "-f", "-", "--ignore-not-found", stdin=yaml.safe_dump_all(hooks))
             self.rendered = ""
         dev.start_operator(self.state)
