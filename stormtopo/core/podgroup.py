@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from stormtopo.core.gang import followers, gang_of, template_spec
+from stormtopo.core.jsonpatch import remove_annotation
 from stormtopo.core.ownership import owner_reference
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.vocabulary import MANAGED_BY_LABEL, OPERATOR_NAME, PODGROUP_API, REQUEST_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
+from stormtopo.core.writes import PatchPodGroup
 
 OWNED_FIELDS = ("minMember", "minTaskMember", "networkTopology", "subGroupPolicy")  # of a PodGroup spec
 
@@ -130,3 +132,23 @@ def carries_constraint(podgroup: Mapping[str, Any] | None) -> bool:
 def is_owned(podgroup: Mapping[str, Any]) -> bool:
     """A PodGroup stormtopo created (a replica without a scheduling strategy, or scope StormService)."""
     return ((podgroup.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == OPERATOR_NAME
+
+
+def withdraw(namespace: str, podgroup: Mapping[str, Any] | None) -> list[PatchPodGroup]:
+    """The StormService no longer asks for a topology: take the constraint off its PodGroup. The
+    request annotation goes first: the admission policy refuses stripping a PodGroup that still
+    carries it (which is what AIBrix's rewrites would do while stormtopo is down)."""
+    if podgroup is None:
+        return []
+    name = podgroup["metadata"]["name"]
+    writes: list[PatchPodGroup] = []
+    if REQUEST_ANNOTATION in (podgroup["metadata"].get("annotations") or {}):
+        writes.append(PatchPodGroup(namespace, name, [remove_annotation(REQUEST_ANNOTATION)]))
+    elif not is_owned(podgroup):
+        # AIBrix's own PodGroup: its next sync rewrites the spec without networkTopology, now that the
+        # webhook no longer adds it back. Another's topology there is not stormtopo's to remove.
+        return []
+    if "networkTopology" in (podgroup.get("spec") or {}):
+        # Also when only the first patch landed before: stormtopo's own PodGroup never keeps a topology.
+        writes.append(PatchPodGroup(namespace, name, [{"op": "remove", "path": "/spec/networkTopology"}]))
+    return writes

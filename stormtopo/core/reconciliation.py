@@ -12,17 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from stormtopo.core.gang import requests_resources, template_spec
-from stormtopo.core.jsonpatch import remove_annotation, set_annotations, set_spec_fields
+from stormtopo.core.jsonpatch import set_annotations, set_spec_fields
 from stormtopo.core.moves import heal_annotation_problem, moving_tier, released_topology
 from stormtopo.core.optin import listing
 from stormtopo.core.podgroup import (
     carries_constraint,
     desired_fields,
     has_scheduling_strategy,
-    is_owned,
     owned_podgroup,
     service_group_name,
     service_podgroup,
+    withdraw,
 )
 from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.vocabulary import REQUEST_ANNOTATION
@@ -73,9 +73,9 @@ def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None, now: f
     if request is not None and request.scope is Scope.STORMSERVICE:
         writes += _service_group(snapshot, request, service_group)
         for roleset in snapshot.rolesets:  # from scope RoleSet: the replicas' own PodGroups carry no constraint now
-            writes += _withdraw(namespace, snapshot.podgroups.get(roleset["metadata"]["name"]))
+            writes += withdraw(namespace, snapshot.podgroups.get(roleset["metadata"]["name"]))
     else:
-        writes += _withdraw(namespace, service_group)
+        writes += withdraw(namespace, service_group)
         for roleset in snapshot.rolesets:
             moving = moving_tier(snapshot.stormservice, roleset["metadata"]["name"], now)
             writes += _replica_group(namespace, roleset, snapshot.podgroups.get(roleset["metadata"]["name"]), request, moving)
@@ -131,7 +131,7 @@ def _replica_group(
     moving: int | None = None,
 ) -> list[Write]:
     if request is None:
-        return _withdraw(namespace, current)
+        return list(withdraw(namespace, current))
     if current is None:
         if has_scheduling_strategy(roleset.get("spec") or {}):
             return []  # AIBrix creates its own; the webhook gives it the constraint at creation
@@ -156,24 +156,4 @@ def _let_go(snapshot: ServiceSnapshot) -> list[Write]:
         topology = released_topology(podgroup, snapshot.stormservice, name, defaults)
         if podgroup is not None and topology is not None:
             writes.append(PatchPodGroup(namespace, name, set_spec_fields(podgroup.get("spec"), {"networkTopology": topology})))
-    return writes
-
-
-def _withdraw(namespace: str, podgroup: Mapping[str, Any] | None) -> list[Write]:
-    """The StormService no longer asks for a topology: take the constraint off its PodGroup. The
-    request annotation goes first: the admission policy refuses stripping a PodGroup that still
-    carries it (which is what AIBrix's rewrites would do while stormtopo is down)."""
-    if podgroup is None:
-        return []
-    name = podgroup["metadata"]["name"]
-    writes: list[Write] = []
-    if REQUEST_ANNOTATION in (podgroup["metadata"].get("annotations") or {}):
-        writes.append(PatchPodGroup(namespace, name, [remove_annotation(REQUEST_ANNOTATION)]))
-    elif not is_owned(podgroup):
-        # AIBrix's own PodGroup: its next sync rewrites the spec without networkTopology, now that the
-        # webhook no longer adds it back. Another's topology there is not stormtopo's to remove.
-        return []
-    if "networkTopology" in (podgroup.get("spec") or {}):
-        # Also when only the first patch landed before: stormtopo's own PodGroup never keeps a topology.
-        writes.append(PatchPodGroup(namespace, name, [{"op": "remove", "path": "/spec/networkTopology"}]))
     return writes

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from stormtopo.core.jsonpatch import set_spec_fields
-from stormtopo.core.moves import recorded_moves
+from stormtopo.core.moves import recorded_moves, released_topology
 from stormtopo.core.placement import is_held
-from stormtopo.core.podgroup import desired_fields
-from stormtopo.core.request import ClusterTiers, RequestError, Scope, request_of
+from stormtopo.core.podgroup import desired_fields, withdraw
+from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.topology.node_tier import plan_node_tier
 from stormtopo.core.vocabulary import DOMAIN_GATE, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.writes import PatchPod, PatchPodGroup, Write
@@ -60,11 +60,13 @@ def release_gates(pods: Sequence[Mapping[str, Any]]) -> list[PatchPod]:
 
 
 def release_holds(snapshot: ClusterSnapshot) -> list[PatchPodGroup]:
-    """Each replica's PodGroup held by a move: what its StormService asks without the move, or no
-    network topology at all when it asks for nothing valid (as AIBrix would have it)."""
+    """Each replica's PodGroup that a move holds (hard within exactly the move's target tier): what its
+    StormService asks without the move; while its request is invalid, its last valid request (as the
+    reconciler lets a hold go); asking for nothing, the constraint withdrawn, its request annotation
+    first (the admission policy refuses stripping a PodGroup that still carries it)."""
     services = {(s["metadata"].get("namespace"), s["metadata"]["name"]): s for s in snapshot.stormservices}
     rolesets = {(r["metadata"].get("namespace"), r["metadata"]["name"]): r for r in snapshot.rolesets}
-    out = []
+    out: list[PatchPodGroup] = []
     for podgroup in snapshot.podgroups:
         meta = podgroup["metadata"]
         labels = meta.get("labels") or {}
@@ -72,21 +74,32 @@ def release_holds(snapshot: ClusterSnapshot) -> list[PatchPodGroup]:
         roleset = rolesets.get((namespace, replica))
         service_name = ((roleset or {}).get("metadata", {}).get("labels") or {}).get(STORMSERVICE_LABEL)
         service = services.get((namespace, service_name))
-        if service is None or roleset is None or not _unsettled(recorded_moves(service).get(replica)):
+        if service is None or roleset is None or not _held(podgroup, recorded_moves(service).get(replica)):
             continue
         request = request_of(service, snapshot.tiers)
         spec = podgroup.get("spec") or {}
-        if request is None or isinstance(request, RequestError) or request.scope is not Scope.ROLESET:
-            ops = [{"op": "remove", "path": "/spec/networkTopology"}] if "networkTopology" in spec else []
-        else:
+        if isinstance(request, TopologyRequest) and request.scope is Scope.ROLESET:
             ops = set_spec_fields(spec, desired_fields(request, roleset.get("spec") or {}))
+        elif isinstance(request, RequestError) and (released := released_topology(podgroup, service, replica)) is not None:
+            ops = set_spec_fields(spec, {"networkTopology": released})
+        else:
+            out += withdraw(str(namespace), podgroup)
+            continue
         if ops:
             out.append(PatchPodGroup(str(namespace), meta["name"], ops))
     return out
 
 
-def _unsettled(move: Mapping[str, Any] | None) -> bool:
-    """A move recorded and not settled: its PodGroup may be held, whatever the service asks now (the
-    operator that would have let it go is stopped)."""
+def _held(podgroup: Mapping[str, Any], move: Mapping[str, Any] | None) -> bool:
+    """A move recorded and not settled, and the PodGroup held to its target: hard within exactly its tier
+    (the operator that would have let it go is stopped)."""
     tier = (move or {}).get("toTier")
-    return bool(move) and not (move or {}).get("done") and isinstance(tier, int) and not isinstance(tier, bool)
+    topology = (podgroup.get("spec") or {}).get("networkTopology") or {}
+    return (
+        bool(move)
+        and not (move or {}).get("done")
+        and isinstance(tier, int)
+        and not isinstance(tier, bool)
+        and topology.get("mode") == "hard"
+        and topology.get("highestTierAllowed") == tier
+    )

@@ -25,7 +25,7 @@ from stormtopo.core.vocabulary import ADMITTED_LABEL, AIBRIX, OPTED_IN_CONFIGMAP
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNodeMembers
 from stormtopo.kube.client import MERGE_PATCH, Api, ApiError, KubeError
 from stormtopo.operator import webhook
-from stormtopo.operator.writer import execute, execute_hypernode_writes
+from stormtopo.operator.writer import HyperNodeWritesRefused, execute, execute_hypernode_writes
 
 log = logging.getLogger("stormtopo.uninstall")
 STOP_TIMEOUT = 120.0  # seconds to wait for the operator's pods to end
@@ -81,13 +81,40 @@ def delete_opted_in_list(api: Api, namespace: str) -> None:
             raise
 
 
-async def undo(api: Api) -> int:
-    """Plan over one snapshot and carry it out; the number of writes."""
+PASSES = 5  # looks at the cluster, each over a fresh snapshot, before the uninstall gives up
+
+
+async def undo(api: Api) -> tuple[int, list[str]]:
+    """Plan over one snapshot and carry it out, every write tried whatever the others do; (writes
+    carried out, what failed)."""
     writes = plan_uninstall(snapshot(api))
     hypernode_writes = [w for w in writes if isinstance(w, CreateHyperNode | SetHyperNodeMembers | DeleteHyperNode)]
-    await execute(api, [w for w in writes if w not in hypernode_writes])
-    await execute_hypernode_writes(api, hypernode_writes)
-    return len(writes)
+    failed: list[str] = []
+    for write in (w for w in writes if w not in hypernode_writes):
+        try:
+            await execute(api, [write])
+        except (KubeError, OSError) as exc:
+            failed.append(f"{type(write).__name__} {getattr(write, 'namespace', '')}/{getattr(write, 'name', '')}: {exc}"[:400])
+    try:
+        await execute_hypernode_writes(api, hypernode_writes)
+    except HyperNodeWritesRefused as exc:
+        failed.append(str(exc))
+    return len(writes), failed
+
+
+async def undo_all(api: Api, passes: int = PASSES) -> int:
+    """Until a snapshot plans nothing (what changed while a pass ran: a pod gated just before the
+    webhook went, a leaf another writer rewrote), at most `passes` times; the writes carried out."""
+    done = 0
+    for _ in range(passes):
+        count, failed = await undo(api)
+        if count == 0:
+            return done
+        done += count - len(failed)
+    left = plan_uninstall(snapshot(api))
+    if left:
+        raise RuntimeError(f"{len(left)} writes still planned after {passes} passes (the first: {left[0]}); {'; '.join(failed)[:600]}")
+    return done
 
 
 def run(api: Api, namespace: str, stop: str | None = None, delete_webhooks: bool = False) -> int:
@@ -99,9 +126,7 @@ def run(api: Api, namespace: str, stop: str | None = None, delete_webhooks: bool
         if delete_webhooks:
             webhook.unregister(api, webhook.configuration(b"", url_base="https://unused", namespace=namespace))
         delete_opted_in_list(api, namespace)
-        done = asyncio.run(undo(api))
-        # A second look: what changed while the first ran (a pod gated just before the webhook went).
-        done += asyncio.run(undo(api))
+        done = asyncio.run(undo_all(api))
     except (KubeError, OSError, TimeoutError, RuntimeError) as exc:
         print(f"stormtopo uninstall: {exc}; run it again to finish: it does only what is left", file=sys.stderr)
         return 1

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from stormtopo.core.placement import merge_placements
-from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
+from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, NODE_TIER_LABEL, PLACEMENT_ANNOTATION, VOLCANO_TOPOLOGY
 from stormtopo.core.writes import (
     AdoptPod,
     CreateHyperNode,
@@ -107,22 +108,47 @@ async def execute_hypernode_writes(api: Api, writes: Sequence[Write]) -> None:
     the deletes again). Raises HyperNodeWritesRefused once all were tried, for the loop to record."""
     refused: list[str] = []
     leaf_failed = False
+    missing: set[str] = set()  # tier-0 HyperNodes whose create failed: no leaf is pointed at them
     for write in writes:
         if isinstance(write, DeleteHyperNode) and leaf_failed:
             continue
+        if isinstance(write, SetHyperNodeMembers) and missing & {_member_name(m) for m in write.members if m.get("type") == "HyperNode"}:
+            leaf_failed = True
+            continue
         try:
+            if isinstance(write, CreateHyperNode):
+                if not await _create_ours(api, write):
+                    missing.add(_hypernode_name(write))
+                    refused.append(f"create {_hypernode_name(write)}: a HyperNode of that name exists and is not the node tier's")
+                continue
             await execute(api, [write])
         except Conflict:
             leaf_failed = True
             log.info("HyperNode %s changed meanwhile (another writer): planned again from what it is now", getattr(write, "name", "?"))
         except (ApiError, KubeError, OSError) as exc:
             leaf_failed = leaf_failed or isinstance(write, SetHyperNodeMembers)
+            if isinstance(write, CreateHyperNode):
+                missing.add(_hypernode_name(write))
             verb = _HYPERNODE_VERBS[type(write)]
             metrics.NODE_TIER_WRITES_REFUSED.labels(verb).inc()
             refused.append(f"{verb} {_hypernode_name(write)}: {exc}")
     if refused:
         more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
         raise HyperNodeWritesRefused(f"{len(refused)} of {len(writes)} HyperNode writes refused: {refused[0][:300]}{more}")
+
+
+async def _create_ours(api: Api, write: CreateHyperNode) -> bool:
+    """Create a tier-0 HyperNode; True if it exists now as the node tier's (created, or another leader's)."""
+    if await asyncio.to_thread(api.create_hypernode, dict(write.body)):
+        metrics.NODE_TIER_WRITES.labels("create").inc()
+        return True
+    existing = await asyncio.to_thread(api.get, VOLCANO_TOPOLOGY, "hypernodes", None, _hypernode_name(write))
+    labels = ((existing or {}).get("metadata") or {}).get("labels") or {}
+    return existing is not None and labels.get(NODE_TIER_LABEL) == "true"
+
+
+def _member_name(member: Mapping[str, Any]) -> str:
+    return str(((member.get("selector") or {}).get("exactMatch") or {}).get("name") or "")
 
 
 _HYPERNODE_VERBS: dict[type, str] = {CreateHyperNode: "create", SetHyperNodeMembers: "update", DeleteHyperNode: "delete"}

@@ -29,8 +29,13 @@ def held(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "ns"}, "spec": {"schedulingGates": [{"name": "other"}, {"name": DOMAIN_GATE}]}}
 
 
-def snapshot(service: dict[str, Any], podgroup_spec: dict[str, Any], hypernodes: list[dict[str, Any]] | None = None) -> ClusterSnapshot:
-    podgroup = {"metadata": {"name": "svc-rs-0", "namespace": "ns", "labels": {"roleset-name": "svc-rs-0"}}, "spec": podgroup_spec}
+def snapshot(
+    service: dict[str, Any], podgroup_spec: dict[str, Any], hypernodes: list[dict[str, Any]] | None = None, request: str | None = None
+) -> ClusterSnapshot:
+    meta: dict[str, Any] = {"name": "svc-rs-0", "namespace": "ns", "labels": {"roleset-name": "svc-rs-0"}}
+    if request is not None:
+        meta["annotations"] = {"stormtopo.io/request": request}
+    podgroup = {"metadata": meta, "spec": podgroup_spec}
     return ClusterSnapshot(
         hypernodes=tuple(hypernodes or hypernode_manifests(FABRIC)),
         pods=(held("router-0"), {"metadata": {"name": "free", "namespace": "ns"}, "spec": {}}),
@@ -59,15 +64,37 @@ def test_a_gate_of_stormtopos_is_removed_and_only_it() -> None:
     ]
 
 
+def patches_of(cluster: ClusterSnapshot) -> list[PatchPodGroup]:
+    return [w for w in plan_uninstall(cluster) if isinstance(w, PatchPodGroup)]
+
+
 def test_a_move_hold_goes_back_to_what_the_service_asks() -> None:
     soft = moving({MODE: "soft", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"})
     (patch,) = [w for w in plan_uninstall(snapshot(soft, HELD_HARD)) if isinstance(w, PatchPodGroup)]
     topology = next(op["value"] for op in patch.ops if op["path"] == "/spec/networkTopology")
     assert topology["mode"] == "soft"
-    # A service that asks for nothing valid any more: no network topology at all, as AIBrix would have it.
+    # A service whose request is invalid now: its last valid request, as the PodGroup records it (review:
+    # removing the topology while the request annotation stays is refused by the chart's policy).
     typo = moving({MODE: "hrad", HIGHEST_TIER: "1"})
-    (patch,) = [w for w in plan_uninstall(snapshot(typo, HELD_HARD)) if isinstance(w, PatchPodGroup)]
-    assert patch.ops == [{"op": "remove", "path": "/spec/networkTopology"}]
+    (patch,) = [
+        w for w in plan_uninstall(snapshot(typo, HELD_HARD, request="soft within tier 1, scope RoleSet")) if isinstance(w, PatchPodGroup)
+    ]
+    assert patch.ops == [{"op": "replace", "path": "/spec/networkTopology", "value": {"mode": "soft", "highestTierAllowed": 1}}]
+    # One that asks for nothing at all: the constraint withdrawn, its request annotation first.
+    plain = moving({})
+    patches = [
+        w for w in plan_uninstall(snapshot(plain, HELD_HARD, request="hard within tier 1, scope RoleSet")) if isinstance(w, PatchPodGroup)
+    ]
+    assert [op["op"] + " " + op["path"] for w in patches for op in w.ops] == [
+        "remove /metadata/annotations/stormtopo.io~1request",
+        "remove /spec/networkTopology",
+    ]
+    # Not held (another topology than the move's): left alone.
+    assert not [
+        w
+        for w in plan_uninstall(snapshot(soft, {"networkTopology": {"mode": "soft", "highestTierAllowed": 1}}))
+        if isinstance(w, PatchPodGroup)
+    ]
     # No move under way: nothing to let go.
     assert not [
         w

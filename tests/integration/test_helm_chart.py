@@ -356,6 +356,12 @@ def test_service_account_writes_only_the_node_tiers_hypernodes(chart_cluster: tu
         back = [node, w1]
         assert patch("leaf-a", {"spec": {"members": back}}).returncode == 0
         assert as_sa("delete", "hypernode", "w0.node").returncode == 0
+        # One an older release made, with its leaf's labels copied (before issue 33): still its own to delete.
+        older = json.loads(json.dumps(mine))
+        older["metadata"]["labels"] = {"team": "infra", "stormtopo.io/node-tier": "true"}
+        admin.create(older)
+        deleted = as_sa("delete", "hypernode", "w0.node")
+        assert deleted.returncode == 0, deleted.stderr
     finally:
         kubectl(state, "delete", "hypernode", "spine-x", "w0.node", "w1.node", "--ignore-not-found")
 

@@ -42,6 +42,8 @@ class HyperNodesApi(Api):
             self.stored[name]["spec"]["members"] = body["spec"]["members"]
         elif method == "DELETE":
             del self.stored[name]
+        elif method == "GET":
+            return copy.deepcopy(self.stored[name])
         return {}
 
 
@@ -88,7 +90,8 @@ def test_a_pass_renders_the_list_and_the_next_writes_nothing() -> None:
     del api.stored["a0.node"]
     deleted = written("delete")
     asyncio.run(NodeTier(index, api, readings).check())
-    assert api.calls == ["POST b0.node", "PATCH leaf-a", "PATCH leaf-b", "DELETE a0.node"]
+    # The 409 is checked: b0.node is the node tier's (an earlier pass's), so leaf-b may name it.
+    assert api.calls == ["POST b0.node", "GET b0.node", "PATCH leaf-a", "PATCH leaf-b", "DELETE a0.node"]
     assert written("delete") == deleted  # nothing was deleted by this pass
 
 
@@ -217,3 +220,52 @@ def test_the_operator_keeps_pairs() -> None:
         index.observe("HyperNode", None, h)
     asyncio.run(NodeTier(index, api, Readings({"a0": 4, "a1": 4, "b0": 2, "b1": 8})).check())
     assert sorted(api.stored) == ["b0.node", "leaf-a", "leaf-b", "spine"]  # without pairs: a0 and a1 too
+
+
+class _HyperNodeApi:
+    """The HyperNode calls of the API client; a create of `refuse` fails (503), of `taken` finds a foreign one."""
+
+    def __init__(self, refuse: str = "", taken: str = "") -> None:
+        self.refuse, self.taken = refuse, taken
+        self.calls: list[tuple[str, str]] = []
+
+    def create_hypernode(self, body: dict) -> bool:  # type: ignore[type-arg]
+        name = body["metadata"]["name"]
+        self.calls.append(("create", name))
+        if name == self.refuse:
+            from stormtopo.kube.client import ApiError
+
+            raise ApiError(503, "POST", "/hypernodes", "webhook unavailable")
+        return name != self.taken
+
+    def get(self, *args: object) -> dict:  # type: ignore[type-arg]
+        return {"metadata": {"name": args[-1], "labels": {"team": "x"}}}
+
+    def set_hypernode_members(self, name: str, members: list, resource_version: str | None = None) -> None:  # type: ignore[type-arg]
+        self.calls.append(("update", name))
+
+    def delete_hypernode(self, name: str) -> bool:
+        self.calls.append(("delete", name))
+        return True
+
+
+def test_a_leaf_is_not_pointed_at_a_tier0_hypernode_whose_create_failed() -> None:
+    """Review: a refused create (Volcano's webhook down) and then the leaf's update left the leaf naming a
+    HyperNode that does not exist; and a create that found someone else's HyperNode of that name."""
+    import asyncio
+
+    import pytest
+
+    from stormtopo.core.writes import CreateHyperNode, SetHyperNodeMembers
+    from stormtopo.operator.writer import HyperNodeWritesRefused, execute_hypernode_writes
+
+    def plan(name: str) -> list:  # type: ignore[type-arg]
+        body = {"metadata": {"name": name, "labels": {"stormtopo.io/node-tier": "true"}}, "spec": {"tier": 0, "members": []}}
+        leaf = [{"type": "HyperNode", "selector": {"exactMatch": {"name": name}}}]
+        other = [{"type": "Node", "selector": {"exactMatch": {"name": "n9"}}}]
+        return [CreateHyperNode(body), SetHyperNodeMembers("s0", leaf, "1"), SetHyperNodeMembers("s1", other, "1")]
+
+    for api in (_HyperNodeApi(refuse="n0.node"), _HyperNodeApi(taken="n0.node")):
+        with pytest.raises(HyperNodeWritesRefused):
+            asyncio.run(execute_hypernode_writes(api, plan("n0.node")))  # type: ignore[arg-type]
+        assert ("update", "s0") not in api.calls and ("update", "s1") in api.calls  # the other leaf goes on

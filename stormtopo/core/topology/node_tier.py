@@ -266,18 +266,22 @@ def plan_node_tier(
     it (another writer took it over, or a second leaf names it) gets the node back.
     """
     current = {hn["metadata"]["name"]: hn for hn in hypernodes}
-    mine = {name: member for name, hn in current.items() if (member := _node_tier_member(hn)) is not None}
-    selectors = _selecting(current, mine, node_labels, allocatable_gpus)
+    ours = {name: member for name, hn in current.items() if (member := _node_tier_member(hn)) is not None}
+    # A leaf may name a tier-0 HyperNode of the node tier's that is gone (deleted by hand, a deposed
+    # leader's late delete, a create that failed): its node is then in no domain at all. Read as that
+    # node, so the leaf is written again (named again, or given the node back).
+    mine = {**_gone(current, {*allocatable_gpus, *(node_labels or {})}), **ours}
+    selectors = _selecting(current, ours, mine, node_labels, allocatable_gpus)
     named_by: dict[str, list[str]] = {}  # a tier-0 HyperNode of ours -> the HyperNodes that name it
     for name, hn in current.items():
         for m in (hn.get("spec") or {}).get("members") or []:
-            if m.get("type") == "HyperNode" and (child := _exact_name(m) or "") in mine and name not in mine:
+            if m.get("type") == "HyperNode" and (child := _exact_name(m) or "") in mine and name not in ours:
                 named_by.setdefault(child, []).append(name)
     leaves: list[dict[str, Any]] = []  # the eligible leaves, each tier-0 HyperNode of ours unfolded into its node
     restored: list[dict[str, Any]] = []  # leaves that name ours but may not keep them: unfolded, nothing listed
     others: list[Mapping[str, Any]] = []  # every other HyperNode: what it names stays
     for name, hn in sorted(current.items()):
-        if name in mine:
+        if name in ours:
             continue
         spec = hn.get("spec") or {}
         members = spec.get("members") or []
@@ -310,7 +314,7 @@ def plan_node_tier(
         for node in members:
             nodes.setdefault(node, NodeSpec(node, name, allocatable_gpus.get(node, 0), "0", "0"))
     run = whole_node_run(replicas, max((n.gpus for n in nodes.values()), default=0))  # the largest node of these leaves
-    keep = {node for member in mine.values() if (node := _exact_name(member))} if sticky else set()
+    keep = {node for member in ours.values() if (node := _exact_name(member))} if sticky else set()
     listed = [
         n
         for n in shortlist(
@@ -333,12 +337,30 @@ def plan_node_tier(
         for m in (hn.get("spec") or {}).get("members") or []
         if m.get("type") == "HyperNode"
     }
-    deletes: list[Write] = [DeleteHyperNode(name) for name in sorted(mine) if name not in named]
+    deletes: list[Write] = [DeleteHyperNode(name) for name in sorted(ours) if name not in named]
     return creates + updates + deletes
+
+
+def _gone(current: Mapping[str, Mapping[str, Any]], known: Collection[str]) -> dict[str, dict[str, Any]]:
+    """Names of tier-0 HyperNodes of the node tier that a HyperNode names but that do not exist -> the
+    Node member they stood for: from the nodes known (the name shortened with a digest), else the name
+    without its suffix where that is the node's tier-0 name."""
+    by_name = {node_hypernode_name(node): node for node in known}
+    out: dict[str, dict[str, Any]] = {}
+    for hn in current.values():
+        for m in (hn.get("spec") or {}).get("members") or []:
+            name = _exact_name(m) if m.get("type") == "HyperNode" else None
+            if not name or name in current or not name.endswith(NODE_TIER_SUFFIX):
+                continue
+            node = by_name.get(name) or name.removesuffix(NODE_TIER_SUFFIX)
+            if node_hypernode_name(node) == name:
+                out[name] = {"type": "Node", "selector": {"exactMatch": {"name": node}}}
+    return out
 
 
 def _selecting(
     current: Mapping[str, Mapping[str, Any]],
+    ours: Mapping[str, Mapping[str, Any]],
     mine: Mapping[str, Mapping[str, Any]],
     node_labels: Mapping[str, Mapping[str, str]] | None,
     allocatable_gpus: Mapping[str, int],
@@ -351,7 +373,7 @@ def _selecting(
     labels: Mapping[str, Mapping[str, str]] = node_labels if node_labels is not None else {n: {} for n in names}
     out: dict[str, set[str]] = {}
     for name, hn in current.items():
-        if name in mine:
+        if name in ours:
             continue
         for m in (hn.get("spec") or {}).get("members") or []:
             if m.get("type") == "HyperNode" and (child := _exact_name(m) or "") in mine:
