@@ -30,7 +30,7 @@ from typing import Any
 from stormtopo.core.explanation import allowed_tier
 from stormtopo.core.gang import gpus_per_pod, replica_pods
 from stormtopo.core.jsonpatch import set_spec_fields
-from stormtopo.core.moves import HOLD, annotation_table, recorded_moves, recorded_seconds
+from stormtopo.core.moves import CLOCK_SKEW, HOLD, annotation_table, recorded_moves, recorded_seconds
 from stormtopo.core.moves import MOVE_DEADLINE as MOVE_DEADLINE  # the hold's deadline too (core/moves.py); the shell's import
 from stormtopo.core.packing import DomainFit, domains_at_tier
 from stormtopo.core.placement import is_live
@@ -145,7 +145,7 @@ def moving_in_cluster(stormservices: Iterable[Mapping[str, Any]], now: float) ->
     for stormservice in stormservices:
         for move in recorded_moves(stormservice).values():
             at = _seconds(move.get("at"))
-            if not move.get("done") and move.get("toTier") is not None and at is not None and now - at <= MOVE_DEADLINE:
+            if not move.get("done") and move.get("toTier") is not None and at is not None and -CLOCK_SKEW <= now - at <= MOVE_DEADLINE:
                 count += 1
     return count
 

@@ -29,6 +29,7 @@ from stormtopo.core.request import Mode, Scope, TierLimit, TopologyRequest
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, MOVES_ANNOTATION, REQUEST_ANNOTATION, SCOPE
 
 HOLD = 120.0  # seconds: a moving gang still not bound this long after its move is let go (the healer settles it)
+CLOCK_SKEW = 60.0  # seconds a move's recorded start may be ahead of the reader's clock (replicas' clocks differ)
 MOVE_DEADLINE = 600.0  # seconds: a move not settled by then no longer holds its gang, nor the service's other replicas back
 
 
@@ -87,8 +88,10 @@ def moving_tier(stormservice: Mapping[str, Any] | None, replica: str, now: float
         return None
     if now is not None:
         began = recorded_seconds(move.get("at"))
-        if began is None or now - began > MOVE_DEADLINE:
-            return None  # no start to count from, or past its deadline: the hold is over
+        if began is None or not -CLOCK_SKEW <= now - began <= MOVE_DEADLINE:
+            # No start to count from, past its deadline, or written by a clock far ahead (a leader whose
+            # clock was wrong would otherwise hold it for as long as it was ahead): the hold is over.
+            return None
     return tier
 
 

@@ -32,10 +32,10 @@ BACKOFF_CAP = 30.0  # the longest wait between retries
 # nothing then, and a loop waiting out 30 s after it came back would delay placements past a resync period.
 UNAVAILABLE_CAP = 5.0
 STALE_PERIODS = 3  # a loop is stuck after this many periods (plus the backoff cap) without an iteration
-# One iteration still running after this long (or 10 periods) is stuck. Generous: a pass may wait its turn
-# behind an explanation in the shared worker (EXPLAIN_TIMEOUT, 120 s), and a slow answer is no reason to
-# restart; a deadlock is found within ten minutes.
-HANG_SECONDS = 600.0
+# One iteration still running after this long (or 10 periods, for a slow loop) is stuck. Enough for a pass
+# that waits its turn behind an explanation in the shared worker (EXPLAIN_TIMEOUT, 120 s) and then does its
+# own work: a slow answer is no reason to restart; a deadlock is found within minutes.
+HANG_SECONDS = 180.0
 
 
 def backoff(failures: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:

@@ -119,7 +119,8 @@ def test_a_leaf_another_writer_keeps_is_left_alone_unless_named() -> None:
     owned = hypernode("o", 1, [node("x")])
     owned["metadata"]["ownerReferences"] = [{"kind": "Topology", "name": "t"}]
     helm = hypernode("h", 1, [node("x")], labels={MANAGED_BY_LABEL: "Helm"})
-    assert all(foreign_owner(h) is not None for h in (gitops, owned, helm))
+    argo = hypernode("a", 1, [node("x")], labels={"app.kubernetes.io/instance": "fabric"})  # Argo CD's label tracking
+    assert all(foreign_owner(h) is not None for h in (gitops, owned, helm, argo))
     used = {"node0": 2, "node2": 2}
     touched = {w.name for w in plan_node_tier(tree, used, GPUS) if isinstance(w, SetHyperNodeMembers)}
     assert touched == {"s1"}

@@ -157,3 +157,6 @@ def test_the_webhook_lets_a_hold_go_at_the_moves_deadline_as_the_reconciler_does
     assert hard in admit_podgroup(podgroup, rs, soft, CLUSTER, now=began.timestamp() + 10).patch
     late = admit_podgroup(podgroup, rs, soft, CLUSTER, now=began.timestamp() + MOVE_DEADLINE + 1).patch
     assert {"op": "add", "path": "/spec/networkTopology", "value": {"mode": "soft", "highestTierAllowed": 2}} in late
+    # Recorded by a clock far ahead (a leader's clock gone wrong): not held for as long as it was ahead.
+    ahead = admit_podgroup(podgroup, rs, soft, CLUSTER, now=began.timestamp() - 3600).patch
+    assert {"op": "add", "path": "/spec/networkTopology", "value": {"mode": "soft", "highestTierAllowed": 2}} in ahead

@@ -224,6 +224,8 @@ def foreign_owner(hypernode: Mapping[str, Any]) -> str | None:
     manager = labels.get(MANAGED_BY_LABEL)
     if manager and manager != OPERATOR_NAME:
         return f"{MANAGED_BY_LABEL}={manager}"
+    if "app.kubernetes.io/instance" in labels and manager != OPERATOR_NAME:
+        return f"GitOps (app.kubernetes.io/instance={labels['app.kubernetes.io/instance']}: Argo CD's label tracking)"
     return None
 
 
