@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from stormtopo.core.placement import merge_placements
+from stormtopo.core.topology.node_tier import exact_name
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, NODE_TIER_LABEL, PLACEMENT_ANNOTATION, VOLCANO_TOPOLOGY
 from stormtopo.core.writes import (
     AdoptPod,
@@ -82,9 +82,8 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                 except NotFound:
                     continue  # gone already: as good as evicted
                 metrics.EVICTIONS.inc()
-            case CreateHyperNode(body):
-                if await asyncio.to_thread(api.create_hypernode, dict(body)):
-                    metrics.NODE_TIER_WRITES.labels("create").inc()
+            case CreateHyperNode():
+                await _create_ours(api, write)
             case SetHyperNodeMembers(name, members, resource_version):
                 try:
                     await asyncio.to_thread(api.set_hypernode_members, name, [dict(m) for m in members], resource_version)
@@ -112,7 +111,7 @@ async def execute_hypernode_writes(api: Api, writes: Sequence[Write]) -> None:
     for write in writes:
         if isinstance(write, DeleteHyperNode) and leaf_failed:
             continue
-        if isinstance(write, SetHyperNodeMembers) and missing & {_member_name(m) for m in write.members if m.get("type") == "HyperNode"}:
+        if isinstance(write, SetHyperNodeMembers) and missing & {exact_name(m) for m in write.members if m.get("type") == "HyperNode"}:
             leaf_failed = True
             continue
         try:
@@ -145,10 +144,6 @@ async def _create_ours(api: Api, write: CreateHyperNode) -> bool:
     existing = await asyncio.to_thread(api.get, VOLCANO_TOPOLOGY, "hypernodes", None, _hypernode_name(write))
     labels = ((existing or {}).get("metadata") or {}).get("labels") or {}
     return existing is not None and labels.get(NODE_TIER_LABEL) == "true"
-
-
-def _member_name(member: Mapping[str, Any]) -> str:
-    return str(((member.get("selector") or {}).get("exactMatch") or {}).get("name") or "")
 
 
 _HYPERNODE_VERBS: dict[type, str] = {CreateHyperNode: "create", SetHyperNodeMembers: "update", DeleteHyperNode: "delete"}

@@ -3,7 +3,9 @@ local control plane started without an operator (the test runs its own, as the c
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,8 +15,11 @@ from typing import Any
 import yaml
 
 from stormtopo import certificates
-from stormtopo.devenv import components
+from stormtopo.devenv import cluster as dev
+from stormtopo.devenv import components, processes
 from stormtopo.devenv.client import DevCluster
+from stormtopo.kube.client import Api
+from stormtopo.operator import webhook
 from tests.conftest import REPO, stormtopo
 
 NAMESPACE = "stormtopo-system"
@@ -134,14 +139,6 @@ class InstalledOperator:
 
     def start(self, *sets: str) -> None:
         """(Re)start it with these chart values; the first start replaces the cluster's own operator."""
-        import json
-        import sys
-
-        from stormtopo.devenv import cluster as dev
-        from stormtopo.devenv import processes
-        from stormtopo.kube.client import Api
-        from stormtopo.operator import webhook
-
         ports = json.loads((self.state / "cluster.json").read_text())["ports"]
         url = f"https://127.0.0.1:{ports['operator_webhook']}"
         if not self.rendered:  # the cluster's own operator and the webhooks it registered go
@@ -180,9 +177,7 @@ class InstalledOperator:
         )
 
     def stop(self) -> None:
-        """The chart's objects deleted and the cluster's own operator started again."""
-        from stormtopo.devenv import cluster as dev
-
+        """The chart's webhook configurations deleted and the cluster's own operator started again."""
         dev.stop_component(self.state, "operator")
         if self.rendered:
             # Only the webhook configurations (they name the provided CA, not the cluster's operator's). The

@@ -244,26 +244,26 @@ def test_no_room_is_made_while_a_move_to_make_room_is_under_way() -> None:
 # -- a freed node: the quiet services are read again, over a fresh reading --------------------------
 
 
-def test_a_pod_gone_from_its_node_ends_the_quiet_of_services_with_nowhere_to_go() -> None:
-    import json
-    import time
+class _Index:
+    """What a healing pass reads of the index when it only decides which services to look at."""
 
-    from stormtopo.core.vocabulary import PLACEMENT_ANNOTATION
-    from tests.core.test_healing import TIERS, TOPOLOGY
+    def __init__(self, stormservices: dict[Any, dict[str, Any]]) -> None:
+        self.stormservices = stormservices
+        self.pods_freed = 0
 
-    wide = service(SOFT1)
-    wide["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s4", "tier": 2}})
+    def topology(self) -> Any:
+        from tests.core.test_healing import TOPOLOGY
 
-    class Index:
-        stormservices = {("ns", "svc"): wide}
-        pods_freed = 0
+        return TOPOLOGY
 
-        def topology(self) -> Any:
-            return TOPOLOGY
+    def cluster_tiers(self) -> Any:
+        from tests.core.test_healing import TIERS
 
-        def cluster_tiers(self) -> Any:
-            return TIERS
+        return TIERS
 
+
+def probed(stormservices: dict[Any, dict[str, Any]]) -> tuple[_Index, Healer, list[Any]]:
+    """A healer over `stormservices` whose heal only records which service it was asked to look at."""
     looked: list[Any] = []
 
     class Probe(Healer):
@@ -271,8 +271,20 @@ def test_a_pod_gone_from_its_node_ends_the_quiet_of_services_with_nowhere_to_go(
             looked.append(key)
             return None
 
-    index = Index()
-    healer = Probe(cast(Any, index), cast(Any, None), lambda *_: None, cast(Any, None), cast(Any, None))
+    index = _Index(stormservices)
+    return index, Probe(cast(Any, index), cast(Any, None), lambda *_: None, cast(Any, None), cast(Any, None)), looked
+
+
+def test_a_pod_gone_from_its_node_ends_the_quiet_of_services_with_nowhere_to_go() -> None:
+    import json
+    import time
+
+    from stormtopo.core.vocabulary import PLACEMENT_ANNOTATION
+
+    wide = service(SOFT1)
+    wide["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s4", "tier": 2}})
+
+    index, healer, looked = probed({("ns", "svc"): wide})
     asyncio.run(healer.check())
     assert looked == [("ns", "svc")] and healer._fresh  # the first pass knows nothing of the past
     healer._memory[("ns", "svc")] = HealMemory(quiet_until=time.time() + 3600)  # nowhere to go, for now
@@ -294,30 +306,11 @@ def test_a_service_room_is_being_made_for_is_read_every_pass_from_the_lenders_re
 
     from stormtopo.core.healing import MOVE_DEADLINE
     from stormtopo.core.vocabulary import PLACEMENT_ANNOTATION
-    from tests.core.test_healing import TIERS, TOPOLOGY
 
     wide = service(SOFT1)
     wide["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s4", "tier": 2}})
 
-    class Index:
-        stormservices = {("ns", "svc"): wide, ("other", "small"): lender_record("small-0", WIDE_SVC_A, time.time() - 60)}
-        pods_freed = 0
-
-        def topology(self) -> Any:
-            return TOPOLOGY
-
-        def cluster_tiers(self) -> Any:
-            return TIERS
-
-    looked: list[Any] = []
-
-    class Probe(Healer):
-        async def heal(self, key: Any, make_room: Any = None, allocatable: Any = None) -> Any:
-            looked.append(key)
-            return None
-
-    index = Index()
-    healer = Probe(cast(Any, index), cast(Any, None), lambda *_: None, cast(Any, None), cast(Any, None))
+    index, healer, looked = probed({("ns", "svc"): wide, ("other", "small"): lender_record("small-0", WIDE_SVC_A, time.time() - 60)})
     healer._memory[("ns", "svc")] = HealMemory(quiet_until=time.time() + 3600)  # nowhere to go, for now
     asyncio.run(healer.check())
     asyncio.run(healer.check())

@@ -182,7 +182,7 @@ def node_tier_members(hypernodes: Iterable[Mapping[str, Any]]) -> dict[str, str]
     return out
 
 
-def _exact_name(member: Mapping[str, Any]) -> str | None:
+def exact_name(member: Mapping[str, Any]) -> str | None:
     """The name a Node or HyperNode member selects by exactMatch alone; None for any other member."""
     selector = member.get("selector") or {}
     if member.get("type") not in ("Node", "HyperNode") or set(selector) != {"exactMatch"}:
@@ -199,12 +199,12 @@ def _node_tier_member(hn: Mapping[str, Any]) -> Mapping[str, Any] | None:
     if meta["name"] not in node_tier_members([hn]):
         return None
     member: Mapping[str, Any] = hn["spec"]["members"][0]
-    return member if _exact_name(member) else None
+    return member if exact_name(member) else None
 
 
 def _member_key(members: Iterable[Mapping[str, Any]]) -> list[tuple[Any, str | None]]:
     # Compared by what they select, so a member the API server returns with defaults filled in is no change.
-    return [(m.get("type"), _exact_name(m)) for m in members]
+    return [(m.get("type"), exact_name(m)) for m in members]
 
 
 def foreign_owner(hypernode: Mapping[str, Any]) -> str | None:
@@ -277,7 +277,7 @@ def plan_node_tier(
     named_by: dict[str, list[str]] = {}  # a tier-0 HyperNode of ours -> the HyperNodes that name it
     for name, hn in current.items():
         for m in (hn.get("spec") or {}).get("members") or []:
-            if m.get("type") == "HyperNode" and (child := _exact_name(m) or "") in mine and name not in ours:
+            if m.get("type") == "HyperNode" and (child := exact_name(m) or "") in mine and name not in ours:
                 named_by.setdefault(child, []).append(name)
     leaves: list[dict[str, Any]] = []  # the eligible leaves, each tier-0 HyperNode of ours unfolded into its node
     restored: list[dict[str, Any]] = []  # leaves that name ours but may not keep them: unfolded, nothing listed
@@ -287,9 +287,9 @@ def plan_node_tier(
             continue
         spec = hn.get("spec") or {}
         members = spec.get("members") or []
-        names_mine = any(m.get("type") == "HyperNode" and _exact_name(m) in mine for m in members)
-        unfolded = [mine[n] if m.get("type") == "HyperNode" and (n := _exact_name(m) or "") in mine else m for m in members]
-        exact = int(spec.get("tier", 1)) != NODE_TIER and members and all(_exact_name(m) for m in members)
+        names_mine = any(m.get("type") == "HyperNode" and exact_name(m) in mine for m in members)
+        unfolded = [mine[n] if m.get("type") == "HyperNode" and (n := exact_name(m) or "") in mine else m for m in members]
+        exact = int(spec.get("tier", 1)) != NODE_TIER and members and all(exact_name(m) for m in members)
         if enabled and exact and any(m.get("type") == "Node" for m in unfolded) and (name in named_leaves or foreign_owner(hn) is None):
             leaves.append({**hn, "spec": {**spec, "members": unfolded}})
         elif names_mine:
@@ -308,7 +308,7 @@ def plan_node_tier(
             node
             for m in leaf["spec"]["members"]
             if m.get("type") == "Node"
-            and (node := _exact_name(m))
+            and (node := exact_name(m))
             and selectors.get(node) == {name}
             and set(named_by.get(node_hypernode_name(node), [name])) == {name}
         )
@@ -316,7 +316,7 @@ def plan_node_tier(
         for node in members:
             nodes.setdefault(node, NodeSpec(node, name, allocatable_gpus.get(node, 0), "0", "0"))
     run = whole_node_run(replicas, max((n.gpus for n in nodes.values()), default=0))  # the largest node of these leaves
-    keep = {node for member in ours.values() if (node := _exact_name(member))} if sticky else set()
+    keep = {node for member in ours.values() if (node := exact_name(member))} if sticky else set()
     listed = [
         n
         for n in shortlist(
@@ -334,7 +334,7 @@ def plan_node_tier(
         and _member_key(m["spec"]["members"]) != _member_key(current[name := m["metadata"]["name"]]["spec"]["members"])
     ]
     named = {
-        _exact_name(m)
+        exact_name(m)
         for hn in [*(m for m in desired if m["spec"]["tier"] != NODE_TIER), *others]
         for m in (hn.get("spec") or {}).get("members") or []
         if m.get("type") == "HyperNode"
@@ -351,7 +351,7 @@ def _gone(current: Mapping[str, Mapping[str, Any]], known: Collection[str]) -> d
     out: dict[str, dict[str, Any]] = {}
     for hn in current.values():
         for m in (hn.get("spec") or {}).get("members") or []:
-            name = _exact_name(m) if m.get("type") == "HyperNode" else None
+            name = exact_name(m) if m.get("type") == "HyperNode" else None
             if not name or name in current or not name.endswith(NODE_TIER_SUFFIX):
                 continue
             node = by_name.get(name) or name.removesuffix(NODE_TIER_SUFFIX)
@@ -371,15 +371,15 @@ def _selecting(
     labelMatch member read without the nodes' labels may select any node: it counts for every one."""
     names = {*allocatable_gpus, *(node_labels or {})}
     for hn in current.values():
-        names |= {n for m in (hn.get("spec") or {}).get("members") or [] if m.get("type") == "Node" and (n := _exact_name(m))}
+        names |= {n for m in (hn.get("spec") or {}).get("members") or [] if m.get("type") == "Node" and (n := exact_name(m))}
     labels: Mapping[str, Mapping[str, str]] = node_labels if node_labels is not None else {n: {} for n in names}
     out: dict[str, set[str]] = {}
     for name, hn in current.items():
         if name in ours:
             continue
         for m in (hn.get("spec") or {}).get("members") or []:
-            if m.get("type") == "HyperNode" and (child := _exact_name(m) or "") in mine:
-                selected = {_exact_name(mine[child]) or ""}
+            if m.get("type") == "HyperNode" and (child := exact_name(m) or "") in mine:
+                selected = {exact_name(mine[child]) or ""}
             elif m.get("type") == "Node":
                 selector = m.get("selector") or {}
                 blind = "labelMatch" in selector and node_labels is None
