@@ -53,30 +53,33 @@ lock: $(BIN)/.installed
 demo: binaries
 	$(BIN)/stormtopo demo
 
+# `python -m bench SUBCOMMAND` runs each benchmark (`python -m bench --help`); each writes bench/results/NAME.json
+# with its command line, commit, machine and versions. BENCHMARKS.md quotes the current figures.
+# Small versions of the full run on 16 nodes, about 3 minutes; the last line is one JSON object.
 bench-quick: binaries
-	$(BIN)/python -m bench --quick
+	$(BIN)/python -m bench quick
 
 # The scale simulator (issue 21): Volcano v1.15.1's allocate action and plugins without a cluster, on 1,024,
 # 4,096 and 16,384 nodes; about 20 minutes on 2 cores. bench/results/sim.{json,md}; see BENCHMARKS.md.
-# `python -m bench.sim --help` for smaller runs (--sizes 1024=16 --starts empty --settings shipped).
+# `python -m bench sim --help` for smaller runs (--nodes 1024=16 --starts empty --settings shipped).
 bench-sim: $(BIN)/.installed
-	$(BIN)/python -m bench.sim
+	$(BIN)/python -m bench sim
 
 # Everything, about an hour and a half on 2 cores: 256 nodes, placement on 1,024, the two PodGroup
 # expressions on 1,024, 1,000 StormServices on 1,024, admission with pending gangs, 4,096 nodes.
 bench: binaries
-	$(BIN)/python -m bench
-	$(BIN)/python -m bench --large
-	$(BIN)/python -m bench --expressions
-	$(BIN)/python -m bench --scale 1000
-	$(BIN)/python -m bench --admission
-	$(BIN)/python -m bench --scale-nodes
+	$(BIN)/python -m bench full
+	$(BIN)/python -m bench large
+	$(BIN)/python -m bench expressions
+	$(BIN)/python -m bench scale --services 1000
+	$(BIN)/python -m bench admission
+	$(BIN)/python -m bench scale-nodes
 
 # Healing under churn (issue 23), BENCHMARKS.md "Healing": the same seeded stream of soft tier-1
 # StormServices on 256 fragmented nodes, without and with stormtopo.io/heal; 6 simulated hours at 30x,
-# an estimated 35-40 minutes on 2 cores (`python -m bench --heal --quick`: 2 simulated hours at 60x, 10.5 minutes).
+# an estimated 35-40 minutes on 2 cores (`python -m bench heal --quick`: 2 simulated hours at 60x, 10.5 minutes).
 bench-heal: binaries
-	$(BIN)/python -m bench --heal
+	$(BIN)/python -m bench heal
 
 # The soak of RELIABILITY.md, about 20 minutes on 2 cores: 20 SIGKILLs each of kube-apiserver, etcd,
 # vc-scheduler, AIBrix and the operator's leader during churn. STORMTOPO_SOAK_SEED=N repeats a run.

@@ -607,25 +607,26 @@ def markdown(out: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(
-    quick: bool, smoke: bool = False, seed: int = 23, node_tier: bool = False, factor: float | None = None, make_room: bool = False
-) -> dict[str, Any]:
-    size = SMOKE if smoke else QUICK if quick else FULL
-    if factor:  # a lower factor: a move's real seconds cost fewer simulated ones, and the run takes longer
-        size = replace(size, factor=factor)
-    out = run(size, seed, node_tier, make_room)
-    results = Path(__file__).resolve().parent / "results"
-    results.mkdir(exist_ok=True)
-    name = "healing-smoke" if smoke else "healing-quick" if quick else "healing"
+SIZES = {"smoke": SMOKE, "quick": QUICK, "full": FULL}
+
+
+def result_name(size: str, seed: int, factor: float | None, node_tier: bool, make_room: bool) -> str:
+    """bench/results/NAME.json of a run: healing[-quick|-smoke][-seedN][-xF][-node-tier][-make-room]."""
+    name = "healing" if size == "full" else f"healing-{size}"
     name += "" if seed == 23 else f"-seed{seed}"
     name += f"-x{factor:g}" if factor else ""
-    name += ("-node-tier" if node_tier else "") + ("-make-room" if make_room else "") + ".json"
-    samples = out.pop("samples")
-    (results / name).write_text(json.dumps(out, indent=2, default=str))
-    (results / name.replace(".json", "-samples.json")).write_text(json.dumps(samples, separators=(",", ":")))
-    print(markdown(out))
-    print(json.dumps({k: out[k] for k in ("seconds", "optimum")}))
-    return out
+    return name + ("-node-tier" if node_tier else "") + ("-make-room" if make_room else "")
+
+
+def run_size(
+    size_name: str, seed: int = 23, node_tier: bool = False, factor: float | None = None, make_room: bool = False
+) -> dict[str, Any]:
+    """A run of a named size; `factor` overrides its time factor (a lower factor: a move's real seconds
+    cost fewer simulated ones, and the run takes longer)."""
+    size = SIZES[size_name]
+    if factor:
+        size = replace(size, factor=factor)
+    return run(size, seed, node_tier, make_room)
 
 
 def rescore(path: Path) -> dict[str, Any]:
@@ -643,19 +644,3 @@ def rescore(path: Path) -> dict[str, Any]:
     out.setdefault("before", before)
     path.write_text(json.dumps(out, indent=2, default=str))
     return out
-
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:2] == ["--rescore"]:  # python -m bench.healing --rescore bench/results/healing-*.json
-        for arg in sys.argv[2:]:
-            try:
-                again = rescore(Path(arg))
-            except FileNotFoundError as exc:
-                sys.exit(f"--rescore {arg}: {exc.filename} not found (a result file and its -samples.json beside it)")
-            ratios = {m: again[m]["within_tier1_vs_optimum"] for m in ("off", "heal")}
-            print(arg, json.dumps({"optimum": again["optimum"], **ratios, "before": again["before"]}))
-    else:
-        main(quick="--quick" in sys.argv, smoke="--smoke" in sys.argv)
-    sys.exit(0)

@@ -13,14 +13,10 @@ tried again. A step budget per prefix length bounds it; past the budget the answ
 
 from __future__ import annotations
 
-import argparse
-import json
-import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from bench.fabric import fabric_yaml, fragmentation
 from bench.leaf_optimum import most_within_leaves
@@ -155,37 +151,26 @@ def full_run_leaves(start: str) -> list[list[int]]:
     return list(leaves.values())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.hindsight", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--seeds", default="29", help="the streams' seeds, one or a range (the full packing run's: 29)")
-    parser.add_argument("--misses", default="0", help="replicas allowed off one node, each a search (e.g. 0,1)")
-    parser.add_argument("--starts", default="fragmented,empty")
-    parser.add_argument("--budget", type=int, default=1_000_000, help="search steps per prefix length tried")
-    parser.add_argument("--out", type=Path, help="write the results here (JSON)")
-    args = parser.parse_args(argv)
-    if not re.fullmatch(r"\d+(-\d+)?", args.seeds):
-        parser.error(f"--seeds {args.seeds!r}: a stream seed or a range of them, e.g. 29 or 29-40")
-    if not re.fullmatch(r"\d+(,\d+)*", args.misses):
-        parser.error(f"--misses {args.misses!r}: numbers of replicas, e.g. 0 or 0,1")
-    starts = args.starts.split(",")
-    if unknown := [s for s in starts if s not in ("empty", "fragmented")]:
-        parser.error(f"--starts: {unknown[0]!r} is not one of empty, fragmented")
-    first, _, last = args.seeds.partition("-")
+def search(
+    seeds: Sequence[int],
+    misses: Sequence[int] = (0,),
+    starts: Sequence[str] = ("fragmented", "empty"),
+    budget: int = 1_000_000,
+    keep: Callable[[dict[str, object]], object] | None = None,
+) -> dict[str, object]:
+    """`python -m bench hindsight`: per stream seed and start, the longest prefix for each number of
+    replicas allowed off one node. `keep` is given what was found after each stream (a long run keeps it)."""
     streams: dict[int, dict[str, list[dict[str, object]]]] = {}
-    out = {"budget": args.budget, "streams": streams}
-    for seed in range(int(first), int(last or first) + 1):
+    out: dict[str, object] = {"budget": budget, "streams": streams}
+    for seed in seeds:
         stream = [a.pod_gpus for a in arrivals(80, seed)]
         found: dict[str, list[dict[str, object]]] = {}
         for start in starts:
-            found[start] = [asdict(longest_prefix(full_run_leaves(start), stream, int(m), args.budget)) for m in args.misses.split(",")]
+            found[start] = [asdict(longest_prefix(full_run_leaves(start), stream, m, budget)) for m in misses]
             for row in found[start]:
                 found_text = f"{row['replicas']} replicas{'' if row['exact'] else ' or more'}"
                 print(f"seed {seed}, {start}: misses <= {row['misses']}: {found_text} ({row['seconds']} s)", file=sys.stderr)
         streams[seed] = found
-        if args.out:  # after each stream: a long run keeps what it found
-            args.out.write_text(json.dumps(out, indent=1) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        if keep:
+            keep(out)
+    return out

@@ -3,13 +3,11 @@
 the other. A setting is `LEASE_SECONDS,SCHEDULE_PERIOD`: kwok's node Lease duration (kwok renews each
 every quarter of it) and Volcano's schedule period.
 
-    python -m bench.idle 40,200ms 3600,200ms 3600,1s      # about 10 minutes; bench/results/idle-4096.json
+    python -m bench idle 40,200ms 3600,200ms 3600,1s      # about 10 minutes; bench/results/idle-4096.json
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +19,6 @@ from stormtopo.devenv import cluster, processes
 
 SHAPE = (16, 16, 16)
 SETTLE, WATCHED = 30.0, 60.0  # seconds; an idle cluster: there is no condition to wait for
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def idle(lease: int, period: str) -> dict[str, Any]:
@@ -40,18 +37,3 @@ def idle(lease: int, period: str) -> dict[str, Any]:
     finally:
         cluster.down(state)
     return {"lease_s": lease, "schedule_period": period, "up_s": round(up, 1), "idle_cores": cores, "total": round(sum(cores.values()), 3)}
-
-
-def main(argv: list[str]) -> int:
-    out = []
-    for arg in argv or ["40,200ms", "3600,200ms", "3600,1s"]:
-        lease, period = arg.split(",")
-        out.append(idle(int(lease), period))
-        print(json.dumps(out[-1]), flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "idle-4096.json").write_text(json.dumps(out, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -367,28 +367,11 @@ def plot(results: Sequence[Mapping[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write(packing: Mapping[str, Any], source: str, stem: Path, requests: int = 2000) -> list[dict[str, Any]]:
-    """Both starting states of a packing run: STEM.json and the plot STEM.png."""
+def write(
+    packing: Mapping[str, Any], source: str, stem: Path, requests: int = 2000, provenance: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Both starting states of a packing run: STEM.json (after `provenance`, bench/record.py's) and the plot STEM.png."""
     out = [compare(packing, scenario, requests) for scenario in ("empty", "fragmented")]
-    stem.with_suffix(".json").write_text(json.dumps({"source": source, "results": out}, indent=2))
+    stem.with_suffix(".json").write_text(json.dumps({**(provenance or {}), "source": source, "results": out}, indent=2) + "\n")
     plot(out, stem.with_suffix(".png"))
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m bench.kvflow [PACKING_JSON]`: the simulation on a packing run's placements."""
-    import argparse
-
-    results = Path(__file__).resolve().parent / "results"
-    parser = argparse.ArgumentParser(prog="python -m bench.kvflow")
-    parser.add_argument("packing", nargs="?", type=Path, default=results / "packing.json")
-    parser.add_argument("--requests", type=int, default=2000)
-    args = parser.parse_args(argv)
-    stem = results / args.packing.stem.replace("packing", "kvflow")
-    out = write(json.loads(args.packing.read_text()), args.packing.name, stem, args.requests)
-    print("\n\n".join(markdown(r) for r in out))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -13,12 +13,11 @@ read:
   `volcano_action_scheduling_latency_milliseconds{action="allocate"}`: the sum over every session while
   the stream ran, per replica placed. Idle sessions (every 200 ms here) count in both layouts alike.
 
-    python -m bench.node_tier [--replicas 24] [--plain 12]      # about 10 minutes on 2 cores
+    python -m bench node-tier [--replicas 24] [--plain 12]      # about 10 minutes on 2 cores
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
@@ -47,7 +46,6 @@ from stormtopo.kvtransfer import KVModel, parse_kv_model
 RUNS = (("leaf", "shipped"), ("node-tier", "shipped"), ("node-tier", "normal-pod-off"), ("leaf", "normal-pod-off"), ("leaf", "shipped"))
 NORMAL_POD_OFF = "      hypernode.binpack.normal-pod.enable: false\n"
 SHAPE = (8, 8, 16)  # spines x leaves per spine x nodes per leaf: 1,024 nodes, the simulator's first size
-RESULTS = Path(__file__).resolve().parent / "results"
 ALLOCATE = re.compile(r'^volcano_action_scheduling_latency_milliseconds_(sum|count)\{action="allocate"\} (\S+)$', re.MULTILINE)
 
 
@@ -182,19 +180,3 @@ def _answers(port: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.node_tier")
-    parser.add_argument("--replicas", type=int, default=24)
-    parser.add_argument("--plain", type=int, default=12)
-    args = parser.parse_args(argv)
-    out = run(args.replicas, args.plain)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "node-tier-1024.json").write_text(json.dumps(out, indent=2, default=str))
-    print(json.dumps({"ratios": out["ratios"], "seconds": out["seconds"]}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -373,10 +373,11 @@ QUICK = Size((2, 2, 4), None, 5.0)  # 16 nodes, all of them: about a minute
 FULL = Size((4, 8, 8), "spine-0", 8.0)  # the full bench's 256 nodes; the 64 under one spine are used
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m bench.packing [--quick]`: only this benchmark, on its own cluster."""
-    import argparse
-    import json
+SIZES = {"quick": QUICK, "full": FULL}
+
+
+def standalone(size_name: str, node_tier: bool = False) -> dict[str, Any]:
+    """`python -m bench packing`: only this benchmark, on its own cluster."""
     import tempfile
     from pathlib import Path
 
@@ -384,32 +385,15 @@ def main(argv: list[str] | None = None) -> int:
     from stormtopo.core.topology.fabric import parse_topology
     from stormtopo.devenv import cluster
 
-    parser = argparse.ArgumentParser(prog="python -m bench.packing")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--node-tier", action="store_true", help="the operator with --node-tier; stormtopo's hard mode only")
-    args = parser.parse_args(argv)
-    size = QUICK if args.quick else FULL
+    size = SIZES[size_name]
     description = fabric_yaml(*size.fabric)
     topology = parse_topology(description)
     state = Path(tempfile.mkdtemp(prefix="stormtopo-packing-"))
     (state / "fabric.yaml").write_text(description)
-    operator_args = ("--node-tier",) if args.node_tier else ()
+    operator_args = ("--node-tier",) if node_tier else ()
     cluster.up(state, state / "fabric.yaml", vc_controllers=("queue-controller", "pg-controller"), timeout=300, operator_args=operator_args)
     try:
-        modes = ("hard",) if args.node_tier else MODES
-        out = run(DevCluster(state), topology, size.nodes(topology), wait=size.wait, modes=modes)
+        modes = ("hard",) if node_tier else MODES
+        return run(DevCluster(state), topology, size.nodes(topology), wait=size.wait, modes=modes)
     finally:
         cluster.down(state)
-    results = Path(__file__).resolve().parent / "results"
-    name = ("packing-quick" if args.quick else "packing") + ("-node-tier" if args.node_tier else "") + ".json"
-    (results / name).write_text(json.dumps(out, indent=2))
-    print(
-        json.dumps(
-            {k: v for k, v in out.items() if "packing" in k or k in ("seconds", "one_node_where_one_fits", "kv_time_vs_node_optimal")}
-        )
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,5 @@
-"""BENCHMARKS.md's generated section and the placement plot, from a results JSON of `python -m bench`."""
+"""A results JSON of `python -m bench full` or `large` as Markdown tables (bench/results/NAME.md), and the
+placement plot."""
 
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ MODE_TITLES = {
 
 
 def table(out: dict[str, Any], results_name: str) -> str:
-    m = out["machine"]
-    flag = " --quick" if out["quick"] else " --large" if out.get("large") else ""
+    m, v = out["machine"], out["versions"]
     lines = [
-        f"Run of `python -m bench{flag}` ({results_name}): {out['nodes']} fake GPU nodes "
+        f"Run of `{out['command']}` ({results_name}, commit {out['commit']}): {out['nodes']} fake GPU nodes "
         f"(8 GPUs each, 3 tiers), {out['placement']['baseline']['replicas']} StormServices per mode, {out['seconds']} s in all.",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}; {m['go']}.",
-        "Components: " + ", ".join(f"{k} {v}" for k, v in m["components"].items()) + ".",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {v['python']}; {v['go']}.",
+        "Components: " + ", ".join(f"{k} {c}" for k, c in v["components"].items()) + ".",
         "",
         "| placement | within tier 1 (of feasible) | tier distribution | KV time vs optimal | at optimum | pending |",
         "|---|---|---|---|---|---|",
@@ -59,17 +59,6 @@ def table(out: dict[str, Any], results_name: str) -> str:
             f"| ratio subgroups / per replica | {ex['subgroups_vs_per_replica']}x |",
         ]
     return "\n".join(lines)
-
-
-def write_markdown(path: Path, out: dict[str, Any], results_name: str, section: str = "bench") -> None:
-    """Replace the generated section between `<!-- {section}:begin -->` and its end marker."""
-    begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if begin not in text:
-        text += f"\n{begin}\n{end}\n"
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1] if end in rest else ""
-    path.write_text(f"{head}{begin}\n{table(out, results_name)}\n{end}{tail}")
 
 
 def plot(out: dict[str, Any], path: Path) -> None:

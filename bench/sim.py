@@ -24,13 +24,10 @@ Per fabric size, start, setting and layout:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import re
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -135,7 +132,7 @@ def packing_spec(
     spare_empty: int = SPARE_EMPTY,
     sticky: bool = False,
 ) -> dict[str, Any]:
-    """The packing bench's full run (python -m bench.packing) in the simulator, for other streams:
+    """The packing bench's full run (python -m bench packing) in the simulator, for other streams:
     one case per stream seed, start and opening rule; leaf only once per stream and start. `repeats`:
     each case again (Volcano breaks ties in Go map order: the same case varies by a replica or two)."""
     nodes = PACKING_LEAVES * PACKING_LEAF_SIZE
@@ -378,115 +375,65 @@ def _sizes(text: str | None) -> dict[int, tuple[int, int, tuple[str, ...]]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--sizes", help="nodes[=replicas],... (default 1024=64,4096=24,16384=8)")
-    parser.add_argument("--starts", default="empty,fragmented")
-    parser.add_argument("--settings", default=",".join(DEFAULT_SETTINGS), help=f"of {', '.join(SETTINGS)}")
-    parser.add_argument("--layouts", help=f"only these layouts, of {', '.join(LAYOUTS)} (leaf is always run: the baseline)")
-    parser.add_argument("--plain", type=int, help="gangs without a topology per case (default 32 / 8 / 4 by size)")
-    parser.add_argument("--batch", type=int, default=1, help="replicas per scheduling session (default 1: one at a time)")
-    parser.add_argument("--name", default="sim", help="results file stem (bench/results/NAME.json, NAME.md)")
-    parser.add_argument(
-        "--packing",
-        metavar="SEEDS",
-        help="instead: the packing bench's full run (64 nodes) for these stream seeds (e.g. 29-40), leaf only and each --openings rule",
-    )
-    parser.add_argument("--openings", default=",".join(OPENINGS), help=f"with --packing: the node tier's rules ({SHIPPED} is stormtopo's)")
-    parser.add_argument("--repeats", type=int, default=1, help="with --packing: each case this many times")
-    parser.add_argument("--sticky", action="store_true", help="with --packing: listed partly used nodes stay listed while they qualify")
-    parser.add_argument(
-        "--spare-empty", type=int, default=SPARE_EMPTY, help="with --packing: more empty nodes of the first leaf to open, listed too"
-    )
-    parser.add_argument(
-        "--next-empty", type=int, default=1, help="with --packing: empty nodes the node tier lists (the operator's next_empty)"
-    )
-    parser.add_argument("--opening", default=SHIPPED, help=f"the node tier's rule ({SHIPPED}: stormtopo's; see the Go test's Case.Opening)")
-    args = parser.parse_args(argv)
-    for rule in [args.opening, *args.openings.split(",")]:
-        if not re.fullmatch(OPENING_RULES, rule):
-            parser.error(
-                f"unknown opening rule {rule!r}: one of '', fewest, keep-all, keep-runs-upto, runs-2k, spare-runs-N,"
-                " per-size[N], -lonely, fewest-lonely, -pairs, fewest-pairs"
-            )
-    if args.packing and not re.fullmatch(r"\d+(-\d+)?", args.packing):
-        parser.error(f"--packing {args.packing!r}: a stream seed or a range of them, e.g. 29 or 29-40")
-    if args.packing:
-        if args.next_empty < 1:
-            parser.error(f"--next-empty {args.next_empty}: at least 1")
-        if args.spare_empty < 0:
-            parser.error(f"--spare-empty {args.spare_empty}: 0 or more")
-        name = args.name if args.name != "sim" else "sim-packing"
-        return packing_main(
-            args.packing, args.openings.split(","), name, args.repeats, args.next_empty, max(0, args.spare_empty), args.sticky
-        )
-    sizes = _sizes(args.sizes)
-    if args.layouts:
-        wanted = ("leaf", *[layout for layout in args.layouts.split(",") if layout != "leaf"])
-        sizes = {n: (g, p, tuple(layout for layout in wanted if layout in LAYOUTS)) for n, (g, p, _) in sizes.items()}
-    if args.plain is not None:
-        sizes = {n: (g, args.plain, layouts) for n, (g, _, layouts) in sizes.items()}
-    settings = args.settings.split(",")
+def scale(
+    sizes: Mapping[int, tuple[int, int, Sequence[str]]],
+    starts: Sequence[str],
+    settings: Sequence[str],
+    batch: int = 1,
+    opening: str = SHIPPED,
+) -> dict[str, Any]:
+    """`python -m bench sim`: every size, start, setting and layout; the result and its rows."""
     started = time.monotonic()
-    records = run(sizes, args.starts.split(","), settings, args.batch, args.opening)
-    rows = summarise(records)
-    from bench.__main__ import machine  # the same machine record as every other benchmark
-
-    result = {
-        "machine": machine(),
+    records = run(sizes, starts, settings, batch, opening)
+    return {
         "volcano": VOLCANO,
         "fabric": {"leaf_size": LEAF_SIZE, "leaves_per_spine": LEAVES_PER_SPINE, "node_gpus": NODE_GPUS},
         "settings": {name: SETTINGS[name] for name in settings},
-        "batch": args.batch,
-        "opening": args.opening,
+        "batch": batch,
+        "opening": opening,
         "seconds": round(time.monotonic() - started, 1),
-        "rows": rows,
+        "rows": summarise(records),
         "records": records,
     }
-    RESULTS.mkdir(exist_ok=True)
-    # One line per row and per record: the per-replica records make an indented file large.
+
+
+def dump(result: Mapping[str, Any]) -> str:
+    """One line per row and per record: the per-replica records make an indented file large."""
+    rows, records = result["rows"], result["records"]
     lines = [json.dumps({k: v for k, v in result.items() if k not in ("rows", "records")})[:-1] + ', "rows": [']
     lines.append(",\n".join(json.dumps(row) for row in rows) + '], "records": [')
     lines.append(",\n".join(json.dumps(record, separators=(",", ":")) for record in records) + "]}")
-    (RESULTS / f"{args.name}.json").write_text("\n".join(lines) + "\n")
-    text = table(rows)
-    (RESULTS / f"{args.name}.md").write_text(text + "\n")
-    print(text)
-    print(f"bench-sim: {result['seconds']} s; bench/results/{args.name}.json", file=sys.stderr)
-    return 0
+    return "\n".join(lines) + "\n"
 
 
-def packing_main(
-    seeds_text: str,
+def packing(
+    seeds: Sequence[int],
     openings: Sequence[str],
-    name: str,
     repeats: int = 1,
     next_empty: int = 1,
     spare_empty: int = SPARE_EMPTY,
     sticky: bool = False,
-) -> int:
-    first, _, last = seeds_text.partition("-")
-    seeds = list(range(int(first), int(last or first) + 1))
+) -> dict[str, Any]:
+    """`python -m bench sim-packing`: the packing bench's full run for these stream seeds, leaf only and
+    each opening rule."""
     started = time.monotonic()
     rows = packing_rows(
         _run(lambda out: packing_spec(seeds, openings, out, repeats=repeats, next_empty=next_empty, spare_empty=spare_empty, sticky=sticky))
     )
-    from bench.__main__ import machine
-
-    seconds = round(time.monotonic() - started, 1)
-    result = {
-        "machine": machine(),
+    return {
         "volcano": VOLCANO,
-        "seeds": seeds,
+        "seeds": list(seeds),
         "repeats": repeats,
         "next_empty": next_empty,
         "spare_empty": spare_empty,
         "sticky": sticky,
-        "seconds": seconds,
+        "seconds": round(time.monotonic() - started, 1),
         "rows": rows,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def packing_table(result: Mapping[str, Any]) -> str:
+    rows, seeds, repeats = result["rows"], result["seeds"], result["repeats"]
     rules = list(dict.fromkeys(r["rule"] for r in rows))
     heading = (
         "placed, lowest-highest over the repeats (one node where one fits, mean)" if repeats > 1 else "placed (one node where one fits)"
@@ -504,10 +451,4 @@ def packing_main(
             lines.append(f"| {start} | {seed} | " + " | ".join(cells) + " |")
         totals = [sum(r["before_first_wait"] for r in rows if r["start"] == start and r["rule"] == rule) / repeats for rule in rules]
         lines.append(f"| {start} | all, mean | " + " | ".join(f"{t:g}" for t in totals) + " |")
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return "\n".join(lines)
