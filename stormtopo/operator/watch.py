@@ -21,7 +21,7 @@ from typing import Any
 from stormtopo.kube.client import PAGE_SIZE, Api, ApiError, NotFound
 from stormtopo.kube.watch import READ_SLACK, WatchStreams
 from stormtopo.operator.index import Key, key_of
-from stormtopo.operator.loops import BACKOFF_CAP, Loop
+from stormtopo.operator.loops import Loop, backoff
 
 log = logging.getLogger("stormtopo.watch")
 WATCH_SECONDS = 300  # the server ends each watch request after about this long (jittered); it is re-opened
@@ -46,20 +46,38 @@ class ListWatch:
     selector: str
     on_event: Callable[[str | None, dict[str, Any]], None]
     on_gone: Callable[[Key], None]
+    field_selector: str = ""  # and these fields (e.g. bound pods only), also selected on the server
+    on_listed: Callable[[], None] = lambda: None  # told after each complete list
     resource_version: str = ""
     known: set[Key] = field(default_factory=set)  # what this stream says exists now
+
+    def _query(self) -> dict[str, str]:
+        return {
+            **({"labelSelector": self.selector} if self.selector else {}),
+            **({"fieldSelector": self.field_selector} if self.field_selector else {}),
+        }
 
     async def run(self, loop: Loop) -> None:
         """List, then watch, forever; returns never. Errors propagate to the supervisor, which backs off
         and calls this again: it resumes from the last resourceVersion, or lists again if that is gone."""
+        not_served = 0  # consecutive lists answered 404
         while True:
             if not self.resource_version:
                 try:
                     await self.relist(loop)
-                except NotFound:  # the CRD is not installed (yet): not an error of this loop
-                    log.warning("%s not served (CRD not installed?); listing again in %.0f s", self.path, BACKOFF_CAP)
+                    not_served = 0
+                except NotFound:
+                    # The CRD is not installed (yet), or the API server has just restarted and does not serve
+                    # its kind yet (it answers 404 for a few seconds): not an error of this loop. Retry soon
+                    # first (1, 2, 4 ... s), so the watch resumes with the API server, then every 30 s.
+                    not_served += 1
+                    delay = backoff(not_served)
+                    if not_served == 1:
+                        log.warning(
+                            "%s not served (CRD not installed, or the API server starting?); listing again in %.0f s", self.path, delay
+                        )
                     loop.alive()
-                    await asyncio.sleep(BACKOFF_CAP)
+                    await asyncio.sleep(delay)
                     continue
             try:
                 await self.watch(loop)
@@ -71,7 +89,7 @@ class ListWatch:
         listed: set[Key] = set()
         token, version = "", ""
         while True:
-            query = {"labelSelector": self.selector, "limit": str(PAGE_SIZE), **({"continue": token} if token else {})}
+            query = {**self._query(), "limit": str(PAGE_SIZE), **({"continue": token} if token else {})}
             page = await asyncio.to_thread(self.api.request, "GET", self.path, **query) or {}
             meta = page.get("metadata") or {}
             version = meta.get("resourceVersion") or version
@@ -90,10 +108,11 @@ class ListWatch:
         self.known = listed
         self.resource_version = version
         loop.succeeded()
+        self.on_listed()
 
     async def watch(self, loop: Loop) -> None:
         seconds = random.randint(WATCH_SECONDS * 4 // 5, WATCH_SECONDS)  # replicas do not all reconnect at once
-        events = self.streams.events(self.path, self.resource_version, seconds, labelSelector=self.selector)
+        events = self.streams.events(self.path, self.resource_version, seconds, **self._query())
         try:
             async with contextlib.aclosing(events):
                 async for event in events:

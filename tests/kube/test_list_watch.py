@@ -159,3 +159,64 @@ def test_a_refused_connection_is_retried_with_a_backoff(tmp_path: Path) -> None:
         await streams.close()
 
     asyncio.run(scenario())
+
+
+def test_a_kind_not_served_yet_is_listed_again_within_seconds_not_the_30_s_cap(tmp_path: Path) -> None:
+    """Right after kube-apiserver restarts it answers 404 for a CRD's kind for a few seconds: the list is
+    retried after 1 s, 2 s ... (issue 32: the watches resume with the API server), not after 30 s."""
+
+    async def scenario() -> None:
+        asked: list[float] = []
+        done = asyncio.Event()
+
+        async def pods(request: web.Request) -> web.StreamResponse:
+            if request.query.get("watch") == "true":
+                response = web.StreamResponse()
+                await response.prepare(request)
+                await done.wait()
+                return response
+            asked.append(asyncio.get_running_loop().time())
+            if len(asked) <= 2:
+                return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+            return web.json_response({"metadata": {"resourceVersion": "7"}, "items": [_pod("a", "5")]})
+
+        app = web.Application()
+        app.router.add_get("/api/v1/pods", pods)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port = runner.addresses[0][1]
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "current-context": "c",
+                    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                    "clusters": [{"name": "k", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                }
+            )
+        )
+        api = Api(str(kubeconfig))
+        streams = WatchStreams(api)
+        seen: list[str] = []
+        watcher = ListWatch(
+            api, streams, "Pod", "v1", "/api/v1/pods", SELECTOR, lambda kind, obj: seen.append(obj["metadata"]["name"]), lambda key: None
+        )
+        loops = Loops()
+        loop = loops.supervise("watch-pods", 330, watcher.run)
+        try:
+            for _ in range(1000):  # waits on the list, up to 20 s on a loaded machine
+                if seen:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await loops.stop()
+            await streams.close()
+            done.set()
+            await runner.cleanup()
+        assert seen == ["a"] and len(asked) == 3
+        assert 0.9 <= asked[1] - asked[0] < 10 and 1.9 <= asked[2] - asked[1] < 12  # 1 s, then 2 s; never the 30 s cap
+        assert loop.failures == 0  # a kind not served is not a failure of this loop
+
+    asyncio.run(scenario())
