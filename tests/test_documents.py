@@ -1,0 +1,188 @@
+"""The documents a newcomer reads say what the code does, and lead somewhere.
+
+- The README's annotation table lists exactly the annotations stormtopo accepts on a StormService, and
+  every annotation key of the vocabulary is either one of those or one stormtopo writes.
+- docs/monitoring.md's metric table lists exactly the metrics the operator serves.
+- Every relative link in README.md, docs/*.md, COMPATIBILITY.md and RELIABILITY.md names a file that
+  exists, and every `#anchor` a heading of its target, by GitHub's slug rules.
+
+Pure: no cluster, no network.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from stormtopo.core import vocabulary as v
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+MONITORING = REPO / "docs" / "monitoring.md"
+DOCUMENTS = sorted([README, REPO / "COMPATIBILITY.md", REPO / "RELIABILITY.md", *(REPO / "docs").glob("*.md")])
+
+# What a user sets on a StormService: the request (the only parser, core/request.py), and the switches
+# read beside it (core/admission.py, core/healing.py, core/moves.py).
+SET_BY_USERS = {*v.REQUEST_ANNOTATIONS, v.PREFER_SAME_NODE, v.HEAL_ANNOTATION, v.LEND_ROOM_ANNOTATION}
+# What stormtopo writes (records, labels, its gate) and Volcano's discovery label: never read from a user.
+NOT_SET_BY_USERS = {
+    v.REQUEST_ANNOTATION,
+    v.PLACEMENT_ANNOTATION,
+    v.MOVES_ANNOTATION,
+    v.DOMAIN_LABEL_PREFIX,
+    v.NODE_TIER_LABEL,
+    v.ADMITTED_LABEL,
+    v.DOMAIN_GATE,
+    v.TOPOLOGY_SOURCE_LABEL,
+}
+OUR_PREFIXES = ("stormtopo.io/", "volcano.sh/network-topology-")
+
+
+def section(text: str, heading: str) -> str:
+    """The lines under `heading` (a whole heading line), up to the next heading of the same or a higher level."""
+    level = len(heading) - len(heading.lstrip("#"))
+    lines = text.splitlines()
+    start = lines.index(heading) + 1
+    end = next((i for i in range(start, len(lines)) if re.match(rf"#{{1,{level}}} ", lines[i])), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def first_column(table: str) -> list[list[str]]:
+    """The code spans of each body row's first cell, in a Markdown table."""
+    rows = [line for line in table.splitlines() if line.startswith("|")][2:]  # past the header and its rule
+    return [re.findall(r"`([^`]+)`", row.split("|")[1]) for row in rows]
+
+
+def test_every_annotation_key_of_the_vocabulary_is_either_set_by_users_or_written_by_stormtopo() -> None:
+    keys = {value for value in vars(v).values() if isinstance(value, str) and value.startswith(OUR_PREFIXES)}
+    unclassified = keys - SET_BY_USERS - NOT_SET_BY_USERS
+    assert not unclassified, (
+        f"stormtopo/core/vocabulary.py has keys this test does not know: {sorted(unclassified)}. A key users set on the "
+        "StormService goes into SET_BY_USERS and into the README's annotation table; one stormtopo writes into NOT_SET_BY_USERS."
+    )
+    gone = (SET_BY_USERS | NOT_SET_BY_USERS) - keys
+    assert not gone, f"keys no longer in stormtopo/core/vocabulary.py: {sorted(gone)}"
+
+
+def test_readme_annotation_table_lists_exactly_the_annotations_stormtopo_accepts() -> None:
+    cells = first_column(section(README.read_text(), "## The annotations"))
+    assert all(len(keys) == 1 for keys in cells), f"one annotation per row of the README's table, in backticks: {cells}"
+    listed = [keys[0] for keys in cells]
+    assert len(listed) == len(set(listed)), f"an annotation listed twice in the README's table: {listed}"
+    missing, unknown = SET_BY_USERS - set(listed), set(listed) - SET_BY_USERS
+    assert not missing, f"README.md, 'The annotations': the code accepts {sorted(missing)}, which the table does not list"
+    assert not unknown, f"README.md, 'The annotations': the table lists {sorted(unknown)}, which the code does not accept"
+
+
+def served_metrics() -> set[str]:
+    from prometheus_client import REGISTRY
+
+    import stormtopo.operator.metrics  # noqa: F401  (registers the operator's metrics)
+
+    families = [f for f in REGISTRY.collect() if f.name.startswith("stormtopo_")]
+    return {f"{f.name}_total" if f.type == "counter" else f.name for f in families}
+
+
+def test_the_monitoring_page_lists_exactly_the_metrics_the_operator_serves() -> None:
+    cells = first_column(section(MONITORING.read_text(), "## Metrics"))
+    listed = {re.sub(r"\{.*\}$", "", name) for names in cells for name in names}
+    served = served_metrics()
+    assert not served - listed, f"docs/monitoring.md, 'Metrics': the operator serves {sorted(served - listed)}, which it does not list"
+    assert not listed - served, f"docs/monitoring.md, 'Metrics': it lists {sorted(listed - served)}, which the operator does not serve"
+
+
+# Links -------------------------------------------------------------------------------------------------
+
+FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.M | re.S)
+LINK = re.compile(r"\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.M)
+
+
+def without_code_blocks(text: str) -> str:
+    return FENCE.sub("", text)
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: its text as rendered, lowercased, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = re.sub(r"<[^>]+>", "", text)  # inline HTML
+    text = text.replace("`", "")
+    text = re.sub(r"(\*\*|__|\*)", "", text)
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for match in HEADING.finditer(without_code_blocks(path.read_text())):
+        slug = github_slug(match.group(2))
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def broken_links(document: Path, repo: Path = REPO) -> list[str]:
+    """Each relative link of `document` whose file does not exist, or whose anchor no heading of the target has."""
+    problems = []
+    repo, document = repo.resolve(), document.resolve()
+    for target in LINK.findall(without_code_blocks(document.read_text())):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # https:, mailto:
+            continue
+        path_part, _, anchor = target.partition("#")
+        resolved = (document.parent / path_part).resolve() if path_part else document
+        where = f"{document.relative_to(repo)}: ({target})"
+        if not resolved.exists():
+            problems.append(f"{where}: no file {path_part}")
+        elif repo not in resolved.parents and resolved != repo:
+            problems.append(f"{where}: outside the repository")
+        elif anchor:
+            if resolved.suffix != ".md":
+                problems.append(f"{where}: an anchor into a file that is not Markdown")
+            elif anchor not in anchors(resolved):
+                problems.append(f"{where}: no heading #{anchor} in {resolved.relative_to(repo)}; it has {sorted(anchors(resolved))}")
+    return problems
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(document: Path) -> None:
+    assert broken_links(document) == []
+
+
+def test_the_link_check_finds_a_missing_file_and_a_missing_anchor(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text("# A page\n\n## Volcano's setting (`normal-pod`)\n\n## Twice\n\n## Twice\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# Title\n\n"
+        "[ok](docs/page.md#volcanos-setting-normal-pod) [ok](docs/page.md#twice-1) [ok](#title) [web](https://example.com/x#y)\n"
+        "[gone](docs/none.md) [no heading](docs/page.md#nowhere) [here](#nowhere)\n\n"
+        "```\n[in a code block](docs/none.md)\n```\n"
+    )
+    assert broken_links(readme, tmp_path) == [
+        "README.md: (docs/none.md): no file docs/none.md",
+        "README.md: (docs/page.md#nowhere): no heading #nowhere in docs/page.md; "
+        "it has ['a-page', 'twice', 'twice-1', 'volcanos-setting-normal-pod']",
+        "README.md: (#nowhere): no heading #nowhere in README.md; it has ['title']",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("heading", "slug"),
+    [
+        (
+            "Issue 20, item 5: reviews made up on the cluster network (2026-12-01)",
+            "issue-20-item-5-reviews-made-up-on-the-cluster-network-2026-12-01",
+        ),
+        ("3. Install the chart", "3-install-the-chart"),
+        ("What stormtopo's own identity can do", "what-stormtopos-own-identity-can-do"),
+        (
+            "Scale with nodes: 4,096 against 1,024 (`python -m bench --scale-nodes`)",
+            "scale-with-nodes-4096-against-1024-python--m-bench---scale-nodes",
+        ),
+    ],
+)
+def test_github_slug(heading: str, slug: str) -> None:
+    assert github_slug(heading) == slug
