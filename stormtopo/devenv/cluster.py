@@ -50,7 +50,7 @@ tiers:
   - name: predicates
   - name: proportion
   # Within the domain Volcano chose, a replica's pods share a node where they fit: stormtopo gives them a
-  # preferred pod affinity to each other, and GPUs are packed rather than spread (README: scheduler configuration).
+  # preferred pod affinity to each other, and GPUs are packed rather than spread (docs/install.md, "Volcano").
   - name: nodeorder
     arguments:
       podaffinity.weight: 10

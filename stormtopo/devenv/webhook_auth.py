@@ -3,7 +3,7 @@
 kube-apiserver presents one when its AdmissionConfiguration (`--admission-control-config-file`) gives
 the webhook admission plugins a kubeConfigFile whose user matches the webhook's host. The operator,
 given that certificate's CA (webhook.CLIENT_CA_ENV), then answers the StormService gate only for the
-API server: a review made up by anyone else on the network is refused (README, "When things fail").
+API server: a review made up by anyone else on the network is refused (docs/security.md).
 """
 
 from __future__ import annotations
