@@ -176,6 +176,9 @@ type fabric struct {
 	spineOf  map[string]string
 	spines   []string
 	initUsed map[string]int // GPUs busy at the start
+	// The same, as Shortlist (nodetier.go) takes it: the leaves and their nodes, every node's GPUs.
+	tierLeaves []TierLeaf
+	gpus       map[string]int
 }
 
 func newFabric(c Case) *fabric {
@@ -196,6 +199,13 @@ func newFabric(c Case) *fabric {
 		f.nodesOf[leaf] = append(f.nodesOf[leaf], n)
 		if i < len(c.InitUsed) {
 			f.initUsed[n] = c.InitUsed[i]
+		}
+	}
+	f.gpus = map[string]int{}
+	for _, leaf := range f.leaves {
+		f.tierLeaves = append(f.tierLeaves, TierLeaf{Name: leaf, Nodes: f.nodesOf[leaf]})
+		for _, n := range f.nodesOf[leaf] {
+			f.gpus[n] = c.NodeGPUs
 		}
 	}
 	return f
@@ -269,6 +279,10 @@ func member(name string, t topologyv1alpha1.MemberType) api.MemberConfig {
 //   - node-bucket:        node-partial-next, but of the partly used nodes only `bucket_per_free` for each amount of
 //     free GPUs (in the fullest leaves): nodes with the same free GPUs are interchangeable for a replica that
 //     must fit one node, and the scheduler's work grows with the number of HyperNodes.
+//
+// stormtopo's rule (Shortlist, nodetier.go: the same code for the simulator and the parity test against
+// stormtopo/core/topology/node_tier.py) chooses both halves of node-bucket and the empty nodes of
+// node-partial-next, for every opening but the experiments that were not shipped (tierOpening).
 func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int, prev sets.Set[string]) []string {
 	wholeRun := 0
 	for _, k := range wholeRuns {
@@ -276,70 +290,21 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int, p
 	}
 	gpus := f.c.NodeGPUs
 	partly := func(n string) bool { return used[n] > 0 && used[n] < gpus }
-	leafUsed := map[string]int{}
-	for _, n := range f.nodes {
-		leafUsed[f.leafOf[n]] += used[n]
+	params := f.tierParams()
+	keep := map[string]bool{}
+	for n := range prev {
+		keep[n] = true
 	}
-	// Leaves fullest first, then by name: the order a best-fit packer fills them in.
-	leaves := append([]string(nil), f.leaves...)
-	sort.SliceStable(leaves, func(i, j int) bool { return leafUsed[leaves[i]] > leafUsed[leaves[j]] })
 	// The next empty nodes to open: `next_empty` of them (one per replica that may arrive in one session; 1
 	// when replicas arrive one at a time), from the leaves with the fewest empty nodes first, then the
-	// fullest (stormtopo/core/topology/node_tier.py's shortlist): a leaf's run of empty nodes is kept for
-	// a replica of whole-node pods, and not opened at all once one has arrived unless it is room for more than two.
+	// fullest (stormtopo's rule, with no partly used node listed), or an experiment's.
 	next := func() []string {
-		empty := map[string]int{}
-		for _, n := range f.nodes {
-			if used[n] == 0 {
-				empty[f.leafOf[n]]++
-			}
+		if tierOpening(f.c.Opening) {
+			p := params
+			p.PerFree = 0
+			return Shortlist(f.tierLeaves, f.gpus, used, p, wholeRun, nil)
 		}
-		opening := append([]string(nil), leaves...)
-		sort.SliceStable(opening, func(i, j int) bool { return empty[opening[i]] < empty[opening[j]] })
-		var out []string
-		if spare, ok := strings.CutPrefix(f.c.Opening, "per-size"); ok {
-			keep := 2
-			if spare != "" {
-				keep, _ = strconv.Atoi(spare)
-			}
-			return f.spareOpening(opening, empty, used, wholeRuns, keep)
-		}
-		for _, leaf := range opening {
-			if f.c.Opening == "keep-runs-upto" && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= wholeRun {
-				continue
-			}
-			if f.c.Opening == "runs-2k" && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= 2*wholeRun {
-				continue
-			}
-			// "" (stormtopo's rule) and "spare-runs-N": a run of 2..2k is kept while the other leaves' runs
-			// hold fewer than N more gangs of k whole-node pods (stormtopo's SPARE_RUNS, 6).
-			need, ruled := 6, f.c.Opening == "" || f.c.Opening == "-lonely" || f.c.Opening == "-pairs"
-			if n, ok := strings.CutPrefix(f.c.Opening, "spare-runs-"); ok {
-				need, _ = strconv.Atoi(n)
-				ruled = true
-			}
-			if ruled && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= 2*wholeRun {
-				elsewhere := 0
-				for _, other := range leaves {
-					if other != leaf {
-						elsewhere += empty[other] / wholeRun
-					}
-				}
-				if elsewhere < need {
-					continue
-				}
-			}
-			if f.c.Opening == "keep-all" && wholeRun >= 2 && empty[leaf] >= 2 {
-				continue
-			}
-			first := len(out) == 0
-			for _, n := range f.nodesOf[leaf] {
-				if used[n] == 0 && (len(out) < max(f.c.NextEmpty, 1) || first && len(out) < max(f.c.NextEmpty, 1)+f.c.SpareEmpty) {
-					out = append(out, n)
-				}
-			}
-		}
-		return out
+		return f.experimentalOpening(used, wholeRun, wholeRuns)
 	}
 	var out []string
 	switch layout {
@@ -356,68 +321,138 @@ func (f *fabric) nodeTier(layout string, used map[string]int, wholeRuns []int, p
 			out = append(out, next()...)
 		}
 	case "node-bucket":
-		per := f.c.BucketPerFree
-		if per <= 0 {
-			per = 2
-		}
-		taken := map[int]int{}
-		listed := sets.New[string]()
-		candidates := []string{} // fullest leaf first
-		for _, leaf := range leaves {
-			candidates = append(candidates, f.nodesOf[leaf]...)
-		}
 		if strings.HasSuffix(f.c.Opening, "-lonely") {
-			// Nodes alone in their leaf with that much room first: a leaf's several roomy nodes are kept
-			// for a replica that must be split over them.
-			roomy := func(n string) int {
-				c := 0
-				for _, m := range f.nodesOf[f.leafOf[n]] {
-					if gpus-used[m] >= gpus-used[n] {
-						c++
-					}
-				}
-				return c
-			}
-			sort.SliceStable(candidates, func(i, j int) bool { return roomy(candidates[i]) < roomy(candidates[j]) })
-		}
-		skip := func(string) bool { return false }
-		if strings.HasSuffix(f.c.Opening, "-pairs") {
-			// A leaf's partly used nodes with half a node free or more hold, two by two, a replica of two
-			// half-node pods that no node holds whole. Taking one of an even number of them costs such a
-			// pair; such a node is not listed while a node that costs none has as much room or more.
-			half := gpus / 2
-			roomy := map[string]int{}
-			for _, n := range f.nodes {
-				if partly(n) && gpus-used[n] >= half {
-					roomy[f.leafOf[n]]++
-				}
-			}
-			costs := func(n string) bool { return partly(n) && gpus-used[n] >= half && roomy[f.leafOf[n]]%2 == 0 }
-			most := -1
-			for _, n := range f.nodes {
-				if partly(n) && gpus-used[n] >= half && !costs(n) {
-					most = max(most, gpus-used[n])
-				}
-			}
-			skip = func(n string) bool { return costs(n) && gpus-used[n] <= most }
-			sort.SliceStable(candidates, func(i, j int) bool { return !costs(candidates[i]) && costs(candidates[j]) })
-		}
-		// Case.Sticky: the partly used nodes listed before keep their places while they qualify.
-		for pass := 0; pass < 2; pass++ {
-			for _, n := range candidates {
-				if pass == 0 && (!f.c.Sticky || !prev.Has(n)) || listed.Has(n) || skip(n) {
-					continue
-				}
-				if free := gpus - used[n]; partly(n) && taken[free] < per {
-					taken[free]++
-					listed.Insert(n)
-					out = append(out, n)
-				}
-			}
+			out = f.lonelyBucket(used, prev)
+		} else {
+			// stormtopo's partly used nodes (no empty node listed), with pairs kept where the opening says so.
+			p := params
+			p.NextEmpty, p.SpareEmpty = 0, 0
+			out = Shortlist(f.tierLeaves, f.gpus, used, p, wholeRun, keep)
 		}
 		out = append(out, next()...)
 	default:
 		panic("unknown layout " + layout)
+	}
+	return out
+}
+
+// tierOpening: the openings that are stormtopo's rule, Shortlist's ("" and "-pairs": runs kept for
+// replicas of whole-node pods, as --node-tier-keep-runs; "fewest" and "fewest-pairs": not, as shipped;
+// "spare-runs-N": "" with N for SpareRuns; "-lonely" and "fewest-lonely" open as "" and "fewest").
+func tierOpening(opening string) bool {
+	base := strings.TrimSuffix(strings.TrimSuffix(opening, "-pairs"), "-lonely")
+	n, spare := strings.CutPrefix(base, "spare-runs-")
+	if spare {
+		_, err := strconv.Atoi(n)
+		return err == nil
+	}
+	return base == "" || base == "fewest"
+}
+
+// tierParams: the case's parameters for Shortlist (bucket_per_free 0 for 2 and next_empty 0 for 1, as
+// bench/sim.py writes them).
+func (f *fabric) tierParams() TierParams {
+	p := TierParams{PerFree: f.c.BucketPerFree, NextEmpty: max(f.c.NextEmpty, 1), SpareRuns: ShippedTier.SpareRuns, SpareEmpty: f.c.SpareEmpty, Sticky: f.c.Sticky}
+	if p.PerFree <= 0 {
+		p.PerFree = 2
+	}
+	base, pairs := strings.CutSuffix(f.c.Opening, "-pairs")
+	base = strings.TrimSuffix(base, "-lonely")
+	p.KeepPairs = pairs
+	p.KeepRuns = base != "fewest"
+	if n, ok := strings.CutPrefix(base, "spare-runs-"); ok {
+		p.SpareRuns, _ = strconv.Atoi(n)
+	}
+	return p
+}
+
+// experimentalOpening: the next empty nodes to open under the openings tried and not shipped (Case.Opening:
+// keep-all, keep-runs-upto, runs-2k, per-size[N]).
+func (f *fabric) experimentalOpening(used map[string]int, wholeRun int, wholeRuns []int) []string {
+	empty, leafUsed := map[string]int{}, map[string]int{}
+	for _, n := range f.nodes {
+		leafUsed[f.leafOf[n]] += used[n]
+		if used[n] == 0 {
+			empty[f.leafOf[n]]++
+		}
+	}
+	// Leaves fullest first, then by name; then the fewest empty nodes first.
+	opening := append([]string(nil), f.leaves...)
+	sort.SliceStable(opening, func(i, j int) bool { return leafUsed[opening[i]] > leafUsed[opening[j]] })
+	sort.SliceStable(opening, func(i, j int) bool { return empty[opening[i]] < empty[opening[j]] })
+	if spare, ok := strings.CutPrefix(f.c.Opening, "per-size"); ok {
+		keep := 2
+		if spare != "" {
+			keep, _ = strconv.Atoi(spare)
+		}
+		return f.spareOpening(opening, empty, used, wholeRuns, keep)
+	}
+	var out []string
+	for _, leaf := range opening {
+		if f.c.Opening == "keep-runs-upto" && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= wholeRun {
+			continue
+		}
+		if f.c.Opening == "runs-2k" && wholeRun >= 2 && empty[leaf] >= 2 && empty[leaf] <= 2*wholeRun {
+			continue
+		}
+		if f.c.Opening == "keep-all" && wholeRun >= 2 && empty[leaf] >= 2 {
+			continue
+		}
+		first := len(out) == 0
+		for _, n := range f.nodesOf[leaf] {
+			if used[n] == 0 && (len(out) < max(f.c.NextEmpty, 1) || first && len(out) < max(f.c.NextEmpty, 1)+f.c.SpareEmpty) {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// lonelyBucket: node-bucket's partly used nodes under "-lonely" and "fewest-lonely" (tried, not shipped:
+// no better in 12 streams x 3, bench/results/sim-fewest-lonely.md): the nodes alone in their leaf with as
+// much room first, so that a leaf's several roomy nodes are kept for a replica that must be split over them.
+func (f *fabric) lonelyBucket(used map[string]int, prev sets.Set[string]) []string {
+	gpus := f.c.NodeGPUs
+	partly := func(n string) bool { return used[n] > 0 && used[n] < gpus }
+	per := f.c.BucketPerFree
+	if per <= 0 {
+		per = 2
+	}
+	leafUsed := map[string]int{}
+	for _, n := range f.nodes {
+		leafUsed[f.leafOf[n]] += used[n]
+	}
+	leaves := append([]string(nil), f.leaves...)
+	sort.SliceStable(leaves, func(i, j int) bool { return leafUsed[leaves[i]] > leafUsed[leaves[j]] })
+	candidates := []string{} // fullest leaf first
+	for _, leaf := range leaves {
+		candidates = append(candidates, f.nodesOf[leaf]...)
+	}
+	roomy := func(n string) int {
+		c := 0
+		for _, m := range f.nodesOf[f.leafOf[n]] {
+			if gpus-used[m] >= gpus-used[n] {
+				c++
+			}
+		}
+		return c
+	}
+	sort.SliceStable(candidates, func(i, j int) bool { return roomy(candidates[i]) < roomy(candidates[j]) })
+	var out []string
+	taken := map[int]int{}
+	listed := sets.New[string]()
+	// Case.Sticky: the partly used nodes listed before keep their places while they qualify.
+	for pass := 0; pass < 2; pass++ {
+		for _, n := range candidates {
+			if pass == 0 && (!f.c.Sticky || !prev.Has(n)) || listed.Has(n) {
+				continue
+			}
+			if free := gpus - used[n]; partly(n) && taken[free] < per {
+				taken[free]++
+				listed.Insert(n)
+				out = append(out, n)
+			}
+		}
 	}
 	return out
 }
