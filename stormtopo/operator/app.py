@@ -29,6 +29,7 @@ from stormtopo.operator.node_tier import NODE_TIER_INTERVAL, NODE_TIER_MIN_GAP, 
 from stormtopo.operator.optin import OptedInList
 from stormtopo.operator.reconciliation import Reconciler
 from stormtopo.operator.replica import NODES_TTL, PlacementReporter
+from stormtopo.operator.room import NodeRoom
 
 log = logging.getLogger("stormtopo.operator")
 VOLCANO_RECHECK_SECONDS = 30.0  # how soon CRDs installed or upgraded after start are noticed
@@ -157,15 +158,16 @@ async def run(config: OperatorConfig) -> None:
     metrics.watch(loops, lambda: leadership.is_leader)
     events = EventRecorder(api, leadership.identity)
     opted_in = OptedInList(api, config.leader_election_namespace)  # the namespace stormtopo runs in
-    explainer = Explainer(config.kubeconfig)  # its own process: see explainer.py
-    reporter = PlacementReporter(index, api, events, explainer, leading=lambda: leadership.is_leader)
+    explainer = Explainer()  # its own process: see explainer.py
+    room = NodeRoom(api, loops)  # every node's free GPUs, by watch, from the first time the leader needs them
+    reporter = PlacementReporter(index, api, events, explainer, room, leading=lambda: leadership.is_leader)
     operator = handlers.register(registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops)
     loops.supervise("event-poster", IDLE_BEAT, events.run)
     healer = healing.Healer(
         index,
         api,
         events,
-        explainer,
+        room,
         lambda: reporter.read_nodes(NODES_TTL),
         config.heal_cooldown,
         recheck=NO_ROOM_RECHECKS * config.heal_interval,
@@ -180,7 +182,7 @@ async def run(config: OperatorConfig) -> None:
         node_tier = NodeTier(
             index,
             api,
-            explainer,
+            room,
             leading=lambda: leadership.is_leader,
             keep_runs=config.node_tier_keep_runs,
             named_leaves=frozenset(config.node_tier_leaf),
@@ -188,7 +190,7 @@ async def run(config: OperatorConfig) -> None:
         loops.every("node-tier", NODE_TIER_INTERVAL, node_tier.check, wake=bound_or_gone, min_gap=NODE_TIER_MIN_GAP)
     else:
         # Turned off (or never on): what an earlier run's node tier wrote is put back, once, by the leader.
-        node_tier_off = NodeTier(index, api, explainer, leading=lambda: leadership.is_leader, enabled=False)
+        node_tier_off = NodeTier(index, api, room, leading=lambda: leadership.is_leader, enabled=False)
         loops.every("node-tier", NODE_TIER_OFF_INTERVAL, node_tier_off.check)
     ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops)
     ready = asyncio.Event()
@@ -204,6 +206,7 @@ async def run(config: OperatorConfig) -> None:
         registration.cancel()
         await loops.stop()
         await operator.close()
+        await room.close()
         await webhook_runner.cleanup()
         await probes_runner.cleanup()
 

@@ -1,11 +1,10 @@
 """Explaining a pending gang, in a process of its own.
 
-An explanation reads every node's free GPUs (a list of every bound pod in the cluster, parsed) and runs
-a packing search per domain. Both are CPU work that holds the GIL: json.loads of a 250-pod page cannot
-be interrupted at all. On a thread of the process that answers admissions they delay every admission
-(BENCHMARKS.md, "Admission while hard gangs are pending"), and with many gangs pending they would
-delay it continuously. In another process they cost the webhook nothing but a core it shares with
-everything else. The worker keeps its own API client and its own cached readings.
+An explanation runs a packing search per domain over every node's free GPUs (the free-room reading,
+room.py, passed in). The search is CPU work that holds the GIL: on a thread of the process that answers
+admissions it would delay every admission (BENCHMARKS.md, "Admission while hard gangs are pending"),
+and with many gangs pending continuously. In another process it costs the webhook nothing but a core it
+shares with everything else.
 """
 
 from __future__ import annotations
@@ -23,23 +22,12 @@ from concurrent.futures.process import BrokenProcessPool
 from stormtopo.core.explanation import Pending, plan_pending
 from stormtopo.core.request import TopologyRequest
 from stormtopo.core.topology.tree import Topology
-from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 
 log = logging.getLogger(__name__)
 
-FREE_GPUS_TTL = 5.0  # seconds a reading of every node's free GPUs is reused, however many gangs are pending
 WORKER_NICENESS = 10  # added to the operator's: a tenth of its CPU share when both want the CPU
 EXPLAIN_TIMEOUT = 120.0  # an answer later than this is not waited for (the search itself has a step budget)
-
-
-class _Worker:
-    """The worker process's state: one API client, the last readings."""
-
-    api: Api | None = None
-    free: tuple[float, dict[str, int]] = (float("-inf"), {})
-    schedulable: tuple[float, dict[str, int]] = (float("-inf"), {})  # healing's: nodes that take new pods only
-    allocatable: tuple[float, dict[str, int]] = (float("-inf"), {})  # making room's: every node's allocatable GPUs
 
 
 def _start_worker(parent: int) -> None:
@@ -57,39 +45,12 @@ def _start_worker(parent: int) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _stale(read_at: float, ttl: float) -> bool:
-    return time.monotonic() - read_at > ttl
-
-
 def explain_in_worker(
-    kubeconfig: str | None, request: TopologyRequest, pods: Sequence[int], created: int, topology: Topology
+    request: TopologyRequest, pods: Sequence[int], created: int, topology: Topology, free: dict[str, int]
 ) -> Pending | None:
-    """Runs in the worker: read free GPUs, then plan over the operator's own tree (the one its
-    placement checks use, built from every node)."""
-    return plan_pending(request, pods, created, topology, free_gpus_in_worker(kubeconfig))
-
-
-def free_gpus_in_worker(kubeconfig: str | None, taking_new_pods: bool = False, max_age: float = FREE_GPUS_TTL) -> dict[str, int]:
-    """Runs in the worker: every node's free GPUs, the reading the explanations share (healing's and the
-    node tier's: only nodes that take new pods), no older than `max_age`."""
-    if _Worker.api is None:
-        _Worker.api = Api(kubeconfig)
-    if taking_new_pods:
-        if _stale(_Worker.schedulable[0], max_age):
-            _Worker.schedulable = (time.monotonic(), _Worker.api.free_gpus(taking_new_pods=True))
-        return _Worker.schedulable[1]
-    if _stale(_Worker.free[0], max_age):
-        _Worker.free = (time.monotonic(), _Worker.api.free_gpus())
-    return _Worker.free[1]
-
-
-def allocatable_gpus_in_worker(kubeconfig: str | None) -> dict[str, int]:
-    """Runs in the worker: every node's allocatable GPUs (what a HyperNode's binpack divides by)."""
-    if _Worker.api is None:
-        _Worker.api = Api(kubeconfig)
-    if _stale(_Worker.allocatable[0], FREE_GPUS_TTL):
-        _Worker.allocatable = (time.monotonic(), _Worker.api.gpu_totals())
-    return _Worker.allocatable[1]
+    """Runs in the worker: plan over the operator's own tree (the one its placement checks use, built
+    from every node) and the free GPUs it read."""
+    return plan_pending(request, pods, created, topology, free)
 
 
 def outcome(pending: Pending) -> str:
@@ -102,8 +63,7 @@ class Explainer:
     """Sends explanations to one worker process, started at the first pending gang and restarted if
     it dies. One worker: explanations queue behind each other rather than take both cores."""
 
-    def __init__(self, kubeconfig: str | None) -> None:
-        self.kubeconfig = kubeconfig
+    def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
 
     def _executor(self) -> ProcessPoolExecutor:
@@ -117,11 +77,13 @@ class Explainer:
             )
         return self._pool
 
-    async def explain(self, request: TopologyRequest, pods: Sequence[int], created: int, topology: Topology) -> Pending | None:
+    async def explain(
+        self, request: TopologyRequest, pods: Sequence[int], created: int, topology: Topology, free: dict[str, int]
+    ) -> Pending | None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            work = loop.run_in_executor(self._executor(), explain_in_worker, self.kubeconfig, request, list(pods), created, topology)
+            work = loop.run_in_executor(self._executor(), explain_in_worker, request, list(pods), created, topology, free)
             pending = await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
             metrics.EXPLANATION_SECONDS.observe(time.monotonic() - started)
             if pending is not None:
@@ -134,29 +96,6 @@ class Explainer:
             log.warning("the explanation worker died; starting another for the next explanation")
             self.close()
             return None
-
-    async def free_gpus(self, max_age: float = FREE_GPUS_TTL) -> dict[str, int]:
-        """Free GPUs of every node that takes new pods, read in the worker (healing's reading), at
-        most `max_age` seconds old."""
-        loop = asyncio.get_running_loop()
-        try:
-            work = loop.run_in_executor(self._executor(), free_gpus_in_worker, self.kubeconfig, True, max_age)
-            return await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
-        except BrokenProcessPool:
-            log.warning("the explanation worker died; starting another for the next reading")
-            self.close()
-            raise
-
-    async def allocatable_gpus(self) -> dict[str, int]:
-        """Allocatable GPUs of every node, read in the worker (making room's reading)."""
-        loop = asyncio.get_running_loop()
-        try:
-            work = loop.run_in_executor(self._executor(), allocatable_gpus_in_worker, self.kubeconfig)
-            return await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
-        except BrokenProcessPool:
-            log.warning("the explanation worker died; starting another for the next reading")
-            self.close()
-            raise
 
     def close(self) -> None:
         if self._pool is not None:

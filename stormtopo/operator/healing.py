@@ -57,8 +57,8 @@ from stormtopo.core.writes import EvictPod, RecordMove, Write
 from stormtopo.kube.client import Api, ApiError, Conflict
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
-from stormtopo.operator.explainer import FREE_GPUS_TTL, Explainer
 from stormtopo.operator.index import Index, Key
+from stormtopo.operator.room import NodeRoom
 from stormtopo.operator.writer import execute
 
 log = logging.getLogger("stormtopo.healing")
@@ -88,7 +88,7 @@ class Healer:
     index: Index
     api: Api
     report: Report
-    explainer: Explainer  # its worker reads every node's free GPUs
+    room: NodeRoom  # every node's free and allocatable GPUs, followed by watch (room.py)
     read_nodes: Callable[[], Awaitable[None]]  # the tree is only as current as the last reading of the nodes
     cooldown: float = COOLDOWN
     recheck: float = NO_ROOM_RECHECK  # seconds: NO_ROOM_RECHECKS times the interval its loop runs at
@@ -99,7 +99,7 @@ class Healer:
     _free: dict[str, int] | None = None  # this pass's reading
     _no_room: list[tuple[Key, Replica, int]] = field(default_factory=list)  # this pass's wide replicas with nowhere to go
     _freed_seen: int = -1  # the index's count of admitted pods gone from their nodes, at the last pass
-    _fresh: bool = False  # this pass: pods left their nodes since the last, so no cached reading of free GPUs
+    _fresh: bool = False  # this pass: pods left their nodes since the last (room may have been freed)
     _woken: dict[Key, float] = field(default_factory=dict)  # service -> when a freed node last ended its quiet
     _started: set[Key] = field(default_factory=set)  # this pass: services that began a move (the index may not show it yet)
 
@@ -172,7 +172,7 @@ class Healer:
         residents = await self._residents({key for key, _, _ in self._no_room}, now)
         if not residents:
             return
-        allocatable = await self.explainer.allocatable_gpus()
+        allocatable = await self.room.allocatable_gpus()
         topology = self.index.topology()
         for key, replica, tier in waiting[:WIDE_TRIED]:
             skip: set[str] = set()
@@ -220,7 +220,7 @@ class Healer:
         )
         budgets = await asyncio.to_thread(self.api.disruption_budgets, namespace)
         if self._free is None:
-            self._free = self._set_aside(await self.explainer.free_gpus(0.0 if self._fresh else FREE_GPUS_TTL))
+            self._free = self._set_aside(await self.room.free_gpus(taking_new_pods=True))
         rolesets = self.index.rolesets_of(namespace, name)
         replicas = tuple(
             Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))

@@ -1,15 +1,12 @@
-"""Keeping the node tier's short list current (--node-tier, issue 21): every pass, the leader reads the
-GPUs in use per node and the HyperNodes, and writes what core/topology/node_tier.py plans, so that the
-tier-0 HyperNodes follow pods as they come and go. A steady state plans nothing and writes nothing.
+"""Keeping the node tier's short list current (--node-tier, issue 21): every pass, the leader takes the
+GPUs in use per node (the free-room reading, room.py, which follows pods and nodes by watch) and the
+HyperNodes, and writes what core/topology/node_tier.py plans, so that the tier-0 HyperNodes follow pods
+as they come and go. A steady state plans nothing and writes nothing, and reads nothing from the API
+server: the readings are current to the last event (issue 33, item 5: no list of every pod at rest).
 
-The list is only useful if it is current when Volcano places the next replica, which may be a second
-later: once a pod of an opted-in service is bound or gone (the index sees it within milliseconds), the
-loop is woken and takes a fresh reading of the GPUs in use rather than the shared one of up to
-FREE_GPUS_TTL ago. That is a list of every pod, in the explanation worker, at most twice a second while
-replicas are being placed (NODE_TIER_MIN_GAP); a cluster where nothing of stormtopo's moves reads every
-FREE_GPUS_TTL. At thousands of nodes that list takes a second or more, and the passes then follow each
-other while replicas are being placed (adding the placed pods' GPUs to the last reading would be
-cheaper; not built)."""
+Once a pod of an opted-in service is bound or gone (the index sees it within milliseconds), the loop is
+woken (at most twice a second while replicas are being placed, NODE_TIER_MIN_GAP); a change of another
+tenant's pods is planned over at the next pass (NODE_TIER_INTERVAL)."""
 
 from __future__ import annotations
 
@@ -22,8 +19,8 @@ from stormtopo.core.gang import replica_pods, template_spec
 from stormtopo.core.request import is_opted_in
 from stormtopo.core.topology.node_tier import SPARE_EMPTY, plan_node_tier
 from stormtopo.kube.client import Api
-from stormtopo.operator.explainer import FREE_GPUS_TTL, Explainer
 from stormtopo.operator.index import Index
+from stormtopo.operator.room import NodeRoom
 from stormtopo.operator.writer import execute_hypernode_writes
 
 log = logging.getLogger("stormtopo.node_tier")
@@ -55,17 +52,16 @@ def _shape(stormservice: Mapping[str, Any], warned: set[tuple[str, str, str]]) -
 class NodeTier:
     index: Index  # its HyperNodes, as the watch has them (the node tier's own included)
     api: Api
-    explainer: Explainer  # its worker reads every node's free and allocatable GPUs
+    room: NodeRoom  # every node's free and allocatable GPUs, followed by watch
     leading: Callable[[], bool] = lambda: True
     # --node-tier-keep-runs: keep runs of empty nodes for replicas of whole-node pods (packs more from a
-    # fragmented start, puts fewer replicas that one node holds on one node; README "The node tier").
+    # fragmented start, puts fewer replicas that one node holds on one node; docs/node-tier.md).
     keep_runs: bool = False
     # --node-tier-leaf: leaves another writer keeps (Volcano's discovery, GitOps) that the user lets the node tier change
     named_leaves: frozenset[str] = frozenset()
     # False: the node tier is off (not asked for): every leaf gets its nodes back and the tier-0
     # HyperNodes go, once, from the watched HyperNodes alone (no GPU reading); then nothing to write.
     enabled: bool = True
-    _seen: tuple[int, int] = (-1, -1)  # the index's counts of admitted pods bound and gone, at the last fresh reading
     _planned: tuple[object, ...] | None = None  # what the last pass planned over
     # (namespace, name, generation) of the StormServices whose template gave no GPU count, said once each;
     # kept only for those the index still has.
@@ -84,11 +80,9 @@ class NodeTier:
                     await execute_hypernode_writes(self.api, writes)
                 self._planned = changes
             return
-        moved = (self.index.pods_bound, self.index.pods_freed)
         # Nodes that take new pods only: no other node is listed.
-        free = await self.explainer.free_gpus(0.0 if moved != self._seen else FREE_GPUS_TTL)
-        self._seen = moved  # only once read: a failed reading is taken afresh at the next pass
-        allocatable = await self.explainer.allocatable_gpus()
+        free = await self.room.free_gpus(taking_new_pods=True)
+        allocatable = await self.room.allocatable_gpus()
         taking = {node: gpus for node, gpus in allocatable.items() if node in free}
         used = {node: gpus - free[node] for node, gpus in taking.items()}
         # The shapes of the replicas that ask for a topology: whether one needs a run of empty nodes in one

@@ -31,6 +31,7 @@ from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index, Key, slim_listed_pods
+from stormtopo.operator.room import NodeRoom
 from stormtopo.operator.workqueue import WorkQueue
 from stormtopo.operator.writer import execute
 
@@ -44,6 +45,7 @@ class PlacementReporter:
     api: Api  # what the planner decides is written, and what the index lacks is read, through this
     report: Report
     explainer: Explainer
+    room: NodeRoom  # the free GPUs an explanation plans over
     leading: Callable[[], bool] = lambda: True  # a deposed leader posts no queued explanation
     _memory: dict[Key, ReplicaMemory] = field(default_factory=dict)  # only replicas with something to remember
     _asks: dict[Key, tuple[Explain, Topology]] = field(default_factory=dict)  # explanations waiting for the worker
@@ -126,7 +128,8 @@ class PlacementReporter:
         if ask is None or not self.leading():
             return  # forgotten meanwhile, or no longer this replica's to say
         explain, topology = ask
-        pending = await self.explainer.explain(explain.request, explain.pods, explain.created, topology)
+        free = await self.room.free_gpus(taking_new_pods=False)
+        pending = await self.explainer.explain(explain.request, explain.pods, explain.created, topology, free)
         snapshot = self.index.replica_snapshot(key, time.monotonic())
         memory = self._memory.get(key, ReplicaMemory())
         if snapshot is None or snapshot.request is None or not self.leading():

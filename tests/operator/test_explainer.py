@@ -15,7 +15,7 @@ from stormtopo.operator.explainer import WORKER_NICENESS
 OPERATOR = """
 import os, sys, time
 from stormtopo.operator.explainer import Explainer
-explainer = Explainer(None)
+explainer = Explainer()
 print(explainer._executor().submit(os.getpid).result(timeout=60), flush=True)
 print(explainer._executor().submit(os.nice, 0).result(timeout=60) - os.nice(0), flush=True)
 time.sleep(600)

@@ -173,7 +173,7 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
         def cluster_tiers(self) -> Any:
             return TIERS
 
-    class Explainer:
+    class Room:
         async def allocatable_gpus(self) -> dict[str, int]:
             return {}
 
@@ -191,7 +191,7 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
                 services[key] = lender_record(make_room.replica, make_room.wide, time.time())
             return HealPlan(moving=verdict)
 
-    healer = Probe(cast(Any, Index()), cast(Any, None), lambda *_: None, cast(Any, Explainer()), cast(Any, None))
+    healer = Probe(cast(Any, Index()), cast(Any, None), lambda *_: None, cast(Any, Room()), cast(Any, None))
     healer.offered = []  # type: ignore[attr-defined]
     healer._no_room = [(("ns", "svc"), WIDE, 1)]
     healer._free = free({n: 8 - g for n, g in {"node0": 6, "node2": 6, "node4": 4}.items()})

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from typing import Any
+from typing import Any, cast
 
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
-from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
+from stormtopo.core.vocabulary import GPU, HIGHEST_TIER, MODE
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import metrics
-from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index
 from stormtopo.operator.node_tier import NodeTier
+from stormtopo.operator.room import NodeRoom
 
 FABRIC = parse_topology("switches:\n  spine:\n    leaf-a: [a0, a1]\n    leaf-b: [b0, b1]\n")
 PREFIX = "/apis/topology.volcano.sh/v1alpha1/hypernodes"
@@ -47,17 +47,24 @@ class HyperNodesApi(Api):
         return {}
 
 
-class Readings(Explainer):
+class Readings(NodeRoom):
+    """The free-room reading as the watch would feed it: every node of FABRIC with 8 GPUs, and one pod
+    per node holding what `used` says."""
+
     def __init__(self, used: dict[str, int]) -> None:
-        self.used = used
-        self.ages: list[float] = []  # the max_age of each reading asked for
+        super().__init__(cast(Any, None), cast(Any, None))
+        for node in FABRIC.nodes:
+            self._on_node(None, {"metadata": {"name": node}, "status": {"allocatable": {GPU: "8"}}})
+        for node, gpus in used.items():
+            self.hold(node, gpus)
 
-    async def free_gpus(self, max_age: float = 5.0) -> dict[str, int]:
-        self.ages.append(max_age)
-        return {n: 8 - self.used.get(n, 0) for n in FABRIC.nodes}
+    def hold(self, node: str, gpus: int) -> None:
+        pod = {"metadata": {"namespace": "t", "name": f"on-{node}"}, "spec": {"nodeName": node, "containers": []}}
+        pod["spec"]["containers"] = [{"resources": {"requests": {GPU: str(gpus)}}}]
+        self._on_pod("MODIFIED", pod)
 
-    async def allocatable_gpus(self) -> dict[str, int]:
-        return dict.fromkeys(FABRIC.nodes, 8)
+    async def _ready(self) -> None:
+        return None
 
 
 def written(verb: str) -> float:
@@ -83,7 +90,8 @@ def test_a_pass_renders_the_list_and_the_next_writes_nothing() -> None:
 
     # a0 full, b0 partly used: the list moves to b0 and a1. The index has not seen what an earlier pass
     # did (b0.node created, a0.node deleted): the 409 and the 404 are no failure.
-    readings.used.update({"a0": 8, "b0": 2})
+    readings.hold("a0", 8)
+    readings.hold("b0", 2)
     api.stored["b0.node"] = copy.deepcopy(api.stored["a0.node"])
     api.stored["b0.node"]["metadata"]["name"] = "b0.node"
     api.stored["b0.node"]["spec"]["members"][0]["selector"]["exactMatch"]["name"] = "b0"
@@ -104,7 +112,7 @@ def test_only_the_leader_writes() -> None:
     assert api.calls == []
 
 
-def test_a_bind_takes_a_fresh_reading_and_nothing_new_plans_nothing() -> None:
+def test_a_change_of_the_reading_is_planned_at_once_and_nothing_new_plans_nothing() -> None:
     api = HyperNodesApi(hypernode_manifests(FABRIC))
     index = Index(api)
     for h in api.stored.values():
@@ -117,19 +125,22 @@ def test_a_bind_takes_a_fresh_reading_and_nothing_new_plans_nothing() -> None:
     asyncio.run(tier.check())  # over what it wrote: writes nothing
     api.calls.clear()
     asyncio.run(tier.check())
-    assert readings.ages[1:] == [5.0, 5.0] and api.calls == []  # nothing bound or gone: the cached reading
-    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": {}}
-    index.observe("Pod", "ADDED", pod)
+    assert api.calls == []  # nothing changed: nothing planned, nothing read from the API server
+    readings.hold("b1", 4)  # a pod bound on b1 (the watch's event)
     asyncio.run(tier.check())
-    assert readings.ages[-1] == 5.0  # created, not bound
-    index.observe("Pod", "MODIFIED", {**pod, "spec": {"nodeName": "b1"}})
-    readings.used["b1"] = 4
+    assert "POST b1.node" in api.calls  # the list follows it at the next pass
+    for _ in range(5):  # the passes that follow finish what the change began
+        index.hypernodes.clear()
+        for h in api.stored.values():
+            index.observe("HyperNode", None, h)
+        api.calls.clear()
+        asyncio.run(tier.check())
+        if not api.calls:
+            break
+    assert api.calls == []
+    readings.hold("b1", 4)  # the same pod again (a status update) changes nothing
     asyncio.run(tier.check())
-    assert readings.ages[-1] == 0.0  # bound: read afresh
-    assert "POST b1.node" in api.calls  # and the list follows it at once
-    index.observe("Pod", "MODIFIED", {**pod, "spec": {"nodeName": "b1"}, "status": {"phase": "Running"}})
-    asyncio.run(tier.check())
-    assert readings.ages[-1] == 5.0  # the same pod again is no new bind
+    assert api.calls == []
 
 
 def test_a_stormservice_of_whole_node_pods_keeps_the_runs_of_empty_nodes() -> None:

@@ -21,7 +21,9 @@ def test_a_replica_whose_service_opts_out_leaves_the_pending_gauge() -> None:
     index = Index(cast(Any, None))  # no API call: objects arrive as events
     index.set_nodes({}, float("inf"))  # nodes read "now": no API read of them either
     said: list[tuple[str, str]] = []
-    reporter = PlacementReporter(index, cast(Any, None), lambda _obj, kind, reason, _msg: said.append((kind, reason)), cast(Any, None))
+    reporter = PlacementReporter(
+        index, cast(Any, None), lambda _obj, kind, reason, _msg: said.append((kind, reason)), cast(Any, None), cast(Any, None)
+    )
     service = {"kind": "StormService", "metadata": {"name": "svc", "namespace": "ns", "annotations": {}}, "spec": {"replicas": 1}}
     roleset = {"kind": "RoleSet", "metadata": {"name": "svc-rs", "namespace": "ns", "labels": {"storm-service-name": "svc"}}, "spec": {}}
     index.observe("StormService", "ADDED", service)
@@ -56,7 +58,13 @@ def test_an_explanation_that_answers_after_the_replica_was_placed_says_nothing()
         async def explain(self, *_: object) -> Pending:
             return Pending(1, Explanation((1, 1), 1, (), None))
 
-    reporter = PlacementReporter(index, cast(Any, None), lambda _obj, _kind, reason, _msg: said.append(reason), cast(Any, Worker()))
+    class Room:
+        async def free_gpus(self, taking_new_pods: bool = True) -> dict[str, int]:
+            return {}
+
+    reporter = PlacementReporter(
+        index, cast(Any, None), lambda _obj, _kind, reason, _msg: said.append(reason), cast(Any, Worker()), cast(Any, Room())
+    )
     snapshot = index.replica_snapshot(("ns", "svc-rs"), 0.0)
     assert snapshot is not None and snapshot.request is not None
     reporter._remember(("ns", "svc-rs"), ReplicaMemory(next_check=10.0))  # asked while it was pending

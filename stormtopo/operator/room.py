@@ -1,0 +1,149 @@
+"""The one reading of free room: every node's GPUs and what bound pods use of them, kept current from
+the API server's events (issue 33, item 5; issue 34, item 7).
+
+The node tier, healing, making room and the explanations of pending gangs all need every node's free
+GPUs. Each used to list every pod and node of the cluster for it, every few seconds, forever. This
+reading lists them once (a page at a time, selected on the server: bound pods that have not finished,
+and nodes), then follows the watch; an idle cluster costs a watch, not a list. It starts the first time
+someone asks (the leader, with the node tier or healing on), so a follower or an operator with neither
+never reads a pod of another tenant.
+
+Only a pod's GPU requests are kept (the node and a count, for pods that request GPUs): a cluster's other
+pods cost an event each, not memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stormtopo.core.gang import gpu_count
+from stormtopo.core.packing import takes_new_pods
+from stormtopo.core.vocabulary import GPU
+from stormtopo.kube.client import Api
+from stormtopo.kube.watch import WatchStreams
+from stormtopo.operator import watch
+from stormtopo.operator.index import Key, key_of
+from stormtopo.operator.loops import Loops
+
+log = logging.getLogger("stormtopo.room")
+BOUND = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"  # pods that hold room on a node
+FIRST_READING_TIMEOUT = 120.0  # seconds a caller waits for the first list (the API server away): then its loop fails and retries
+
+
+def pod_gpus(pod: Mapping[str, Any], resource: str = GPU) -> tuple[str, int] | None:
+    """(node, GPUs requested) of a pod that holds GPUs on a node, None for one that holds none (not
+    bound, finished, or asking for no GPUs). Containers only, as Api.free_gpus counts."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    node = spec.get("nodeName")
+    if not node or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    gpus = 0
+    for container in spec.get("containers") or []:
+        try:
+            gpus += gpu_count(((container.get("resources") or {}).get("requests") or {}).get(resource, "0"))
+        except ValueError:
+            continue  # the API server admits only quantities; one unreadable request counts as none
+    return (str(node), gpus) if gpus else None
+
+
+def node_gpus(node: Mapping[str, Any], resource: str = GPU) -> tuple[int, bool]:
+    """(allocatable GPUs, whether the node takes new pods)."""
+    try:
+        gpus = gpu_count(((node.get("status") or {}).get("allocatable") or {}).get(resource, "0"))
+    except ValueError:
+        gpus = 0
+    return gpus, takes_new_pods(node)
+
+
+@dataclass
+class NodeRoom:
+    """Every node's allocatable and used GPUs, from a list and then the watch of pods and nodes."""
+
+    api: Api
+    loops: Loops
+    resource: str = GPU
+    _pods: dict[Key, tuple[str, int]] = field(default_factory=dict)  # bound pods holding GPUs: (node, GPUs)
+    _nodes: dict[str, tuple[int, bool]] = field(default_factory=dict)  # (allocatable GPUs, takes new pods)
+    _used: dict[str, int] = field(default_factory=dict)  # GPUs held per node, the sum of _pods
+    changes: int = 0  # counts every change of the reading: a plan over an unchanged reading need not be made again
+    _streams: WatchStreams | None = None
+    _listed: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def _start(self) -> None:
+        if self._streams is not None:
+            return
+        self._streams = WatchStreams(self.api)
+        self._listed = {"Pod": asyncio.Event(), "Node": asyncio.Event()}
+        streams = {
+            "room-pods": watch.ListWatch(
+                self.api, self._streams, "Pod", "v1", "/api/v1/pods", "", self._on_pod, self._pod_gone, field_selector=BOUND
+            ),
+            "room-nodes": watch.ListWatch(self.api, self._streams, "Node", "v1", "/api/v1/nodes", "", self._on_node, self._node_gone),
+        }
+        for name, stream in streams.items():
+            stream.on_listed = self._listed[stream.kind].set
+            self.loops.supervise(name, watch.PERIOD, stream.run)
+        log.info("following bound pods and nodes for the free-room reading")
+
+    async def _ready(self) -> None:
+        self._start()
+        async with asyncio.timeout(FIRST_READING_TIMEOUT):
+            for listed in self._listed.values():
+                await listed.wait()
+
+    async def free_gpus(self, taking_new_pods: bool = True) -> dict[str, int]:
+        """Free GPUs of every node (`taking_new_pods`: only those a new pod may go to), current to the
+        last event the watch delivered."""
+        await self._ready()
+        return {node: gpus - self._used.get(node, 0) for node, (gpus, taking) in self._nodes.items() if taking or not taking_new_pods}
+
+    async def allocatable_gpus(self) -> dict[str, int]:
+        """Allocatable GPUs of every node (what a HyperNode's binpack divides by)."""
+        await self._ready()
+        return {node: gpus for node, (gpus, _) in self._nodes.items()}
+
+    def _on_pod(self, event: str | None, pod: dict[str, Any]) -> None:
+        key = key_of(pod)
+        self._set_pod(key, None if event == "DELETED" else pod_gpus(pod, self.resource))
+
+    def _pod_gone(self, key: Key) -> None:
+        self._set_pod(key, None)
+
+    def _set_pod(self, key: Key, holds: tuple[str, int] | None) -> None:
+        was = self._pods.get(key)
+        if was == holds:
+            return
+        if was is not None:
+            node, gpus = was
+            left = self._used.get(node, 0) - gpus
+            if left:
+                self._used[node] = left
+            else:
+                self._used.pop(node, None)
+            del self._pods[key]
+        if holds is not None:
+            self._pods[key] = holds
+            self._used[holds[0]] = self._used.get(holds[0], 0) + holds[1]
+        self.changes += 1
+
+    def _on_node(self, event: str | None, node: dict[str, Any]) -> None:
+        name = str((node.get("metadata") or {}).get("name"))
+        if event == "DELETED":
+            self._node_gone(("", name))
+            return
+        reading = node_gpus(node, self.resource)
+        if self._nodes.get(name) != reading:
+            self._nodes[name] = reading
+            self.changes += 1
+
+    def _node_gone(self, key: Key) -> None:
+        if self._nodes.pop(key[1], None) is not None:
+            self.changes += 1
+
+    async def close(self) -> None:
+        if self._streams is not None:
+            await self._streams.close()

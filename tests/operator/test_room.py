@@ -1,0 +1,112 @@
+"""The free-room reading (operator/room.py): one list of bound pods and of nodes, selected on the server,
+then only the watch (issue 33, item 5: no list of every pod at rest); GPUs held and freed follow the
+events. Against a small HTTP server that speaks the API's list and watch protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from stormtopo.core.vocabulary import GPU
+from stormtopo.kube.client import Api
+from stormtopo.operator.loops import Loops
+from stormtopo.operator.room import BOUND, NodeRoom, pod_gpus
+
+
+def _pod(name: str, node: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "t", "name": name, "resourceVersion": "1"},
+        "spec": {"nodeName": node, "containers": [{"resources": {"requests": {GPU: str(gpus), "cpu": "1"}}}]},
+        "status": {"phase": phase},
+    }
+
+
+def _node(name: str, gpus: int, ready: str = "True") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "resourceVersion": "1"},
+        "status": {"allocatable": {GPU: str(gpus)}, "conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+def test_a_pod_holds_gpus_only_while_bound_and_unfinished() -> None:
+    assert pod_gpus(_pod("a", "n0", 2)) == ("n0", 2)
+    assert pod_gpus(_pod("a", "n0", 0)) is None  # another tenant's CPU pod costs no memory
+    assert pod_gpus(_pod("a", "n0", 2, "Succeeded")) is None
+    assert pod_gpus({**_pod("a", "", 2)}) is None
+
+
+def test_lists_once_then_follows_the_watch(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lists: dict[str, list[dict[str, str]]] = {"pods": [], "nodes": []}
+        events: dict[str, asyncio.Queue[dict[str, Any] | None]] = {"pods": asyncio.Queue(), "nodes": asyncio.Queue()}
+
+        def serve(kind: str, items: list[dict[str, Any]]) -> Any:
+            async def handler(request: web.Request) -> web.StreamResponse:
+                if request.query.get("watch") != "true":
+                    lists[kind].append(dict(request.query))
+                    return web.json_response({"metadata": {"resourceVersion": "5"}, "items": items})
+                response = web.StreamResponse()
+                await response.prepare(request)
+                while (event := await events[kind].get()) is not None:
+                    await response.write(json.dumps(event).encode() + b"\n")
+                return response
+
+            return handler
+
+        app = web.Application()
+        app.router.add_get("/api/v1/pods", serve("pods", [_pod("a", "n0", 2), _pod("cpu", "n1", 0)]))
+        app.router.add_get("/api/v1/nodes", serve("nodes", [_node("n0", 8), _node("n1", 8), _node("down", 8, ready="False")]))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port = runner.addresses[0][1]
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "current-context": "c",
+                    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                    "clusters": [{"name": "k", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                }
+            )
+        )
+        loops = Loops()
+        room = NodeRoom(Api(str(kubeconfig)), loops)
+
+        async def until(condition: Any) -> None:
+            for _ in range(1000):  # up to 20 s on a loaded machine
+                if condition():
+                    return
+                await asyncio.sleep(0.02)
+            raise AssertionError("condition not met within 20 s")
+
+        try:
+            assert await room.free_gpus() == {"n0": 6, "n1": 8}  # the node that is not Ready takes no new pods
+            assert await room.free_gpus(taking_new_pods=False) == {"n0": 6, "n1": 8, "down": 8}
+            assert await room.allocatable_gpus() == {"n0": 8, "n1": 8, "down": 8}
+            assert lists["pods"][0]["fieldSelector"] == BOUND and "labelSelector" not in lists["pods"][0]
+            await events["pods"].put({"type": "ADDED", "object": _pod("b", "n1", 4)})
+            await until(lambda: room._used.get("n1") == 4)
+            assert await room.free_gpus() == {"n0": 2 + 4, "n1": 4}
+            await events["pods"].put({"type": "MODIFIED", "object": _pod("b", "n1", 4)})  # a status update: no change
+            changes = room.changes
+            await events["pods"].put({"type": "DELETED", "object": _pod("a", "n0", 2)})
+            await until(lambda: "n0" not in room._used)
+            assert room.changes == changes + 1
+            await events["nodes"].put({"type": "DELETED", "object": _node("n1", 8)})
+            await until(lambda: "n1" not in room._nodes)
+            assert await room.free_gpus() == {"n0": 8}
+            assert len(lists["pods"]) == 1 and len(lists["nodes"]) == 1  # at rest: the watch, no second list
+        finally:
+            for queue in events.values():
+                await queue.put(None)
+            await loops.stop()
+            await room.close()
+            await runner.cleanup()
+
+    asyncio.run(scenario())
