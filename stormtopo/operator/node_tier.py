@@ -17,7 +17,7 @@ from typing import Any
 
 from stormtopo.core.gang import replica_pods, template_spec
 from stormtopo.core.request import is_opted_in
-from stormtopo.core.topology.node_tier import SPARE_EMPTY, plan_node_tier
+from stormtopo.core.topology.node_tier import plan_node_tier
 from stormtopo.kube.client import Api
 from stormtopo.operator.index import Index
 from stormtopo.operator.room import NodeRoom
@@ -100,10 +100,7 @@ class NodeTier:
             list(self.index.hypernodes.values()),
             used,
             taking,
-            replicas=replicas,
-            spare_empty=SPARE_EMPTY,
-            sticky=True,
-            keep_pairs=True,
+            replicas=replicas,  # the rest of the rule: plan_node_tier's defaults
             # The labels labelMatch members read (Index.node_label_keys); none read yet: such members may
             # select any node, and no node they might select is listed.
             node_labels=dict(self.index.nodes) if self.index.nodes else None,

@@ -312,11 +312,6 @@ def test_the_shipped_rule_is_one(go_rule: Path) -> None:
     assert _operator_call(keep_runs=True)["replicas"] == frozenset({(8, 8)})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 33 item 7: plan_node_tier's defaults (spare_empty=0, sticky=False, keep_pairs=False) are not the shipped"
-    " rule; the operator passes SPARE_EMPTY, sticky=True, keep_pairs=True (stormtopo/ is the lead's to change)",
-)
 def test_the_planners_defaults_are_the_shipped_rule(go_rule: Path) -> None:
     planner = _defaults(plan_node_tier)
     shipped = _go(go_rule, ["-shipped"])

@@ -11,9 +11,11 @@ from stormtopo.core.topology.node_tier import (
     NODE_TIER,
     node_hypernode_name,
     node_tier_manifests,
-    plan_node_tier,
     shortlist,
     whole_node_run,
+)
+from stormtopo.core.topology.node_tier import (
+    plan_node_tier as shipped_plan,
 )
 from stormtopo.core.topology.tree import NAME_MAX, is_name
 from stormtopo.core.vocabulary import HYPERNODE_API, NODE_TIER_LABEL
@@ -22,6 +24,12 @@ from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNode
 # Two leaves of four 8-GPU nodes under one spine.
 FABRIC = parse_topology("switches:\n  spine:\n    leaf-a: [a0, a1, a2, a3]\n    leaf-b: [b0, b1, b2, b3]\n")
 FABRIC_SWITCHES = topology_from_hypernodes(hypernode_manifests(FABRIC)).switches
+
+
+def plan_node_tier(*args: Any, **kwargs: Any) -> list[Write]:
+    """The rule without the refinements it ships with (a spare empty node, sticky, pairs kept), which
+    the tests below turn on one at a time."""
+    return shipped_plan(*args, **{"spare_empty": 0, "sticky": False, "keep_pairs": False, **kwargs})
 
 
 def test_an_empty_cluster_lists_only_the_first_node_of_the_first_leaf() -> None:

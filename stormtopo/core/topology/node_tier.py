@@ -239,9 +239,9 @@ def plan_node_tier(
     per_free: int = 2,
     next_empty: int = 1,
     replicas: Collection[Sequence[int]] = (),
-    spare_empty: int = 0,
-    sticky: bool = False,
-    keep_pairs: bool = False,
+    spare_empty: int = SPARE_EMPTY,
+    sticky: bool = True,
+    keep_pairs: bool = True,
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
     named_leaves: Collection[str] = (),
     enabled: bool = True,
@@ -256,6 +256,8 @@ def plan_node_tier(
     `allocatable_gpus`: the nodes that take new pods and their GPUs (a node missing is never listed).
     `replicas`: the GPUs of each pod of one replica of each StormService that asks for a topology
     (`whole_node_run`). `sticky`: the partly used nodes listed now stay listed while they qualify.
+    The defaults are the rule the operator ships (tests/core/test_node_tier_parity.py holds the Go
+    simulator's copy to them).
     `keep_pairs`: see `shortlist`. `node_labels`: every node's labels (what labelMatch members read).
 
     Never a second parent (Volcano refuses a HyperNode with two, and then places no gang with a network
