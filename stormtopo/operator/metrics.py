@@ -35,7 +35,7 @@ TOPOLOGY_VIOLATIONS = Counter("stormtopo_topology_violations_total", "Hard repli
 QUEUE_DEPTH = Gauge("stormtopo_workqueue_depth", "Keys waiting to be reconciled", ["queue"])
 EXPLANATION_SECONDS = Histogram(
     "stormtopo_explanation_seconds",
-    "Time to explain one pending gang in the explanation worker, its free-GPU reading included",
+    "Time to explain one pending gang in the explanation worker (the packing search over the free-room reading)",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
 )
 OBSERVED = Counter(
