@@ -30,7 +30,7 @@ from typing import Any
 from stormtopo.core.explanation import allowed_tier
 from stormtopo.core.gang import gpus_per_pod, replica_pods
 from stormtopo.core.jsonpatch import set_spec_fields
-from stormtopo.core.moves import CLOCK_SKEW, HOLD, annotation_table, recorded_moves, recorded_seconds
+from stormtopo.core.moves import CLOCK_SKEW, HOLD, annotation_table, asks_healing, recorded_moves, recorded_seconds
 from stormtopo.core.moves import MOVE_DEADLINE as MOVE_DEADLINE  # the hold's deadline too (core/moves.py); the shell's import
 from stormtopo.core.packing import DomainFit, domains_at_tier
 from stormtopo.core.placement import is_live
@@ -75,7 +75,7 @@ class Block(StrEnum):
 
 
 def wants_healing(stormservice: Mapping[str, Any]) -> bool:
-    return str(_annotations(stormservice).get(HEAL_ANNOTATION, "")).strip().lower() == "true"
+    return asks_healing(stormservice)
 
 
 def lends_room(stormservice: Mapping[str, Any]) -> bool:

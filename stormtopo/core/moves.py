@@ -33,6 +33,12 @@ CLOCK_SKEW = 60.0  # seconds a move's recorded start may be ahead of the reader'
 MOVE_DEADLINE = 600.0  # seconds: a move not settled by then no longer holds its gang, nor the service's other replicas back
 
 
+def asks_healing(stormservice: Mapping[str, Any] | None) -> bool:
+    """`stormtopo.io/heal: "true"` (any case, spaces around): the service lets stormtopo move its replicas."""
+    annotations = ((stormservice or {}).get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(HEAL_ANNOTATION, "")).strip().lower() == "true"
+
+
 def heal_annotation_problem(stormservice: Mapping[str, Any], scope_is_roleset: bool) -> str | None:
     """What is wrong with a StormService's stormtopo.io/heal annotation, if anything: healing then stays
     off, and the request's Event says why (a typo must not pass for "off" in silence)."""
@@ -78,7 +84,7 @@ def moving_tier(stormservice: Mapping[str, Any] | None, replica: str, now: float
     reconciler and the admission webhook must both pass a clock or neither, or one holds what the
     other lets go and each undoes the other's write."""
     annotations = ((stormservice or {}).get("metadata") or {}).get("annotations") or {}
-    if str(annotations.get(HEAL_ANNOTATION, "")).strip().lower() != "true":
+    if not asks_healing(stormservice):
         return None
     if str(annotations.get(SCOPE, Scope.ROLESET.value)).strip() != Scope.ROLESET.value:
         return None

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stormtopo.core.moves import asks_healing
 from stormtopo.core.request import Scope, is_opted_in
 from stormtopo.core.vocabulary import (
     ADMITTED_LABEL,
@@ -34,6 +35,9 @@ from stormtopo.core.vocabulary import (
     VOLCANO_SCHEDULING,
 )
 
+# The suffix of a listing whose replicas stormtopo may move (evict): the chart's policy
+# <release>-evict-opted-in-only reads it (templates/admission-policy.yaml).
+MOVABLE = "+heal"
 PODS_POLICY = "stormtopo-opted-in-pods"
 PODGROUPS_POLICY = "stormtopo-constrained-podgroups"
 
@@ -45,11 +49,14 @@ def opted_in_key(namespace: str, stormservice: str) -> str:
 
 def listing(stormservice: Mapping[str, Any] | None) -> str | None:
     """What the ConfigMap says of a StormService: its scope while it carries any network-topology
-    annotation, valid or not (an invalid one keeps its last valid constraint), else nothing."""
+    annotation, valid or not (an invalid one keeps its last valid constraint), else nothing; with
+    MOVABLE after it while the service asks for healing (lending room needs healing too): the chart's
+    eviction policy lets stormtopo evict pods of those services only."""
     annotations = ((stormservice or {}).get("metadata") or {}).get("annotations") or {}
     if not is_opted_in(annotations):
         return None
-    return Scope.STORMSERVICE.value if annotations.get(SCOPE, "").strip() == Scope.STORMSERVICE.value else Scope.ROLESET.value
+    scope = Scope.STORMSERVICE.value if annotations.get(SCOPE, "").strip() == Scope.STORMSERVICE.value else Scope.ROLESET.value
+    return scope + MOVABLE if asks_healing(stormservice) else scope
 
 
 def requests_topology_condition() -> str:

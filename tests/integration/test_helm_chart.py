@@ -18,6 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from stormtopo.core.optin import MOVABLE
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
@@ -472,14 +473,17 @@ def test_helm_uninstall_leaves_the_cluster_as_it_was(chart_cluster: tuple[Path, 
 
 def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
     """Issue 34, item 6: RBAC grants pods/eviction cluster-wide; the policy evict-opted-in-only lets the
-    ServiceAccount evict only pods of StormServices in the opted-in list: a kube-system pod, or a pod of
-    a StormService that never opted in, is refused; a replica's pod of a listed one is evicted."""
+    ServiceAccount evict only pods of StormServices listed as healing: a kube-system pod, a pod of a
+    StormService that never opted in, or of one that asks for a topology but not for healing, is refused;
+    a replica's pod of a healing one is evicted."""
     state, admin = chart_cluster
     install(state, render())
     sa = service_account_kubeconfig(state, tmp_path)
     ns = "evict-ns"
     admin.create_namespace(ns)
-    listed = {"metadata": {"name": "stormtopo-opted-in", "namespace": NAMESPACE}, "data": {f"{ns}.svc": "RoleSet"}}
+    # svc heals (its listing marked as core/optin.py writes it); plain asks for a topology but not for healing.
+    data = {f"{ns}.svc": "RoleSet" + MOVABLE, f"{ns}.plain": "RoleSet"}
+    listed = {"metadata": {"name": "stormtopo-opted-in", "namespace": NAMESPACE}, "data": data}
     try:
         admin.core.create_namespaced_config_map(NAMESPACE, listed)
     except client.exceptions.ApiException as exc:
@@ -503,6 +507,7 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
 
     pod("kube-system", "system-critical")
     pod(ns, "other-roleset-abcde-prefill-0")  # a StormService that never opted in
+    pod(ns, "plain-roleset-abcde-prefill-0")  # one that asks for a topology, not for healing
     pod(ns, "svc-roleset-abcde-prefill-0")
     try:
         # In force, and its params (the opted-in list) read: probed with dry runs, which evict nothing.
@@ -514,6 +519,7 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
         refused = evict("kube-system", "system-critical")
         assert "evict-opted-in-only" in refused.stderr, refused.stderr
         assert _refused(evict(ns, "other-roleset-abcde-prefill-0"))
+        assert _refused(evict(ns, "plain-roleset-abcde-prefill-0"))
         allowed = evict(ns, "svc-roleset-abcde-prefill-0")
         assert allowed.returncode == 0, allowed.stderr
         assert admin.core.read_namespaced_pod("system-critical", "kube-system").metadata.deletion_timestamp is None

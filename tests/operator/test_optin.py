@@ -20,14 +20,16 @@ from stormtopo import certificates
 from stormtopo.core.admission import Decision
 from stormtopo.core.optin import (
     CONFIRM_SECONDS,
+    MOVABLE,
     REFUTED_LIMIT,
     UNCONFIRMED_LIMIT,
     Unconfirmed,
     confirmed,
     expiry_verdict,
     gate_listing,
+    listing,
 )
-from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, SCOPE
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE, SCOPE
 from stormtopo.devenv import processes, webhook_auth
 from stormtopo.devenv.cluster import operator_env
 from stormtopo.kube.client import ApiError
@@ -48,6 +50,15 @@ def service(name: str = "svc", annotations: Mapping[str, str] | None = None, ver
 def test_a_create_of_a_new_stormservice_is_listed_with_its_scope() -> None:
     assert gate_listing("CREATE", service(annotations=HARD), None, None)[0] == "RoleSet"
     assert gate_listing("CREATE", service(annotations={**HARD, SCOPE: "StormService"}), None, None)[0] == "StormService"
+
+
+def test_a_service_that_asks_for_healing_is_listed_as_movable_and_only_then() -> None:
+    """The chart's eviction policy lets stormtopo evict pods only of services listed with MOVABLE (issue 34, item 6)."""
+    assert listing(service(annotations={**HARD, HEAL_ANNOTATION: " True "})) == "RoleSet" + MOVABLE
+    assert listing(service(annotations={**HARD, HEAL_ANNOTATION: "false"})) == "RoleSet"
+    assert listing(service(annotations={**HARD, LEND_ROOM_ANNOTATION: "true"})) == "RoleSet"  # lending needs healing
+    assert listing(service(annotations={HEAL_ANNOTATION: "true"})) is None  # no topology request: not listed at all
+    assert MOVABLE == "+heal"  # the chart's policy (templates/admission-policy.yaml) reads it by this text
 
 
 def test_a_create_of_a_stormservice_that_exists_lists_nothing() -> None:
