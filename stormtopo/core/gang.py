@@ -20,24 +20,30 @@ _SUFFIXES: dict[str, Fraction] = {"m": Fraction(1, 1000), **{s: Fraction(10 ** (
 _SUFFIXES.update({f"{s}i": Fraction(2 ** (10 * i)) for i, s in enumerate("KMGTPE", 1)})
 
 
-def gpu_count(value: object) -> int:
-    """A GPU quantity as Kubernetes may write it (8, "8", "8.0", "8000m", "1e1"), rounded up; "" is 0.
+def quantity(value: object) -> Fraction:
+    """A resource quantity as Kubernetes may write it (8, "8", "8.0", "8000m", "1e1", "1Gi"); "" is 0.
     ValueError for anything that is not a quantity."""
     if isinstance(value, bool):
         raise ValueError(f"not a quantity: {value!r}")
     if isinstance(value, int):
-        return value
+        return Fraction(value)
     if isinstance(value, float):
-        return math.ceil(value)
+        return Fraction(value)
     text = str(value).strip()
     if not text:
-        return 0
+        return Fraction(0)
     match = _QUANTITY.fullmatch(text)
     if match is None:
         raise ValueError(f"not a quantity: {value!r}")
     number, exponent, suffix = match.groups()
     scale = Fraction(10) ** int(exponent) if exponent else _SUFFIXES.get(suffix or "", Fraction(1))
-    return math.ceil(Fraction(number) * Fraction(scale))
+    return Fraction(number) * Fraction(scale)
+
+
+def gpu_count(value: object) -> int:
+    """A GPU quantity as Kubernetes may write it (8, "8", "8.0", "8000m", "1e1"), rounded up; "" is 0.
+    ValueError for anything that is not a quantity."""
+    return math.ceil(quantity(value))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from stormtopo.core.gang import gpus_per_pod, replica_pods
 from stormtopo.core.jsonpatch import set_spec_fields
 from stormtopo.core.moves import CLOCK_SKEW, HOLD, annotation_table, asks_healing, recorded_moves, recorded_seconds
 from stormtopo.core.moves import MOVE_DEADLINE as MOVE_DEADLINE  # the hold's deadline too (core/moves.py); the shell's import
+from stormtopo.core.node_fit import NodeFacts, nodes_for, pod_requests
 from stormtopo.core.packing import DomainFit, domains_at_tier
 from stormtopo.core.placement import is_live
 from stormtopo.core.podgroup import desired_fields
@@ -201,6 +202,15 @@ class Replica:
     def nodes(self) -> list[str]:
         return sorted(p["spec"]["nodeName"] for p in self.bound())
 
+    def requests_by_node(self) -> dict[str, dict[str, int]]:
+        """What its bound pods request per node, every resource (milli-units): free again once it moves."""
+        held: dict[str, dict[str, int]] = {}
+        for pod in self.bound():
+            on = held.setdefault(pod["spec"]["nodeName"], {})
+            for resource, amount in pod_requests(pod["spec"]).items():
+                on[resource] = on.get(resource, 0) + amount
+        return held
+
     def gpus_by_node(self) -> dict[str, int]:
         """What its bound pods hold per node: free again once it moves."""
         per_role = gpus_per_pod(self.roleset.get("spec") or {})
@@ -242,6 +252,9 @@ class HealSnapshot:
     # Replicas of other StormServices moving now (moving_in_cluster), and how many may move at once.
     moving_elsewhere: int = 0
     max_moving: int = MAX_MOVING
+    # Per node, what decides whether the replica's pods may run there, GPUs aside (taints, labels, other
+    # resources left; core/node_fit.py); None: not read, every node in `free` counts.
+    nodes: Mapping[str, NodeFacts] | None = None
 
     @property
     def request(self) -> TopologyRequest | None:
@@ -583,12 +596,29 @@ def _making_room(
     if why:
         return Verdict(replica.name, where, Why.MAKE_ROOM, None, why, Block.NO_ROOM)
     blocked, block = _blocked(snapshot, replica, moves, memory, in_flight, lending=True)
-    target = placed_elsewhere(snapshot.topology, snapshot.free, snapshot.allocatable, replica.wanted(), tier, replica.gpus_by_node())
+    target = placed_elsewhere(
+        snapshot.topology, room_for(snapshot, replica), snapshot.allocatable, replica.wanted(), tier, replica.gpus_by_node()
+    )
     if not blocked and not replica.ready():
         blocked, block = "not every pod is ready", Block.NO_ROOM
     elif not blocked and target is None:
         blocked, block = "Volcano might place it back where it is now", Block.NO_ROOM
     return Verdict(replica.name, where, Why.MAKE_ROOM, target, blocked, block)
+
+
+def room_of(free: Mapping[str, int], nodes: Mapping[str, NodeFacts] | None, replica: Replica) -> Mapping[str, int]:
+    """The free GPUs of the nodes the replica's pods could run on (their taints, selectors, affinity and
+    every other resource they request: core/node_fit.py), as Volcano's predicates would leave them.
+    `nodes` None: not read, every node counts."""
+    if nodes is None:
+        return free
+    specs = [p.get("spec") or {} for p in replica.live()]
+    eligible = nodes_for(specs, nodes, replica.requests_by_node())
+    return {node: gpus for node, gpus in free.items() if node in eligible}
+
+
+def room_for(snapshot: HealSnapshot, replica: Replica) -> Mapping[str, int]:
+    return room_of(snapshot.free, snapshot.nodes, replica)
 
 
 def domain_left(topology: Topology, nodes: Sequence[str], tier: int) -> str | None:
@@ -602,7 +632,7 @@ def domain_left(topology: Topology, nodes: Sequence[str], tier: int) -> str | No
 def _room(snapshot: HealSnapshot, replica: Replica, tier: int) -> DomainFit | None:
     """The best domain within `tier` that holds the whole replica now, counting what it holds itself
     as free (it leaves those nodes when it moves); lowest tier first."""
-    free = freed(snapshot.free, replica.gpus_by_node())
+    free = freed(room_for(snapshot, replica), replica.gpus_by_node())
     for t in range(1, tier + 1):
         domains = domains_at_tier(snapshot.topology, free, replica.wanted(), t)
         if domains and domains[0].fits:

@@ -47,6 +47,7 @@ from stormtopo.core.healing import (
     plan_refused,
     resident,
     room_made_for,
+    room_of,
     set_aside,
     wide_replica,
 )
@@ -172,13 +173,14 @@ class Healer:
         residents = await self._residents({key for key, _, _ in self._no_room}, now)
         if not residents:
             return
-        allocatable = await self.room.allocatable_gpus()
+        allocatable, nodes = await self.room.allocatable_gpus(), await self.room.node_facts()
         topology = self.index.topology()
         for key, replica, tier in waiting[:WIDE_TRIED]:
             skip: set[str] = set()
             for _ in range(DONORS_TRIED):
+                free = room_of(self._free, nodes, replica)  # where the wide replica's pods could run at all
                 room = await asyncio.to_thread(
-                    room_by_moving, replica.wanted(), replica.gpus_by_node(), tier, residents, self._free, allocatable, topology, skip
+                    room_by_moving, replica.wanted(), replica.gpus_by_node(), tier, residents, free, allocatable, topology, skip
                 )
                 if room is None:
                     break
@@ -242,6 +244,7 @@ class Healer:
             allocatable or {},
             moving_elsewhere=self._moving_elsewhere(key),
             max_moving=self.max_moving,
+            nodes=await self.room.node_facts(),
         )
 
     def _moving_elsewhere(self, key: Key) -> int:

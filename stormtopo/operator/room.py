@@ -8,8 +8,9 @@ and nodes), then follows the watch; an idle cluster costs a watch, not a list. I
 someone asks (the leader, with the node tier or healing on), so a follower or an operator with neither
 never reads a pod of another tenant.
 
-Only a pod's GPU requests are kept (the node and a count, for pods that request GPUs): a cluster's other
-pods cost an event each, not memory.
+Per bound pod it keeps its node, its GPUs and its other requests (shared between pods that request the
+same); per node its GPUs, labels, taints and allocatable resources: enough to say where a replica's pods
+could run at all (core/node_fit.py), not the pods themselves.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stormtopo.core.gang import gpu_count
+from stormtopo.core.node_fit import NodeFacts, milli, pod_requests
 from stormtopo.core.packing import takes_new_pods
 from stormtopo.core.vocabulary import GPU
 from stormtopo.kube.client import Api
@@ -34,13 +36,17 @@ BOUND = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"  # pods t
 FIRST_READING_TIMEOUT = 120.0  # seconds a caller waits for the first list (the API server away): then its loop fails and retries
 
 
+def _bound(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName")) and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
 def pod_gpus(pod: Mapping[str, Any], resource: str = GPU) -> tuple[str, int] | None:
     """(node, GPUs requested) of a pod that holds GPUs on a node, None for one that holds none (not
     bound, finished, or asking for no GPUs). Containers only, as Api.free_gpus counts."""
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    node = spec.get("nodeName")
-    if not node or status.get("phase") in ("Succeeded", "Failed"):
+    if not _bound(pod):
         return None
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName")
     gpus = 0
     for container in spec.get("containers") or []:
         try:
@@ -48,6 +54,14 @@ def pod_gpus(pod: Mapping[str, Any], resource: str = GPU) -> tuple[str, int] | N
         except ValueError:
             continue  # the API server admits only quantities; one unreadable request counts as none
     return (str(node), gpus) if gpus else None
+
+
+def node_facts(node: Mapping[str, Any]) -> tuple[Mapping[str, str], tuple[Mapping[str, str], ...], Mapping[str, int]]:
+    """(labels, taints, allocatable per resource in milli-units)."""
+    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    taints = tuple({k: str(v) for k, v in t.items() if k in ("key", "value", "effect")} for t in spec.get("taints") or [])
+    allocatable = {resource: milli(value) for resource, value in (status.get("allocatable") or {}).items()}
+    return dict(meta.get("labels") or {}), taints, allocatable
 
 
 def node_gpus(node: Mapping[str, Any], resource: str = GPU) -> tuple[int, bool]:
@@ -69,6 +83,11 @@ class NodeRoom:
     _pods: dict[Key, tuple[str, int]] = field(default_factory=dict)  # bound pods holding GPUs: (node, GPUs)
     _nodes: dict[str, tuple[int, bool]] = field(default_factory=dict)  # (allocatable GPUs, takes new pods)
     _used: dict[str, int] = field(default_factory=dict)  # GPUs held per node, the sum of _pods
+    # Every bound pod's node and other requests; per node its labels, taints, allocatable, and what pods request.
+    _holds: dict[Key, tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=dict)
+    _shared: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    _facts: dict[str, tuple[Mapping[str, str], tuple[Mapping[str, str], ...], Mapping[str, int]]] = field(default_factory=dict)
+    _requested: dict[str, dict[str, int]] = field(default_factory=dict)
     changes: int = 0  # counts every change of the reading: a plan over an unchanged reading need not be made again
     _streams: WatchStreams | None = None
     _listed: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -101,6 +120,17 @@ class NodeRoom:
         await self._ready()
         return {node: gpus - self._used.get(node, 0) for node, (gpus, taking) in self._nodes.items() if taking or not taking_new_pods}
 
+    async def node_facts(self) -> dict[str, NodeFacts]:
+        """Per node, what decides whether a pod may run there, GPUs aside: labels, taints, and what is left
+        of each resource once every bound pod's requests are taken (core/node_fit.py)."""
+        await self._ready()
+        out = {}
+        for name, (labels, taints, allocatable) in self._facts.items():
+            requested = self._requested.get(name, {})
+            left = {resource: amount - requested.get(resource, 0) for resource, amount in allocatable.items()}
+            out[name] = NodeFacts(labels, taints, left)
+        return out
+
     async def allocatable_gpus(self) -> dict[str, int]:
         """Allocatable GPUs of every node (what a HyperNode's binpack divides by)."""
         await self._ready()
@@ -108,15 +138,39 @@ class NodeRoom:
 
     def _on_pod(self, event: str | None, pod: dict[str, Any]) -> None:
         key = key_of(pod)
-        self._set_pod(key, None if event == "DELETED" else pod_gpus(pod, self.resource))
+        gone = event == "DELETED"
+        gpus_changed = self._set_pod(key, None if gone else pod_gpus(pod, self.resource))
+        if self._set_requests(key, None if gone else pod) or gpus_changed:
+            self.changes += 1
 
     def _pod_gone(self, key: Key) -> None:
-        self._set_pod(key, None)
+        if self._set_pod(key, None) | self._set_requests(key, None):
+            self.changes += 1
 
-    def _set_pod(self, key: Key, holds: tuple[str, int] | None) -> None:
+    def _set_requests(self, key: Key, pod: Mapping[str, Any] | None) -> bool:
+        holds = None
+        if pod is not None and _bound(pod):
+            asked = tuple(sorted(pod_requests(pod.get("spec") or {}).items()))
+            holds = (str(pod["spec"]["nodeName"]), self._shared.setdefault(asked, asked))
+        was = self._holds.get(key)
+        if was == holds:
+            return False
+        if was is not None:
+            on = self._requested.get(was[0], {})
+            for resource, amount in was[1]:
+                on[resource] = on.get(resource, 0) - amount
+            del self._holds[key]
+        if holds is not None:
+            self._holds[key] = holds
+            on = self._requested.setdefault(holds[0], {})
+            for resource, amount in holds[1]:
+                on[resource] = on.get(resource, 0) + amount
+        return True
+
+    def _set_pod(self, key: Key, holds: tuple[str, int] | None) -> bool:
         was = self._pods.get(key)
         if was == holds:
-            return
+            return False
         if was is not None:
             node, gpus = was
             left = self._used.get(node, 0) - gpus
@@ -128,19 +182,20 @@ class NodeRoom:
         if holds is not None:
             self._pods[key] = holds
             self._used[holds[0]] = self._used.get(holds[0], 0) + holds[1]
-        self.changes += 1
+        return True
 
     def _on_node(self, event: str | None, node: dict[str, Any]) -> None:
         name = str((node.get("metadata") or {}).get("name"))
         if event == "DELETED":
             self._node_gone(("", name))
             return
-        reading = node_gpus(node, self.resource)
-        if self._nodes.get(name) != reading:
-            self._nodes[name] = reading
+        reading, facts = node_gpus(node, self.resource), node_facts(node)
+        if self._nodes.get(name) != reading or self._facts.get(name) != facts:
+            self._nodes[name], self._facts[name] = reading, facts
             self.changes += 1
 
     def _node_gone(self, key: Key) -> None:
+        self._facts.pop(key[1], None)
         if self._nodes.pop(key[1], None) is not None:
             self.changes += 1
 

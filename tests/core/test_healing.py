@@ -158,6 +158,27 @@ def test_its_own_gpus_count_as_free_where_it_leaves() -> None:
     assert plan.moving is not None and plan.moving.target is not None and plan.moving.target.free_gpus == 16
 
 
+def test_a_leaf_counts_as_room_only_where_the_pods_could_run() -> None:
+    """Issue 34, item 4: node0 frees up, but a taint the pods do not tolerate, a CPU it lacks or a selector
+    it fails keeps them off it: s0 is no room, nothing moves; a toleration makes it room again."""
+    import dataclasses
+
+    from stormtopo.core.node_fit import NodeFacts, milli
+
+    plain = {n: NodeFacts({"gpu": "a100"}, (), {"cpu": milli("64")}) for n in TOPOLOGY.nodes}
+    assert plan_healing(dataclasses.replace(snap(service(SOFT1), WIDE), nodes=plain), HealMemory()).moving is not None
+    taint = {"key": "maintenance", "value": "true", "effect": "NoSchedule"}
+    for node0 in (NodeFacts({"gpu": "a100"}, (taint,), {"cpu": milli("64")}), NodeFacts({"gpu": "a100"}, (), {"cpu": 0})):
+        nodes = {**plain, "node0": node0}
+        pods = tuple({**p, "spec": {**p["spec"], "containers": [{"resources": {"requests": {"cpu": "1"}}}]}} for p in WIDE.pods)
+        wide = Replica(WIDE.roleset, pods)
+        plan = plan_healing(dataclasses.replace(snap(service(SOFT1), wide), nodes=nodes), HealMemory())
+        assert plan.moving is None and "no domain within tier 1 has room" in plan.verdicts[0].blocked
+    tolerant = tuple({**p, "spec": {**p["spec"], "tolerations": [{"key": "maintenance", "operator": "Exists"}]}} for p in WIDE.pods)
+    nodes = {**plain, "node0": NodeFacts({"gpu": "a100"}, (taint,), {"cpu": milli("64")})}
+    assert plan_healing(dataclasses.replace(snap(service(SOFT1), Replica(WIDE.roleset, tolerant)), nodes=nodes), HealMemory()).moving
+
+
 def test_a_hard_replica_in_violation_moves_back_within_its_tier() -> None:
     plan = plan_healing(snap(service(HARD1), WIDE), HealMemory())
     assert plan.moving is not None and plan.moving.why is Why.VIOLATION

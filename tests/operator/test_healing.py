@@ -177,6 +177,9 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
         async def allocatable_gpus(self) -> dict[str, int]:
             return {}
 
+        async def node_facts(self) -> None:
+            return None  # not read: every node counts (core/healing.py room_of)
+
     class Probe(Healer):
         async def _residents(self, waiting: set[Any], now: float) -> list[Any]:
             return [

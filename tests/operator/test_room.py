@@ -28,7 +28,8 @@ def _pod(name: str, node: str, gpus: int, phase: str = "Running") -> dict[str, A
 def _node(name: str, gpus: int, ready: str = "True") -> dict[str, Any]:
     return {
         "metadata": {"name": name, "resourceVersion": "1"},
-        "status": {"allocatable": {GPU: str(gpus)}, "conditions": [{"type": "Ready", "status": ready}]},
+        "spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]},
+        "status": {"allocatable": {GPU: str(gpus), "cpu": "4"}, "conditions": [{"type": "Ready", "status": ready}]},
     }
 
 
@@ -89,6 +90,9 @@ def test_lists_once_then_follows_the_watch(tmp_path: Path) -> None:
             assert await room.free_gpus() == {"n0": 6, "n1": 8}  # the node that is not Ready takes no new pods
             assert await room.free_gpus(taking_new_pods=False) == {"n0": 6, "n1": 8, "down": 8}
             assert await room.allocatable_gpus() == {"n0": 8, "n1": 8, "down": 8}
+            facts = await room.node_facts()  # every pod's requests count, GPUs or not
+            assert facts["n1"].left["cpu"] == 3000 and facts["n0"].left["cpu"] == 3000 and facts["down"].left["cpu"] == 4000
+            assert facts["n0"].taints == ({"key": "gpu", "value": "yes", "effect": "NoSchedule"},)
             assert lists["pods"][0]["fieldSelector"] == BOUND and "labelSelector" not in lists["pods"][0]
             await events["pods"].put({"type": "ADDED", "object": _pod("b", "n1", 4)})
             await until(lambda: room._used.get("n1") == 4)
@@ -98,6 +102,7 @@ def test_lists_once_then_follows_the_watch(tmp_path: Path) -> None:
             await events["pods"].put({"type": "DELETED", "object": _pod("a", "n0", 2)})
             await until(lambda: "n0" not in room._used)
             assert room.changes == changes + 1
+            assert (await room.node_facts())["n0"].left["cpu"] == 4000
             await events["nodes"].put({"type": "DELETED", "object": _node("n1", 8)})
             await until(lambda: "n1" not in room._nodes)
             assert await room.free_gpus() == {"n0": 8}
