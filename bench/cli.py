@@ -133,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
         "scale-nodes.json",
     )
     p = add(
+        "idle-lists",
+        run_idle_lists,
+        "the node tier at rest: the operator's list calls on pods and nodes per idle minute (audit log), beside 2,000 pods.",
+        "idle-lists.json",
+    )
+    p.add_argument("--operator-source", metavar="DIR", help="run the operator from this checkout (PYTHONPATH), e.g. an older commit")
+    p.add_argument("--others", type=int, default=2000, help="bound pods of another tenant (default 2000)")
+    p = add(
         "foreign-pods", run_foreign_pods, "the operator restarted beside 10,000 pods it never admitted, against none.", "foreign-pods.json"
     )
     p.add_argument("--operator-source", metavar="DIR", help="run the operator from this checkout (PYTHONPATH), e.g. an older commit")
@@ -293,6 +301,17 @@ def run_foreign_pods(args: argparse.Namespace, command: str) -> int:
         os.environ["PYTHONPATH"] = str(Path(args.operator_source).resolve())
     result = foreign_pods.run()
     record.write(args.name or ("foreign-pods-before" if args.operator_source else "foreign-pods"), command, {"foreign_pods": result})
+    _print_json(result)
+    return 0
+
+
+def run_idle_lists(args: argparse.Namespace, command: str) -> int:
+    from bench import idle_lists
+
+    if args.operator_source:  # the operator processes inherit it; this process keeps its own modules
+        os.environ["PYTHONPATH"] = str(Path(args.operator_source).resolve())
+    result = {**idle_lists.run(args.others), "operator_source": args.operator_source or ""}
+    record.write(args.name or ("idle-lists-before" if args.operator_source else "idle-lists"), command, {"idle_lists": result})
     _print_json(result)
     return 0
 
