@@ -32,6 +32,7 @@ OTHERS = "others"
 HARD = {MODE: "hard", HIGHEST_TIER: "1"}
 SETTLE = 45.0  # seconds after the last bind: kwok's status updates and the operator's first passes end
 OPERATOR_AGENTS = ("stormtopo-operator", "kopf/")
+KINDS = [f"{r}_{k}" for r in ("pods", "nodes") for k in ("full_lists", "selected_lists", "watches")]
 
 
 def other_tenant_pod(name: str, node: str) -> dict[str, Any]:
@@ -62,7 +63,7 @@ def requests_of_operator(audit_log: Path, since: float) -> list[dict[str, Any]]:
 
 def classify(entries: list[dict[str, Any]]) -> dict[str, int]:
     """Counts by kind of call: full/selected lists and watches of pods and nodes, and everything else."""
-    counts: dict[str, int] = {}
+    counts = dict.fromkeys(KINDS, 0)  # what is never called is said as 0
     for entry in entries:
         resource = (entry.get("objectRef") or {}).get("resource", "")
         verb = entry.get("verb", "")

@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "packing",
     "node-tier",
     "idle",
+    "idle-lists",
     "kvflow",
     "hindsight",
     "sim",
