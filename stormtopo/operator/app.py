@@ -186,11 +186,12 @@ async def run(config: OperatorConfig) -> None:
             leading=lambda: leadership.is_leader,
             keep_runs=config.node_tier_keep_runs,
             named_leaves=frozenset(config.node_tier_leaf),
+            report=events,
         )
         loops.every("node-tier", NODE_TIER_INTERVAL, node_tier.check, wake=bound_or_gone, min_gap=NODE_TIER_MIN_GAP)
     else:
         # Turned off (or never on): what an earlier run's node tier wrote is put back, once, by the leader.
-        node_tier_off = NodeTier(index, api, room, leading=lambda: leadership.is_leader, enabled=False)
+        node_tier_off = NodeTier(index, api, room, leading=lambda: leadership.is_leader, enabled=False, report=events)
         loops.every("node-tier", NODE_TIER_OFF_INTERVAL, node_tier_off.check)
     ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops)
     ready = asyncio.Event()

@@ -18,10 +18,12 @@ from typing import Any
 from stormtopo.core.gang import replica_pods, template_spec
 from stormtopo.core.request import is_opted_in
 from stormtopo.core.topology.node_tier import plan_node_tier
+from stormtopo.core.writes import Write
 from stormtopo.kube.client import Api
+from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index
 from stormtopo.operator.room import NodeRoom
-from stormtopo.operator.writer import execute_hypernode_writes
+from stormtopo.operator.writer import HyperNodeWritesRefused, execute_hypernode_writes
 
 log = logging.getLogger("stormtopo.node_tier")
 NODE_TIER_INTERVAL = 1.0  # seconds between two passes unless woken; a pass with nothing new reuses the cached readings
@@ -62,6 +64,8 @@ class NodeTier:
     # False: the node tier is off (not asked for): every leaf gets its nodes back and the tier-0
     # HyperNodes go, once, from the watched HyperNodes alone (no GPU reading); then nothing to write.
     enabled: bool = True
+    report: Report | None = None  # a refused write is said on its HyperNode, once per kind of refusal
+    _refused: dict[str, str] = field(default_factory=dict)  # HyperNode -> the kind of refusal last said
     _planned: tuple[object, ...] | None = None  # what the last pass planned over
     # (namespace, name, generation) of the StormServices whose template gave no GPU count, said once each;
     # kept only for those the index still has.
@@ -77,7 +81,7 @@ class NodeTier:
                 writes = plan_node_tier(list(self.index.hypernodes.values()), {}, {}, enabled=False)
                 if writes:
                     log.info("node tier off: %d HyperNode writes put the leaves back", len(writes))
-                    await execute_hypernode_writes(self.api, writes)
+                    await self._execute(writes)
                 self._planned = changes
             return
         # Nodes that take new pods only: no other node is listed.
@@ -108,5 +112,22 @@ class NodeTier:
         )
         if writes:
             log.info("node tier: %d HyperNode writes", len(writes))
-            await execute_hypernode_writes(self.api, writes)
+            await self._execute(writes)
         self._planned = planned  # only once written: a failed write is planned again at the next pass
+
+    async def _execute(self, writes: list[Write]) -> None:
+        """Carry out the writes; a refused one is said as a Warning Event on its HyperNode (where an
+        admin looks: `kubectl describe hypernode`), once per kind of refusal, then left to the loop."""
+        try:
+            await execute_hypernode_writes(self.api, writes)
+        except HyperNodeWritesRefused as refused:
+            said = {}
+            for name, kind, why in refused.refusals:
+                said[name] = kind
+                if self._refused.get(name) != kind and self.report is not None:
+                    hypernode = self.index.hypernodes.get(name) or {"metadata": {"name": name}}
+                    body = {"apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode", **hypernode}
+                    self.report(body, "Warning", "NodeTierWriteRefused", f"the node tier's {kind} of HyperNode {name} was refused: {why}")
+            self._refused = said
+            raise
+        self._refused = {}

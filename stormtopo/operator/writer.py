@@ -96,7 +96,12 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
 
 
 class HyperNodeWritesRefused(RuntimeError):
-    """Some of a pass's HyperNode writes were refused; the others were carried out."""
+    """Some of a pass's HyperNode writes were refused; the others were carried out. `refusals`: per
+    refused write, (HyperNode, what was refused: verb and status, the API server's words)."""
+
+    def __init__(self, message: str, refusals: Sequence[tuple[str, str, str]] = ()) -> None:
+        super().__init__(message)
+        self.refusals = tuple(refusals)
 
 
 async def execute_hypernode_writes(api: Api, writes: Sequence[Write]) -> None:
@@ -106,6 +111,7 @@ async def execute_hypernode_writes(api: Api, writes: Sequence[Write]) -> None:
     leaf's write failed, no tier-0 HyperNode is deleted (the leaf may still name it; the next pass plans
     the deletes again). Raises HyperNodeWritesRefused once all were tried, for the loop to record."""
     refused: list[str] = []
+    refusals: list[tuple[str, str, str]] = []
     leaf_failed = False
     missing: set[str] = set()  # tier-0 HyperNodes whose create failed: no leaf is pointed at them
     for write in writes:
@@ -118,7 +124,9 @@ async def execute_hypernode_writes(api: Api, writes: Sequence[Write]) -> None:
             if isinstance(write, CreateHyperNode):
                 if not await _create_ours(api, write):
                     missing.add(_hypernode_name(write))
-                    refused.append(f"create {_hypernode_name(write)}: a HyperNode of that name exists and is not the node tier's")
+                    why = "a HyperNode of that name exists and is not the node tier's"
+                    refused.append(f"create {_hypernode_name(write)}: {why}")
+                    refusals.append((_hypernode_name(write), "create (exists)", why))
                 continue
             await execute(api, [write])
         except Conflict:
@@ -131,9 +139,10 @@ async def execute_hypernode_writes(api: Api, writes: Sequence[Write]) -> None:
             verb = _HYPERNODE_VERBS[type(write)]
             metrics.NODE_TIER_WRITES_REFUSED.labels(verb).inc()
             refused.append(f"{verb} {_hypernode_name(write)}: {exc}")
+            refusals.append((_hypernode_name(write), f"{verb} ({getattr(exc, 'status', type(exc).__name__)})", str(exc)[:300]))
     if refused:
         more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
-        raise HyperNodeWritesRefused(f"{len(refused)} of {len(writes)} HyperNode writes refused: {refused[0][:300]}{more}")
+        raise HyperNodeWritesRefused(f"{len(refused)} of {len(writes)} HyperNode writes refused: {refused[0][:300]}{more}", refusals)
 
 
 async def _create_ours(api: Api, write: CreateHyperNode) -> bool:

@@ -17,6 +17,7 @@ from stormtopo.operator import metrics
 from stormtopo.operator.index import Index
 from stormtopo.operator.node_tier import NodeTier
 from stormtopo.operator.room import NodeRoom
+from stormtopo.operator.writer import HyperNodeWritesRefused
 
 FABRIC = parse_topology("switches:\n  spine:\n    leaf-a: [a0, a1]\n    leaf-b: [b0, b1]\n")
 PREFIX = "/apis/topology.volcano.sh/v1alpha1/hypernodes"
@@ -280,3 +281,37 @@ def test_a_leaf_is_not_pointed_at_a_tier0_hypernode_whose_create_failed() -> Non
         with pytest.raises(HyperNodeWritesRefused):
             asyncio.run(execute_hypernode_writes(api, plan("n0.node")))  # type: ignore[arg-type]
         assert ("update", "s0") not in api.calls and ("update", "s1") in api.calls  # the other leaf goes on
+
+
+def test_a_refused_write_is_a_warning_on_its_hypernode_once_per_kind_of_refusal() -> None:
+    """Issue 33, item 6: refused writes are visible (an Event where an object fits), not fatal."""
+
+    class Refusing(HyperNodesApi):
+        def request(self, method: str, path: str, body: Any = None, content_type: str = "", **_: str) -> Any:
+            if method == "POST":
+                raise ApiError.of(403, method, path, 'denied by ValidatingAdmissionPolicy "team-hypernodes"')
+            return super().request(method, path, body, content_type)
+
+    api = Refusing(hypernode_manifests(FABRIC))
+    index = Index(api)
+    for h in api.stored.values():
+        index.observe("HyperNode", None, h)
+    said: list[tuple[str, str, str, str]] = []
+    tier = NodeTier(
+        index,
+        api,
+        Readings({"a0": 3}),
+        report=lambda obj, kind, reason, message: said.append((obj["metadata"]["name"], kind, reason, message)),
+    )
+    for _ in range(3):  # the loop runs it again and again while the policy refuses
+        try:
+            asyncio.run(tier.check())
+        except HyperNodeWritesRefused:
+            pass
+        else:
+            raise AssertionError("the refusal must reach the loop (its metric and log)")
+    assert [(name, kind, reason) for name, kind, reason, _ in said] == [
+        ("a0.node", "Warning", "NodeTierWriteRefused"),
+        ("a1.node", "Warning", "NodeTierWriteRefused"),
+    ]
+    assert "team-hypernodes" in said[0][3] and "create (403)" in said[0][3]
