@@ -45,6 +45,10 @@ from stormtopo.core.writes import EvictPod, PatchPodGroup, PostEvent, RecordMove
 
 COOLDOWN = 900.0  # seconds: a replica is not moved again within this of its last move
 COOLDOWN_MAX = 4 * 3600.0  # the cool-down doubles after each move that did not land within the tier, up to this
+# Moves in a row that did not land within the tier, after which a replica is not moved again (one Event says
+# so): what keeps a replica from landing is not what its move can change (issue 34, item 4). A rollout's
+# new replicas start afresh.
+GIVE_UP_AFTER = 3
 BACKOFF = 30.0  # seconds after a refused eviction before the replica is tried again; doubled per refusal
 BACKOFF_MAX = 1800.0
 ROOM_SEARCHES = 4  # packing searches per service and pass (each up to ~20 ms; they run on the operator's loop)
@@ -73,6 +77,7 @@ class Block(StrEnum):
     ROLLOUT = "rollout"
     UNCHECKED = "not-checked"  # wide and free to move, but this pass searched enough others
     CLUSTER_CAP = "cluster-cap"  # as many replicas are moving in the cluster as may at once
+    GAVE_UP = "gave-up"  # its last GIVE_UP_AFTER moves did not land within its tier
 
 
 def wants_healing(stormservice: Mapping[str, Any]) -> bool:
@@ -442,6 +447,7 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
         settled.append(outcome)
         cooldown = _cooldown(move, snapshot.cooldown)
         done = {**move, "done": True, "landed": outcome.landed, "unavailableSeconds": outcome.unavailable}
+        done["misses"] = 0 if outcome.landed else _misses(move) + 1
         done["cooldown"] = snapshot.cooldown if outcome.landed else min(COOLDOWN_MAX, 2 * cooldown)  # a move that did not help waits longer
         writes.append(_record(snapshot, replica.name, done))
         writes += _hold(snapshot, request, replica.name, None)  # the gang back to what its request asks
@@ -463,6 +469,7 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
             "reason": str(moving.why),
             "pods": sorted(str(p["metadata"].get("uid", "")) for p in replica.live()),
             "cooldown": _cooldown(moves.get(moving.replica) or {}, snapshot.cooldown),
+            "misses": _misses(moves.get(moving.replica) or {}),  # moves in a row that did not land, before this one
         }
         if moving.why is Why.MAKE_ROOM and snapshot.make_room is not None:
             record["for"] = snapshot.make_room.wide
@@ -659,6 +666,12 @@ def _blocked(
             Block.CLUSTER_CAP,
         )
     move = moves.get(replica.name) or {}
+    if _misses(move) >= GIVE_UP_AFTER:
+        return (
+            f"its last {_misses(move)} moves did not land within its tier (Volcano placed it wide again each time); "
+            "stormtopo does not move it again (a rollout's new replicas start afresh)",
+            Block.GAVE_UP,
+        )
     last = _seconds(move.get("at"))
     cooldown = _cooldown(move, snapshot.cooldown)
     if last is not None and snapshot.now - last < cooldown:
@@ -836,6 +849,11 @@ def _hold(snapshot: HealSnapshot, request: TopologyRequest | None, replica: str,
     return [PatchPodGroup(namespace, podgroup["metadata"]["name"], ops)] if ops else []
 
 
+def _misses(move: Mapping[str, Any]) -> int:
+    value = move.get("misses")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _cooldown(move: Mapping[str, Any], default: float) -> float:
     value = move.get("cooldown")
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else default
@@ -864,7 +882,7 @@ def _moving(verdict: Verdict, request: TopologyRequest, tier: int, replica: Repl
 
 
 def _not_moved(verdict: Verdict, request: TopologyRequest, tier: int, make_room: MakeRoom | None) -> Say:
-    kind = "Warning" if verdict.block in (Block.DISRUPTION_BUDGET, Block.BACKOFF) else "Normal"
+    kind = "Warning" if verdict.block in (Block.DISRUPTION_BUDGET, Block.BACKOFF, Block.GAVE_UP) else "Normal"
     return Say(
         kind,
         "ReplicaNotMoved",

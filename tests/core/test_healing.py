@@ -359,6 +359,33 @@ def test_a_gang_still_unplaced_after_the_hold_is_let_go_soft_and_its_cool_down_d
     assert record["done"] is True and record["cooldown"] == 2 * 900
 
 
+def test_after_three_moves_that_did_not_land_it_is_given_up_with_one_warning() -> None:
+    """Issue 34, item 4: not a restart every 4 hours forever. The misses count across moves (each new
+    record carries them), a landed move starts afresh, and the third miss stops the moves."""
+    from stormtopo.core.healing import GIVE_UP_AFTER, Block
+
+    svc = service(SOFT1)
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps(
+        {"svc-a": {"at": stamp(NOW - 130), "toTier": 1, "pods": ["gone"], "misses": GIVE_UP_AFTER - 1}}
+    )
+    pending = replace(
+        replica("svc-a", None, None), pods=tuple({**p, "spec": {}} for p in replica("svc-a", "node0", "node1", created=NOW - 120).pods)
+    )
+    record = next(w for w in plan_healing(snap(svc, pending), HealMemory()).writes if isinstance(w, RecordMove)).record
+    assert record["misses"] == GIVE_UP_AFTER and not record["landed"]
+    # Long after its cool-down, still wide with room in s0: given up, said once as a Warning.
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {**record, "at": stamp(NOW - 10 * 3600)}})
+    plan = plan_healing(snap(svc, WIDE), HealMemory())
+    assert plan.moving is None and evictions(plan) == [] and plan.verdicts[0].block is Block.GAVE_UP
+    (warning,) = [w for w in plan.writes if isinstance(w, PostEvent)]
+    assert warning.say.type == "Warning" and "did not land" in warning.say.message
+    assert [w for w in plan_healing(snap(svc, WIDE), plan.memory).writes if isinstance(w, PostEvent)] == []  # once
+    # One miss short of it: it moves, and the new record carries the misses so far.
+    svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {**record, "misses": 1, "at": stamp(NOW - 10 * 3600)}})
+    moving = plan_healing(snap(svc, WIDE), HealMemory())
+    assert moving.moving is not None and next(w for w in moving.writes if isinstance(w, RecordMove)).record["misses"] == 1
+
+
 def test_a_refused_eviction_backs_off_30_s_not_the_whole_cool_down() -> None:
     svc = service(SOFT1)
     snapshot = snap(svc, WIDE)
