@@ -30,6 +30,7 @@ from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.room import Resident, room_by_moving
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, PLACEMENT_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.kube.client import Api, ApiError
+from stormtopo.operator.room import NodeRoom
 
 __all__ = ["NotFound", "heal_report", "render", "run"]
 
@@ -52,8 +53,9 @@ def heal_snapshot(api: Api, namespace: str, name: str) -> HealSnapshot:
         Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))
         for r in sorted(rolesets, key=lambda r: r["metadata"]["name"])
     )
-    free = api.free_gpus(taking_new_pods=True)
-    return HealSnapshot(stormservice, replicas, tiers, topology, free, tuple(api.disruption_budgets(namespace)), time.time())
+    room = NodeRoom.read(api)  # the operator's reading of room, GPUs and where pods could run at all
+    budgets = tuple(api.disruption_budgets(namespace))
+    return HealSnapshot(stormservice, replicas, tiers, topology, room.free_now(), budgets, time.time(), nodes=room.facts_now())
 
 
 def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:

@@ -114,16 +114,35 @@ class NodeRoom:
             for listed in self._listed.values():
                 await listed.wait()
 
+    @classmethod
+    def read(cls, api: Api) -> NodeRoom:
+        """One reading now, by list, no watch: for a command (`stormtopo heal --dry-run`) to judge
+        room as the operator does."""
+        room = cls(api, Loops())
+        for page in api.pages("/api/v1/nodes"):
+            for node in page:
+                room._on_node(None, node)
+        for page in api.pages("/api/v1/pods", fieldSelector=BOUND):
+            for pod in page:
+                room._on_pod(None, pod)
+        return room
+
     async def free_gpus(self, taking_new_pods: bool = True) -> dict[str, int]:
         """Free GPUs of every node (`taking_new_pods`: only those a new pod may go to), current to the
         last event the watch delivered."""
         await self._ready()
+        return self.free_now(taking_new_pods)
+
+    def free_now(self, taking_new_pods: bool = True) -> dict[str, int]:
         return {node: gpus - self._used.get(node, 0) for node, (gpus, taking) in self._nodes.items() if taking or not taking_new_pods}
 
     async def node_facts(self) -> dict[str, NodeFacts]:
         """Per node, what decides whether a pod may run there, GPUs aside: labels, taints, and what is left
         of each resource once every bound pod's requests are taken (core/node_fit.py)."""
         await self._ready()
+        return self.facts_now()
+
+    def facts_now(self) -> dict[str, NodeFacts]:
         out = {}
         for name, (labels, taints, allocatable) in self._facts.items():
             requested = self._requested.get(name, {})
