@@ -14,8 +14,9 @@ def cluster_tiers(hypernodes: Iterable[Mapping[str, Any]], podgroup_schema: Mapp
     specs = [h.get("spec") or {} for h in hypernodes]
     tiers = frozenset(t for t in (int(s.get("tier", 0)) for s in specs) if t > 0)
     names = frozenset(str(s["tierName"]) for s in specs if s.get("tierName"))
+    tier_of_name = tuple(sorted({(str(s["tierName"]), int(s.get("tier", 0))) for s in specs if s.get("tierName")}))
     if podgroup_schema is None:
-        return ClusterTiers(tiers, names)
+        return ClusterTiers(tiers, names, tier_of_name=tier_of_name)
     spec = ((podgroup_schema.get("properties") or {}).get("spec") or {}).get("properties") or {}
     topology = (spec.get("networkTopology") or {}).get("properties") or {}
     defaults = tuple(sorted((field, prop["default"]) for field, prop in topology.items() if "default" in (prop or {})))
@@ -26,4 +27,5 @@ def cluster_tiers(hypernodes: Iterable[Mapping[str, Any]], podgroup_schema: Mapp
         has_network_topology="networkTopology" in spec,  # Volcano >= 1.12
         has_tier_name_field="highestTierName" in topology,  # Volcano >= 1.14
         has_subgroup_policy="subGroupPolicy" in spec,  # Volcano >= 1.14
+        tier_of_name=tier_of_name,
     )

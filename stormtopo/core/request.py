@@ -8,6 +8,8 @@ and stormtopo's for what Volcano has no word for:
   stormtopo.io/topology-scope                  RoleSet (default: one gang per replica) | StormService
   stormtopo.io/replica-highest-tier            with scope StormService: each replica within this tier
   stormtopo.io/replica-highest-tier-name       ... or within this tier name (needs subGroupPolicy)
+  stormtopo.io/replica-spread-tier             with scope RoleSet: replicas in different HyperNodes of this tier
+  stormtopo.io/replica-spread-tier-name        ... or of this tier name (core/spread.py)
 
 A StormService with none of these annotations is not opted in. Parsing is pure: the tiers a cluster
 has are passed in, so "a tier deeper than any HyperNode" is caught here too.
@@ -27,6 +29,8 @@ from stormtopo.core.vocabulary import (
     MODE,
     REPLICA_HIGHEST_TIER,
     REPLICA_HIGHEST_TIER_NAME,
+    REPLICA_SPREAD_TIER,
+    REPLICA_SPREAD_TIER_NAME,
     REQUEST_ANNOTATIONS,
     SCOPE,
 )
@@ -64,6 +68,7 @@ class TopologyRequest:
     scope: Scope = Scope.ROLESET
     replica_limit: TierLimit | None = None  # nested placement: each replica within this, the service within `limit`
     defaults: tuple[tuple[str, object], ...] = ()  # the CRD's defaults for networkTopology fields
+    spread: TierLimit | None = None  # replicas in different domains of this tier, each within `limit` (core/spread.py)
 
     def network_topology(self) -> dict[str, object]:
         """The PodGroup spec.networkTopology for the outer gang, as the API server will store it."""
@@ -78,6 +83,8 @@ class TopologyRequest:
         text = f"{self.mode.value} within {self.limit.describe()}, scope {self.scope.value}"
         if self.replica_limit:
             text += f", each replica within {self.replica_limit.describe()}"
+        if self.spread:
+            text += f", replicas spread over {self.spread.describe()}"
         return text
 
 
@@ -102,6 +109,13 @@ class ClusterTiers:
     # What the API server fills into networkTopology when a field is left out (1.12 and 1.13 default
     # highestTierAllowed to 1): desired objects carry them too, or every comparison would differ forever.
     network_topology_defaults: tuple[tuple[str, object], ...] = ()
+    tier_of_name: tuple[tuple[str, int], ...] = ()  # each tierName and its tier: a spread tier is compared by number
+
+    def number(self, limit: TierLimit) -> int | None:
+        """A limit's tier number, a tier name resolved through the HyperNodes; None if it names none."""
+        if limit.tier is not None:
+            return limit.tier
+        return dict(self.tier_of_name).get(limit.tier_name or "")
 
 
 @dataclass
@@ -162,13 +176,37 @@ def parse_request(annotations: Mapping[str, str] | None, cluster: ClusterTiers |
                 f"annotation {REPLICA_HIGHEST_TIER}: nested placement needs PodGroup subGroupPolicy, which this cluster's "
                 "Volcano does not have; upgrade Volcano to 1.14 or newer"
             )
+    spread = _spread(annotations, scope, limit, cluster, problems)
     if cluster is not None and not cluster.has_network_topology:
         problems.append(
             f"annotation {MODE}: this cluster's Volcano PodGroup has no networkTopology field; upgrade Volcano to 1.12 or newer"
         )
     if problems:
         raise RequestError(problems)
-    return TopologyRequest(mode, limit, scope, replica_limit, cluster.network_topology_defaults if cluster else ())
+    return TopologyRequest(mode, limit, scope, replica_limit, cluster.network_topology_defaults if cluster else (), spread)
+
+
+def _spread(
+    annotations: Mapping[str, str], scope: Scope, limit: TierLimit, cluster: ClusterTiers | None, problems: list[str]
+) -> TierLimit | None:
+    """The spread tier: at or above the replica's own tier (a replica within one domain of it), at most
+    the tree's top, and only where each replica is a gang of its own (scope RoleSet)."""
+    if REPLICA_SPREAD_TIER not in annotations and REPLICA_SPREAD_TIER_NAME not in annotations:
+        return None
+    key = REPLICA_SPREAD_TIER if REPLICA_SPREAD_TIER in annotations else REPLICA_SPREAD_TIER_NAME
+    spread = _tier_limit(annotations, REPLICA_SPREAD_TIER, REPLICA_SPREAD_TIER_NAME, cluster, problems)
+    if scope is not Scope.ROLESET:
+        problems.append(f"annotation {key}: spreads replicas that are each a gang of their own, so it needs {SCOPE}: RoleSet (the default)")
+    numbers = cluster if cluster is not None else ClusterTiers()
+    own, wide = numbers.number(limit), numbers.number(spread)
+    if own is not None and wide is not None and wide < own:
+        top = max(cluster.tiers) if cluster and cluster.tiers else None
+        accepted = f"a tier from {own} to {top}" if top else f"a tier of {own} or more"
+        problems.append(
+            f"annotation {key}: {annotations[key]!r} is below the replica's own tier {own}, so a replica could not keep within one "
+            f"domain of it; accepted: {accepted}"
+        )
+    return spread
 
 
 def request_of(stormservice: Mapping[str, Any] | None, cluster: ClusterTiers | None) -> TopologyRequest | RequestError | None:

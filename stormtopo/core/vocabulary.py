@@ -34,6 +34,9 @@ HIGHEST_TIER_NAME = "volcano.sh/network-topology-highest-tier-name"
 SCOPE = "stormtopo.io/topology-scope"
 REPLICA_HIGHEST_TIER = "stormtopo.io/replica-highest-tier"
 REPLICA_HIGHEST_TIER_NAME = "stormtopo.io/replica-highest-tier-name"
+# With a request: the replicas go to different HyperNodes of this tier while one holds the whole replica (core/spread.py).
+REPLICA_SPREAD_TIER = "stormtopo.io/replica-spread-tier"
+REPLICA_SPREAD_TIER_NAME = "stormtopo.io/replica-spread-tier-name"
 PREFER_SAME_NODE = "stormtopo.io/prefer-same-node"  # "true": a replica's pods prefer one node where they fit
 REQUEST_ANNOTATIONS = (MODE, HIGHEST_TIER, HIGHEST_TIER_NAME, SCOPE, REPLICA_HIGHEST_TIER, REPLICA_HIGHEST_TIER_NAME)
 
@@ -60,4 +63,6 @@ GPU = "nvidia.com/gpu"  # the resource that decides where an inference replica f
 # admission policy refuses a pod of a listed StormService that stormtopo has not admitted.
 ADMITTED_LABEL = "stormtopo.io/admitted"  # on pods stormtopo admitted into their replica's gang (value "true")
 OPTED_IN_CONFIGMAP = "stormtopo-opted-in"  # data: "<namespace>.<stormservice>" -> scope
-DOMAIN_GATE = "stormtopo.io/domain"  # scheduling gate on a pod that asks for no resources, until its replica is placed
+# Scheduling gate on a pod that asks for no resources, until its replica is placed; with a spread tier, on
+# every pod of a replica, until stormtopo lets it go with its siblings' domains kept out (core/spread.py).
+DOMAIN_GATE = "stormtopo.io/domain"
