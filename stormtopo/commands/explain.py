@@ -14,6 +14,7 @@ from stormtopo.core.explanation import allowed_tier, explain
 from stormtopo.core.placement import placement_record
 from stormtopo.core.replica import ReplicaSnapshot, gang_name, replica_state
 from stormtopo.core.request import RequestError, request_of
+from stormtopo.core.spread import replicas_per_domain, spread_tier
 from stormtopo.core.vocabulary import AIBRIX, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
 from stormtopo.kube.client import Api
 
@@ -41,6 +42,7 @@ def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
     report["request"] = request.describe() if request else None
     report["replicas"] = []
     rolesets = api.list_objects(AIBRIX, "rolesets", namespace, label_selector=f"{STORMSERVICE_LABEL}={name}")
+    bound: dict[str, list[str]] = {}  # replica -> the nodes its pods are bound to
     for roleset in sorted(rolesets, key=lambda r: r["metadata"]["name"]):
         replica = roleset["metadata"]["name"]
         group = gang_name(stormservice, roleset, request)
@@ -48,6 +50,7 @@ def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
         pods = tuple(api.pods_of_group(namespace, replica))
         state = replica_state(ReplicaSnapshot(roleset, stormservice, pods, podgroup, tiers, topology, all_pods=True, now=time.monotonic()))
         nodes = sorted(p["spec"]["nodeName"] for p in state.bound)
+        bound[replica] = nodes
         entry: dict[str, Any] = {
             "replica": replica,
             "podGroup": group,
@@ -63,6 +66,9 @@ def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
                 explanation = explain(topology, free, state.wanted, tier)
                 entry["pending"] = {"fits": explanation.fits, "explanation": explanation.render()}
         report["replicas"].append(entry)
+    tier = spread_tier(request, topology)
+    if tier is not None:
+        report["spread"] = {"tier": tier, "domains": replicas_per_domain(topology, tier, bound)}
     return report
 
 
@@ -85,4 +91,8 @@ def render(report: Mapping[str, Any]) -> list[str]:
         if pending:
             verdict = "capacity exists; Volcano should place it in its next cycles" if pending["fits"] else "it cannot be placed now"
             lines.append(f"    {verdict}: {pending['explanation']}")
+    spread = report.get("spread")
+    if spread:
+        lines.append(f"  replicas per tier-{spread['tier']} domain (spread over tier {spread['tier']}):")
+        lines += [f"    {domain}: {', '.join(replicas) or 'none'}" for domain, replicas in spread["domains"].items()]
     return lines

@@ -154,8 +154,13 @@ def admit_pod(
     patch = set_annotations(pod, values) + set_labels(pod, {ADMITTED_LABEL: "true"})
     if scope is Scope.ROLESET and _annotation(stormservice, PREFER_SAME_NODE) == "true":
         patch += prefer_replica_peers(pod, group)
-    if isinstance(request, TopologyRequest) and request.mode is Mode.HARD and scope is Scope.ROLESET and role in followers(roleset["spec"]):
-        # Volcano's backfill would place it anywhere: held until its replica's anchor is placed.
+    if (
+        isinstance(request, TopologyRequest)
+        and scope is Scope.ROLESET
+        and (request.spread is not None or (request.mode is Mode.HARD and role in followers(roleset["spec"])))
+    ):
+        # Volcano's backfill would place it anywhere: held until its replica's anchor is placed. With a
+        # spread tier every pod is held, until the leader lets its replica go outside its siblings' domains.
         gates = (pod.get("spec") or {}).get("schedulingGates") or []
         gate = {"name": DOMAIN_GATE}
         if gate not in gates:  # the webhook may be invoked again for the same pod

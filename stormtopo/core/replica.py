@@ -20,6 +20,7 @@ from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, plan_placed, plan_release, recorded_placement
 from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
+from stormtopo.core.spread import Replica, plan_spread, shared_domain, spread_tier
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import ADMITTED_LABEL, GROUP_NAME_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL, TASK_SPEC_ANNOTATION
 from stormtopo.core.writes import AdoptPod, PostEvent, RecordPlacement, Say, Write
@@ -59,6 +60,11 @@ class ReplicaSnapshot:
     live_replicas: tuple[str, ...] = ()  # names of the StormService's RoleSets (the placement record keeps only these)
     all_pods: bool = False  # `pods` were read from the API: every pod of the replica, admitted or not
     now: float = 0.0  # monotonic seconds, for the back-off
+    # With a spread tier (core/spread.py): the StormService's other replicas, the leader's memory of those
+    # let go and not yet placed (replica -> since, monotonic), and every node's free GPUs once asked for.
+    siblings: tuple[Replica, ...] = ()
+    settling: Mapping[str, float] = field(default_factory=dict)
+    free_gpus: Mapping[str, int] | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -116,6 +122,10 @@ class ReplicaPlan:
     violations: int = 0  # TopologyViolated Warnings newly said
     needs_all_pods: bool = False  # pods are held and their anchors are not all known: read every pod and plan again
     needs_nodes: bool = False  # a bound pod is on a node the last reading did not have: read the nodes and plan again
+    needs_room: bool = False  # a spread release needs every node's free GPUs: read them and plan again
+    settling: Mapping[str, float] | None = None  # with a spread tier: the StormService's replicas let go, to remember
+    wake: tuple[str, ...] = ()  # sibling replicas held for the spread: plan them again (this one took its domain)
+    recheck_in: float | None = None  # seconds until a sibling no longer holds this replica back: plan it again then
 
     def all_writes(self, stormservice: Mapping[str, Any]) -> tuple[Write, ...]:
         """Everything to carry out, in order: the Events on the StormService, then the writes."""
@@ -170,14 +180,38 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
     if _has_unadmitted_pods(snapshot, state, memory):
         return ReplicaPlan(memory=memory, needs_all_pods=True)
     writes: list[Write] = list(_adoptions(snapshot))
-    if state.held:
-        release = _release(snapshot, state)
+    request = snapshot.request
+    replica = Replica(snapshot.roleset, tuple(snapshot.live_pods()))
+    spreading = spread_tier(request, snapshot.topology) is not None
+    spread = None
+    if is_opted_in(snapshot.stormservice["metadata"].get("annotations") or {}):
+        spread = plan_spread(
+            request,
+            snapshot.topology,
+            replica,
+            snapshot.siblings,
+            snapshot.settling,
+            snapshot.now,
+            snapshot.free_gpus,
+            snapshot.nodes.hostnames,
+        )
+        if spread.needs_room:
+            return ReplicaPlan(memory=memory, needs_room=True)
+        writes += spread.writes
+    let_go = {w.name for w in spread.writes} if spread else set()
+    held = tuple(p for p in state.held if p["metadata"]["name"] not in let_go)  # (the rest: routers, released below)
+    if held:
+        release = _release(snapshot, replace(state, held=held))
         if release is None:
             return ReplicaPlan(memory=memory, needs_all_pods=True)
         writes += release
-    request = snapshot.request
+    spread_fields: dict[str, Any] = {}
+    if spreading and spread is not None:
+        spread_fields = {"settling": spread.settling, "recheck_in": spread.recheck_in}
+        if replica.placed(request):  # its domain is taken now: a sibling held for the spread may go
+            spread_fields["wake"] = tuple(s.name for s in snapshot.siblings if any(is_held(p) for p in s.members(request)))
     if request is None:  # opted out, or invalid: nothing to explain, so not counted as unsatisfiable
-        return ReplicaPlan(tuple(writes), memory=replace(memory, unsatisfiable=False))
+        return ReplicaPlan(tuple(writes), memory=replace(memory, unsatisfiable=False), **spread_fields)
     says: list[Say] = []
     first = None
     violations = 0
@@ -194,6 +228,11 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
                 violations += say.reason == "TopologyViolated"
         writes += placed.labels  # so a router can pair prefill and decode within a domain
         if state.complete and recorded != placed.record:
+            shared = shared_domain(request, snapshot.topology, snapshot.key[1], replica.bound_nodes(request), snapshot.siblings)
+            if shared is not None:
+                said, memory = _say_once(memory, shared)
+                if said:
+                    says.append(shared)
             namespace, name = snapshot.stormservice["metadata"].get("namespace", ""), snapshot.stormservice["metadata"]["name"]
             writes.append(RecordPlacement(namespace, name, snapshot.key[1], placed.record, snapshot.live_replicas))
             memory = replace(memory, recorded=placed.record)
@@ -204,9 +243,11 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
         said, memory = _say_once(memory, say, pod_name)
         if said:
             says.append(say)
-    plan = ReplicaPlan(tuple(writes), tuple(says), memory, first=first, violations=violations)
+    plan = ReplicaPlan(tuple(writes), tuple(says), memory, first=first, violations=violations, **spread_fields)
     if state.complete:
         return replace(plan, memory=replace(plan.memory, unsatisfiable=False))
+    if spreading and any(is_held(p) for p in replica.members(request)):
+        return plan  # held for the spread: Volcano has not tried it yet, there is nothing to explain
     if is_unschedulable(snapshot.podgroup) and snapshot.now >= memory.next_check and is_explainable(request, state.wanted, state.created):
         # Checked again in EXPLAIN_INTERVAL at the latest: the explanation may stretch that.
         checked = replace(plan.memory, next_check=snapshot.now + EXPLAIN_INTERVAL)

@@ -163,6 +163,7 @@ class Operator:
         """The work queues and every background loop, supervised (operator/loops.py)."""
         self.stormservices.start()
         self.placements.start()
+        self.reporter.wake = self.placements.add  # a replica's placement lets a sibling held for the spread go
         self.leadership.on_elected = self.resync  # a new leader catches up at once
         self.loops.every("resync", RESYNC_SECONDS, self.resync, lambda: self.leadership.is_leader)
         self.loops.every("relist", RELIST_SECONDS, lambda: self.relist(self.index.api))

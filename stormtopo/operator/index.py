@@ -17,9 +17,18 @@ from stormtopo.core.podgroup import carries_constraint, service_group_name
 from stormtopo.core.reconciliation import ServiceSnapshot
 from stormtopo.core.replica import KnownNodes, ReplicaSnapshot
 from stormtopo.core.request import ClusterTiers
+from stormtopo.core.spread import Replica
 from stormtopo.core.topology.hypernodes import selector_label_keys, selects_among_nodes, topology_from_hypernodes
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import AIBRIX, HOSTNAME_LABEL, PODGROUP_CRD, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+from stormtopo.core.vocabulary import (
+    AIBRIX,
+    HOSTNAME_LABEL,
+    PODGROUP_CRD,
+    REPLICA_SPREAD_TIER,
+    REPLICA_SPREAD_TIER_NAME,
+    VOLCANO_SCHEDULING,
+    VOLCANO_TOPOLOGY,
+)
 from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 
@@ -243,6 +252,7 @@ class Index:
         stormservice = self.stormservices.get(service_key_of(roleset)) if roleset else None
         if roleset is None or stormservice is None:
             return None
+        rolesets = self.rolesets_of(*service_key_of(roleset))
         return ReplicaSnapshot(
             roleset,
             stormservice,
@@ -251,9 +261,18 @@ class Index:
             self.cluster_tiers(),
             self.topology(),
             self.known_nodes(now - self.nodes_read_at <= fresh_within),
-            tuple(r["metadata"]["name"] for r in self.rolesets_of(*service_key_of(roleset))),
+            tuple(r["metadata"]["name"] for r in rolesets),
             now=now,
+            siblings=self._siblings(stormservice, key, rolesets),
         )
+
+    def _siblings(self, stormservice: Mapping[str, Any], key: Key, rolesets: list[dict[str, Any]]) -> tuple[Replica, ...]:
+        """The StormService's other replicas with their pods, only where it asks for a spread (core/spread.py):
+        other placement checks need not walk a large service's pods."""
+        annotations = (stormservice.get("metadata") or {}).get("annotations") or {}
+        if REPLICA_SPREAD_TIER not in annotations and REPLICA_SPREAD_TIER_NAME not in annotations:
+            return ()
+        return tuple(Replica(r, tuple(self.pods_of(key[0], r["metadata"]["name"]))) for r in rolesets if r["metadata"]["name"] != key[1])
 
     def set_nodes(self, labels: dict[str, dict[str, str]], read_at: float) -> None:
         """A fresh reading of the nodes (see node_label_keys); the tree is rebuilt only if they changed."""

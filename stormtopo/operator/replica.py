@@ -4,13 +4,17 @@ planner (core/replica.py), execute what it returns.
 Volcano keeps the chosen HyperNode in scheduler memory and says only "network topology not satisfied";
 the planner says it in domain terms. Explanations (every node's free GPUs, a packing search) run in a
 queue and a worker process of their own, so a release never waits behind one.
+
+With a spread tier (core/spread.py) the shell also keeps, per StormService, the replicas it let go that
+are not placed yet: read and written around the plan with no await between, so two workers never let
+two replicas of one service go together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from stormtopo.core.placement import is_held
@@ -25,6 +29,7 @@ from stormtopo.core.replica import (
     replica_state,
 )
 from stormtopo.core.request import is_opted_in
+from stormtopo.core.spread import SETTLE_SECONDS
 from stormtopo.core.topology.tree import Topology
 from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
@@ -51,6 +56,10 @@ class PlacementReporter:
     _asks: dict[Key, tuple[Explain, Topology]] = field(default_factory=dict)  # explanations waiting for the worker
     _explanations: WorkQueue[Key] | None = None
     _reading_nodes: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wake: Callable[[Key], None] | None = None  # queues a replica's placement check (the operator's placements queue)
+    # (namespace, StormService) -> its replicas let go for the spread and not yet placed -> since (monotonic)
+    _settling: dict[Key, dict[str, float]] = field(default_factory=dict)
+    _rechecks: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
 
     async def replica_changed(self, key: Key) -> None:
         """From the placements queue, a few replicas at a time: a pod of replica `key` (namespace,
@@ -59,20 +68,27 @@ class PlacementReporter:
         if snapshot is None:
             return
         memory = self._memory.get(key, ReplicaMemory())
-        plan = plan_replica(snapshot, memory)
+        plan = self._plan(snapshot, memory)
         if plan.needs_nodes:  # a pod bound on a node the last reading lacked: read again, once
             await self.read_nodes(NODES_FRESH)
             snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH) or snapshot
-            plan = plan_replica(replace(snapshot, nodes=replace(snapshot.nodes, fresh=True)), memory)
+            plan = self._plan(replace(snapshot, nodes=replace(snapshot.nodes, fresh=True)), memory)
         if plan.needs_all_pods:  # pods created before the opt-in were never admitted: read them all
             pods = await asyncio.to_thread(self.api.pods_of_group, *key)
             snapshot = replace(snapshot, pods=slim_listed_pods(pods), all_pods=True)
             memory = replace(memory, pods_read_at=snapshot.now)
-            plan = plan_replica(snapshot, memory)
-        await self._carry_out(key, snapshot, plan)
+            plan = self._plan(snapshot, memory)
+        if plan.needs_room:  # a spread release: does a domain outside the siblings' hold the replica?
+            snapshot = replace(snapshot, free_gpus=await self.room.free_gpus())
+            plan = self._plan(snapshot, memory)
+        await self._carry_out(key, snapshot, plan)  # (remembers what the plan let go before its first await)
         if plan.explain is not None:
             self._asks[key] = (plan.explain, snapshot.topology)
             self._explanation_queue().add(key)
+
+    def _plan(self, snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPlan:
+        """The planner over the snapshot and the settling replicas as remembered now, not before an await."""
+        return plan_replica(replace(snapshot, settling=dict(self._settling.get(_service_of(snapshot), {}))), memory)
 
     async def _snapshot(self, key: Key) -> ReplicaSnapshot | None:
         snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH)
@@ -98,9 +114,12 @@ class PlacementReporter:
     async def _carry_out(self, key: Key, snapshot: ReplicaSnapshot, plan: ReplicaPlan) -> None:
         recorded = self._memory.get(key, ReplicaMemory()).recorded
         self._remember(key, replace(plan.memory, recorded=recorded))  # what was said stays said, even if a write fails
+        if plan.settling is not None:
+            self._remember_settling(_service_of(snapshot), plan.settling)
         metrics.TOPOLOGY_VIOLATIONS.inc(plan.violations)
         await execute(self.api, plan.all_writes(snapshot.stormservice), self.report)
         self._remember(key, plan.memory)  # the record, only once written: a failed one is written again next time
+        self._wake_siblings(key, plan)
         if plan.first is not None:
             if plan.first.tier is not None:
                 metrics.REPLICAS_BY_TIER.labels(str(plan.first.tier)).inc()
@@ -115,6 +134,30 @@ class PlacementReporter:
             self._memory[key] = memory
         if was != memory.unsatisfiable:
             metrics.PENDING_GANGS.set(sum(m.unsatisfiable for m in self._memory.values()))
+
+    def _remember_settling(self, service: Key, settling: Mapping[str, float]) -> None:
+        if settling:
+            self._settling[service] = dict(settling)
+        else:
+            self._settling.pop(service, None)
+
+    def _wake_siblings(self, key: Key, plan: ReplicaPlan) -> None:
+        """Plan again the siblings this replica's placement lets go, and this replica once the sibling it
+        waits for no longer counts (a little after: the planner compares with a strict bound)."""
+        if self.wake is None:
+            return
+        for name in plan.wake:
+            self.wake((key[0], name))
+        if plan.recheck_in is not None:
+            previous = self._rechecks.pop(key, None)
+            if previous is not None:
+                previous.cancel()
+            self._rechecks[key] = asyncio.get_running_loop().call_later(min(plan.recheck_in, SETTLE_SECONDS) + 0.5, self._recheck, key)
+
+    def _recheck(self, key: Key) -> None:
+        self._rechecks.pop(key, None)
+        if self.wake is not None:
+            self.wake(key)
 
     def _explanation_queue(self) -> WorkQueue[Key]:
         if self._explanations is None:
@@ -143,6 +186,17 @@ class PlacementReporter:
         """A replica was deleted: drop what was said and checked about it."""
         self._asks.pop(key, None)
         self._remember(key, ReplicaMemory())
+        timer = self._rechecks.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        for service, settling in list(self._settling.items()):
+            if service[0] == key[0] and key[1] in settling:
+                self._remember_settling(service, {r: t for r, t in settling.items() if r != key[1]})
+
+
+def _service_of(snapshot: ReplicaSnapshot) -> Key:
+    meta = snapshot.stormservice["metadata"]
+    return meta.get("namespace", ""), meta["name"]
 
 
 def _node_labels(api: Api, keys: frozenset[str]) -> dict[str, dict[str, str]]:

@@ -1,0 +1,317 @@
+"""Spread a StormService's replicas over the domains of one tier, each replica still packed (issue 35, item 1).
+
+With `stormtopo.io/replica-spread-tier: "1"`, one leaf switch failing takes down one replica, not all
+of them: replicas go to different HyperNodes of the spread tier while one holds the whole replica within
+its own request. When none does, the replica is placed anyway, and a Warning names the domain that now
+holds two.
+
+The design, and why (Volcano v1.15.1):
+
+- **The lever is a required node affinity.** Volcano's allocate tries each HyperNode of a hard gang's
+  allowed tiers and keeps those where every task passes the predicates
+  (pkg/scheduler/actions/allocate/allocate.go, allocateForJob and allocateResourcesForTasks), and the
+  predicates plugin runs Kubernetes' NodeAffinity filter (plugins/predicates/predicates.go,
+  nodeAffinityEnable, on by default). A replica whose pods may not use the nodes of its siblings' domains
+  therefore lands in another domain, the best one by Volcano's own HyperNode scoring; soft gangs are
+  placed node by node through the same predicates. PodGroup fields cannot say "not there".
+- **Decided when the replica is let go, not at admission.** AIBrix creates the pods of many replicas at
+  once (scale 0 to 4): at admission none is placed, so an affinity computed then keeps nothing out, and
+  Volcano's binpack puts all four into the fullest leaf. And every operator replica serves the webhook,
+  each from its own index: no record they all read is consistent without a write per admission. So
+  the webhook only holds every pod of such a replica at stormtopo's scheduling gate (DOMAIN_GATE, the
+  gate the chart's admission policy already lets stormtopo remove), and the leader lets replicas go one
+  at a time per StormService: a replica is let go once every pod of its gang exists and no sibling is
+  settling (let go, not yet bound), with a required node affinity that keeps out the spread-tier domains
+  where its siblings' pods are bound. Kubernetes lets a gated pod's affinity be narrowed; the release
+  sets it and removes the gate in one patch, as for a router (core/placement.py).
+- **Settling is remembered by the leader.** Its index shows a release only once the watch delivers it,
+  so the leader keeps each replica it let go (or saw let go) and since when; the shell reads and writes
+  that memory around the plan with no await between, so two workers never let two siblings go together.
+  A sibling stops counting after SETTLE_SECONDS unbound (it cannot be placed now: the others need not
+  wait for it), and its domain is kept out once it is bound.
+- **Only while another domain has room.** Keeping every sibling's domain out is done only while some
+  domain of the spread tier outside them holds the whole replica within its own request (a HyperNode of
+  the replica's own tier that packs its gang into the free GPUs, core/packing.py). Otherwise, during a
+  rolling update, the domains of siblings of the replica's own revision alone (the older ones are
+  leaving); otherwise nothing is kept out, and once placed the replica's Warning names its shared domain.
+
+A replacement pod of a replica that is already bound is let go at once, unconstrained: its gang keeps
+its domain. What it costs: while the leader is away, a new replica of a spread service waits at the gate;
+a scale-up of N replicas takes N placements one after another (a Volcano session and a watch event
+each); a node added to a kept-out domain later is not kept out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stormtopo.core.gang import followers, gang_of, replica_pods
+from stormtopo.core.ownership import roleset_name
+from stormtopo.core.packing import fits
+from stormtopo.core.placement import by_hostname, is_held, is_live
+from stormtopo.core.request import Mode, TierLimit, TopologyRequest
+from stormtopo.core.topology.tree import Topology
+from stormtopo.core.vocabulary import DOMAIN_GATE, HOSTNAME_LABEL, REVISION_LABEL, ROLE_LABEL
+from stormtopo.core.writes import PatchPod, Say
+
+# Seconds a replica that was let go keeps its siblings waiting while it is not bound. Volcano binds a gang
+# that fits within a session or two (about a second each); one that waits longer cannot be placed now.
+SETTLE_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica of the StormService: its RoleSet and its pods as the index knows them."""
+
+    roleset: Mapping[str, Any]
+    pods: tuple[Mapping[str, Any], ...]
+
+    @property
+    def name(self) -> str:
+        return str(self.roleset["metadata"]["name"])
+
+    @property
+    def revision(self) -> str | None:
+        return ((self.roleset.get("metadata") or {}).get("labels") or {}).get(REVISION_LABEL)
+
+    def members(self, request: TopologyRequest | None) -> list[Mapping[str, Any]]:
+        """Its live pods that Volcano places as its gang: a hard request's routers (roles that ask for no
+        resources) follow the gang into its domain later (core/placement.py), so they are not let go here."""
+        spec = self.roleset.get("spec") or {}
+        following = followers(spec) if request is not None and request.mode is Mode.HARD else frozenset()
+        return [p for p in self.pods if is_live(p) and roleset_name(p) == self.name and _role(p) not in following]
+
+    def expected(self, request: TopologyRequest | None) -> int:
+        spec = self.roleset.get("spec") or {}
+        following = followers(spec) if request is not None and request.mode is Mode.HARD else frozenset()
+        return gang_of(spec, following).min_member
+
+    def bound_nodes(self, request: TopologyRequest | None) -> list[str]:
+        return [str(p["spec"]["nodeName"]) for p in self.members(request) if (p.get("spec") or {}).get("nodeName")]
+
+    def placed(self, request: TopologyRequest | None) -> bool:
+        """Every pod of its gang is bound: where it is will not change."""
+        return len(self.bound_nodes(request)) >= max(1, self.expected(request))
+
+    def let_go(self, request: TopologyRequest | None) -> bool:
+        """Some pod of its gang is past the gate and not bound: Volcano is placing it."""
+        return any(not is_held(p) and not (p.get("spec") or {}).get("nodeName") for p in self.members(request))
+
+
+def _role(pod: Mapping[str, Any]) -> str | None:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
+
+
+def spread_tier(request: TopologyRequest | None, topology: Topology) -> int | None:
+    """The spread tier as a number (a tier name through the HyperNodes' tierNames); None: no spread."""
+    if request is None or request.spread is None:
+        return None
+    return _number(request.spread, topology)
+
+
+def _number(limit: TierLimit, topology: Topology) -> int | None:
+    if limit.tier is not None:
+        return limit.tier
+    return {name: tier for tier, name in topology.tier_names.items()}.get(limit.tier_name or "")
+
+
+def own_tier(request: TopologyRequest, topology: Topology, spread: int) -> int:
+    """The tier within which the replica must fit, for the room check: its own limit (a soft request
+    without one: the spread tier), never above the spread tier."""
+    own = _number(request.limit, topology)
+    return min(own, spread) if own is not None else spread
+
+
+def domains_of(topology: Topology, nodes: Iterable[str], tier: int) -> set[str]:
+    """The HyperNodes of `tier` above these nodes (nodes the tree does not know have none)."""
+    out = set()
+    for node in nodes:
+        if node in topology.nodes:
+            out |= {s for s in topology.ancestors(node) if topology.switches[s].tier == tier}
+    return out
+
+
+def replicas_per_domain(topology: Topology, tier: int, placed: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """Every HyperNode of `tier` and the replicas with a pod under it (replica -> its nodes): what
+    `stormtopo explain` shows. Empty domains are listed too: they are where the next replica goes."""
+    out: dict[str, list[str]] = {s.name: [] for s in topology.switches.values() if s.tier == tier}
+    for replica, nodes in sorted(placed.items()):
+        for domain in sorted(domains_of(topology, nodes, tier)):
+            out.setdefault(domain, []).append(replica)
+    return dict(sorted(out.items()))
+
+
+def settling_since(
+    replicas: Iterable[Replica], request: TopologyRequest | None, remembered: Mapping[str, float], now: float
+) -> dict[str, float]:
+    """The replicas let go and not yet placed, and since when: as remembered (the index may not show a
+    release yet), or from now for one the index shows let go that was not remembered (a former leader's)."""
+    out = {}
+    for replica in replicas:
+        if replica.placed(request):
+            continue
+        if replica.name in remembered:
+            out[replica.name] = remembered[replica.name]
+        elif replica.let_go(request):
+            out[replica.name] = now
+    return out
+
+
+@dataclass(frozen=True)
+class SpreadPlan:
+    writes: tuple[PatchPod, ...] = ()
+    settling: Mapping[str, float] = field(default_factory=dict)  # the StormService's settling replicas, to remember
+    waiting_for: str | None = None  # a sibling still settling
+    recheck_in: float | None = None  # seconds until that sibling no longer counts
+    kept_out: tuple[str, ...] = ()  # the domains the replica was let go without
+    needs_room: bool = False  # the free GPUs are needed to decide: read them and plan again
+
+
+def plan_spread(
+    request: TopologyRequest | None,
+    topology: Topology,
+    replica: Replica,
+    siblings: Sequence[Replica],
+    remembered: Mapping[str, float],
+    now: float,
+    free: Mapping[str, int] | None = None,
+    hostnames: Mapping[str, str] | None = None,
+) -> SpreadPlan:
+    """Let this replica's held gang go, if it is its turn, with its siblings' domains kept out while
+    another domain has room. `request` None: no valid request (opted out or invalid); a held gang goes
+    unconstrained then, as it does once the spread annotation is removed."""
+    held = [p for p in replica.members(request) if is_held(p)]
+    tier = spread_tier(request, topology)
+    settling = settling_since([*siblings, replica], request, remembered, now) if tier is not None else {}
+    if not held:
+        return SpreadPlan(settling=settling)
+    if request is None or tier is None or replica.bound_nodes(request):
+        # No spread in effect, or a replacement pod of a replica already in its domain: its gang keeps it there.
+        return SpreadPlan(tuple(_let_go(p, [], None) for p in held), settling)
+    if len(replica.members(request)) < replica.expected(request):
+        return SpreadPlan(settling=settling)  # every pod of the gang goes together: wait for AIBrix to create them all
+    for name, since in sorted(settling.items(), key=lambda item: item[1]):
+        if now - since < SETTLE_SECONDS:
+            return SpreadPlan(settling=settling, waiting_for=name, recheck_in=SETTLE_SECONDS - (now - since))
+    taken = _taken(topology, tier, siblings, request)
+    if taken and free is None:
+        return SpreadPlan(settling=settling, needs_room=True)
+    kept_out = _kept_out(topology, tier, own_tier(request, topology, tier), replica, taken, free or {}, request)
+    nodes = sorted(n for domain in kept_out for n in topology.nodes_under(domain))
+    hosts = by_hostname(nodes, hostnames or {}) if nodes else None
+    writes = tuple(_let_go(p, nodes, hosts) for p in held)
+    return SpreadPlan(writes, {**settling, replica.name: now}, kept_out=tuple(sorted(kept_out)))
+
+
+def _taken(topology: Topology, tier: int, siblings: Sequence[Replica], request: TopologyRequest) -> dict[str, list[Replica]]:
+    """Each spread-tier domain where a sibling has a bound pod, and those siblings."""
+    out: dict[str, list[Replica]] = {}
+    for sibling in siblings:
+        for domain in domains_of(topology, sibling.bound_nodes(request), tier):
+            out.setdefault(domain, []).append(sibling)
+    return out
+
+
+def _kept_out(
+    topology: Topology,
+    tier: int,
+    own: int,
+    replica: Replica,
+    taken: Mapping[str, Sequence[Replica]],
+    free: Mapping[str, int],
+    request: TopologyRequest,
+) -> set[str]:
+    """Every sibling's domain while another domain holds the whole replica; else (a rolling update) only
+    the domains of siblings of its own revision; else none."""
+    need = replica_pods(replica.roleset.get("spec") or {})
+    every = set(taken)
+    current = {domain for domain, holders in taken.items() if any(s.revision == replica.revision for s in holders)}
+    for kept_out in (every, current):
+        if kept_out and _room_outside(topology, tier, own, need, free, kept_out):
+            return kept_out
+    return set()
+
+
+def _room_outside(topology: Topology, tier: int, own: int, need: Sequence[int], free: Mapping[str, int], kept_out: set[str]) -> bool:
+    """Some HyperNode of the replica's own tier, under a spread-tier domain not kept out, packs its gang."""
+    for switch in topology.switches.values():
+        if switch.tier != own:
+            continue
+        domain = _above(topology, switch.name, tier)
+        if domain is None or domain in kept_out:
+            continue
+        if fits([max(0, free.get(n, 0)) for n in topology.nodes_under(switch.name)], need):
+            return True
+    return False
+
+
+def _above(topology: Topology, switch: str, tier: int) -> str | None:
+    """The HyperNode of `tier` at or above `switch`."""
+    current: str | None = switch
+    while current is not None and topology.switches[current].tier != tier:
+        current = topology.switches[current].parent
+    return current
+
+
+def shared_domain(
+    request: TopologyRequest | None, topology: Topology, replica: str, nodes: Sequence[str], siblings: Sequence[Replica]
+) -> Say | None:
+    """A Warning when a placed replica shares a spread-tier domain with a sibling: said where it lands."""
+    tier = spread_tier(request, topology)
+    if request is None or tier is None:
+        return None
+    for domain in sorted(domains_of(topology, nodes, tier)):
+        others = sorted(s.name for s in siblings if domain in domains_of(topology, s.bound_nodes(request), tier))
+        if others:
+            return Say(
+                "Warning",
+                "ReplicasShareDomain",
+                f"replica {replica} placed in {domain}, which also holds replica {', '.join(others)}: the replicas are to "
+                f"spread over tier {tier}, and no tier-{tier} domain without one of them could hold the whole replica "
+                f"({request.describe()})",
+            )
+    return None
+
+
+def _let_go(pod: Mapping[str, Any], kept_out: Sequence[str], hosts: Sequence[str] | None) -> PatchPod:
+    """The gate removed and, with domains kept out, their nodes excluded by a required node affinity:
+    one requirement by hostname, or one per node by name (a node-name field requirement takes one value)."""
+    spec = pod.get("spec") or {}
+    gate = next(i for i, g in enumerate(spec.get("schedulingGates") or []) if g.get("name") == DOMAIN_GATE)
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": f"/spec/schedulingGates/{gate}/name", "value": DOMAIN_GATE},
+        {"op": "remove", "path": f"/spec/schedulingGates/{gate}"},
+    ]
+    if kept_out:
+        ops += _excluding(spec, kept_out, hosts)
+    meta = pod["metadata"]
+    return PatchPod(meta.get("namespace", ""), meta["name"], ops)
+
+
+def _excluding(spec: Mapping[str, Any], nodes: Sequence[str], hosts: Sequence[str] | None) -> list[dict[str, Any]]:
+    if hosts is not None:
+        kind, requirements = "matchExpressions", [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": list(hosts)}]
+    else:
+        kind, requirements = "matchFields", [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in nodes]
+    affinity = spec.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity") or {}
+    terms = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    if terms:
+        # A gated pod's terms may only be narrowed (terms are ORed): each gets the exclusion.
+        base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
+        ops: list[dict[str, Any]] = []
+        for i, term in enumerate(terms):
+            if term.get(kind):
+                ops += [{"op": "add", "path": f"{base}/{i}/{kind}/-", "value": r} for r in requirements]
+            else:
+                ops.append({"op": "add", "path": f"{base}/{i}/{kind}", "value": requirements})
+        return ops
+    required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{kind: requirements}]}}
+    if node_affinity:
+        path = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+        return [{"op": "add", "path": path, "value": required["requiredDuringSchedulingIgnoredDuringExecution"]}]
+    if affinity:
+        return [{"op": "add", "path": "/spec/affinity/nodeAffinity", "value": required}]
+    return [{"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": required}}]

@@ -1,0 +1,338 @@
+"""Spreading a StormService's replicas over the domains of one tier (core/spread.py): the request, the
+gate at admission, and the leader's release of one replica at a time, with its siblings' domains kept
+out while another domain holds it. Snapshots are built by the operator's index, as the shell builds them,
+on the feature request's tree: leaves s0..s3 of two 8-GPU nodes each, spines s4 (s0, s1) and s5 (s2, s3)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from stormtopo.commands.explain import render
+from stormtopo.core.admission import admit_pod
+from stormtopo.core.capabilities import cluster_tiers
+from stormtopo.core.replica import ReplicaMemory, ReplicaPlan, ReplicaSnapshot, plan_replica
+from stormtopo.core.request import ClusterTiers, RequestError, TierLimit, parse_request
+from stormtopo.core.spread import SETTLE_SECONDS, replicas_per_domain
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.hypernodes import hypernode_manifests
+from stormtopo.core.vocabulary import (
+    DOMAIN_GATE,
+    HIGHEST_TIER,
+    HIGHEST_TIER_NAME,
+    MODE,
+    REPLICA_SPREAD_TIER,
+    REPLICA_SPREAD_TIER_NAME,
+    SCOPE,
+)
+from stormtopo.core.writes import PatchPod
+from stormtopo.devenv.workloads import PD_1P1D, Role, stormservice
+from stormtopo.operator.index import Index
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml"
+CLUSTER = ClusterTiers(frozenset({1, 2, 3}), frozenset({"leaf", "spine", "core"}), tier_of_name=(("core", 3), ("leaf", 1), ("spine", 2)))
+LEAF_SPREAD = {MODE: "hard", HIGHEST_TIER: "1", REPLICA_SPREAD_TIER: "1"}
+ALL_FREE = {f"node{i}": 8 for i in range(8)}
+NOW = 1000.0
+ROUTED = (Role("prefill"), Role("decode"), Role("router", requests=False))
+
+
+# -- the request -------------------------------------------------------------------------------------
+
+
+def test_a_spread_tier_by_number_or_name_is_part_of_the_request() -> None:
+    request = parse_request(LEAF_SPREAD, CLUSTER)
+    assert request is not None and request.spread == TierLimit(tier=1)
+    assert request.describe() == "hard within tier 1, scope RoleSet, replicas spread over tier 1"
+    named = parse_request({MODE: "hard", HIGHEST_TIER: "1", REPLICA_SPREAD_TIER_NAME: "spine"}, CLUSTER)
+    assert named is not None and named.spread == TierLimit(tier_name="spine")
+    soft = parse_request({MODE: "soft", REPLICA_SPREAD_TIER: "3"}, CLUSTER)
+    assert soft is not None and soft.spread == TierLimit(tier=3)
+    assert parse_request({MODE: "hard", HIGHEST_TIER: "1"}, CLUSTER).spread is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "names"),
+    [
+        (
+            {MODE: "hard", HIGHEST_TIER: "2", REPLICA_SPREAD_TIER: "1"},
+            [REPLICA_SPREAD_TIER, "'1'", "below the replica's own tier 2", "2 to 3"],
+        ),
+        ({MODE: "hard", HIGHEST_TIER_NAME: "spine", REPLICA_SPREAD_TIER_NAME: "leaf"}, [REPLICA_SPREAD_TIER_NAME, "'leaf'", "own tier 2"]),
+        ({MODE: "hard", HIGHEST_TIER: "1", REPLICA_SPREAD_TIER: "4"}, [REPLICA_SPREAD_TIER, "deeper than any HyperNode", "1 to 3"]),
+        ({MODE: "hard", HIGHEST_TIER: "1", REPLICA_SPREAD_TIER: "x"}, [REPLICA_SPREAD_TIER, "'x'", "1 to 3"]),
+        ({MODE: "hard", HIGHEST_TIER: "1", REPLICA_SPREAD_TIER_NAME: "rack"}, [REPLICA_SPREAD_TIER_NAME, "'rack'", "core, leaf, spine"]),
+        (
+            {MODE: "hard", HIGHEST_TIER: "1", REPLICA_SPREAD_TIER: "1", REPLICA_SPREAD_TIER_NAME: "leaf"},
+            [REPLICA_SPREAD_TIER, "one of them"],
+        ),
+        ({MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_SPREAD_TIER: "2"}, [REPLICA_SPREAD_TIER, "RoleSet"]),
+    ],
+)
+def test_a_bad_spread_tier_names_the_annotation_the_value_and_what_is_accepted(annotations: dict[str, str], names: list[str]) -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_request(annotations, CLUSTER)
+    for expected in names:
+        assert expected in str(caught.value)
+
+
+def test_the_clusters_tier_names_come_with_their_tiers() -> None:
+    tiers = cluster_tiers(hypernode_manifests(parse_topology(EXAMPLE.read_text())), None)
+    assert dict(tiers.tier_of_name) == {"leaf": 1, "spine": 2, "core": 3}
+
+
+# -- admission ---------------------------------------------------------------------------------------
+
+
+def test_every_pod_of_a_spread_replica_is_held_at_the_gate_and_without_a_spread_only_routers() -> None:
+    def gated(annotations: dict[str, str], role: str) -> bool:
+        decision = admit_pod(pod("p", role, replica="svc-a"), roleset("svc-a", ROUTED), service(annotations, ROUTED), CLUSTER)
+        return any(op["path"] == "/spec/schedulingGates" and op["value"] == [{"name": DOMAIN_GATE}] for op in decision.patch)
+
+    assert gated(LEAF_SPREAD, "prefill") and gated(LEAF_SPREAD, "router")
+    assert gated({MODE: "soft", REPLICA_SPREAD_TIER: "1"}, "decode")
+    assert not gated({MODE: "hard", HIGHEST_TIER: "1"}, "prefill") and gated({MODE: "hard", HIGHEST_TIER: "1"}, "router")
+
+
+# -- letting replicas go -------------------------------------------------------------------------------
+
+
+def service(annotations: dict[str, str] | None = None, roles: tuple[Role, ...] = PD_1P1D) -> dict[str, Any]:
+    return stormservice("svc", "ns", roles, annotations=LEAF_SPREAD if annotations is None else annotations)
+
+
+def roleset(name: str, roles: tuple[Role, ...] = PD_1P1D, revision: str = "r1") -> dict[str, Any]:
+    spec = service(roles=roles)["spec"]["template"]["spec"]
+    labels = {"storm-service-name": "svc", "storm-service-revision": revision}
+    return {"kind": "RoleSet", "metadata": {"name": name, "namespace": "ns", "labels": labels}, "spec": spec}
+
+
+def pod(name: str, role: str, node: str | None = None, held: bool = False, replica: str = "svc-a", **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {**spec, "nodeName": node} if node else dict(spec)
+    if held:
+        body["schedulingGates"] = [{"name": DOMAIN_GATE}]
+    labels = {"storm-service-name": "svc", "roleset-name": replica, "role-name": role, "stormtopo.io/admitted": "true"}
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "ns", "labels": labels}, "spec": body, "status": {}}
+
+
+def replica(name: str, nodes: tuple[str, str] | None = None, held: bool = False, revision: str = "r1") -> list[dict[str, Any]]:
+    """A 1P1D replica's RoleSet and pods: bound to `nodes`, or held at the gate, or let go and unbound."""
+    prefill, decode = nodes or (None, None)
+    return [
+        roleset(name, revision=revision),
+        pod(f"{name}-p", "prefill", prefill, held, name),
+        pod(f"{name}-d", "decode", decode, held, name),
+    ]
+
+
+def index_of(*objects: dict[str, Any], annotations: dict[str, str] | None = None, roles: tuple[Role, ...] = PD_1P1D) -> Index:
+    index = Index(cast(Any, None))
+    for hypernode in hypernode_manifests(parse_topology(EXAMPLE.read_text())):
+        index.observe("HyperNode", "ADDED", hypernode)
+    index.set_nodes({f"node{i}": {"kubernetes.io/hostname": f"node{i}"} for i in range(8)}, 0.0)
+    index.observe("StormService", "ADDED", service(annotations, roles))
+    for obj in objects:
+        index.observe(str(obj["kind"]), "ADDED", obj)
+    return index
+
+
+def plan_for(
+    index: Index,
+    name: str = "svc-a",
+    free: dict[str, int] | None = ALL_FREE,
+    settling: dict[str, float] | None = None,
+    now: float = NOW,
+    memory: ReplicaMemory | None = None,
+) -> ReplicaPlan:
+    found = index.replica_snapshot(("ns", name), now)
+    assert found is not None
+    snapshot: ReplicaSnapshot = found
+    return plan_replica(replace(snapshot, free_gpus=free, settling=settling or {}), memory or ReplicaMemory())
+
+
+def let_go(plan: ReplicaPlan) -> dict[str, list[dict[str, Any]]]:
+    """Pod -> its patch's ops, for every pod the plan lets go."""
+    return {w.name: list(w.ops) for w in plan.writes if isinstance(w, PatchPod)}
+
+
+def kept_out(ops: list[dict[str, Any]]) -> list[str]:
+    """The hostnames a release keeps the pod off ([] when it goes unconstrained)."""
+    affinity = [op for op in ops if op["path"] == "/spec/affinity"]
+    if not affinity:
+        return []
+    (term,) = affinity[0]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    (requirement,) = term["matchExpressions"]
+    assert requirement["operator"] == "NotIn" and requirement["key"] == "kubernetes.io/hostname"
+    return list(requirement["values"])
+
+
+def test_the_first_replica_goes_unconstrained_and_is_remembered_as_settling() -> None:
+    index = index_of(*replica("svc-a", held=True), *replica("svc-b", held=True))
+    plan = plan_for(index, free=None)  # no sibling holds a domain: no free GPUs are needed
+    released = let_go(plan)
+    assert set(released) == {"svc-a-p", "svc-a-d"} and all(kept_out(ops) == [] for ops in released.values())
+    assert released["svc-a-p"][:2] == [
+        {"op": "test", "path": "/spec/schedulingGates/0/name", "value": DOMAIN_GATE},
+        {"op": "remove", "path": "/spec/schedulingGates/0"},
+    ]
+    assert plan.settling == {"svc-a": NOW}
+
+
+def test_a_sibling_let_go_and_not_bound_holds_the_next_replica_back_until_it_settles() -> None:
+    index = index_of(*replica("svc-a", held=True), *replica("svc-b"))  # svc-b: past the gate, not bound
+    plan = plan_for(index)
+    assert let_go(plan) == {} and plan.settling == {"svc-b": NOW} and plan.recheck_in == SETTLE_SECONDS
+    # As remembered by the leader, even while its index still shows the sibling held.
+    stale = index_of(*replica("svc-a", held=True), *replica("svc-b", held=True))
+    assert let_go(plan_for(stale, settling={"svc-b": NOW - 5})) == {}
+    assert plan_for(stale, settling={"svc-b": NOW - 5}).recheck_in == SETTLE_SECONDS - 5
+    # One that stays unbound for SETTLE_SECONDS cannot be placed now: the others go.
+    assert set(let_go(plan_for(index, settling={"svc-b": NOW - SETTLE_SECONDS}))) == {"svc-a-p", "svc-a-d"}
+
+
+def test_a_replica_just_let_go_is_not_let_go_twice() -> None:
+    index = index_of(*replica("svc-a", held=True))  # the index has not seen the release yet
+    assert let_go(plan_for(index, settling={"svc-a": NOW - 1})) == {}
+
+
+def test_the_next_replica_keeps_out_every_leaf_that_holds_a_sibling() -> None:
+    index = index_of(*replica("svc-a", held=True), *replica("svc-b", ("node4", "node5")), *replica("svc-c", ("node0", "node0")))
+    assert plan_for(index, free=None).needs_room  # siblings hold domains: is there room outside them?
+    plan = plan_for(index)
+    released = let_go(plan)
+    assert set(released) == {"svc-a-p", "svc-a-d"}
+    assert kept_out(released["svc-a-p"]) == ["node0", "node1", "node4", "node5"]  # leaves s0 and s2
+    assert plan.settling == {"svc-a": NOW}  # (the placed siblings no longer count)
+
+
+def test_at_tier_two_the_whole_spine_is_kept_out() -> None:
+    spine = {MODE: "hard", HIGHEST_TIER: "1", REPLICA_SPREAD_TIER: "2"}
+    index = index_of(*replica("svc-a", held=True), *replica("svc-b", ("node2", "node3")), annotations=spine)
+    assert kept_out(let_go(plan_for(index))["svc-a-d"]) == ["node0", "node1", "node2", "node3"]  # s4
+    by_name = {MODE: "hard", HIGHEST_TIER: "1", REPLICA_SPREAD_TIER_NAME: "spine"}
+    index = index_of(*replica("svc-a", held=True), *replica("svc-b", ("node6", "node7")), annotations=by_name)
+    assert kept_out(let_go(plan_for(index))["svc-a-d"]) == ["node4", "node5", "node6", "node7"]  # s5
+
+
+def test_a_leaf_left_with_room_is_kept_free_only_while_it_holds_the_whole_replica() -> None:
+    index = index_of(*replica("svc-a", held=True), *replica("svc-b", ("node0", "node1")), *replica("svc-c", ("node2", "node3")))
+    # s2 and s3 have one free GPU per node: a hard tier-1 replica of 1 + 1 GPUs fits in either.
+    thin = {**ALL_FREE, **{f"node{i}": 1 for i in range(4, 8)}}
+    assert kept_out(let_go(plan_for(index, free=thin))["svc-a-p"]) == ["node0", "node1", "node2", "node3"]
+    # No GPU free outside s0 and s1: the replica goes unconstrained, and Volcano packs it where it fits.
+    full = {**ALL_FREE, **{f"node{i}": 0 for i in range(4, 8)}}
+    assert all(kept_out(ops) == [] for ops in let_go(plan_for(index, free=full)).values())
+
+
+def test_a_fifth_replica_with_every_leaf_taken_goes_and_once_placed_the_shared_leaf_is_named() -> None:
+    siblings = [*replica("svc-b", ("node0", "node1")), *replica("svc-c", ("node2", "node3"))]
+    siblings += [*replica("svc-d", ("node4", "node5")), *replica("svc-e", ("node6", "node7"))]
+    index = index_of(*replica("svc-a", held=True), *siblings)
+    released = let_go(plan_for(index))
+    assert set(released) == {"svc-a-p", "svc-a-d"} and all(kept_out(ops) == [] for ops in released.values())
+    for bound in replica("svc-a", ("node2", "node2"))[1:]:  # Volcano binds it in s1, with svc-c
+        index.observe("Pod", "MODIFIED", bound)
+    plan = plan_for(index)
+    (shared,) = [say for say in plan.says if say.reason == "ReplicasShareDomain"]
+    assert shared.type == "Warning"
+    assert shared.message.startswith("replica svc-a placed in s1, which also holds replica svc-c: the replicas are to spread over tier 1")
+    assert plan_for(index, memory=plan.memory).says == ()  # said once
+
+
+def test_during_a_rolling_update_only_the_new_revisions_domains_are_kept_out_when_every_leaf_is_taken() -> None:
+    old = [*replica("svc-b", ("node0", "node1")), *replica("svc-c", ("node2", "node3")), *replica("svc-d", ("node4", "node5"))]
+    index = index_of(*replica("svc-a", held=True, revision="r2"), *old, *replica("svc-e", ("node6", "node7"), revision="r2"))
+    assert kept_out(let_go(plan_for(index))["svc-a-p"]) == ["node6", "node7"]
+
+
+def test_a_replica_waits_until_every_pod_of_its_gang_exists() -> None:
+    index = index_of(roleset("svc-a"), pod("svc-a-p", "prefill", held=True, replica="svc-a"))
+    assert let_go(plan_for(index)) == {}
+    index.observe("Pod", "ADDED", pod("svc-a-d", "decode", held=True, replica="svc-a"))
+    assert set(let_go(plan_for(index))) == {"svc-a-p", "svc-a-d"}
+
+
+def test_a_replacement_pod_of_a_placed_replica_goes_at_once_unconstrained() -> None:
+    index = index_of(
+        roleset("svc-a"), pod("svc-a-p", "prefill", "node4", replica="svc-a"), pod("svc-a-d2", "decode", held=True, replica="svc-a"),
+        *replica("svc-b"),  # a sibling on its way does not hold a replacement back
+    )  # fmt: skip
+    released = let_go(plan_for(index, free=None))
+    assert set(released) == {"svc-a-d2"} and kept_out(released["svc-a-d2"]) == []
+
+
+def test_held_pods_go_unconstrained_once_the_spread_is_withdrawn() -> None:
+    index = index_of(*replica("svc-a", held=True), *replica("svc-b", ("node4", "node5")), annotations={MODE: "hard", HIGHEST_TIER: "1"})
+    released = let_go(plan_for(index, free=None))
+    assert set(released) == {"svc-a-p", "svc-a-d"} and all(kept_out(ops) == [] for ops in released.values())
+
+
+def test_a_hard_replicas_router_stays_held_until_the_gang_is_bound_then_follows_it() -> None:
+    objects = [roleset("svc-a", ROUTED), *(pod(f"svc-a-{r}", r, held=True, replica="svc-a") for r in ("prefill", "decode", "router"))]
+    index = index_of(*objects, *replica("svc-b", ("node0", "node1")), roles=ROUTED)
+    released = let_go(plan_for(index))
+    assert set(released) == {"svc-a-prefill", "svc-a-decode"}  # the router follows its gang, as without a spread
+    for role, node in (("prefill", "node4"), ("decode", "node5")):
+        index.observe("Pod", "MODIFIED", pod(f"svc-a-{role}", role, node, replica="svc-a"))
+    plan = plan_for(index)
+    (router,) = let_go(plan).values()
+    within = router[2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert within == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node4", "node5"]}]}]
+
+
+def test_a_pods_own_required_terms_are_each_narrowed() -> None:
+    terms = [
+        {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node4"]}]},
+    ]
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    index = index_of(
+        roleset("svc-a"), pod("svc-a-p", "prefill", held=True, replica="svc-a", affinity=own),
+        pod("svc-a-d", "decode", held=True, replica="svc-a", affinity=own), *replica("svc-b", ("node0", "node1")),
+    )  # fmt: skip
+    ops = let_go(plan_for(index))["svc-a-p"][2:]
+    base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
+    excluded = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node0", "node1"]}
+    assert ops == [
+        {"op": "add", "path": f"{base}/0/matchExpressions/-", "value": excluded},
+        {"op": "add", "path": f"{base}/1/matchExpressions", "value": [excluded]},
+    ]
+
+
+def test_without_unique_hostnames_each_node_is_kept_out_by_name() -> None:
+    index = index_of(*replica("svc-a", held=True), *replica("svc-b", ("node0", "node1")))
+    index.set_nodes(
+        {**{f"node{i}": {"kubernetes.io/hostname": f"node{i}"} for i in range(8)}, "node7": {"kubernetes.io/hostname": "node0"}}, 0
+    )
+    ops = let_go(plan_for(index))["svc-a-p"]
+    (term,) = ops[2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term == {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in ("node0", "node1")]}
+
+
+def test_a_placed_replica_wakes_the_siblings_held_for_the_spread_and_a_held_one_is_not_explained() -> None:
+    index = index_of(*replica("svc-a", ("node4", "node5")), *replica("svc-b", held=True), *replica("svc-c", ("node0", "node1")))
+    index.observe("RoleSet", "ADDED", roleset("svc-d"))  # no pods yet: nothing to wake
+    assert plan_for(index).wake == ("svc-b",)
+    for obj in replica("svc-d")[1:]:  # let go, not bound
+        index.observe("Pod", "ADDED", obj)
+    unschedulable = {"phase": "Pending", "conditions": [{"type": "Unschedulable", "status": "True"}]}
+    index.observe("PodGroup", "ADDED", {"kind": "PodGroup", "metadata": {"name": "svc-b", "namespace": "ns"}, "status": unschedulable})
+    held = plan_for(index, "svc-b")
+    assert held.explain is None and held.wake == () and let_go(held) == {} and held.recheck_in == SETTLE_SECONDS
+
+
+def test_explain_lists_the_replicas_in_every_domain_of_the_spread_tier() -> None:
+    topology = parse_topology(EXAMPLE.read_text())
+    domains = replicas_per_domain(topology, 1, {"svc-a": ["node0", "node1"], "svc-b": ["node4"], "svc-c": []})
+    assert domains == {"s0": ["svc-a"], "s1": [], "s2": ["svc-b"], "s3": []}
+    report = {"namespace": "ns", "stormservice": "svc", "request": "hard", "replicas": [], "spread": {"tier": 1, "domains": domains}}
+    assert render(report)[-5:] == [
+        "  replicas per tier-1 domain (spread over tier 1):",
+        "    s0: svc-a",
+        "    s1: none",
+        "    s2: svc-b",
+        "    s3: none",
+    ]
