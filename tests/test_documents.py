@@ -24,8 +24,15 @@ MONITORING = REPO / "docs" / "monitoring.md"
 DOCUMENTS = sorted([README, REPO / "COMPATIBILITY.md", REPO / "RELIABILITY.md", *(REPO / "docs").glob("*.md")])
 
 # What a user sets on a StormService: the request (the only parser, core/request.py), and the switches
-# read beside it (core/admission.py, core/healing.py, core/moves.py).
-SET_BY_USERS = {*v.REQUEST_ANNOTATIONS, v.PREFER_SAME_NODE, v.HEAL_ANNOTATION, v.LEND_ROOM_ANNOTATION}
+# read beside it (core/admission.py, core/healing.py, core/moves.py); the spread tier is part of the request.
+SET_BY_USERS = {
+    *v.REQUEST_ANNOTATIONS,
+    v.REPLICA_SPREAD_TIER,
+    v.REPLICA_SPREAD_TIER_NAME,
+    v.PREFER_SAME_NODE,
+    v.HEAL_ANNOTATION,
+    v.LEND_ROOM_ANNOTATION,
+}
 # What stormtopo writes (records, labels, its gate) and Volcano's discovery label: never read from a user.
 NOT_SET_BY_USERS = {
     v.REQUEST_ANNOTATION,
