@@ -29,11 +29,13 @@ The design, and why (Volcano v1.15.1):
   that memory around the plan with no await between, so two workers never let two siblings go together.
   A sibling stops counting after SETTLE_SECONDS unbound (it cannot be placed now: the others need not
   wait for it), and its domain is kept out once it is bound.
-- **Only while another domain has room.** Keeping every sibling's domain out is done only while some
-  domain of the spread tier outside them holds the whole replica within its own request (a HyperNode of
-  the replica's own tier that packs its gang into the free GPUs, core/packing.py). Otherwise, during a
-  rolling update, the domains of siblings of the replica's own revision alone (the older ones are
-  leaving); otherwise nothing is kept out, and once placed the replica's Warning names its shared domain.
+- **Fewest replicas first, and only while they have room.** The domains kept out are those holding more
+  replicas of the service than the least-held domains that have room for the whole replica within its
+  own request (a HyperNode of the replica's own tier that packs its gang into the free GPUs,
+  core/packing.py). So four replicas over two spines go two and two, a fifth over four full leaves goes
+  to any leaf, and a replica goes where it fits rather than wait. Once placed in a domain that holds
+  another replica, its Warning names that domain. A rolling update's old replicas count until they are
+  deleted: the new ones balance against them, and fill the domains they leave.
 
 A replacement pod of a replica that is already bound is let go at once, unconstrained: its gang keeps
 its domain. What it costs: while the leader is away, a new replica of a spread service waits at the gate;
@@ -53,7 +55,7 @@ from stormtopo.core.packing import fits
 from stormtopo.core.placement import by_hostname, is_held, is_live
 from stormtopo.core.request import Mode, TierLimit, TopologyRequest
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import DOMAIN_GATE, HOSTNAME_LABEL, REVISION_LABEL, ROLE_LABEL
+from stormtopo.core.vocabulary import DOMAIN_GATE, HOSTNAME_LABEL, ROLE_LABEL
 from stormtopo.core.writes import PatchPod, Say
 
 # Seconds a replica that was let go keeps its siblings waiting while it is not bound. Volcano binds a gang
@@ -71,10 +73,6 @@ class Replica:
     @property
     def name(self) -> str:
         return str(self.roleset["metadata"]["name"])
-
-    @property
-    def revision(self) -> str | None:
-        return ((self.roleset.get("metadata") or {}).get("labels") or {}).get(REVISION_LABEL)
 
     def members(self, request: TopologyRequest | None) -> list[Mapping[str, Any]]:
         """Its live pods that Volcano places as its gang: a hard request's routers (roles that ask for no
@@ -198,7 +196,7 @@ def plan_spread(
     taken = _taken(topology, tier, siblings, request)
     if taken and free is None:
         return SpreadPlan(settling=settling, needs_room=True)
-    kept_out = _kept_out(topology, tier, own_tier(request, topology, tier), replica, taken, free or {}, request)
+    kept_out = _kept_out(topology, tier, own_tier(request, topology, tier), replica, taken, free or {})
     nodes = sorted(n for domain in kept_out for n in topology.nodes_under(domain))
     hosts = by_hostname(nodes, hostnames or {}) if nodes else None
     writes = tuple(_let_go(p, nodes, hosts) for p in held)
@@ -215,21 +213,15 @@ def _taken(topology: Topology, tier: int, siblings: Sequence[Replica], request: 
 
 
 def _kept_out(
-    topology: Topology,
-    tier: int,
-    own: int,
-    replica: Replica,
-    taken: Mapping[str, Sequence[Replica]],
-    free: Mapping[str, int],
-    request: TopologyRequest,
+    topology: Topology, tier: int, own: int, replica: Replica, taken: Mapping[str, Sequence[Replica]], free: Mapping[str, int]
 ) -> set[str]:
-    """Every sibling's domain while another domain holds the whole replica; else (a rolling update) only
-    the domains of siblings of its own revision; else none."""
+    """The domains holding more siblings than the least-held domains with room for the whole replica;
+    none when only the most-held ones have room (or none has: Volcano keeps it Pending, or packs it)."""
     need = replica_pods(replica.roleset.get("spec") or {})
-    every = set(taken)
-    current = {domain for domain, holders in taken.items() if any(s.revision == replica.revision for s in holders)}
-    for kept_out in (every, current):
-        if kept_out and _room_outside(topology, tier, own, need, free, kept_out):
+    held = {s.name: len(taken.get(s.name, ())) for s in topology.switches.values() if s.tier == tier}
+    for level in sorted(set(held.values()))[:-1]:  # at the highest level nothing is kept out
+        kept_out = {domain for domain, count in held.items() if count > level}
+        if _room_outside(topology, tier, own, need, free, kept_out):
             return kept_out
     return set()
 
@@ -269,7 +261,7 @@ def shared_domain(
                 "Warning",
                 "ReplicasShareDomain",
                 f"replica {replica} placed in {domain}, which also holds replica {', '.join(others)}: the replicas are to "
-                f"spread over tier {tier}, and no tier-{tier} domain without one of them could hold the whole replica "
+                f"spread over tier {tier}, and no tier-{tier} domain holding fewer of them could hold the whole replica "
                 f"({request.describe()})",
             )
     return None

@@ -242,10 +242,22 @@ def test_a_fifth_replica_with_every_leaf_taken_goes_and_once_placed_the_shared_l
     assert plan_for(index, memory=plan.memory).says == ()  # said once
 
 
-def test_during_a_rolling_update_only_the_new_revisions_domains_are_kept_out_when_every_leaf_is_taken() -> None:
-    old = [*replica("svc-b", ("node0", "node1")), *replica("svc-c", ("node2", "node3")), *replica("svc-d", ("node4", "node5"))]
-    index = index_of(*replica("svc-a", held=True, revision="r2"), *old, *replica("svc-e", ("node6", "node7"), revision="r2"))
-    assert kept_out(let_go(plan_for(index))["svc-a-p"]) == ["node6", "node7"]
+def test_replicas_balance_over_the_tier_the_least_held_domains_with_room_first() -> None:
+    spine = {MODE: "hard", HIGHEST_TIER: "1", REPLICA_SPREAD_TIER: "2"}
+    # One replica under each spine: the third may go to either, the fourth only to the spine left with one.
+    index = index_of(
+        *replica("svc-a", held=True), *replica("svc-b", ("node0", "node1")), *replica("svc-c", ("node4", "node5")), annotations=spine
+    )
+    assert all(kept_out(ops) == [] for ops in let_go(plan_for(index)).values())
+    for obj in replica("svc-d", ("node2", "node3")):
+        index.observe(str(obj["kind"]), "ADDED", obj)
+    assert kept_out(let_go(plan_for(index))["svc-a-p"]) == ["node0", "node1", "node2", "node3"]  # s4 holds two
+    # Leaves: s0 holds two, the others one: only s0 is kept out; with no room left in s1..s3, nothing is.
+    leaves = [*replica("svc-b", ("node0", "node1")), *replica("svc-c", ("node0", "node0")), *replica("svc-d", ("node2", "node3"))]
+    index = index_of(*replica("svc-a", held=True), *leaves, *replica("svc-e", ("node4", "node5")), *replica("svc-f", ("node6", "node7")))
+    assert kept_out(let_go(plan_for(index))["svc-a-p"]) == ["node0", "node1"]
+    full = {**ALL_FREE, **{f"node{i}": 0 for i in range(2, 8)}}
+    assert all(kept_out(ops) == [] for ops in let_go(plan_for(index, free=full)).values())
 
 
 def test_a_replica_waits_until_every_pod_of_its_gang_exists() -> None:
