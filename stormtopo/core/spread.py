@@ -75,16 +75,18 @@ class Replica:
         return str(self.roleset["metadata"]["name"])
 
     def members(self, request: TopologyRequest | None) -> list[Mapping[str, Any]]:
-        """Its live pods that Volcano places as its gang: a hard request's routers (roles that ask for no
-        resources) follow the gang into its domain later (core/placement.py), so they are not let go here."""
-        spec = self.roleset.get("spec") or {}
-        following = followers(spec) if request is not None and request.mode is Mode.HARD else frozenset()
+        """Its live pods that Volcano places as its gang. Routers (roles that ask for no resources) are in a
+        soft gang; otherwise they follow the gang into its domain later, as the last valid request asked
+        (core/placement.py), so they are not let go here."""
+        following = self._following(request)
         return [p for p in self.pods if is_live(p) and roleset_name(p) == self.name and _role(p) not in following]
 
     def expected(self, request: TopologyRequest | None) -> int:
-        spec = self.roleset.get("spec") or {}
-        following = followers(spec) if request is not None and request.mode is Mode.HARD else frozenset()
-        return gang_of(spec, following).min_member
+        return gang_of(self.roleset.get("spec") or {}, self._following(request)).min_member
+
+    def _following(self, request: TopologyRequest | None) -> frozenset[str]:
+        soft = request is not None and request.mode is Mode.SOFT
+        return frozenset() if soft else followers(self.roleset.get("spec") or {})
 
     def bound_nodes(self, request: TopologyRequest | None) -> list[str]:
         return [str(p["spec"]["nodeName"]) for p in self.members(request) if (p.get("spec") or {}).get("nodeName")]

@@ -295,6 +295,21 @@ def test_a_hard_replicas_router_stays_held_until_the_gang_is_bound_then_follows_
     assert within == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node4", "node5"]}]}]
 
 
+def test_with_an_invalid_request_a_held_gang_goes_and_its_router_still_follows_it() -> None:
+    objects = [roleset("svc-a", ROUTED), *(pod(f"svc-a-{r}", r, held=True, replica="svc-a") for r in ("prefill", "decode", "router"))]
+    index = index_of(*objects, annotations={MODE: "hard", HIGHEST_TIER: "9", REPLICA_SPREAD_TIER: "1"}, roles=ROUTED)
+    released = let_go(plan_for(index, free=None))
+    assert set(released) == {"svc-a-prefill", "svc-a-decode"} and all(kept_out(ops) == [] for ops in released.values())
+
+
+def test_a_soft_replicas_router_is_part_of_its_gang_and_goes_with_it() -> None:
+    objects = [roleset("svc-a", ROUTED), *(pod(f"svc-a-{r}", r, held=True, replica="svc-a") for r in ("prefill", "decode", "router"))]
+    index = index_of(*objects, *replica("svc-b", ("node0", "node1")), annotations={MODE: "soft", REPLICA_SPREAD_TIER: "1"}, roles=ROUTED)
+    released = let_go(plan_for(index))
+    assert set(released) == {"svc-a-prefill", "svc-a-decode", "svc-a-router"}
+    assert all(kept_out(ops) == ["node0", "node1"] for ops in released.values())
+
+
 def test_a_pods_own_required_terms_are_each_narrowed() -> None:
     terms = [
         {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
