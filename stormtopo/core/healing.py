@@ -62,6 +62,9 @@ class Why(StrEnum):
     SOFT_WIDE = "soft-above-tier"
     VIOLATION = "hard-violation"
     MAKE_ROOM = "make-room"  # within its tier, it moves to another domain so that a wide replica fits (core/room.py)
+    # A hard replica with a pod Pending past --heal-stranded-after in a domain that cannot hold it, while another
+    # domain within its tier holds it whole: Volcano keeps a gang with a running pod in its HyperNode (issue 35).
+    STRANDED = "stranded"
 
 
 class Block(StrEnum):
@@ -142,6 +145,7 @@ def room_made_for(stormservices: Iterable[Mapping[str, Any]]) -> dict[tuple[str,
     return out
 
 
+STRANDED_AFTER = 300.0  # seconds a pod of a hard replica waits, its other pods running, before the replica is stranded
 MAX_MOVING = 2  # replicas moving at once in the whole cluster (--heal-max-moving): a recovery is no synchronised restart
 
 
@@ -165,6 +169,19 @@ def making_room_under_way(stormservices: Iterable[Mapping[str, Any]], now: float
             if move.get("reason") == Why.MAKE_ROOM and not move.get("done") and (at is None or now - at <= MOVE_DEADLINE):
                 return True
     return False
+
+
+def pending_since(pods: Sequence[Mapping[str, Any]]) -> float | None:
+    """Of one replica's live pods: when the longest-waiting unbound one was created, if another is bound
+    (a gang with a running pod is kept in its domain by Volcano); None otherwise."""
+    bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
+    waiting = [
+        t
+        for p in pods
+        if not (p.get("spec") or {}).get("nodeName") and not (p.get("metadata") or {}).get("deletionTimestamp")
+        if (t := _seconds((p.get("metadata") or {}).get("creationTimestamp"))) is not None
+    ]
+    return min(waiting) if bound and waiting else None
 
 
 @dataclass(frozen=True)
@@ -191,6 +208,11 @@ class Replica:
 
     def bound(self) -> list[Mapping[str, Any]]:
         return [p for p in self.live() if (p.get("spec") or {}).get("nodeName")]
+
+    def pending_since(self) -> float | None:
+        """When the longest-waiting of its pods was created, if some of its pods run and that one is not
+        bound (a replacement Volcano keeps in the gang's domain); None otherwise."""
+        return pending_since(self.live())
 
     def wanted(self) -> list[int]:
         return replica_pods(self.roleset.get("spec") or {})
@@ -260,6 +282,7 @@ class HealSnapshot:
     # Per node, what decides whether the replica's pods may run there, GPUs aside (taints, labels, other
     # resources left; core/node_fit.py); None: not read, every node in `free` counts.
     nodes: Mapping[str, NodeFacts] | None = None
+    stranded_after: float = STRANDED_AFTER  # --heal-stranded-after
 
     @property
     def request(self) -> TopologyRequest | None:
@@ -540,7 +563,7 @@ def _verdicts(
                 chosen = replica.name
             else:
                 searches += 1
-                target = _room(snapshot, replica, tier)
+                target = _room(snapshot, replica, tier, elsewhere=verdict.why is Why.STRANDED)
                 if target is not None:
                     chosen = replica.name
                     verdict = replace(verdict, target=target)
@@ -550,7 +573,7 @@ def _verdicts(
                     )
         elif verdict.why is not None and verdict.block is not Block.MOVING and not said_for_blocked:
             said_for_blocked = True
-            verdict = replace(verdict, target=_room(snapshot, replica, tier))
+            verdict = replace(verdict, target=_room(snapshot, replica, tier, elsewhere=verdict.why is Why.STRANDED))
         out.append(verdict)
     return tuple(out)
 
@@ -567,6 +590,12 @@ def _verdict(
     if replica.name in in_flight:
         return Verdict(replica.name, "moving", None, blocked="its move is under way", block=Block.MOVING)
     if not replica.complete():
+        since = replica.pending_since()
+        if request.mode is Mode.HARD and since is not None and snapshot.now - since >= snapshot.stranded_after:
+            span = snapshot.topology.span(replica.nodes())
+            where = f"{span.hypernode}, tier {span.tier}" if span.hypernode else "no common HyperNode"
+            blocked, block = _blocked(snapshot, replica, moves, memory, in_flight, stranded=True)
+            return Verdict(replica.name, where, Why.STRANDED, None, blocked, block)
         return Verdict(replica.name, "incomplete", None, blocked="not every pod is bound (or one is on its way out)")
     nodes = replica.nodes()
     unknown = [n for n in nodes if n not in snapshot.topology.nodes]
@@ -636,15 +665,46 @@ def domain_left(topology: Topology, nodes: Sequence[str], tier: int) -> str | No
     return at[0] if at and all(n in topology.nodes_under(at[0]) for n in nodes) else None
 
 
-def _room(snapshot: HealSnapshot, replica: Replica, tier: int) -> DomainFit | None:
+def _room(snapshot: HealSnapshot, replica: Replica, tier: int, elsewhere: bool = False) -> DomainFit | None:
     """The best domain within `tier` that holds the whole replica now, counting what it holds itself
-    as free (it leaves those nodes when it moves); lowest tier first."""
+    as free (it leaves those nodes when it moves); lowest tier first. `elsewhere` (a stranded replica):
+    not a domain with its running pods in it, where it is stuck already."""
     free = freed(room_for(snapshot, replica), replica.gpus_by_node())
+    stuck_on = set(replica.nodes()) if elsewhere else set()
     for t in range(1, tier + 1):
-        domains = domains_at_tier(snapshot.topology, free, replica.wanted(), t)
+        domains = domains_at_tier(snapshot.topology, free, replica.wanted(), t)  # those that fit first
+        domains = [d for d in domains if not stuck_on & set(snapshot.topology.nodes_under(d.switch.name))]
         if domains and domains[0].fits:
             return domains[0]
     return None
+
+
+def plan_stranded(snapshot: HealSnapshot, memory: HealMemory) -> tuple[list[Write], HealMemory]:
+    """A service that does not ask for healing: a Warning (once) for each replica stranded (see
+    Why.STRANDED) where another domain within its tier holds it whole, saying where; nothing moves."""
+    request = snapshot.request
+    tier = tier_to_heal(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only=False)
+    if request is None or tier is None or request.mode is not Mode.HARD:
+        return [], memory
+    says = []
+    for replica in snapshot.replicas:
+        since = replica.pending_since()
+        if since is None or snapshot.now - since < snapshot.stranded_after:
+            continue
+        target = _room(snapshot, replica, tier, elsewhere=True)
+        if target is None:
+            continue
+        span = snapshot.topology.span(replica.nodes())
+        where = f"{span.hypernode}, tier {span.tier}" if span.hypernode else "no common HyperNode"
+        verdict = Verdict(replica.name, where, Why.STRANDED, target)
+        message = (
+            f"replica {replica.name} is stranded: a pod of it has waited since {_timestamp(since)} in {where}, which cannot "
+            f"hold it (Volcano keeps a gang with a running pod in its domain); {target.switch.name} (tier {target.switch.tier}) "
+            f'holds the whole replica now. With {HEAL_ANNOTATION}: "true" stormtopo moves it there, whole'
+        )
+        says.append((verdict, Say("Warning", "ReplicaStranded", message)))
+    writes, memory = _say_once(memory, snapshot.stormservice, says)
+    return writes, memory
 
 
 def _blocked(
@@ -654,6 +714,7 @@ def _blocked(
     memory: HealMemory,
     in_flight: Sequence[str],
     lending: bool = False,
+    stranded: bool = False,
 ) -> tuple[str, Block | None]:
     """Why a wide replica (or, `lending`, a replica ordered to make room) does not move now, cheapest
     check first; ("", None) when it may."""
@@ -685,7 +746,7 @@ def _blocked(
         return f"a rollout is under way ({rollout}); no replica moves until AIBrix has finished it", Block.ROLLOUT
     replicas, budget = lender_budget(snapshot.stormservice) if lending else replica_budget(snapshot.stormservice)
     ready_others = sum(1 for r in snapshot.replicas if r.name != replica.name and r.ready())
-    if ready_others < replicas - budget:
+    if ready_others < replicas - budget and not stranded:  # a stranded replica serves nothing now: moving it costs none
         why = "max(1, replicas - 1) when it lends room" if lending else f"maxUnavailable {budget}"
         return (
             f"{ready_others} other replicas are ready and the service keeps at least {replicas - budget} of {replicas} ({why})",
@@ -896,6 +957,11 @@ def _because(verdict: Verdict, request: TopologyRequest, tier: int, make_room: M
         return f"it makes room in {make_room.frees} for {make_room.wide}, which no domain within its tier holds now"
     if verdict.why is Why.VIOLATION:
         return f"it violates its hard request ({request.describe()})"
+    if verdict.why is Why.STRANDED:
+        return (
+            f"a pod of it has waited in {verdict.span} since its other pods ran there, which cannot hold it, and "
+            f"Volcano keeps a gang with a running pod in its domain ({request.describe()})"
+        )
     return f"it landed above tier {tier} ({request.describe()})"
 
 

@@ -174,6 +174,7 @@ async def run(config: OperatorConfig) -> None:
         make_room_enabled=config.heal_make_room,
         leading=lambda: leadership.is_leader,
         max_moving=config.heal_max_moving,
+        stranded_after=config.heal_stranded_after,
     )
     loops.every("healing", config.heal_interval, healer.check)
     if config.node_tier:

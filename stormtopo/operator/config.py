@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from stormtopo.core.healing import COOLDOWN, MAX_MOVING
+from stormtopo.core.healing import COOLDOWN, MAX_MOVING, STRANDED_AFTER
 
 HEAL_INTERVAL = 10.0  # seconds between two healing passes
 
@@ -43,6 +43,7 @@ class OperatorConfig:
     heal_cooldown: float = COOLDOWN
     heal_make_room: bool = False  # move replicas of opted-in services out of the way of wide ones (core/room.py)
     heal_max_moving: int = MAX_MOVING  # replicas moving at once in the whole cluster
+    heal_stranded_after: float = STRANDED_AFTER  # seconds a hard replica's pod waits beside running ones before it is stranded
     node_tier: bool = False  # keep a short list of tier-0 HyperNodes current (issue 21; docs/node-tier.md)
     node_tier_keep_runs: bool = False  # the node tier keeps runs of empty nodes for whole-node replicas
     node_tier_leaf: tuple[str, ...] = ()  # leaves another writer keeps that the node tier may change anyway
@@ -105,6 +106,13 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         type=_positive(int),
         default=d.heal_max_moving,
         help="replicas that healing moves at once in the whole cluster (a recovery after an outage is no synchronised restart)",
+    )
+    p.add_argument(
+        "--heal-stranded-after",
+        type=_positive(float),
+        default=d.heal_stranded_after,
+        help="seconds a pod of a hard replica waits, its other pods running, before the replica counts as stranded "
+        "(moved whole to a domain that holds it with stormtopo.io/heal, else a ReplicaStranded Warning)",
     )
     p.add_argument(
         "--heal-make-room",

@@ -32,6 +32,7 @@ from stormtopo.core.healing import (
     MAX_MOVING,
     MOVE_DEADLINE,
     NO_ROOM_RECHECK,
+    STRANDED_AFTER,
     Block,
     HealMemory,
     HealPlan,
@@ -42,13 +43,16 @@ from stormtopo.core.healing import (
     making_room_under_way,
     may_need_healing,
     moving_in_cluster,
+    pending_since,
     placed_since,
     plan_healing,
     plan_refused,
+    plan_stranded,
     resident,
     room_made_for,
     room_of,
     set_aside,
+    wants_healing,
     wide_replica,
 )
 from stormtopo.core.placement import merge_placements
@@ -96,6 +100,8 @@ class Healer:
     make_room_enabled: bool = False  # --heal-make-room
     leading: Callable[[], bool] = lambda: True
     max_moving: int = MAX_MOVING  # --heal-max-moving: replicas moving at once in the whole cluster
+    stranded_after: float = STRANDED_AFTER  # --heal-stranded-after
+    _noticed: dict[Key, HealMemory] = field(default_factory=dict)  # what was said of stranded replicas of services not healing
     _memory: dict[Key, HealMemory] = field(default_factory=dict)
     _free: dict[str, int] | None = None  # this pass's reading
     _no_room: list[tuple[Key, Replica, int]] = field(default_factory=list)  # this pass's wide replicas with nowhere to go
@@ -117,8 +123,15 @@ class Healer:
         # Services room is being made for (from the lenders' move records): read every pass until it is there.
         awaited = {(ns, name) for (ns, name, _), at in room_made_for(self.index.stormservices.values()).items() if now - at < MOVE_DEADLINE}
         for key, stormservice in list(self.index.stormservices.items()):
-            if not may_need_healing(stormservice, tiers, topology):
+            if not may_need_healing(stormservice, tiers, topology) and not self._stranded(key, now):
                 self._memory.pop(key, None)
+                self._noticed.pop(key, None)
+                continue
+            if not wants_healing(stormservice):  # stranded, and not asking for healing: said where it would fit
+                try:
+                    await self.notice_stranded(key)
+                except Exception:
+                    log.exception("checking %s/%s for a stranded replica failed; trying again at the next pass", *key)
                 continue
             if now < self._memory.get(key, HealMemory()).quiet_until and key not in awaited:
                 if not self._fresh or now - self._woken.get(key, float("-inf")) < self.recheck:
@@ -135,6 +148,8 @@ class Healer:
                 log.exception("making room failed; trying again at the next pass")
         for gone in set(self._memory) - set(self.index.stormservices):
             del self._memory[gone]
+        for gone in set(self._noticed) - set(self.index.stormservices):
+            del self._noticed[gone]
         self._woken = {k: t for k, t in self._woken.items() if now - t < self.recheck}
         metrics.HEALING_PASSES.inc()
 
@@ -155,6 +170,21 @@ class Healer:
                 if verdict.block is Block.NO_ROOM and verdict.why in (Why.SOFT_WIDE, Why.VIOLATION):
                     self._no_room.append((key, next(r for r in snapshot.replicas if r.name == verdict.replica), tier))
         return plan if await self.carry_out(key, snapshot, plan) else None
+
+    def _stranded(self, key: Key, now: float) -> bool:
+        """From the index, no API read: a replica of the service has a pod waiting past the threshold beside
+        running ones (core/healing.py, Why.STRANDED; the plan judges the rest on a fresh read)."""
+        return any(
+            (since := pending_since(self.index.pods_of(key[0], r["metadata"]["name"]))) is not None and now - since >= self.stranded_after
+            for r in self.index.rolesets_of(*key)
+        )
+
+    async def notice_stranded(self, key: Key) -> None:
+        snapshot = await self.snapshot(key)
+        if snapshot is None:
+            return
+        writes, self._noticed[key] = plan_stranded(snapshot, self._noticed.get(key, HealMemory()))
+        await execute(self.api, writes, self.report)
 
     async def make_room(self) -> None:
         """For this pass's wide replicas with nowhere to go (at most WIDE_TRIED of them), one replica of
@@ -245,6 +275,7 @@ class Healer:
             moving_elsewhere=self._moving_elsewhere(key),
             max_moving=self.max_moving,
             nodes=await self.room.node_facts(),
+            stranded_after=self.stranded_after,
         )
 
     def _moving_elsewhere(self, key: Key) -> int:

@@ -510,3 +510,61 @@ def test_no_move_while_aibrix_rolls_the_service_out() -> None:
     svc["spec"]["paused"] = True
     svc["status"]["currentRevision"] = "svc-7c9"
     assert plan_healing(snap(svc, WIDE), HealMemory()).moving is not None
+
+
+def _stranded(created: float) -> Replica:
+    """Prefill running on node0 (s0); its decode re-created (its node gone) and Pending since `created`."""
+    running = replica("svc-a", "node0", None)
+    pending = {
+        "metadata": {
+            "name": "svc-a-decode-0",
+            "uid": f"svc-a-decode-{created:.0f}",
+            "namespace": "ns",
+            "creationTimestamp": stamp(created),
+            "labels": {"storm-service-name": "svc", "roleset-name": "svc-a", "role-name": "decode", "app": "svc"},
+        },
+        "spec": {},
+        "status": {"phase": "Pending"},
+    }
+    return Replica(running.roleset, (*running.pods, pending))
+
+
+# node1 gone from s0 (not in the free reading), s0's node0 full with the prefill; s1 empty; the rest busy.
+STRANDED_FREE = {n: g for n, g in free({"node0": 8, "node4": 8, "node5": 8, "node6": 8, "node7": 8}).items() if n != "node1"}
+
+
+def test_a_stranded_hard_replica_moves_whole_into_a_domain_that_holds_it() -> None:
+    """Issue 35, item 2: a pod Pending past the threshold in a domain that cannot hold it, while another
+    leaf holds the whole replica: every pod of it is evicted (the running prefill too) and the gang is
+    held within that leaf's tier."""
+    from stormtopo.core.healing import STRANDED_AFTER
+
+    snapshot = HealSnapshot(service(HARD1), (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
+    plan = plan_healing(snapshot, HealMemory())
+    assert plan.moving is not None and plan.moving.why is Why.STRANDED
+    assert plan.moving.target is not None and plan.moving.target.switch.name == "s1"
+    assert evictions(plan) == ["svc-a-decode-0", "svc-a-prefill-0"]  # the pending one too: the gang starts afresh
+    (moving,) = said(plan, "ReplicaMoving")
+    assert "keeps a gang with a running pod in its domain" in moving
+    # Not before the threshold, and not a soft replica (Volcano places a soft one's pod outside its domain).
+    early = HealSnapshot(service(HARD1), (_stranded(NOW - 60),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
+    assert plan_healing(early, HealMemory()).moving is None
+    soft = HealSnapshot(service(SOFT1), (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
+    assert plan_healing(soft, HealMemory()).moving is None
+    # No other leaf holds it: it stays, and nothing is evicted.
+    full = {**STRANDED_FREE, "node2": 0, "node3": 0}
+    none = HealSnapshot(service(HARD1), (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, full, (), NOW)
+    assert plan_healing(none, HealMemory()).moving is None and evictions(plan_healing(none, HealMemory())) == []
+
+
+def test_without_healing_a_stranded_replica_is_said_once_with_where_it_would_fit() -> None:
+    from stormtopo.core.healing import STRANDED_AFTER, plan_stranded
+
+    svc = service({MODE: "hard", HIGHEST_TIER: "1"})
+    snapshot = HealSnapshot(svc, (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
+    assert plan_healing(snapshot, HealMemory()).writes == ()  # nothing moves without the opt-in
+    writes, memory = plan_stranded(snapshot, HealMemory())
+    (event,) = writes
+    assert isinstance(event, PostEvent) and event.say.reason == "ReplicaStranded" and event.say.type == "Warning"
+    assert "s1 (tier 1) holds the whole replica now" in event.say.message and "stormtopo.io/heal" in event.say.message
+    assert plan_stranded(snapshot, memory)[0] == []  # once
