@@ -18,6 +18,17 @@ from stormtopo.operator.watch import ListWatch
 SELECTOR = "stormtopo.io/admitted"
 
 
+def kubeconfig_for(tmp_path: Path, server: str) -> Path:
+    """A kubeconfig naming `server`, with a token: what Api and WatchStreams read."""
+    kubeconfig = tmp_path / "kubeconfig"
+    cluster = {"name": "k", "cluster": {"server": server}}
+    context = {"name": "c", "context": {"cluster": "k", "user": "u"}}
+    kubeconfig.write_text(
+        json.dumps({"current-context": "c", "contexts": [context], "clusters": [cluster], "users": [{"name": "u", "user": {"token": "t"}}]})
+    )
+    return kubeconfig
+
+
 def _pod(name: str, rv: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": rv}}
 
@@ -75,17 +86,7 @@ def test_lists_a_page_at_a_time_watches_from_its_version_and_relists_after_410(t
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = runner.addresses[0][1]
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "current-context": "c",
-                    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-                    "clusters": [{"name": "k", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                }
-            )
-        )
+        kubeconfig = kubeconfig_for(tmp_path, f"http://127.0.0.1:{port}")
         api = Api(str(kubeconfig))
         streams = WatchStreams(api)
         seen: list[tuple[str | None, str, str]] = []
@@ -186,17 +187,7 @@ def test_a_kind_not_served_yet_is_listed_again_within_seconds_not_the_30_s_cap(t
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         port = runner.addresses[0][1]
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "current-context": "c",
-                    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-                    "clusters": [{"name": "k", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                }
-            )
-        )
+        kubeconfig = kubeconfig_for(tmp_path, f"http://127.0.0.1:{port}")
         api = Api(str(kubeconfig))
         streams = WatchStreams(api)
         seen: list[str] = []

@@ -15,6 +15,7 @@ from stormtopo.core.vocabulary import GPU
 from stormtopo.kube.client import Api
 from stormtopo.operator.loops import Loops
 from stormtopo.operator.room import BOUND, NodeRoom, pod_gpus
+from tests.kube.test_list_watch import kubeconfig_for
 
 
 def _pod(name: str, node: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
@@ -65,17 +66,7 @@ def test_lists_once_then_follows_the_watch(tmp_path: Path) -> None:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         port = runner.addresses[0][1]
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "current-context": "c",
-                    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-                    "clusters": [{"name": "k", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                }
-            )
-        )
+        kubeconfig = kubeconfig_for(tmp_path, f"http://127.0.0.1:{port}")
         loops = Loops()
         room = NodeRoom(Api(str(kubeconfig)), loops)
 
