@@ -32,7 +32,7 @@ from stormtopo.core.gang import gpus_per_pod, replica_pods
 from stormtopo.core.jsonpatch import set_spec_fields
 from stormtopo.core.moves import CLOCK_SKEW, HOLD, annotation_table, asks_healing, recorded_moves, recorded_seconds
 from stormtopo.core.moves import MOVE_DEADLINE as MOVE_DEADLINE  # the hold's deadline too (core/moves.py); the shell's import
-from stormtopo.core.node_fit import NodeFacts, nodes_for, pod_requests
+from stormtopo.core.node_fit import NodeFacts, nodes_for, pod_requests, without_pins
 from stormtopo.core.packing import DomainFit, domains_at_tier
 from stormtopo.core.placement import is_live
 from stormtopo.core.podgroup import desired_fields
@@ -172,16 +172,23 @@ def making_room_under_way(stormservices: Iterable[Mapping[str, Any]], now: float
 
 
 def pending_since(pods: Sequence[Mapping[str, Any]]) -> float | None:
-    """Of one replica's live pods: when the longest-waiting unbound one was created, if another is bound
-    (a gang with a running pod is kept in its domain by Volcano); None otherwise."""
+    """Of one replica's live pods: since when the longest-waiting unbound one has been found
+    unschedulable by the scheduler (its PodScheduled condition False), if another is bound (a gang with
+    a running pod is kept in its domain by Volcano); None otherwise. A pod held at a scheduling gate
+    (stormtopo's own: a router, a spread replica not let go yet) is not waiting for room."""
     bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
-    waiting = [
-        t
-        for p in pods
-        if not (p.get("spec") or {}).get("nodeName") and not (p.get("metadata") or {}).get("deletionTimestamp")
-        if (t := _seconds((p.get("metadata") or {}).get("creationTimestamp"))) is not None
-    ]
+    waiting = [t for p in pods if (t := _unschedulable_since(p)) is not None]
     return min(waiting) if bound and waiting else None
+
+
+def _unschedulable_since(pod: Mapping[str, Any]) -> float | None:
+    spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
+    if spec.get("nodeName") or spec.get("schedulingGates") or meta.get("deletionTimestamp"):
+        return None
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" and condition.get("reason") != "SchedulingGated":
+            return _seconds(condition.get("lastTransitionTime"))
+    return None
 
 
 @dataclass(frozen=True)
@@ -648,7 +655,7 @@ def room_of(free: Mapping[str, int], nodes: Mapping[str, NodeFacts] | None, repl
     `nodes` None: not read, every node counts."""
     if nodes is None:
         return free
-    specs = [p.get("spec") or {} for p in replica.live()]
+    specs = [without_pins(p.get("spec") or {}) for p in replica.live()]
     eligible = nodes_for(specs, nodes, replica.requests_by_node())
     return {node: gpus for node, gpus in free.items() if node in eligible}
 
@@ -727,9 +734,10 @@ def _blocked(
             Block.CLUSTER_CAP,
         )
     move = moves.get(replica.name) or {}
-    if _misses(move) >= GIVE_UP_AFTER:
+    misses = _misses(move) if (move.get("reason") == Why.STRANDED) == stranded else 0  # per kind: wide or stranded
+    if misses >= GIVE_UP_AFTER:
         return (
-            f"its last {_misses(move)} moves did not land within its tier (Volcano placed it wide again each time); "
+            f"its last {misses} moves did not land within its tier (Volcano placed it wide again each time); "
             "stormtopo does not move it again (a rollout's new replicas start afresh)",
             Block.GAVE_UP,
         )

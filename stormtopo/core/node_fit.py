@@ -17,7 +17,7 @@ from fractions import Fraction
 from typing import Any
 
 from stormtopo.core.gang import quantity
-from stormtopo.core.vocabulary import GPU
+from stormtopo.core.vocabulary import GPU, HOSTNAME_LABEL
 
 HOSTNAME = "metadata.name"  # the one field a nodeSelectorTerm's matchFields may name
 
@@ -114,6 +114,28 @@ def why_not(pod_spec: Mapping[str, Any], name: str, node: NodeFacts, freed: Mapp
         if wanted > left:
             return f"{resource}: asks {Fraction(wanted, 1000)}, {Fraction(left, 1000)} left"
     return ""
+
+
+def without_pins(pod_spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A pod's spec without node-affinity requirements by node (the hostname label, the metadata.name
+    field): those stormtopo adds itself (a released pod kept in its gang's domain, a spread replica kept
+    out of its siblings' domains) say where the replica is, not where it could run once moved. A user's
+    own pin by hostname is dropped too (rare in a template AIBrix replicates across replicas)."""
+    affinity = pod_spec.get("affinity") or {}
+    required = ((affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return pod_spec
+    kept = []
+    for term in terms:
+        expressions = [e for e in term.get("matchExpressions") or [] if e.get("key") != HOSTNAME_LABEL]
+        fields = [f for f in term.get("matchFields") or [] if f.get("key") != HOSTNAME]
+        if expressions or fields:
+            kept.append({**({"matchExpressions": expressions} if expressions else {}), **({"matchFields": fields} if fields else {})})
+        else:
+            return {**pod_spec, "affinity": {**affinity, "nodeAffinity": {}}}  # a term of pins alone: any node would do
+    node_affinity = {**(affinity.get("nodeAffinity") or {}), "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": kept}}
+    return {**pod_spec, "affinity": {**affinity, "nodeAffinity": node_affinity}}
 
 
 def nodes_for(

@@ -102,6 +102,7 @@ class Healer:
     max_moving: int = MAX_MOVING  # --heal-max-moving: replicas moving at once in the whole cluster
     stranded_after: float = STRANDED_AFTER  # --heal-stranded-after
     _noticed: dict[Key, HealMemory] = field(default_factory=dict)  # what was said of stranded replicas of services not healing
+    _noticed_pods: dict[Key, frozenset[str]] = field(default_factory=dict)  # the waiting pods it was said for
     _memory: dict[Key, HealMemory] = field(default_factory=dict)
     _free: dict[str, int] | None = None  # this pass's reading
     _no_room: list[tuple[Key, Replica, int]] = field(default_factory=list)  # this pass's wide replicas with nowhere to go
@@ -126,8 +127,15 @@ class Healer:
             if not may_need_healing(stormservice, tiers, topology) and not self._stranded(key, now):
                 self._memory.pop(key, None)
                 self._noticed.pop(key, None)
+                self._noticed_pods.pop(key, None)
                 continue
+            if not self.room.listed():
+                break  # the free-room reading's first list is under way: this pass waits for none of it
             if not wants_healing(stormservice):  # stranded, and not asking for healing: said where it would fit
+                waiting = self._waiting(key)
+                if self._noticed_pods.get(key) == waiting:
+                    continue  # said already for these pods: no read every pass for as long as they wait
+                self._noticed_pods[key] = waiting
                 try:
                     await self.notice_stranded(key)
                 except Exception:
@@ -150,6 +158,7 @@ class Healer:
             del self._memory[gone]
         for gone in set(self._noticed) - set(self.index.stormservices):
             del self._noticed[gone]
+        self._noticed_pods = {k: v for k, v in self._noticed_pods.items() if k in self.index.stormservices}
         self._woken = {k: t for k, t in self._woken.items() if now - t < self.recheck}
         metrics.HEALING_PASSES.inc()
 
@@ -170,6 +179,15 @@ class Healer:
                 if verdict.block is Block.NO_ROOM and verdict.why in (Why.SOFT_WIDE, Why.VIOLATION):
                     self._no_room.append((key, next(r for r in snapshot.replicas if r.name == verdict.replica), tier))
         return plan if await self.carry_out(key, snapshot, plan) else None
+
+    def _waiting(self, key: Key) -> frozenset[str]:
+        """The pods of the service that wait unbound (from the index)."""
+        return frozenset(
+            p["metadata"]["name"]
+            for r in self.index.rolesets_of(*key)
+            for p in self.index.pods_of(key[0], r["metadata"]["name"])
+            if not (p.get("spec") or {}).get("nodeName")
+        )
 
     def _stranded(self, key: Key, now: float) -> bool:
         """From the index, no API read: a replica of the service has a pod waiting past the threshold beside

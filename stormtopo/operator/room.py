@@ -5,8 +5,8 @@ The node tier, healing, making room and the explanations of pending gangs all ne
 GPUs. Each used to list every pod and node of the cluster for it, every few seconds, forever. This
 reading lists them once (a page at a time, selected on the server: bound pods that have not finished,
 and nodes), then follows the watch; an idle cluster costs a watch, not a list. It starts the first time
-someone asks (the leader, with the node tier or healing on), so a follower or an operator with neither
-never reads a pod of another tenant.
+someone asks (the leader: the node tier, healing, a stranded replica or a pending gang to explain), so a
+follower never reads a pod of another tenant.
 
 Per bound pod it keeps its node, its GPUs and its other requests (shared between pods that request the
 same); per node its GPUs, labels, taints and allocatable resources: enough to say where a replica's pods
@@ -107,6 +107,12 @@ class NodeRoom:
             stream.on_listed = self._listed[stream.kind].set
             self.loops.supervise(name, watch.PERIOD, stream.run)
         log.info("following bound pods and nodes for the free-room reading")
+
+    def listed(self) -> bool:
+        """Whether the first list is done (started if it was not): a pass over many services checks
+        this once rather than wait for it per service."""
+        self._start()
+        return all(event.is_set() for event in self._listed.values())
 
     async def _ready(self) -> None:
         self._start()

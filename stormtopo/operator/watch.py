@@ -121,6 +121,10 @@ class ListWatch:
         except ApiError as exc:
             if exc.status == 410:
                 raise Expired() from exc
+            if exc.status in (401, 403):
+                # Refused (RBAC granting list but not watch, a token rotated): the next try lists again,
+                # so a reading never stays frozen at its last list while the loop fails.
+                self.resource_version = ""
             raise
         loop.succeeded()  # the server ended the request at its timeout: watch on from where it stopped
 

@@ -524,7 +524,11 @@ def _stranded(created: float) -> Replica:
             "labels": {"storm-service-name": "svc", "roleset-name": "svc-a", "role-name": "decode", "app": "svc"},
         },
         "spec": {},
-        "status": {"phase": "Pending"},
+        # Volcano found it unschedulable (its gang kept in s0) as soon as it was created.
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": stamp(created)}],
+        },
     }
     return Replica(running.roleset, (*running.pods, pending))
 
@@ -551,6 +555,38 @@ def test_a_stranded_hard_replica_moves_whole_into_a_domain_that_holds_it() -> No
     assert plan_healing(early, HealMemory()).moving is None
     soft = HealSnapshot(service(SOFT1), (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
     assert plan_healing(soft, HealMemory()).moving is None
+    # A pod held at a scheduling gate (stormtopo's own: a router, a spread replica not let go yet) waits for no room.
+    gated = _stranded(NOW - STRANDED_AFTER - 1)
+    held = tuple({**p, "spec": {"schedulingGates": [{"name": "stormtopo.io/domain"}]}} if not p["spec"] else p for p in gated.pods)
+    gate = HealSnapshot(service(HARD1), (Replica(gated.roleset, held),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
+    assert plan_healing(gate, HealMemory()).moving is None
+    # A router pinned to s0 by stormtopo's release (its hostname affinity) does not make s1 no room.
+    pinned = tuple(
+        {
+            **p,
+            "spec": {
+                **p["spec"],
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node0", "node1"]}]}
+                            ]
+                        }
+                    }
+                },
+            },
+        }
+        if p["spec"].get("nodeName")
+        else p
+        for p in _stranded(NOW - STRANDED_AFTER - 1).pods
+    )
+    from stormtopo.core.node_fit import NodeFacts
+
+    facts = {n: NodeFacts({"kubernetes.io/hostname": n}) for n in TOPOLOGY.nodes}
+    with_pin = HealSnapshot(service(HARD1), (Replica(gated.roleset, pinned),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW, nodes=facts)
+    plan = plan_healing(with_pin, HealMemory())
+    assert plan.moving is not None and plan.moving.target is not None and plan.moving.target.switch.name == "s1"
     # No other leaf holds it: it stays, and nothing is evicted.
     full = {**STRANDED_FREE, "node2": 0, "node3": 0}
     none = HealSnapshot(service(HARD1), (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, full, (), NOW)

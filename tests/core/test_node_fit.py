@@ -69,3 +69,21 @@ def test_a_node_counts_only_if_every_pod_of_the_replica_could_run_there() -> Non
     assert nodes_for([tolerant, tolerant], nodes) == {"tainted", "plain"}
     assert nodes_for([tolerant, spec()], nodes) == {"plain"}  # the decode pod does not tolerate the taint
     assert nodes_for([tolerant], nodes, freed={"small": {"cpu": 4000}}) == {"tainted", "plain", "small"}
+
+
+def test_stormtopos_own_pins_by_node_are_not_where_the_pods_could_run() -> None:
+    from stormtopo.core.node_fit import without_pins
+
+    pin = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n0"]}
+    zone = {"key": "zone", "operator": "In", "values": ["a"]}
+    terms = [{"matchExpressions": [zone, pin]}]
+    narrowed = without_pins(
+        spec(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}})
+    )
+    assert why_not(narrowed, "n9", node({"zone": "a"})) == ""  # the pin is gone, the user's zone stays
+    assert why_not(narrowed, "n9", node({"zone": "b"})) == "required node affinity"
+    by_name = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]
+    only_pins = without_pins(
+        spec(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": by_name}}})
+    )
+    assert why_not(only_pins, "n9", node()) == ""

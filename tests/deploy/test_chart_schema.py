@@ -67,3 +67,14 @@ def test_the_node_tier_is_off_by_default_and_creates_hypernodes_only_when_enable
     assert "--node-tier-keep-runs" not in args
     args, _ = render("--set", "nodeTier.enabled=true", "--set", "nodeTier.keepRuns=true")
     assert "--node-tier" in args and "--node-tier-keep-runs" in args
+
+
+def test_every_list_the_operator_follows_by_watch_is_granted_watch() -> None:
+    """The free-room reading (operator/room.py) and the operator's own streams list, then watch: a
+    ClusterRole granting list alone froze the reading at its first list (review of issue 33, item 5)."""
+    done = helm("template", "x", str(CHART), "--kube-version", "1.35.3")
+    assert done.returncode == 0, done.stderr
+    (role,) = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] == "ClusterRole"]
+    for resource in ("pods", "nodes", "hypernodes", "podgroups"):
+        verbs = {v for rule in role["rules"] if resource in rule["resources"] for v in rule["verbs"]}
+        assert {"list", "watch"} <= verbs, (resource, verbs)

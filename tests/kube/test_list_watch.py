@@ -211,3 +211,40 @@ def test_a_kind_not_served_yet_is_listed_again_within_seconds_not_the_30_s_cap(t
         assert loop.failures == 0  # a kind not served is not a failure of this loop
 
     asyncio.run(scenario())
+
+
+def test_a_forbidden_watch_lists_again_rather_than_stay_at_its_last_list(tmp_path: Path) -> None:
+    """RBAC granting list but not watch (the chart before it granted watch on nodes): the reading must not
+    stay frozen at its first list while the loop fails: the next try lists again."""
+
+    async def scenario() -> None:
+        lists: list[int] = []
+
+        async def nodes(request: web.Request) -> web.StreamResponse:
+            if request.query.get("watch") == "true":
+                return web.json_response({"kind": "Status", "code": 403, "reason": "Forbidden"}, status=403)
+            lists.append(1)
+            return web.json_response({"metadata": {"resourceVersion": str(len(lists))}, "items": []})
+
+        app = web.Application()
+        app.router.add_get("/api/v1/nodes", nodes)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        api = Api(str(kubeconfig_for(tmp_path, f"http://127.0.0.1:{runner.addresses[0][1]}")))
+        streams = WatchStreams(api)
+        watcher = ListWatch(api, streams, "Node", "v1", "/api/v1/nodes", "", lambda kind, obj: None, lambda key: None)
+        loops = Loops()
+        loop = loops.supervise("watch-nodes", 330, watcher.run)
+        try:
+            for _ in range(1000):  # the supervisor's backoff: 1 s, then 2 s
+                if len(lists) >= 2:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await loops.stop()
+            await streams.close()
+            await runner.cleanup()
+        assert len(lists) >= 2 and loop.failures >= 1 and "403" in loop.last_error
+
+    asyncio.run(scenario())
