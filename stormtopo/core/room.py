@@ -129,18 +129,21 @@ def room_by_moving(
     allocatable: Mapping[str, int],
     topology: Topology,
     skip: Collection[str] = (),
+    listed: Collection[str] = (),
 ) -> Room | None:
     """The smallest resident whose move makes room within `tier` for a wide replica (its `pods`, and the
     GPUs it `held`, free once it moves too), with where the resident goes; None if no single one does.
     The resident moves first, while the wide replica still holds its GPUs: it goes where there is room
     now; the wide replica then fits in what both leave. Residents near enough to help are searched, at
-    most RESIDENTS_TRIED of them; `skip`: residents (namespace/stormservice/replica) not to offer."""
+    most RESIDENTS_TRIED of them; `skip`: residents (namespace/stormservice/replica) not to offer.
+    `listed`: the nodes the node tier lists as tier-0 HyperNodes; a resident on one is not offered:
+    where Volcano places it again is then decided over tier 0 too, which this prediction does not model."""
     need = sum(pods)
     both_gone = freed(free, held)
     near = [
         r
         for r in sorted(residents, key=lambda r: (sum(r.pods), r.namespace, r.stormservice, r.replica))
-        if resident_key(r) not in skip and _could_help(topology, both_gone, r, need, tier)
+        if resident_key(r) not in skip and not set(r.held) & set(listed) and _could_help(topology, both_gone, r, need, tier)
     ]
     for resident in near[:RESIDENTS_TRIED]:
         to = placed_elsewhere(topology, free, allocatable, resident.pods, resident.tier, resident.held)

@@ -57,6 +57,7 @@ from stormtopo.core.healing import (
 )
 from stormtopo.core.placement import merge_placements
 from stormtopo.core.room import Resident, resident_key, room_by_moving
+from stormtopo.core.topology.node_tier import node_tier_members
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.writes import EvictPod, RecordMove, Write
 from stormtopo.kube.client import Api, ApiError, Conflict
@@ -223,12 +224,13 @@ class Healer:
             return
         allocatable, nodes = await self.room.allocatable_gpus(), await self.room.node_facts()
         topology = self.index.topology()
+        listed = frozenset(node_tier_members(self.index.hypernodes.values()).values())  # the node tier's short list
         for key, replica, tier in waiting[:WIDE_TRIED]:
             skip: set[str] = set()
             for _ in range(DONORS_TRIED):
                 free = room_of(self._free, nodes, replica)  # where the wide replica's pods could run at all
                 room = await asyncio.to_thread(
-                    room_by_moving, replica.wanted(), replica.gpus_by_node(), tier, residents, free, allocatable, topology, skip
+                    room_by_moving, replica.wanted(), replica.gpus_by_node(), tier, residents, free, allocatable, topology, skip, listed
                 )
                 if room is None:
                     break
