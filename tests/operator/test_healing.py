@@ -166,6 +166,7 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
 
     class Index:
         stormservices = services
+        hypernodes: dict[str, Any] = {}  # no node tier
 
         def topology(self) -> Any:
             return TOPOLOGY
