@@ -185,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--misses", default="0", help="replicas allowed off one node, each a search (e.g. 0,1)")
     p.add_argument("--starts", default="fragmented,empty")
     p.add_argument("--budget", type=int, default=1_000_000, help="search steps per prefix length tried")
+    p = add(
+        "spread",
+        run_spread,
+        "replica spread (stormtopo.io/replica-spread-tier) under churn and leaf failures, simulated (no cluster).",
+        "spread[-quick].json",
+    )
+    _size(p, {"quick": "16 nodes, 4 simulated h", "full": "128 nodes, 48 simulated h, ~5 min for 20 seeds"}, "full")
+    _seed(p, "1-20", many=True, what="the churn and failure streams")
     p = add("sim", run_sim, "make bench-sim: Volcano's allocate action and plugins at 1,024-16,384 nodes (no cluster).", "sim.json, sim.md")
     p.add_argument("--nodes", "--sizes", dest="nodes", help="NODES[=REPLICAS],... (default 1024=64,4096=24,16384=8)")
     p.add_argument("--starts", default="empty,fragmented")
@@ -395,6 +403,16 @@ def run_hindsight(args: argparse.Namespace, command: str) -> int:
     name = args.name or "hindsight"
     misses = [int(m) for m in args.misses.split(",")]
     hindsight.search(args.seed, misses, starts, args.budget, keep=lambda out: record.write(name, command, out, indent=1))
+    return 0
+
+
+def run_spread(args: argparse.Namespace, command: str) -> int:
+    from bench import spread
+
+    out = spread.run(args.size, args.seed)
+    record.write(args.name or ("spread" if args.size == "full" else "spread-quick"), command, out, indent=1)
+    print(spread.markdown(out))
+    _print_json(spread.headline(out))
     return 0
 
 

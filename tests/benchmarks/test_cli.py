@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "hindsight",
     "sim",
     "sim-packing",
+    "spread",
 }
 
 # make bench-quick's last line: exactly these keys (BENCHMARKS.md, issue 36's contract).
