@@ -469,9 +469,18 @@ def run(size_name: str, seeds: Sequence[int]) -> dict[str, Any]:
         "gpus": sum(n.gpus for n in topology.nodes.values()),
         "seeds": list(seeds),
         "summary": {mode: summary(runs, mode) for mode in MODES},
-        "runs": runs,
+        "runs": [_compact(r) for r in runs],
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def _compact(run: Mapping[str, Any]) -> dict[str, Any]:
+    """A seed's run as written: each sample without its per-service exposures (summarised; megabytes)."""
+    modes = {
+        mode: {**m, "samples": [{k: v for k, v in sample.items() if k != "exposure"} for sample in m["samples"]]}
+        for mode, m in run["modes"].items()
+    }
+    return {**run, "modes": modes}
 
 
 def headline(out: Mapping[str, Any]) -> dict[str, Any]:
