@@ -102,9 +102,21 @@ def other_namespace(cluster: DevCluster) -> Iterator[str]:
 
 
 def placed_on(cluster: DevCluster, namespace: str, name: str, count: int) -> dict[str, list[str]]:
-    """Wait until the service has `count` replicas bound and Running; replica -> its nodes."""
+    """Wait until the service has exactly `count` replicas, each with its pods bound and Running; replica ->
+    its nodes. AIBrix sometimes makes a replica's RoleSet twice and deletes the first: a RoleSet whose pods
+    are not bound (yet, or at all) is waited out rather than read as a replica placed nowhere."""
     cluster.bound_pods(namespace, f"storm-service-name={name}", 2 * count)
-    return {r: node_names(p for p in pods if p["spec"].get("nodeName")) for r, pods in replicas(cluster, namespace, name).items()}
+
+    def placed() -> dict[str, list[str]]:
+        found = replicas(cluster, namespace, name)
+        running = {
+            r: node_names(p for p in pods if p["spec"].get("nodeName"))
+            for r, pods in found.items()
+            if len(pods) == 2 and all(p["spec"].get("nodeName") and p["status"].get("phase") == "Running" for p in pods)
+        }
+        return running if len(running) == len(found) == count else {}
+
+    return cluster.wait(placed, 120, f"{count} replica(s) of {name} placed, and no other")
 
 
 def running_fillers(cluster: DevCluster, namespace: str) -> set[str]:
