@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -72,6 +73,11 @@ def most_within_leaves(leaves: Leaves, replicas: Sequence[Sequence[int]]) -> int
                 row[k * n_leaves + leaf_index] = demand(shape, size)
             rows.append(row)
             upper.append(room(leaf, size))
+    return most_integer(variables, rows, upper, "the leaf packing program")
+
+
+def most_integer(variables: int, rows: Sequence[Any], upper: Sequence[float], what: str) -> int:
+    """The largest sum of `variables` non-negative integers with rows . x <= upper (HiGHS, exact)."""
     result = milp(
         c=-np.ones(variables),
         constraints=LinearConstraint(np.array(rows), -np.inf, np.array(upper, dtype=float)),
@@ -79,5 +85,5 @@ def most_within_leaves(leaves: Leaves, replicas: Sequence[Sequence[int]]) -> int
         bounds=Bounds(0, np.inf),
     )
     if result.status != 0 or result.x is None:
-        raise RuntimeError(f"the leaf packing program did not solve: {result.message}")
+        raise RuntimeError(f"{what} did not solve: {result.message}")
     return round(float(-result.fun))

@@ -42,10 +42,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from bench.fabric import fabric_yaml
-from bench.leaf_optimum import demand, most_within_leaves, room, size_classes
+from bench.leaf_optimum import demand, most_integer, most_within_leaves, room, size_classes
 from stormtopo.core.packing import fits
 from stormtopo.core.room import take, volcano_choices
 from stormtopo.core.spread import Replica, _kept_out
@@ -326,15 +325,7 @@ def most_placed(
                 row[s * n_leaves + leaf] = demand(pods, size)
             rows.append(row)
             upper.append(room(free, size))
-    result = milp(
-        c=-np.ones(variables),
-        constraints=LinearConstraint(np.array(rows), -np.inf, np.array(upper, dtype=float)),
-        integrality=np.ones(variables),
-        bounds=Bounds(0, np.inf),
-    )
-    if result.status != 0 or result.x is None:
-        raise RuntimeError(f"the spread packing program did not solve: {result.message}")
-    return round(float(-result.fun))
+    return most_integer(variables, rows, upper, "the spread packing program")
 
 
 def optimum(cluster: Cluster, tier: int | None) -> int:
