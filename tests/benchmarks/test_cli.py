@@ -112,9 +112,10 @@ def _placement(tier1: float) -> dict[str, Any]:
     return {"tier1_fraction": tier1, "kv_time_vs_optimal": 1.0, "kv_time_vs_node_optimal": 1.21}
 
 
-def test_bench_quick_prints_exactly_its_keys() -> None:
+def _quick_result() -> dict[str, Any]:
+    """What the quick run returns, with made-up figures."""
     packing = {"packing_vs_optimal": 1.0, "baseline_packing_vs_optimal": 0.28, "diy_packing_vs_optimal": 0.36}
-    out = {
+    return {
         "placement": {"hard": _placement(1.0), "baseline": _placement(0.4)},
         "critical_path": {"ratio_median": 0.8},
         "webhook": {"p99_ratio": 1.4, "p50_ratio": 1.5},
@@ -124,6 +125,10 @@ def test_bench_quick_prints_exactly_its_keys() -> None:
         "nodes": 16,
         "seconds": 180.0,
     }
+
+
+def test_bench_quick_prints_exactly_its_keys() -> None:
+    out = _quick_result()
     assert list(suite.headline(out)) == QUICK_KEYS
     without_node_tier = {k: v for k, v in out.items() if k != "node_tier"}  # quick --node-tier: no second phase
     assert list(suite.headline(without_node_tier)) == [k for k in QUICK_KEYS if not k.startswith("node_tier_")]
@@ -133,18 +138,7 @@ def test_make_bench_quick_ends_with_one_json_object(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`python -m bench --quick` (make bench-quick) end to end, the cluster's run replaced by its result."""
-    packing = {"packing_vs_optimal": 1.0, "baseline_packing_vs_optimal": 0.28, "diy_packing_vs_optimal": 0.36}
-    out = {
-        "quick": True,
-        "placement": {"hard": _placement(1.0), "baseline": _placement(0.4)},
-        "critical_path": {"ratio_median": 0.8},
-        "webhook": {"p99_ratio": 1.4, "p50_ratio": 1.5},
-        "churn": {"ratio": 0.0},
-        "packing": packing,
-        "node_tier": {"placement": {"hard": _placement(1.0)}, "packing": {**packing, "one_node_where_one_fits": 0.95}},
-        "nodes": 16,
-        "seconds": 180.0,
-    }
+    out = {"quick": True, **_quick_result()}
     monkeypatch.setattr(record, "RESULTS", tmp_path)
     monkeypatch.setattr(suite, "run", lambda quick, large=False, node_tier=False: dict(out))
     assert cli.main(["--quick"]) == 0
