@@ -88,6 +88,7 @@ class NodeRoom:
     _shared: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = field(default_factory=dict)
     _facts: dict[str, tuple[Mapping[str, str], tuple[Mapping[str, str], ...], Mapping[str, int]]] = field(default_factory=dict)
     _requested: dict[str, dict[str, int]] = field(default_factory=dict)
+    _facts_at: tuple[int, dict[str, NodeFacts]] | None = None  # facts_now's last answer, at `changes`
     changes: int = 0  # counts every change of the reading: a plan over an unchanged reading need not be made again
     _streams: WatchStreams | None = None
     _listed: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -149,11 +150,15 @@ class NodeRoom:
         return self.facts_now()
 
     def facts_now(self) -> dict[str, NodeFacts]:
+        """Built once per change of the reading (a healing pass reads it for every service): read only."""
+        if self._facts_at is not None and self._facts_at[0] == self.changes:
+            return self._facts_at[1]
         out = {}
         for name, (labels, taints, allocatable) in self._facts.items():
             requested = self._requested.get(name, {})
             left = {resource: amount - requested.get(resource, 0) for resource, amount in allocatable.items()}
             out[name] = NodeFacts(labels, taints, left)
+        self._facts_at = (self.changes, out)
         return out
 
     async def allocatable_gpus(self) -> dict[str, int]:
