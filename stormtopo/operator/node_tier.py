@@ -17,7 +17,7 @@ from typing import Any
 
 from stormtopo.core.gang import replica_pods, template_spec
 from stormtopo.core.request import is_opted_in
-from stormtopo.core.topology.node_tier import plan_node_tier
+from stormtopo.core.topology.node_tier import plan_node_tier, unusable_named_leaves
 from stormtopo.core.writes import Write
 from stormtopo.kube.client import Api
 from stormtopo.operator.events import Report
@@ -67,6 +67,7 @@ class NodeTier:
     report: Report | None = None  # a refused write is said on its HyperNode, once per kind of refusal
     _refused: dict[str, str] = field(default_factory=dict)  # HyperNode -> the kind of refusal last said
     _planned: tuple[object, ...] | None = None  # what the last pass planned over
+    _unusable: dict[str, str] = field(default_factory=dict)  # named leaves it cannot change, last said
     # (namespace, name, generation) of the StormServices whose template gave no GPU count, said once each;
     # kept only for those the index still has.
     _warned: set[tuple[str, str, str]] = field(default_factory=set)
@@ -84,6 +85,11 @@ class NodeTier:
                     await self._execute(writes)
                 self._planned = changes
             return
+        unusable = unusable_named_leaves(self.index.hypernodes.values(), self.named_leaves)
+        if unusable != self._unusable:  # said once per change, not every pass
+            for name, why in unusable.items():
+                log.warning("node tier: --node-tier-leaf=%s is not used: %s", name, why)
+            self._unusable = unusable
         # Nodes that take new pods only: no other node is listed.
         free = await self.room.free_gpus(taking_new_pods=True)
         allocatable = await self.room.allocatable_gpus()

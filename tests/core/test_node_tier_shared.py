@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from stormtopo.core.placement import plan_placed
 from stormtopo.core.request import parse_request
 from stormtopo.core.topology.hypernodes import topology_from_hypernodes
-from stormtopo.core.topology.node_tier import NODE_TIER, foreign_owner, plan_node_tier
+from stormtopo.core.topology.node_tier import NODE_TIER, foreign_owner, plan_node_tier, unusable_named_leaves
 from stormtopo.core.topology.selectors import selected_nodes
 from stormtopo.core.vocabulary import HIGHEST_TIER, MANAGED_BY_LABEL, MODE, NODE_TIER_LABEL, OPERATOR_NAME, TOPOLOGY_SOURCE_LABEL
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNodeMembers, Write
@@ -256,3 +256,17 @@ def test_a_leaf_naming_a_gone_tier0_hypernode_is_repaired_on_and_off() -> None:
     assert "node0.node" in {h["metadata"]["name"] for h in again}  # created again, the leaf names it
     off = applied(gone, plan_node_tier(gone, {}, {}, enabled=False))
     assert sorted(off, key=lambda h: h["metadata"]["name"]) == sorted(tree, key=lambda h: h["metadata"]["name"])
+
+
+def test_a_named_leaf_the_node_tier_cannot_change_is_said_with_why() -> None:
+    """--node-tier-leaf with a typo, a spine, a tier-0 HyperNode or a regex leaf: each said with why; a
+    leaf whose nodes are all listed (named by their tier-0 HyperNodes) is still a leaf."""
+    tree = seed_tree()
+    tree.append(hypernode("rx", 1, [{"type": "Node", "selector": {"regexMatch": {"pattern": "lnode.*"}}}]))
+    listed = applied(tree, plan_node_tier(tree, {"node0": 2, "node1": 2}, GPUS))
+    assert {m["type"] for h in listed if h["metadata"]["name"] == "s0" for m in h["spec"]["members"]} == {"HyperNode"}
+    tier0 = next(h["metadata"]["name"] for h in listed if h["spec"]["tier"] == NODE_TIER)
+    why = unusable_named_leaves(listed, {"s0", "s1", "s9", "spine0", tier0, "rx"})
+    assert set(why) == {"s9", "spine0", tier0, "rx"}
+    assert "no HyperNode" in why["s9"] and "not a leaf" in why["spine0"] and "not a leaf" in why[tier0]
+    assert "exactMatch" in why["rx"]

@@ -1,6 +1,7 @@
 """The node tier beside Volcano's own HyperNode discovery (issue 33, item 2), on the real control plane:
-vc-controller-manager runs the `hyperNode-controller` with label discovery on, the operator --node-tier,
-and hard StormServices come and go.
+vc-controller-manager runs the `hyperNode-controller` with label discovery on, the operator run as the
+chart runs it with `nodeTier.enabled=true` (its ServiceAccount, RBAC and admission policies, the
+Deployment's arguments), and hard StormServices come and go.
 
 How Volcano v1.15.1 discovers (pkg/controllers/hypernode): the hyperNode-controller reads its
 configuration from the ConfigMap `volcano-controller-configmap` in `volcano-system` (`$HELM_RELEASE_NAME`
@@ -47,11 +48,11 @@ from stormtopo.core.topology.node_tier import NODE_TIER, NODE_TIER_SUFFIX
 from stormtopo.core.topology.tree import NodeSpec
 from stormtopo.core.vocabulary import HIGHEST_TIER, MANAGED_BY, MODE, NODE_TIER_LABEL, TOPOLOGY_SOURCE_LABEL
 from stormtopo.devenv import cluster as devenv
-from stormtopo.devenv import processes
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.nodes import node_manifest
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice
 from tests.conftest import TOPOLOGY_FILE
+from tests.integration.chart import InstalledOperator
 
 GROUP, VERSION, PLURAL = "topology.volcano.sh", "v1alpha1", "hypernodes"
 ONE_EACH = (Role("prefill", gpus=1), Role("decode", gpus=1))
@@ -88,6 +89,7 @@ SYNCED = re.compile(r'"Topology reconciliation completed" source="label"')
 @dataclass
 class Discovery:
     cluster: DevCluster
+    installed: InstalledOperator
     leaves: dict[str, str] = field(default_factory=dict)  # ToR label value -> the discovered leaf's name
     root: str = ""
 
@@ -119,17 +121,18 @@ def discovered_tree(cluster: DevCluster) -> tuple[dict[str, str], str] | None:
 @pytest.fixture(scope="module")
 def discovery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Discovery]:
     """A cluster of its own: the seed's tree, the hyperNode-controller with label discovery of four more
-    nodes, and the operator with --node-tier."""
+    nodes, and the operator as installed with `nodeTier.enabled=true`."""
     state: Path = tmp_path_factory.mktemp("node-tier-discovery")
     devenv.up(
         state,
         TOPOLOGY_FILE,
         timeout=300,
         vc_controllers=("queue-controller", "pg-controller", "hyperNode-controller"),
-        operator_args=("--node-tier",),
     )
     try:
         cluster = DevCluster(state)
+        installed = InstalledOperator(state, tmp_path_factory.mktemp("discovery-as-installed"))
+        installed.start("nodeTier.enabled=true")
         for tor, nodes in DISCOVERED.items():
             for node in nodes:
                 manifest = node_manifest(NodeSpec(node, tor, 8, "96", "1Ti"))
@@ -164,7 +167,7 @@ def discovery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Discovery]:
 
         tree = cluster.wait(whole, 240, "label discovery's HyperNodes, one leaf per ToR value")
         assert tree is not None
-        yield Discovery(cluster, *tree)
+        yield Discovery(cluster, installed, *tree)
     finally:
         devenv.down(state)
 
@@ -418,7 +421,7 @@ def test_discovery_leaves_the_node_tier_alone_and_the_node_tier_leaves_discovere
 
 @pytest.mark.timeout(900)
 def test_a_named_discovered_leaf_its_tier0_hypernodes_outlive_each_discovery_run(discovery: Discovery, namespace: str) -> None:
-    """A discovered leaf named with --node-tier-leaf: the node tier lists a node under it, and the tier-0
+    """A discovered leaf named (chart value nodeTier.leaves, --node-tier-leaf): the node tier lists a node under it, and the tier-0
     HyperNode it makes (stormtopo's labels only) survives each discovery run, which writes the leaf's own
     members back (docs: "a fight with the discovery"); the node tier names it again, no HyperNode gets a
     second parent, and a new hard replica binds."""
@@ -426,9 +429,7 @@ def test_a_named_discovered_leaf_its_tier0_hypernodes_outlive_each_discovery_run
     leaf = discovery.leaves["tor1"]
     scheduler_from = len(log(cluster, "vc-scheduler"))
     controller_from = len(log(cluster, "vc-controller-manager"))
-    operator = next(p for p in processes.tracked(cluster.state_dir) if p.name == "operator")
-    processes.stop(operator)
-    devenv.start_operator(cluster.state_dir, timeout=120, extra=("--node-tier", "--node-tier-leaf", leaf))
+    discovery.installed.start("nodeTier.enabled=true", f"nodeTier.leaves={{{leaf}}}")  # the chart's way to name it
 
     def names(node: str) -> bool:
         current = next((h for h in cluster.hypernodes() if h["metadata"]["name"] == leaf), {})

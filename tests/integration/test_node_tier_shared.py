@@ -1,6 +1,7 @@
-"""The node tier in a cluster it shares (issue 33), on the real control plane with the operator's
---node-tier: a tree it did not make (a leaf that overlaps the seed's), another writer changing a leaf, a
-policy refusing its writes, and the way back when it is turned off.
+"""The node tier in a cluster it shares (issue 33), on the real control plane with the operator run as the
+chart runs it with `nodeTier.enabled=true` (its ServiceAccount, RBAC and admission policies, the
+Deployment's arguments): a tree it did not make (a leaf that overlaps the seed's), another writer changing a
+leaf, a policy refusing its writes, a tenant that never opted in, and the way back when it is turned off.
 
 Volcano v1.15.1 refuses a HyperNode with a second parent ("already has a parent") and then skips every job
 with a network topology in the cluster; before issue 33 the node tier made one on the seed's tree plus
@@ -26,15 +27,15 @@ from kubernetes.client.exceptions import ApiException
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.topology.node_tier import NODE_TIER, plan_node_tier
-from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, NODE_TIER_LABEL
+from stormtopo.core.vocabulary import GPU, HIGHEST_TIER, MODE, NODE_TIER_LABEL
 from stormtopo.core.writes import SetHyperNodeMembers
 from stormtopo.devenv import cluster as devenv
-from stormtopo.devenv import processes
 from stormtopo.devenv.client import DevCluster, node_names
-from stormtopo.devenv.workloads import Role, filler_pod, stormservice
+from stormtopo.devenv.workloads import IMAGE, Role, filler_pod, stormservice
 from stormtopo.kube.client import Api
 from stormtopo.operator.writer import execute_hypernode_writes
 from tests.conftest import TOPOLOGY_FILE
+from tests.integration.chart import InstalledOperator
 
 GROUP, VERSION, PLURAL = "topology.volcano.sh", "v1alpha1", "hypernodes"
 ONE_EACH = (Role("prefill", gpus=1), Role("decode", gpus=1))
@@ -44,13 +45,20 @@ HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
 REFUSED_FOR = float(os.environ.get("STORMTOPO_REFUSED_FOR", "60"))
 
 
+INSTALLED: dict[Path, InstalledOperator] = {}  # the operator as installed, per cluster, while the module runs
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     state: Path = tmp_path_factory.mktemp("node-tier-shared")
-    devenv.up(state, TOPOLOGY_FILE, timeout=300, operator_args=("--node-tier",))
+    devenv.up(state, TOPOLOGY_FILE, timeout=300)
     try:
+        installed = InstalledOperator(state, tmp_path_factory.mktemp("node-tier-as-installed"))
+        installed.start("nodeTier.enabled=true")
+        INSTALLED[state] = installed
         yield DevCluster(state)
     finally:
+        INSTALLED.pop(state, None)
         devenv.down(state)
 
 
@@ -116,7 +124,7 @@ def test_an_overlapping_leaf_gets_no_second_parent_and_a_hard_replica_binds(shar
     has a parent", and a new hard tier-1 replica binds."""
     cluster = shared
     log_start = len(scheduler_log(cluster))
-    rack = {
+    rack: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "HyperNode",
         "metadata": {"name": "rack-x"},
@@ -138,6 +146,61 @@ def test_an_overlapping_leaf_gets_no_second_parent_and_a_hard_replica_binds(shar
         assert "already has a parent" not in scheduler_log(cluster)[log_start:]
     finally:
         cluster.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "rack-x")
+
+
+def test_a_tenant_that_never_opted_in_keeps_its_hard_leaf_gang(shared: DevCluster, namespace: str) -> None:
+    """The node tier rewrites leaves for the whole cluster, so a tenant that never opted in lives with it:
+    its own Volcano gang (a PodGroup of its own with a hard tier-1 network topology, no StormService)
+    must still be placed inside one leaf when that leaf names a tier-0 HyperNode of the node tier in
+    place of a node. Every leaf but s1 is full and node2 partly used (so listed): the gang of 2 x 5 GPUs
+    fits only on node2 and node3, across the tier-0 HyperNode and a plain node of leaf s1. Nothing of
+    stormtopo's is written on the tenant's objects."""
+    cluster = shared
+    for node in ("node0", "node1", "node4", "node5", "node6", "node7"):
+        cluster.create(filler_pod(f"busy-{node}", namespace, node, 8))
+    cluster.create(filler_pod("busy-node2", namespace, "node2", 3))
+    cluster.bound_pods(namespace, "stormtopo.io/filler=true", 7)
+    cluster.wait(lambda: "node2" in listed(cluster), 45, "node2 listed as a tier-0 HyperNode in leaf s1")
+    topology = {"mode": "hard", "highestTierAllowed": 1}
+    cluster.custom.create_namespaced_custom_object(
+        "scheduling.volcano.sh",
+        "v1beta1",
+        namespace,
+        "podgroups",
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": "tenant-gang"},
+            "spec": {"minMember": 2, "queue": "default", "networkTopology": topology},
+        },
+    )
+    for i in range(2):
+        cluster.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"tenant-{i}",
+                    "namespace": namespace,
+                    "labels": {"tenant": "other"},
+                    "annotations": {"scheduling.k8s.io/group-name": "tenant-gang"},
+                },
+                "spec": {
+                    "schedulerName": "volcano",
+                    "containers": [{"name": "w", "image": IMAGE, "resources": {"requests": {GPU: "5"}, "limits": {GPU: "5"}}}],
+                },
+            }
+        )
+    pods = cluster.bound_pods(namespace, "tenant=other", 2, timeout=90)
+    assert sorted(node_names(pods)) == ["node2", "node3"]
+    (group,) = [g for g in cluster.podgroups(namespace) if g["metadata"]["name"] == "tenant-gang"]
+    assert group["spec"]["networkTopology"] == topology
+    assert not any(k.startswith("stormtopo.io/") for g in [group] for k in (g["metadata"].get("annotations") or {}))
+    for pod in pods:
+        keys = {*(pod["metadata"].get("labels") or {}), *(pod["metadata"].get("annotations") or {})}
+        assert not any(k.startswith("stormtopo.io/") for k in keys)
+        assert not pod["spec"].get("schedulingGates")
+    assert max(parents(cluster.hypernodes()).values()) == 1
 
 
 def test_a_node_another_writer_adds_to_a_leaf_while_a_pass_runs_is_kept(shared: DevCluster, namespace: str) -> None:
@@ -177,8 +240,9 @@ def test_a_node_another_writer_adds_to_a_leaf_while_a_pass_runs_is_kept(shared: 
 @pytest.mark.timeout(REFUSED_FOR + 300)
 def test_a_refused_hypernode_write_is_counted_and_the_others_go_on(shared: DevCluster, namespace: str) -> None:
     """A policy refuses every write to leaf s3 (as Volcano's webhook down would): the node tier's writes to
-    the other leaves land, the refusals are in stormtopo_node_tier_writes_refused_total, and /healthz
-    answers 200 throughout, for longer than the old liveness limit of the node tier's loop (33 s)."""
+        the other leaves land, the refusals are in stormtopo_node_tier_writes_refused_total, and /healthz
+        answers 200 throughout, for longer than the old liveness limit of the node tier's loop (33 s), and one
+    NodeTierWriteRefused Warning on s3 says why."""
     cluster = shared
     admission = cluster.api_client
     from kubernetes import client as k8s
@@ -220,6 +284,10 @@ def test_a_refused_hypernode_write_is_counted_and_the_others_go_on(shared: DevCl
             time.sleep(2)
         assert "node3" in listed(cluster) and "node6" not in listed(cluster)
         assert metric(cluster, "stormtopo_node_tier_writes_refused_total", verb="update") > refused_before
+        # Where an admin looks (`kubectl describe hypernode s3`): one Warning, not one per pass.
+        said = cluster.core.list_event_for_all_namespaces(field_selector="involvedObject.name=s3,reason=NodeTierWriteRefused").items
+        assert len(said) == 1 and said[0].type == "Warning" and "s3 is frozen" in said[0].message, said
+        assert said[0].involved_object.kind == "HyperNode"
         assert max(parents(cluster.hypernodes()).values()) == 1
     finally:
         policies.delete_validating_admission_policy_binding("freeze-s3")
@@ -228,8 +296,8 @@ def test_a_refused_hypernode_write_is_counted_and_the_others_go_on(shared: DevCl
 
 
 def test_turning_the_node_tier_off_puts_every_leaf_back(shared: DevCluster, namespace: str) -> None:
-    """Issue 33, item 3: node tier on and a replica placed; the operator restarted without --node-tier
-    (what the chart does on `nodeTier.enabled=false`): every leaf gets its nodes back and the tier-0
+    """Issue 33, item 3: node tier on and a replica placed; the chart's values changed to
+    `nodeTier.enabled=false` (the operator restarted with the Deployment's new arguments): every leaf gets its nodes back and the tier-0
     HyperNodes go, no replica is TopologyViolated, no node is left outside every HyperNode, and a new hard
     replica binds."""
     cluster = shared
@@ -242,11 +310,8 @@ def test_turning_the_node_tier_off_puts_every_leaf_back(shared: DevCluster, name
     cluster.wait(lambda: listed(cluster), 45, "the node tier in force")
     violations = metric(cluster, "stormtopo_topology_violations_total")
 
-    operator = next(p for p in processes.tracked(cluster.state_dir) if p.name == "operator")
-    argv = json.loads(operator.pidfile.read_text())["argv"]
-    processes.stop(operator)
-    off = [a for a in argv if not a.startswith("--node-tier")]
-    started = processes.start(cluster.state_dir, "operator", off, env=devenv.operator_env(cluster.state_dir))
+    installed = INSTALLED[cluster.state_dir]
+    installed.start("nodeTier.enabled=false")  # what `helm upgrade --set nodeTier.enabled=false` does
     try:
         DevCluster.wait(lambda: healthz(cluster) == 200, 60, "the operator without the node tier")
 
@@ -265,5 +330,4 @@ def test_turning_the_node_tier_off_puts_every_leaf_back(shared: DevCluster, name
         assert "TopologyViolated" not in reasons
         assert metric(cluster, "stormtopo_topology_violations_total") <= violations
     finally:
-        processes.stop(started)
-        devenv.start_operator(cluster.state_dir, extra=tuple(a for a in argv if a.startswith("--node-tier")))
+        installed.start("nodeTier.enabled=true")

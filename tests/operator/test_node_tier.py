@@ -315,3 +315,16 @@ def test_a_refused_write_is_a_warning_on_its_hypernode_once_per_kind_of_refusal(
         ("a1.node", "Warning", "NodeTierWriteRefused"),
     ]
     assert "team-hypernodes" in said[0][3] and "create (403)" in said[0][3]
+
+
+def test_a_named_leaf_it_cannot_use_is_said_once_per_change(caplog: Any) -> None:
+    api = HyperNodesApi(hypernode_manifests(FABRIC))
+    index = Index(api)
+    for h in api.stored.values():
+        index.observe("HyperNode", None, copy.deepcopy(h))  # what the index read, not what the passes write
+    tier = NodeTier(index, api, Readings({}), named_leaves=frozenset({"leaf-a", "laef-b"}))
+    with caplog.at_level("WARNING", logger="stormtopo.node_tier"):
+        asyncio.run(tier.check())
+        asyncio.run(tier.check())
+    said = [r.getMessage() for r in caplog.records if "--node-tier-leaf" in r.getMessage()]
+    assert said == ["node tier: --node-tier-leaf=laef-b is not used: no HyperNode has this name"]

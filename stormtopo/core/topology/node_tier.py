@@ -232,6 +232,28 @@ def foreign_owner(hypernode: Mapping[str, Any]) -> str | None:
 _GITOPS_KEYS = ("argocd.argoproj.io/", "kustomize.toolkit.fluxcd.io/", "helm.toolkit.fluxcd.io/")
 
 
+def unusable_named_leaves(hypernodes: Iterable[Mapping[str, Any]], named_leaves: Collection[str]) -> dict[str, str]:
+    """The leaves named with --node-tier-leaf (chart value nodeTier.leaves) that the node tier cannot
+    change, each with why: a typo or a leaf not yet discovered would otherwise be ignored in silence."""
+    current = {hn["metadata"]["name"]: hn for hn in hypernodes}
+
+    def holds_nodes(member: Mapping[str, Any]) -> bool:  # a node, or a tier-0 HyperNode of the node tier's
+        named = current.get(exact_name(member) or "")
+        return member.get("type") == "Node" or (named is not None and _node_tier_member(named) is not None)
+
+    why: dict[str, str] = {}
+    for name in sorted(named_leaves):
+        spec = (current.get(name) or {}).get("spec") or {}
+        members = spec.get("members") or []
+        if name not in current:
+            why[name] = "no HyperNode has this name"
+        elif int(spec.get("tier", 1)) == NODE_TIER or not any(holds_nodes(m) for m in members):
+            why[name] = "not a leaf (a HyperNode of tier 1 or more with nodes among its members)"
+        elif not all(exact_name(m) for m in members):
+            why[name] = "its members are not all exactMatch (regexMatch and labelMatch leaves are never rewritten)"
+    return why
+
+
 def plan_node_tier(
     hypernodes: Iterable[Mapping[str, Any]],
     used_gpus: Mapping[str, int],
