@@ -30,6 +30,7 @@ from stormtopo.devenv import cluster as devenv
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice
 from tests.conftest import TOPOLOGY_FILE
+from tests.integration.chart import InstalledOperator
 
 GROUP, VERSION, PLURAL = "topology.volcano.sh", "v1alpha1", "hypernodes"
 ONE_EACH = (Role("prefill", gpus=1), Role("decode", gpus=1))
@@ -109,10 +110,12 @@ def test_a_short_list_of_tier0_hypernodes_is_accepted_and_puts_a_replica_on_one_
 
 @pytest.fixture(scope="module")
 def operator_node_tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    """A cluster of its own (the feature request's tree) whose operator runs with --node-tier."""
+    """A cluster of its own (the feature request's tree) whose operator runs as the chart runs it with
+    `nodeTier.enabled=true` (its ServiceAccount, RBAC and policies, the Deployment's arguments)."""
     state: Path = tmp_path_factory.mktemp("node-tier")
-    devenv.up(state, TOPOLOGY_FILE, timeout=300, operator_args=("--node-tier",))
+    devenv.up(state, TOPOLOGY_FILE, timeout=300)
     try:
+        InstalledOperator(state, tmp_path_factory.mktemp("node-tier-as-installed")).start("nodeTier.enabled=true")
         yield DevCluster(state)
     finally:
         devenv.down(state)
