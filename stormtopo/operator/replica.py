@@ -101,15 +101,16 @@ class PlacementReporter:
         return snapshot
 
     async def read_nodes(self, older_than: float) -> None:
-        """Read every node, a page at a time, keeping only the labels the tree and releases use. One read
-        at a time: the placement workers that find it stale together wait for the one reading."""
+        """The labels the tree and releases use of every node, from the free-room reading (a watch of
+        the nodes: no list of its own, issue 33 item 5). One read at a time: the placement workers that
+        find it stale together wait for the one reading."""
         async with self._reading_nodes:
             if time.monotonic() - self.index.nodes_read_at <= older_than:
                 return  # another worker just read them
             keys = self.index.node_label_keys()
             started = time.monotonic()
-            nodes = await asyncio.to_thread(_node_labels, self.api, keys)
-            self.index.set_nodes(nodes, started)
+            facts = await self.room.node_facts()
+            self.index.set_nodes({name: {k: v for k, v in f.labels.items() if k in keys} for name, f in facts.items()}, started)
 
     async def _carry_out(self, key: Key, snapshot: ReplicaSnapshot, plan: ReplicaPlan) -> None:
         recorded = self._memory.get(key, ReplicaMemory()).recorded
@@ -197,14 +198,3 @@ class PlacementReporter:
 def _service_of(snapshot: ReplicaSnapshot) -> Key:
     meta = snapshot.stormservice["metadata"]
     return meta.get("namespace", ""), meta["name"]
-
-
-def _node_labels(api: Api, keys: frozenset[str]) -> dict[str, dict[str, str]]:
-    """Every node's name and the labels in `keys`, reduced page by page: a full list of 5,000 nodes
-    held at once is about 150 MB."""
-    out: dict[str, dict[str, str]] = {}
-    for page in api.pages("/api/v1/nodes"):
-        for node in page:
-            labels = node["metadata"].get("labels") or {}
-            out[node["metadata"]["name"]] = {k: v for k, v in labels.items() if k in keys}
-    return out

@@ -303,3 +303,33 @@ def test_a_replacement_pod_gets_its_domain_labels(cluster: DevCluster, topology:
     (replacement,) = cluster.wait(replaced_and_labelled, 90, "the replacement pod with its domain labels")
     leaf = topology.ancestors(replacement["spec"]["nodeName"])[0]
     assert replacement["metadata"]["labels"]["stormtopo.io/hypernode-tier-1"] == leaf
+
+
+def test_leaves_that_select_nodes_by_pattern_place_and_pin_as_exact_ones(cluster: DevCluster, topology: Topology, namespace: str) -> None:
+    """Leaves whose members select nodes by regexMatch (as Volcano's samples and UFM trees do): the
+    operator learns which nodes they select from its free-room reading (a watch of the nodes, no list
+    of its own), reports the replica's leaf and pins its routers to that leaf's nodes."""
+    hypernodes = "topology.volcano.sh", "v1alpha1", "hypernodes"
+    leaves = {h["metadata"]["name"]: h for h in cluster.hypernodes() if int(h["spec"]["tier"]) == 1}
+    try:
+        for name, leaf in leaves.items():
+            nodes = sorted(m["selector"]["exactMatch"]["name"] for m in leaf["spec"]["members"])
+            members = [{"type": "Node", "selector": {"regexMatch": {"pattern": "^(" + "|".join(nodes) + ")$"}}}]
+            cluster.custom.patch_cluster_custom_object(*hypernodes, name, {"spec": {"members": members}})
+        roles = (Role("prefill", gpus=6), Role("decode", gpus=6), Role("router", requests=False))
+        cluster.create(stormservice("by-pattern", namespace, roles=roles, annotations=HARD_LEAF))
+        pods = cluster.bound_pods(namespace, "storm-service-name=by-pattern", 3, timeout=90)
+        domain = topology.lowest_common_switch(node_names(pods))
+        assert domain is not None and domain.tier == 1, [(p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods]
+        (router,) = [p for p in pods if p["metadata"]["labels"]["role-name"] == "router"]
+        (term,) = router["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert term["matchExpressions"][0]["values"] == sorted(topology.nodes_under(domain.name))
+
+        def placed() -> str:
+            found = [e["message"] for e in cluster.events(namespace, "by-pattern") if e["reason"] == "ReplicaPlaced"]
+            return found[0] if found else ""
+
+        assert f"placed in {domain.name}, tier 1" in cluster.wait(placed, 90, "a ReplicaPlaced Event")
+    finally:
+        for name, leaf in leaves.items():
+            cluster.custom.patch_cluster_custom_object(*hypernodes, name, {"spec": {"members": leaf["spec"]["members"]}})
