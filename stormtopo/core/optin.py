@@ -221,10 +221,12 @@ def gate_listing(
     return want, "an update of the stored StormService that asks for a network topology"
 
 
-def confirmed(stored: Mapping[str, Any] | None) -> bool:
-    """The cluster confirms a listing once the StormService is stored with a request; the reconciler
-    then keeps its listing (and its scope) from the StormService itself."""
-    return stored is not None and listing(stored) is not None
+def confirmed(stored: Mapping[str, Any] | None, listed: str | None = None) -> bool:
+    """The cluster confirms a listing once the StormService is stored with a request, and (`listed`:
+    what the gate listed) one that lists the same (a made-up review must not keep `+heal` on the list of
+    a service that asks for no healing); the reconciler then keeps its listing from the StormService."""
+    want = listing(stored) if stored is not None else None
+    return want is not None and (listed is None or want == listed)
 
 
 @dataclass
@@ -265,10 +267,13 @@ class Unconfirmed:
             self.refuted.popitem(last=False)
 
 
-def expiry_verdict(stored: Mapping[str, Any] | None) -> str:
-    """What becomes of a listing unconfirmed for ttl, given the StormService as stored now:
-    'keep' (it exists with a request: the reconciler owns the listing), 'unlist-refuted' (it exists
-    without one: a made-up or replayed update) or 'unlist' (it does not exist)."""
-    if confirmed(stored):
+def expiry_verdict(stored: Mapping[str, Any] | None, listed: str | None = None) -> str:
+    """What becomes of a listing (`listed`) unconfirmed for ttl, given the StormService as stored now:
+    'keep' (it exists with that request: the reconciler owns the listing), 'relist-refuted' (it asks for
+    a topology but not what was listed, e.g. `+heal` without healing: a made-up or replayed update; list
+    what it asks), 'unlist-refuted' (it exists without a request: the same) or 'unlist' (it does not exist)."""
+    if confirmed(stored, listed):
         return "keep"
-    return "unlist" if stored is None else "unlist-refuted"
+    if stored is None:
+        return "unlist"
+    return "relist-refuted" if listing(stored) is not None else "unlist-refuted"

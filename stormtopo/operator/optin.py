@@ -15,6 +15,7 @@ from stormtopo.core.optin import (
     confirmed,
     expiry_verdict,
     gate_listing,
+    listing,
     listing_change,
     opted_in_configmap,
     opted_in_key,
@@ -160,7 +161,7 @@ class Gate:
     def _confirm_from_index(self) -> None:
         for key in list(self.unconfirmed.since):
             namespace, _, name = key.partition(".")
-            if confirmed(self.indexed(namespace, name)):
+            if confirmed(self.indexed(namespace, name), self.opted_in.listed.get(key)):
                 self.unconfirmed.drop(key)
 
     async def sweep(self) -> None:
@@ -171,14 +172,17 @@ class Gate:
             for key in self.unconfirmed.due(self.clock()):
                 namespace, _, name = key.partition(".")
                 stored = await self.stored(namespace, name)
-                verdict = expiry_verdict(stored)
+                verdict = expiry_verdict(stored, self.opted_in.listed.get(key))
                 if verdict != "keep":
-                    if verdict == "unlist-refuted":
+                    if verdict.endswith("-refuted"):
                         self.unconfirmed.refute(key, ((stored or {}).get("metadata") or {}).get("resourceVersion"))
                     # A real opt-in racing this is listed again by the reconciler at its watch event.
-                    await self.opted_in.record(namespace, name, None, force=True)
+                    asked = listing(stored) if verdict == "relist-refuted" else None
+                    await self.opted_in.record(namespace, name, asked, force=True)
                     log.info(
-                        "took back the listing of %s: %s", key, "no such StormService" if stored is None else "it asks for no topology"
+                        "took back the listing of %s: %s",
+                        key,
+                        "no such StormService" if stored is None else f"it asks for {asked}" if asked else "it asks for no topology",
                     )
                 self.unconfirmed.drop(key)
 

@@ -112,6 +112,10 @@ def test_confirmed_means_stored_with_a_request() -> None:
     assert expiry_verdict(service(annotations=HARD)) == "keep"
     assert expiry_verdict(service()) == "unlist-refuted"
     assert expiry_verdict(None) == "unlist"
+    # What was listed counts: `+heal` listed for a service that asks for no healing is not confirmed.
+    assert confirmed(service(annotations=HARD), "RoleSet") and not confirmed(service(annotations=HARD), "RoleSet" + MOVABLE)
+    assert expiry_verdict(service(annotations=HARD), "RoleSet" + MOVABLE) == "relist-refuted"
+    assert expiry_verdict(service(), "RoleSet") == "unlist-refuted"
 
 
 # -- the bound and expiry (pure) -----------------------------------------------------------------
@@ -322,6 +326,30 @@ def test_a_replayed_update_is_taken_back_and_never_listed_again() -> None:
         cluster.put(service("plain", HARD, version="10"))  # a real opt-in later: a new version, listed
         assert await gate.review(review("UPDATE", service("plain", HARD, version="10"), service("plain", version="10"))) is None
         assert api.data == {"ns.plain": "RoleSet"}
+
+    asyncio.run(scenario())
+
+
+def test_a_forged_heal_on_an_opted_in_service_is_taken_back_to_what_it_asks() -> None:
+    """The service asks for a topology but not for healing; a forged update of its current version adds
+    `stormtopo.io/heal`: listed `+heal` (what lets the eviction policy evict its pods) only until
+    CONFIRM_SECONDS, then listed as it asks, and that version never again."""
+
+    async def scenario() -> None:
+        gate, api, cluster, clock = make_gate()
+        stored = service("placed", HARD, version="4")
+        cluster.put(stored)
+        api.data = {"ns.placed": "RoleSet"}
+        forged = review("UPDATE", service("placed", {**HARD, HEAL_ANNOTATION: "true"}, version="4"), stored)
+        assert await gate.review(forged) is None
+        assert api.data == {"ns.placed": "RoleSet" + MOVABLE}
+        await gate.sweep()  # the index holds the service with a request, but not what was listed: not confirmed
+        assert api.data == {"ns.placed": "RoleSet" + MOVABLE} and gate.unconfirmed.since
+        clock.now += 10.0
+        await gate.sweep()
+        assert api.data == {"ns.placed": "RoleSet"}
+        assert await gate.review(forged) is None  # replayed: that version is refuted
+        assert api.data == {"ns.placed": "RoleSet"}
 
     asyncio.run(scenario())
 
