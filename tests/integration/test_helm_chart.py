@@ -474,15 +474,20 @@ def test_helm_uninstall_leaves_the_cluster_as_it_was(chart_cluster: tuple[Path, 
 def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
     """Issue 34, item 6: RBAC grants pods/eviction cluster-wide; the policy evict-opted-in-only lets the
     ServiceAccount evict only pods of StormServices listed as healing: a kube-system pod, a pod of a
-    StormService that never opted in, or of one that asks for a topology but not for healing, is refused;
-    a replica's pod of a healing one is evicted."""
+    StormService that never opted in, or of one that asks for a topology but not for healing, or of one
+    whose name only begins with a healing one's RoleSet prefix, is refused; a replica's pod of a healing
+    one is evicted, a long-named one's too (AIBrix cuts its RoleSets' prefix to 58 characters)."""
     state, admin = chart_cluster
     install(state, render())
     sa = service_account_kubeconfig(state, tmp_path)
     ns = "evict-ns"
     admin.create_namespace(ns)
     # svc heals (its listing marked as core/optin.py writes it); plain asks for a topology but not for healing.
-    data = {f"{ns}.svc": "RoleSet" + MOVABLE, f"{ns}.plain": "RoleSet"}
+    # a heals too, and a service named a-roleset-foo (pods a-roleset-foo-roleset-...) does not; a long name
+    # heals, whose RoleSets AIBrix names from "<name>-roleset-" cut to 58 characters.
+    long = "l" * 52
+    data = {f"{ns}.svc": "RoleSet" + MOVABLE, f"{ns}.plain": "RoleSet", f"{ns}.a": "RoleSet" + MOVABLE, f"{ns}.{long}": "RoleSet" + MOVABLE}
+    long_pod = (long + "-roleset-")[:58] + "bcdfg-prefill-7d9f-0"
     listed = {"metadata": {"name": "stormtopo-opted-in", "namespace": NAMESPACE}, "data": data}
     try:
         admin.core.create_namespaced_config_map(NAMESPACE, listed)
@@ -509,6 +514,8 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
     pod(ns, "other-roleset-abcde-prefill-0")  # a StormService that never opted in
     pod(ns, "plain-roleset-abcde-prefill-0")  # one that asks for a topology, not for healing
     pod(ns, "svc-roleset-abcde-prefill-0")
+    pod(ns, "a-roleset-foo-roleset-abcde-prefill-0")  # of a-roleset-foo, which never asked for healing
+    pod(ns, long_pod)
     try:
         # In force, and its params (the opted-in list) read: probed with dry runs, which evict nothing.
         def in_force() -> bool:
@@ -520,7 +527,10 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
         assert "evict-opted-in-only" in refused.stderr, refused.stderr
         assert _refused(evict(ns, "other-roleset-abcde-prefill-0"))
         assert _refused(evict(ns, "plain-roleset-abcde-prefill-0"))
+        assert _refused(evict(ns, "a-roleset-foo-roleset-abcde-prefill-0"))
         allowed = evict(ns, "svc-roleset-abcde-prefill-0")
+        assert allowed.returncode == 0, allowed.stderr
+        allowed = evict(ns, long_pod)
         assert allowed.returncode == 0, allowed.stderr
         assert admin.core.read_namespaced_pod("system-critical", "kube-system").metadata.deletion_timestamp is None
     finally:
