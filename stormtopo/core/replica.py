@@ -65,6 +65,7 @@ class ReplicaSnapshot:
     siblings: tuple[Replica, ...] = ()
     settling: Mapping[str, float] = field(default_factory=dict)
     free_gpus: Mapping[str, int] | None = None
+    unspread: frozenset[str] = frozenset()  # replicas held again after a spread that did not place (the leader's memory)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -124,6 +125,7 @@ class ReplicaPlan:
     needs_nodes: bool = False  # a bound pod is on a node the last reading did not have: read the nodes and plan again
     needs_room: bool = False  # a spread release needs every node's free GPUs: read them and plan again
     settling: Mapping[str, float] | None = None  # with a spread tier: the StormService's replicas let go, to remember
+    unspread: frozenset[str] | None = None  # with a spread tier: the StormService's replicas held again, to remember
     wake: tuple[str, ...] = ()  # sibling replicas held for the spread: plan them again (this one took its domain)
     recheck_in: float | None = None  # seconds until a sibling no longer holds this replica back: plan it again then
 
@@ -194,10 +196,13 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
             snapshot.now,
             snapshot.free_gpus,
             snapshot.nodes.hostnames,
+            is_unschedulable(snapshot.podgroup),
+            snapshot.unspread,
         )
         if spread.needs_room:
             return ReplicaPlan(memory=memory, needs_room=True)
         writes += spread.writes
+        writes += spread.held_again
     let_go = {w.name for w in spread.writes} if spread else set()
     held = tuple(p for p in state.held if p["metadata"]["name"] not in let_go)  # (the rest: routers, released below)
     if held:
@@ -207,12 +212,12 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
         writes += release
     spread_fields: dict[str, Any] = {}
     if spreading and spread is not None:
-        spread_fields = {"settling": spread.settling, "recheck_in": spread.recheck_in}
+        spread_fields = {"settling": spread.settling, "recheck_in": spread.recheck_in, "unspread": spread.unspread}
         if replica.placed(request):  # its domain is taken now: a sibling held for the spread may go
             spread_fields["wake"] = tuple(s.name for s in snapshot.siblings if any(is_held(p) for p in s.members(request)))
     if request is None:  # opted out, or invalid: nothing to explain, so not counted as unsatisfiable
         return ReplicaPlan(tuple(writes), memory=replace(memory, unsatisfiable=False), **spread_fields)
-    says: list[Say] = []
+    says: list[Say] = list(spread.says if spread else ())  # (said once: the replica is held again once)
     first = None
     violations = 0
     if state.bound:

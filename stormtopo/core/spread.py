@@ -37,6 +37,15 @@ The design, and why (Volcano v1.15.1):
   another replica, its Warning names that domain. A rolling update's old replicas count until they are
   deleted: the new ones balance against them, and fill the domains they leave.
 
+- **A replica let go and not placed is held again, once.** The room it was let go for may be gone by
+  the time Volcano tries it, or be room by GPUs that a taint or a selector closes. A pod's node affinity
+  cannot be widened once its gate is gone, so a replica whose gang Volcano finds unschedulable
+  SPREAD_GIVE_UP after it was let go with domains kept out has its unbound pods deleted (at the version
+  read: never a bound one; the chart's policy lets stormtopo delete only unbound pods). AIBrix makes them
+  again, the webhook holds them, and the leader lets them go with no domain kept out, with a Warning
+  (ReplicaSpreadUnplaced). The leader remembers such replicas until they are placed (a new leader may
+  hold one again once more).
+
 A replacement pod of a replica that is already bound is let go at once, unconstrained: its gang keeps
 its domain. What it costs: while the leader is away, a new replica of a spread service waits at the gate;
 a scale-up of N replicas takes N placements one after another (a Volcano session and a watch event
@@ -56,11 +65,14 @@ from stormtopo.core.placement import by_hostname, is_held, is_live
 from stormtopo.core.request import Mode, TierLimit, TopologyRequest
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import DOMAIN_GATE, HOSTNAME_LABEL, ROLE_LABEL
-from stormtopo.core.writes import PatchPod, Say
+from stormtopo.core.writes import DeleteUnboundPod, PatchPod, Say
 
 # Seconds a replica that was let go keeps its siblings waiting while it is not bound. Volcano binds a gang
 # that fits within a session or two (about a second each); one that waits longer cannot be placed now.
 SETTLE_SECONDS = 20.0
+# Seconds a replica let go with domains kept out may stay unplaced, its gang unschedulable, before it is
+# held again and let go without them: a few of Volcano's retries, each with the cluster as it is then.
+SPREAD_GIVE_UP = 60.0
 
 
 @dataclass(frozen=True)
@@ -167,6 +179,11 @@ class SpreadPlan:
     recheck_in: float | None = None  # seconds until that sibling no longer counts
     kept_out: tuple[str, ...] = ()  # the domains the replica was let go without
     needs_room: bool = False  # the free GPUs are needed to decide: read them and plan again
+    # The StormService's replicas to let go without keeping a domain out (held again after a spread that
+    # did not place), to remember; None: nothing to remember (no spread tier).
+    unspread: frozenset[str] | None = None
+    held_again: tuple[DeleteUnboundPod, ...] = ()  # this replica's unbound pods, deleted to be held again
+    says: tuple[Say, ...] = ()
 
 
 def plan_spread(
@@ -178,31 +195,84 @@ def plan_spread(
     now: float,
     free: Mapping[str, int] | None = None,
     hostnames: Mapping[str, str] | None = None,
+    unschedulable: bool = False,
+    unspread: frozenset[str] = frozenset(),
 ) -> SpreadPlan:
     """Let this replica's held gang go, if it is its turn, with its siblings' domains kept out while
-    another domain has room. `request` None: no valid request (opted out or invalid); a held gang goes
-    unconstrained then, as it does once the spread annotation is removed."""
+    another domain has room; hold it again if it was let go so and Volcano cannot place it. `request`
+    None: no valid request (opted out or invalid); a held gang goes unconstrained then, as it does once
+    the spread annotation is removed. `unschedulable`: Volcano's word on the replica's gang; `unspread`:
+    the replicas held again, remembered by the leader (let go without keeping a domain out)."""
     held = [p for p in replica.members(request) if is_held(p)]
     tier = spread_tier(request, topology)
     settling = settling_since([*siblings, replica], request, remembered, now) if tier is not None else {}
+    if tier is not None and request is not None:
+        unspread = frozenset(r.name for r in (*siblings, replica) if r.name in unspread and not r.placed(request))
     if not held:
-        return SpreadPlan(settling=settling)
+        if tier is None or request is None or replica.name in unspread or replica.name not in settling:
+            return SpreadPlan(settling=settling, unspread=unspread if tier is not None else None)
+        return _unplaced(request, tier, replica, settling, now, unschedulable, unspread)
     if request is None or tier is None or replica.bound_nodes(request):
         # No spread in effect, or a replacement pod of a replica already in its domain: its gang keeps it there.
-        return SpreadPlan(tuple(_let_go(p, [], None) for p in held), settling)
+        return SpreadPlan(tuple(_let_go(p, [], None) for p in held), settling, unspread=unspread if tier is not None else None)
     if len(replica.members(request)) < replica.expected(request):
-        return SpreadPlan(settling=settling)  # every pod of the gang goes together: wait for AIBrix to create them all
+        return SpreadPlan(settling=settling, unspread=unspread)  # every pod of the gang goes together: wait for AIBrix
     for name, since in sorted(settling.items(), key=lambda item: item[1]):
         if now - since < SETTLE_SECONDS:
-            return SpreadPlan(settling=settling, waiting_for=name, recheck_in=SETTLE_SECONDS - (now - since))
-    taken = _taken(topology, tier, siblings, request)
+            return SpreadPlan(settling=settling, waiting_for=name, recheck_in=SETTLE_SECONDS - (now - since), unspread=unspread)
+    taken = {} if replica.name in unspread else _taken(topology, tier, siblings, request)
     if taken and free is None:
-        return SpreadPlan(settling=settling, needs_room=True)
+        return SpreadPlan(settling=settling, needs_room=True, unspread=unspread)
     kept_out = _kept_out(topology, tier, own_tier(request, topology, tier), replica, taken, free or {})
     nodes = sorted(n for domain in kept_out for n in topology.nodes_under(domain))
     hosts = by_hostname(nodes, hostnames or {}) if nodes else None
     writes = tuple(_let_go(p, nodes, hosts) for p in held)
-    return SpreadPlan(writes, {**settling, replica.name: now}, kept_out=tuple(sorted(kept_out)))
+    return SpreadPlan(writes, {**settling, replica.name: now}, kept_out=tuple(sorted(kept_out)), unspread=unspread)
+
+
+def _unplaced(
+    request: TopologyRequest,
+    tier: int,
+    replica: Replica,
+    settling: Mapping[str, float],
+    now: float,
+    unschedulable: bool,
+    unspread: frozenset[str],
+) -> SpreadPlan:
+    """A replica let go with domains kept out and not placed: past SPREAD_GIVE_UP, its gang unschedulable,
+    held again (its unbound pods deleted); before, looked at again then."""
+    waiting = [p for p in replica.members(request) if not (p.get("spec") or {}).get("nodeName") and _kept_out_of(p)]
+    if not waiting:  # let go unconstrained (nothing was kept out), or bound meanwhile
+        return SpreadPlan(settling=settling, unspread=unspread)
+    waited = now - settling[replica.name]
+    if waited < SPREAD_GIVE_UP or not unschedulable:
+        recheck = SPREAD_GIVE_UP - waited if waited < SPREAD_GIVE_UP else SETTLE_SECONDS
+        return SpreadPlan(settling=settling, recheck_in=recheck, unspread=unspread)
+    deletes = tuple(
+        DeleteUnboundPod(p["metadata"].get("namespace", ""), p["metadata"]["name"], str(p["metadata"].get("resourceVersion", "")))
+        for p in waiting
+        if p["metadata"].get("resourceVersion")
+    )
+    say = Say(
+        "Warning",
+        "ReplicaSpreadUnplaced",
+        f"replica {replica.name} was let go to spread over tier {tier}, keeping out the domains that hold its siblings, "
+        f"and Volcano could not place it there in {waited:.0f} s: its {len(deletes)} unbound pods are made again and "
+        f"let go without keeping any domain out ({request.describe()})",
+    )
+    rest = {name: since for name, since in settling.items() if name != replica.name}
+    return SpreadPlan(settling=rest, unspread=unspread | {replica.name}, held_again=deletes, says=(say,))
+
+
+def _kept_out_of(pod: Mapping[str, Any]) -> bool:
+    """The pod's required node affinity keeps nodes out by name, as a spread release does (`_excluding`)."""
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    terms = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    return any(
+        r.get("operator") == "NotIn" and r.get("key") in (HOSTNAME_LABEL, "metadata.name")
+        for term in terms
+        for r in (*(term.get("matchExpressions") or ()), *(term.get("matchFields") or ()))
+    )
 
 
 def _taken(topology: Topology, tier: int, siblings: Sequence[Replica], request: TopologyRequest) -> dict[str, list[Replica]]:

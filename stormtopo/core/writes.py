@@ -83,6 +83,17 @@ class EvictPod:
 
 
 @dataclass(frozen=True)
+class DeleteUnboundPod:
+    """Delete a pod that no node runs, so that its owner makes it again (a spread replica held once more:
+    core/spread.py). Only at the version read: a pod bound meanwhile is never deleted (the Conflict is
+    left to the next plan, which sees it bound); the chart's policy refuses a bound pod all the same."""
+
+    namespace: str
+    name: str
+    resource_version: str
+
+
+@dataclass(frozen=True)
 class ListOptedIn:
     """What the opted-in list (the outage policy's parameter) says of a StormService: its scope, or
     nothing (None: unlisted)."""
@@ -143,6 +154,7 @@ Write = (
     | RecordPlacement
     | RecordMove
     | EvictPod
+    | DeleteUnboundPod
     | ListOptedIn
     | PostEvent
     | CreateHyperNode

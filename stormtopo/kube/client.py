@@ -227,6 +227,11 @@ class Api:
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
         self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
 
+    def delete_unbound_pod(self, namespace: str, name: str, resource_version: str) -> None:
+        """Delete a pod only if it is still at `resource_version` (Conflict otherwise): not bound since."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"resourceVersion": resource_version}}
+        self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
+
     def disruption_budgets(self, namespace: str) -> list[dict[str, Any]]:
         return self.list_objects(("policy", "v1"), "poddisruptionbudgets", namespace)
 

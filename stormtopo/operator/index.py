@@ -66,12 +66,15 @@ def slim_listed_pods(items: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any]
 def _slim_pod(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     """Of a pod, where it is bound and when: what a placement check and its metric read."""
     scheduled = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
-    kept = {k: meta[k] for k in ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp") if k in meta}
     spec = pod.get("spec") or {}
+    # An unbound pod's version and node affinity too (pods waiting are few): a held pod's release narrows
+    # its affinity, and a spread replica Volcano cannot place is held again at the version read.
+    unbound = ("resourceVersion",) if not spec.get("nodeName") else ()
+    kept = {k: meta[k] for k in ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp", *unbound) if k in meta}
     # Where it is bound; and, for a pod held at stormtopo's gate, what releasing it must patch.
     kept_spec = {k: spec[k] for k in ("nodeName", "schedulingGates") if spec.get(k)}
-    if spec.get("schedulingGates") and spec.get("affinity"):
-        kept_spec["affinity"] = spec["affinity"]  # only a held pod's: its release narrows it
+    if not spec.get("nodeName") and spec.get("affinity"):
+        kept_spec["affinity"] = spec["affinity"]
     return {
         "kind": "Pod",
         "metadata": kept,

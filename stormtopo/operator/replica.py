@@ -60,6 +60,8 @@ class PlacementReporter:
     # (namespace, StormService) -> its replicas let go for the spread and not yet placed -> since (monotonic)
     _settling: dict[Key, dict[str, float]] = field(default_factory=dict)
     _rechecks: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
+    # (namespace, StormService) -> its replicas held again after a spread that did not place, until placed
+    _unspread: dict[Key, frozenset[str]] = field(default_factory=dict)
 
     async def replica_changed(self, key: Key) -> None:
         """From the placements queue, a few replicas at a time: a pod of replica `key` (namespace,
@@ -88,7 +90,10 @@ class PlacementReporter:
 
     def _plan(self, snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPlan:
         """The planner over the snapshot and the settling replicas as remembered now, not before an await."""
-        return plan_replica(replace(snapshot, settling=dict(self._settling.get(_service_of(snapshot), {}))), memory)
+        service = _service_of(snapshot)
+        return plan_replica(
+            replace(snapshot, settling=dict(self._settling.get(service, {})), unspread=self._unspread.get(service, frozenset())), memory
+        )
 
     async def _snapshot(self, key: Key) -> ReplicaSnapshot | None:
         snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH)
@@ -117,6 +122,8 @@ class PlacementReporter:
         self._remember(key, replace(plan.memory, recorded=recorded))  # what was said stays said, even if a write fails
         if plan.settling is not None:
             self._remember_settling(_service_of(snapshot), plan.settling)
+        if plan.unspread is not None:
+            self._remember_unspread(_service_of(snapshot), plan.unspread)
         metrics.TOPOLOGY_VIOLATIONS.inc(plan.violations)
         await execute(self.api, plan.all_writes(snapshot.stormservice), self.report)
         self._remember(key, plan.memory)  # the record, only once written: a failed one is written again next time
@@ -141,6 +148,12 @@ class PlacementReporter:
             self._settling[service] = dict(settling)
         else:
             self._settling.pop(service, None)
+
+    def _remember_unspread(self, service: Key, unspread: frozenset[str]) -> None:
+        if unspread:
+            self._unspread[service] = unspread
+        else:
+            self._unspread.pop(service, None)
 
     def _wake_siblings(self, key: Key, plan: ReplicaPlan) -> None:
         """Plan again the siblings this replica's placement lets go, and this replica once the sibling it
@@ -193,6 +206,9 @@ class PlacementReporter:
         for service, settling in list(self._settling.items()):
             if service[0] == key[0] and key[1] in settling:
                 self._remember_settling(service, {r: t for r, t in settling.items() if r != key[1]})
+        for service, unspread in list(self._unspread.items()):
+            if service[0] == key[0] and key[1] in unspread:
+                self._remember_unspread(service, unspread - {key[1]})
 
 
 def _service_of(snapshot: ReplicaSnapshot) -> Key:

@@ -14,6 +14,7 @@ from stormtopo.core.writes import (
     CreateHyperNode,
     CreatePodGroup,
     DeleteHyperNode,
+    DeleteUnboundPod,
     EvictPod,
     LabelPod,
     ListOptedIn,
@@ -82,6 +83,15 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                 except NotFound:
                     continue  # gone already: as good as evicted
                 metrics.EVICTIONS.inc()
+            case DeleteUnboundPod(namespace, name, resource_version):
+                try:
+                    await asyncio.to_thread(api.delete_unbound_pod, namespace, name, resource_version)
+                except (NotFound, Conflict):
+                    continue  # gone, or changed (bound) since it was read: the next plan sees which
+                except ApiError as exc:
+                    if exc.status not in (403, 422):
+                        raise
+                    log.warning("pod %s/%s not deleted to be held again (refused): %s", namespace, name, exc)
             case CreateHyperNode():
                 await _create_ours(api, write)
             case SetHyperNodeMembers(name, members, resource_version):

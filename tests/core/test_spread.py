@@ -16,7 +16,7 @@ from stormtopo.core.admission import admit_pod
 from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.replica import ReplicaMemory, ReplicaPlan, ReplicaSnapshot, plan_replica
 from stormtopo.core.request import ClusterTiers, RequestError, TierLimit, parse_request
-from stormtopo.core.spread import SETTLE_SECONDS, replicas_per_domain
+from stormtopo.core.spread import SETTLE_SECONDS, SPREAD_GIVE_UP, replicas_per_domain
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.vocabulary import (
@@ -28,7 +28,7 @@ from stormtopo.core.vocabulary import (
     REPLICA_SPREAD_TIER_NAME,
     SCOPE,
 )
-from stormtopo.core.writes import PatchPod
+from stormtopo.core.writes import DeleteUnboundPod, PatchPod
 from stormtopo.devenv.workloads import PD_1P1D, Role, stormservice
 from stormtopo.operator.index import Index
 
@@ -363,3 +363,61 @@ def test_explain_lists_the_replicas_in_every_domain_of_the_spread_tier() -> None
         "    s2: svc-b",
         "    s3: none",
     ]
+
+
+def let_go_kept_out_of(name: str, nodes: list[str]) -> list[dict[str, Any]]:
+    """A replica let go with `nodes` kept out, its pods not bound (as Volcano leaves a gang it cannot place)."""
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": nodes}]}]
+            }
+        }
+    }
+    objects = replica(name)
+    for obj in objects[1:]:
+        obj["spec"]["affinity"] = affinity
+        obj["metadata"]["resourceVersion"] = "41"
+    return objects
+
+
+def unschedulable(name: str) -> dict[str, Any]:
+    condition = {"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources"}
+    return {"kind": "PodGroup", "metadata": {"name": name, "namespace": "ns"}, "status": {"phase": "Pending", "conditions": [condition]}}
+
+
+def test_a_replica_let_go_with_domains_kept_out_and_not_placed_is_held_again_once() -> None:
+    """Let go keeping out s0 (svc-b there), then unschedulable: past SPREAD_GIVE_UP its unbound pods are
+    deleted at the version read (AIBrix makes them again, the webhook holds them) with one Warning; held
+    again, it goes without keeping any domain out; once placed the leader forgets it."""
+    index = index_of(*let_go_kept_out_of("svc-a", ["node0", "node1"]), *replica("svc-b", ("node0", "node1")), unschedulable("svc-a"))
+    early = plan_for(index, settling={"svc-a": NOW - 10})
+    assert not [w for w in early.writes if isinstance(w, DeleteUnboundPod)] and early.recheck_in == SPREAD_GIVE_UP - 10
+    late = plan_for(index, settling={"svc-a": NOW - SPREAD_GIVE_UP})
+    assert {w for w in late.writes if isinstance(w, DeleteUnboundPod)} == {
+        DeleteUnboundPod("ns", "svc-a-p", "41"),
+        DeleteUnboundPod("ns", "svc-a-d", "41"),
+    }
+    (say,) = [s for s in late.says if s.reason == "ReplicaSpreadUnplaced"]
+    assert say.type == "Warning" and "tier 1" in say.message
+    assert late.unspread == frozenset({"svc-a"}) and "svc-a" not in (late.settling or {})
+    # Volcano still trying (not said unschedulable): nothing deleted yet.
+    trying = index_of(*let_go_kept_out_of("svc-a", ["node0", "node1"]), *replica("svc-b", ("node0", "node1")))
+    assert not [w for w in plan_for(trying, settling={"svc-a": NOW - 90}).writes if isinstance(w, DeleteUnboundPod)]
+    # Held again: let go with no domain kept out, though svc-b holds s0.
+    again = index_of(*replica("svc-a", held=True), *replica("svc-b", ("node0", "node1")))
+    snapshot = again.replica_snapshot(("ns", "svc-a"), NOW)
+    assert snapshot is not None
+    plan = plan_replica(replace(snapshot, free_gpus=ALL_FREE, unspread=frozenset({"svc-a"})), ReplicaMemory())
+    assert all(kept_out(ops) == [] for ops in let_go(plan).values()) and set(let_go(plan)) == {"svc-a-p", "svc-a-d"}
+    # Not held a second time while the leader remembers it, whatever Volcano says.
+    stuck = index_of(*let_go_kept_out_of("svc-a", ["node0", "node1"]), *replica("svc-b", ("node0", "node1")), unschedulable("svc-a"))
+    snapshot = stuck.replica_snapshot(("ns", "svc-a"), NOW)
+    assert snapshot is not None
+    kept = plan_replica(replace(snapshot, settling={"svc-a": NOW - 300}, unspread=frozenset({"svc-a"})), ReplicaMemory())
+    assert not [w for w in kept.writes if isinstance(w, DeleteUnboundPod)] and kept.unspread == frozenset({"svc-a"})
+    # Placed: forgotten.
+    placed = index_of(*replica("svc-a", ("node2", "node3")), *replica("svc-b", ("node0", "node1")))
+    snapshot = placed.replica_snapshot(("ns", "svc-a"), NOW)
+    assert snapshot is not None
+    assert plan_replica(replace(snapshot, unspread=frozenset({"svc-a"})), ReplicaMemory()).unspread == frozenset()

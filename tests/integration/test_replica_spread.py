@@ -3,17 +3,37 @@
 The cluster is the feature request's: 8 nodes x 8 GPUs, leaves s0..s3 (tier 1, two nodes each), spines
 s4 (s0, s1) and s5 (s2, s3), s6 on top. Without the spread, Volcano's HyperNode binpack puts the four
 replicas of a hard tier-1 1P1D service (1 + 1 GPUs) into one leaf: one leaf switch failing takes all four.
+
+The spread releases pods from stormtopo's gate and deletes unbound ones to hold them again: every test runs
+the operator as the chart runs it (its ServiceAccount, RBAC and admission policies, the Deployment's
+arguments).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
+
+from stormtopo.core.spread import SPREAD_GIVE_UP
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REPLICA_SPREAD_TIER
 from stormtopo.devenv.client import DevCluster
-from stormtopo.devenv.workloads import stormservice
+from stormtopo.devenv.workloads import filler_pod, stormservice
 from tests.conftest import stormtopo
+from tests.integration.chart import InstalledOperator
+
+
+@pytest.fixture(scope="module", autouse=True)
+def as_installed(cluster: DevCluster, cluster_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledOperator]:
+    installed = InstalledOperator(cluster_dir, tmp_path_factory.mktemp("spread-as-installed"))
+    installed.start()
+    try:
+        yield installed
+    finally:
+        installed.stop()
 
 
 def spread(tier: int) -> dict[str, str]:
@@ -73,3 +93,40 @@ def test_four_replicas_spread_over_tier_two_go_two_under_each_spine(cluster: Dev
     cluster.create(stormservice(name, namespace, replicas=4, annotations=spread(2)))
     leaves = replicas_by_leaf(cluster, topology, namespace, name, 4)  # each replica still within one leaf
     assert sorted(Counter(spine_of(topology, leaf) for leaf in leaves.values()).items()) == [("s4", 2), ("s5", 2)], leaves
+
+
+def test_a_replica_let_go_where_volcano_cannot_place_it_is_held_again_and_placed_beside_a_sibling(
+    cluster: DevCluster, topology: Topology, namespace: str
+) -> None:
+    """Leaves s2 and s3 full, s1's nodes tainted (free by GPUs, closed to the pods): the first replica lands
+    in s0; the second is let go with s0 kept out, where only s1 has GPUs, and Volcano cannot place it.
+    Past SPREAD_GIVE_UP its unbound pods are deleted (as installed: the policy delete-unbound-only), made
+    again by AIBrix, and let go with nothing kept out: it lands in s0 beside the first, with a
+    ReplicaSpreadUnplaced and a ReplicasShareDomain Warning. No bound pod was deleted."""
+    name = f"held-again-{namespace}"
+    for node in ("node4", "node5", "node6", "node7"):
+        cluster.create(filler_pod(f"busy-{node}", namespace, node, 8))
+    cluster.bound_pods(namespace, "stormtopo.io/filler=true", 4)
+    taint = {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"}
+    for node in ("node2", "node3"):
+        cluster.core.patch_node(node, {"spec": {"taints": [taint]}})
+    try:
+        cluster.create(stormservice(name, namespace, replicas=1, annotations=spread(1)))
+        first = replicas_by_leaf(cluster, topology, namespace, name, 1)
+        assert list(first.values()) == ["s0"], first
+        first_pods = {p["metadata"]["uid"] for p in cluster.pods(namespace, f"storm-service-name={name}")}
+        cluster.patch_stormservice(namespace, name, {"spec": {"replicas": 2}})
+
+        def said(reason: str) -> list[str]:
+            return [e["message"] for e in cluster.events(namespace, name) if e["reason"] == reason]
+
+        unplaced = cluster.wait(lambda: said("ReplicaSpreadUnplaced"), SPREAD_GIVE_UP + 90, "a ReplicaSpreadUnplaced Warning")
+        assert "spread over tier 1" in unplaced[0] and "made again" in unplaced[0], unplaced
+        leaves = replicas_by_leaf(cluster, topology, namespace, name, 2)
+        assert sorted(leaves.values()) == ["s0", "s0"], leaves
+        cluster.wait(lambda: said("ReplicasShareDomain"), 60, "a ReplicasShareDomain Warning")
+        assert len(said("ReplicaSpreadUnplaced")) == 1  # held again once
+        assert first_pods <= {p["metadata"]["uid"] for p in cluster.pods(namespace, f"storm-service-name={name}")}
+    finally:
+        for node in ("node2", "node3"):
+            cluster.core.patch_node(node, {"spec": {"taints": None}})
