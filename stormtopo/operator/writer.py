@@ -85,9 +85,7 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                 metrics.EVICTIONS.inc()
             case DeleteUnboundPod(namespace, name, resource_version):
                 try:
-                    await asyncio.to_thread(api.delete_unbound_pod, namespace, name, resource_version)
-                except (NotFound, Conflict):
-                    continue  # gone, or changed (bound) since it was read: the next plan sees which
+                    await asyncio.to_thread(_delete_unbound, api, namespace, name, resource_version)
                 except ApiError as exc:
                     if exc.status not in (403, 422):
                         raise
@@ -103,6 +101,26 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
             case DeleteHyperNode(name):
                 if await asyncio.to_thread(api.delete_hypernode, name):
                     metrics.NODE_TIER_WRITES.labels("delete").inc()
+
+
+def _delete_unbound(api: Api, namespace: str, name: str, resource_version: str, tries: int = 3) -> None:
+    """Delete the pod at the version read; on a Conflict (Volcano rewrites a waiting pod's status at each
+    of its tries) read it again, and delete it at that version while it is still unbound."""
+    for _ in range(tries):
+        try:
+            api.delete_unbound_pod(namespace, name, resource_version)
+            return
+        except NotFound:
+            return  # gone already
+        except Conflict:
+            try:
+                pod = api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+            except NotFound:
+                return
+            if (pod.get("spec") or {}).get("nodeName"):
+                return  # bound meanwhile: it stays
+            resource_version = str(pod["metadata"]["resourceVersion"])
+    log.warning("pod %s/%s not deleted to be held again: it kept changing", namespace, name)
 
 
 class HyperNodeWritesRefused(RuntimeError):

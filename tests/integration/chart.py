@@ -150,6 +150,7 @@ class InstalledOperator:
             hooks = [o for o in webhook.configuration(b"", url_base=url) if o["kind"].endswith("WebhookConfiguration")]
             webhook.unregister(Api(str(self.state / "kubeconfig")), hooks)
         else:
+            self._keep_log()
             dev.stop_component(self.state, "operator")
         certs = self.directory / "tls"
         rendered = render(*provided_certificates(certs), f"webhook.url={url}", *sets)
@@ -178,6 +179,7 @@ class InstalledOperator:
 
     def stop(self) -> None:
         """The chart's webhook configurations deleted and the cluster's own operator started again."""
+        self._keep_log()
         dev.stop_component(self.state, "operator")
         if self.rendered:
             # Only the webhook configurations (they name the provided CA, not the cluster's operator's). The
@@ -187,3 +189,11 @@ class InstalledOperator:
             kubectl(self.state, "delete", "-f", "-", "--ignore-not-found", stdin=yaml.safe_dump_all(hooks))
             self.rendered = ""
         dev.start_operator(self.state)
+
+    def _keep_log(self) -> None:
+        """The operator's log goes on in logs/operator-as-installed.log: the next start writes over
+        logs/operator.log, and a failed test is read from it."""
+        log = self.state / "logs" / "operator.log"
+        if self.rendered and log.exists():
+            with (self.state / "logs" / "operator-as-installed.log").open("a") as kept:
+                kept.write(log.read_text(errors="replace"))

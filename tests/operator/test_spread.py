@@ -7,8 +7,12 @@ import asyncio
 import time
 from typing import Any, cast
 
+from stormtopo.core.writes import DeleteUnboundPod
+from stormtopo.kube.client import Api as KubeApi
+from stormtopo.kube.client import Conflict
 from stormtopo.operator.index import Index
 from stormtopo.operator.replica import PlacementReporter
+from stormtopo.operator.writer import execute
 from tests.core.test_spread import ALL_FREE, index_of, replica
 
 
@@ -69,3 +73,29 @@ def test_workers_planning_held_replicas_together_let_one_go_then_the_next_when_i
         assert ("ns", "svc") not in reporter._settling and ("ns", waits) not in reporter._rechecks
 
     asyncio.run(scenario())
+
+
+class PodsApi:
+    """A waiting pod whose status Volcano rewrites: a delete at an old version is a Conflict."""
+
+    def __init__(self, node: str | None = None) -> None:
+        self.pod = {"metadata": {"name": "p", "namespace": "ns", "resourceVersion": "42"}, "spec": {"nodeName": node} if node else {}}
+        self.calls: list[str] = []
+
+    def delete_unbound_pod(self, namespace: str, name: str, resource_version: str) -> None:
+        self.calls.append(f"DELETE@{resource_version}")
+        if resource_version != self.pod["metadata"]["resourceVersion"]:
+            raise Conflict.of(409, "DELETE", name, "the object has been modified")
+
+    def request(self, method: str, path: str, *_: object, **__: object) -> object:
+        self.calls.append(method)
+        return self.pod
+
+
+def test_a_pod_to_hold_again_is_deleted_at_its_current_version_while_unbound_and_never_once_bound() -> None:
+    waiting = PodsApi()
+    asyncio.run(execute(cast(KubeApi, waiting), [DeleteUnboundPod("ns", "p", "41")]))
+    assert waiting.calls == ["DELETE@41", "GET", "DELETE@42"]
+    bound = PodsApi(node="node0")
+    asyncio.run(execute(cast(KubeApi, bound), [DeleteUnboundPod("ns", "p", "41")]))
+    assert bound.calls == ["DELETE@41", "GET"]  # bound meanwhile: it stays
