@@ -40,6 +40,8 @@ from stormtopo.core.healing import (
     moving_in_cluster,
     pending_since,
     placed_since,
+    plan_healing,
+    plan_stranded,
     resident,
     room_made_for,
     room_of,
@@ -51,6 +53,7 @@ from stormtopo.core.node_fit import NodeFacts
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.room import Resident, Room, resident_key, room_by_moving
 from stormtopo.core.topology.tree import Topology
+from stormtopo.core.writes import Write
 
 ServiceKey = tuple[str, str]  # (namespace, StormService)
 Pod = Mapping[str, Any]
@@ -153,6 +156,49 @@ class HealPass:
         """Replicas of other services moving now: their records, and this pass's moves that the index may
         not show yet (counted twice rather than not at all: the cap is a ceiling)."""
         return moving_in_cluster([s for k, s in stormservices if k != key], now) + len(self.started - {key})
+
+
+@dataclass(frozen=True)
+class ServiceRead:
+    """One service read from the API for its plan. Its snapshot's free room and the cluster's moves are
+    the pass's (plan_service fills them in); `free`: the reading of free room taken now, where the pass
+    had none yet, with every service as the index holds it (`readings`) for the moves to set aside."""
+
+    key: ServiceKey
+    snapshot: HealSnapshot
+    others: tuple[tuple[ServiceKey, Mapping[str, Any]], ...]  # every StormService the index holds: the moves in the cluster
+    free: Mapping[str, int] | None = None
+    readings: tuple[ServiceReading, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    snapshot: HealSnapshot
+    plan: HealPlan
+    heal_pass: HealPass
+
+
+def plan_service(heal_pass: HealPass, read: ServiceRead, memory: HealMemory) -> ServicePlan:
+    """One service's healing plan (core/healing.py) over the pass's free room and moves, and the pass as
+    it goes on."""
+    snapshot, heal_pass = _in_pass(heal_pass, read)
+    plan = plan_healing(snapshot, memory)
+    return ServicePlan(snapshot, plan, heal_pass.planned(read.key, snapshot, plan))
+
+
+def plan_notice(heal_pass: HealPass, read: ServiceRead, memory: HealMemory) -> tuple[list[Write], HealMemory, HealPass]:
+    """A service not healing: where its stranded replicas would fit, said once (core/healing.py plan_stranded)."""
+    snapshot, heal_pass = _in_pass(heal_pass, read)
+    writes, memory = plan_stranded(snapshot, memory)
+    return writes, memory, heal_pass
+
+
+def _in_pass(heal_pass: HealPass, read: ServiceRead) -> tuple[HealSnapshot, HealPass]:
+    if read.free is not None:
+        heal_pass = heal_pass.with_room(read.free, read.readings, read.snapshot.topology)
+    assert heal_pass.free is not None  # read with the pass's first service
+    moving = heal_pass.moving_elsewhere(read.key, read.others, read.snapshot.now)
+    return replace(read.snapshot, free=heal_pass.free, moving_elsewhere=moving), heal_pass
 
 
 def begin_pass(

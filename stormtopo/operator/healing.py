@@ -31,12 +31,15 @@ from stormtopo.core.heal_pass import (
     HealPass,
     Look,
     RoomSearch,
+    ServiceRead,
     ServiceReading,
     begin_pass,
     lenders,
     made_room,
     next_offer,
     plan_look,
+    plan_notice,
+    plan_service,
     wide_waiting,
 )
 from stormtopo.core.healing import (
@@ -49,9 +52,7 @@ from stormtopo.core.healing import (
     HealSnapshot,
     MakeRoom,
     Replica,
-    plan_healing,
     plan_refused,
-    plan_stranded,
 )
 from stormtopo.core.room import Resident
 from stormtopo.core.topology.node_tier import node_tier_members
@@ -151,18 +152,21 @@ class Healer:
     ) -> Healed:
         """Read one service, plan it and carry the plan out."""
         try:
-            snapshot, heal_pass = await self.snapshot(key, heal_pass, make_room, allocatable)
-            if snapshot is None:
+            read = await self.read(key, heal_pass, make_room, allocatable)
+            if read is None:
                 return Healed(None, heal_pass)
             # The packing search is CPU work: on a thread, the loop still answers admissions between slices.
-            plan = await asyncio.to_thread(plan_healing, snapshot, self._memory.of(key))
+            planned = await asyncio.to_thread(plan_service, heal_pass, read, self._memory.of(key))
+            snapshot, plan, heal_pass = planned.snapshot, planned.plan, planned.heal_pass
             self._memory = self._memory.healed(key, plan.memory)
-            heal_pass = heal_pass.planned(key, snapshot, plan)
             if not await self.record_plan(snapshot, plan):
                 return Healed(None, heal_pass)
-            if plan.moving is not None:
-                heal_pass = heal_pass.moved(self._readings(only=key), self.index.topology())
-            await self.execute_plan(key, snapshot, plan)
+            # The move's target is taken for the rest of the pass: as the index has it once recorded.
+            taken = (self._readings(only=key), self.index.topology()) if plan.moving is not None else None
+            try:
+                await self.execute_plan(key, snapshot, plan)
+            finally:
+                heal_pass = heal_pass if taken is None else heal_pass.moved(*taken)
         except Exception as error:
             return Healed(None, heal_pass, error)
         return Healed(plan, heal_pass)
@@ -177,10 +181,10 @@ class Healer:
         return [self._reading(k, s) for k, s in services.items() if only is None or k == only]
 
     async def notice_stranded(self, key: Key, heal_pass: HealPass) -> HealPass:
-        snapshot, heal_pass = await self.snapshot(key, heal_pass)
-        if snapshot is None:
+        read = await self.read(key, heal_pass)
+        if read is None:
             return heal_pass
-        writes, memory = plan_stranded(snapshot, self._memory.stranded.get(key, HealMemory()))
+        writes, memory, heal_pass = plan_notice(heal_pass, read, self._memory.stranded.get(key, HealMemory()))
         self._memory = self._memory.noticed(key, memory)
         await execute(self.api, writes, self.report)
         return heal_pass
@@ -228,9 +232,9 @@ class Healer:
         ]
         return await asyncio.to_thread(lenders, found, tiers, topology, now, self.cooldown)
 
-    async def snapshot(
+    async def read(
         self, key: Key, heal_pass: HealPass, make_room: MakeRoom | None = None, allocatable: dict[str, int] | None = None
-    ) -> tuple[HealSnapshot | None, HealPass]:
+    ) -> ServiceRead | None:
         """What the planner needs of one service, read now; the pass's reading of free room is taken at
         its first service read."""
         if self.index.known_nodes(fresh=False).shapes_tree:  # HyperNodes select nodes by pattern or label
@@ -238,27 +242,29 @@ class Healer:
         namespace, name = key
         stormservice = await asyncio.to_thread(self.api.get, AIBRIX, "stormservices", namespace, name)
         if stormservice is None:
-            return None, heal_pass
+            return None
         self.index.observe("StormService", "MODIFIED", stormservice)
         pods = await asyncio.to_thread(
             self.api.raw_list, f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"{STORMSERVICE_LABEL}={name}"
         )
         budgets = await asyncio.to_thread(self.api.disruption_budgets, namespace)
+        free: dict[str, int] | None = None
+        readings: tuple[ServiceReading, ...] = ()
         if heal_pass.free is None:
-            heal_pass = heal_pass.with_room(await self.room.free_gpus(taking_new_pods=True), self._readings(), self.index.topology())
-        assert heal_pass.free is not None
+            free, readings = await self.room.free_gpus(taking_new_pods=True), tuple(self._readings())
         rolesets = self.index.rolesets_of(namespace, name)
         replicas = tuple(
             Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))
             for r in rolesets
         )
         podgroups = {r["metadata"]["name"]: pg for r in rolesets if (pg := self.index.podgroups.get((namespace, r["metadata"]["name"])))}
+        others = tuple(self.index.stormservices.items())  # the moves in the cluster, as the index has them now
         snapshot = HealSnapshot(
             stormservice,
             replicas,
             self.index.cluster_tiers(),
             self.index.topology(),
-            heal_pass.free,
+            {},  # the pass's free room (plan_service)
             tuple(budgets),
             time.time(),
             self.cooldown,
@@ -266,12 +272,11 @@ class Healer:
             self.recheck,
             make_room,
             allocatable or {},
-            moving_elsewhere=heal_pass.moving_elsewhere(key, self.index.stormservices.items(), time.time()),
             max_moving=self.max_moving,
             nodes=await self.room.node_facts(),
             stranded_after=self.stranded_after,
         )
-        return snapshot, heal_pass
+        return ServiceRead(key, snapshot, others, free, readings)
 
     async def carry_out(self, key: Key, snapshot: HealSnapshot, plan: HealPlan) -> bool:
         """The plan's records, then the rest of it (execute_plan). False: nothing was done (its records could

@@ -12,11 +12,13 @@ from stormtopo.core.heal_pass import (
     HealPass,
     Look,
     RoomSearch,
+    ServiceRead,
     ServiceReading,
     begin_pass,
     made_room,
     next_offer,
     plan_look,
+    plan_service,
 )
 from stormtopo.core.healing import HealMemory, HealPlan, MakeRoom, Verdict, Why, plan_healing, wide_replica
 from stormtopo.core.room import Resident
@@ -113,3 +115,12 @@ def test_residents_are_offered_smallest_first_and_one_refused_is_followed_by_the
 def test_room_is_made_only_by_a_move_to_make_room() -> None:
     assert made_room(HealPlan(moving=Verdict("small-0", "s0, tier 1", Why.MAKE_ROOM)))
     assert not made_room(HealPlan(moving=Verdict("small-0", "s0, tier 1", Why.SOFT_WIDE))) and not made_room(None)
+
+
+def test_a_service_is_planned_over_the_passs_room_read_with_its_first_service() -> None:
+    read = ServiceRead(KEY, replace(snap(service(SOFT1), WIDE), free={}), others=(), free=snap(service(SOFT1), WIDE).free)
+    first = plan_service(a_pass(), read, HealMemory())
+    assert first.plan.moving is not None and first.snapshot.free == read.free and first.heal_pass.started == {KEY}
+    # The next service is planned over the pass's reading (the move's target is set aside once recorded: HealPass.moved).
+    second = plan_service(first.heal_pass, replace(read, key=("ns", "other"), free=None), HealMemory())
+    assert second.snapshot.free == first.heal_pass.free and second.snapshot.moving_elsewhere == 1
