@@ -13,7 +13,9 @@ waiting pods.
 The pass's reading of free room (HealPass.free) is taken once, at the first service read, less the
 targets of moves under way whose pods are not placed yet (core/healing.py set_aside); a move begun in
 the pass takes its target for the rest of it. Its moves count against the cluster's cap at once, before
-the index shows them (HealPass.moving_elsewhere).
+the index shows them (HealPass.moving_elsewhere). A service looked at is read by the shell and planned
+in one call (plan_service: core/healing.py over the pass's room and moves), which returns the pass as it
+goes on.
 
 Making room (RoomSearch, next_offer): for this pass's wide replicas with nowhere to go, the residents
 whose move would make room (core/room.py), offered one after another until one's own plan moves it.
