@@ -1,17 +1,15 @@
-"""Healing's shell: every few seconds, for each StormService that opted in and has a replica wider than
-its request (or a move under way), read what the planner needs, plan (core/healing.py), execute.
+"""Healing's shell, in the placement path's shape: every few seconds, for each StormService, what the
+index holds of it is read and the pass's planner (core/heal_pass.py) says whether to look at it; a
+service looked at is read from the API, planned (core/healing.py), and the plan executed: its move
+records, its Events and PodGroups, then its evictions (operator/writer.py, the writer and its evictor).
+The shell keeps only what the planners return (HealerMemory) and hands the pass's state (HealPass)
+from one service to the next.
 
-Nothing is read for a service until its own placement record shows a wide replica: a cluster where
-every replica landed within its request costs one pass over the index. A service that needs a look
-costs a read of the StormService itself (the move table on the API server, not the index's copy,
-decides what may move), a list of its own pods and of its namespace's PodDisruptionBudgets; one
-reading of every node's free GPUs is shared by the whole pass, taken in the explanation worker's
-process so that its parsing never delays an admission. A service whose wide replicas had nowhere to
-go is not read again for NO_ROOM_RECHECKS passes (a service with nowhere to go does not cost an API
-read every pass), unless a pod of an opted-in service has left a node since: that pass reads it
-again, over a fresh reading of the free GPUs (a freed leaf is seen at the next pass, before a new
-arrival takes it, rather than within three passes and a cached reading); at most once a quiet spell,
-so that a churning cluster does not read every stuck service every pass.
+A cluster where every replica landed within its request costs one pass over the index. A service
+looked at costs a read of the StormService itself (the move table on the API server, not the index's
+copy, decides what may move), a list of its own pods and of its namespace's PodDisruptionBudgets; one
+reading of every node's free GPUs (operator/room.py, shared with making room and the node tier) is
+shared by the whole pass.
 
 A move is begun only once its record is on the StormService, written conditionally on the version
 the plan was made from: two leaders, or a pass planned from a stale read, cannot both begin one.
@@ -24,39 +22,39 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stormtopo.core.heal_pass import (
+    WIDE_TRIED,
+    HealerMemory,
+    HealPass,
+    Look,
+    RoomSearch,
+    ServiceRead,
+    ServiceReading,
+    begin_pass,
+    lenders,
+    made_room,
+    next_offer,
+    plan_look,
+    plan_notice,
+    plan_service,
+    wide_waiting,
+)
 from stormtopo.core.healing import (
     COOLDOWN,
     MAX_MOVING,
-    MOVE_DEADLINE,
     NO_ROOM_RECHECK,
     STRANDED_AFTER,
-    Block,
     HealMemory,
     HealPlan,
     HealSnapshot,
     MakeRoom,
     Replica,
-    Why,
-    making_room_under_way,
-    may_need_healing,
-    moving_in_cluster,
-    pending_since,
-    placed_since,
-    plan_healing,
     plan_refused,
-    plan_stranded,
-    resident,
-    room_made_for,
-    room_of,
-    set_aside,
-    wants_healing,
-    wide_replica,
 )
-from stormtopo.core.placement import merge_placements
-from stormtopo.core.room import Resident, resident_key, room_by_moving
+from stormtopo.core.room import Resident
 from stormtopo.core.topology.node_tier import node_tier_members
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.writes import EvictPod, RecordMove, Write
@@ -65,13 +63,13 @@ from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key
 from stormtopo.operator.room import NodeRoom
-from stormtopo.operator.writer import execute
+from stormtopo.operator.writer import evict, execute, record_moves
+
+__all__ = ["Healed", "Healer", "is_budget_refusal", "record_moves", "status_message"]
 
 log = logging.getLogger("stormtopo.healing")
 
 REFUSED_STATUSES = (403, 422)  # RBAC, or an admission webhook or policy: not a budget, not an outage
-WIDE_TRIED = 2  # wide replicas a pass looks for a resident to move for (each search ~0.1 s at 1,000 nodes)
-DONORS_TRIED = 3  # residents offered in turn to one wide replica, when the first ones' own plans refuse
 
 
 def is_budget_refusal(exc: ApiError) -> bool:
@@ -89,6 +87,16 @@ def status_message(exc: ApiError) -> str:
         return exc.body
 
 
+@dataclass(frozen=True)
+class Healed:
+    """One service healed: its plan (None: nothing planned, or its records could not be written), the
+    pass as it goes on, and the error that cut it short, if one did (the pass's state survives it)."""
+
+    plan: HealPlan | None
+    heal_pass: HealPass
+    error: Exception | None = None
+
+
 @dataclass
 class Healer:
     index: Index
@@ -102,146 +110,115 @@ class Healer:
     leading: Callable[[], bool] = lambda: True
     max_moving: int = MAX_MOVING  # --heal-max-moving: replicas moving at once in the whole cluster
     stranded_after: float = STRANDED_AFTER  # --heal-stranded-after
-    _noticed: dict[Key, HealMemory] = field(default_factory=dict)  # what was said of stranded replicas of services not healing
-    _noticed_pods: dict[Key, frozenset[str]] = field(default_factory=dict)  # the waiting pods it was said for
-    _memory: dict[Key, HealMemory] = field(default_factory=dict)
-    _free: dict[str, int] | None = None  # this pass's reading
-    _no_room: list[tuple[Key, Replica, int]] = field(default_factory=list)  # this pass's wide replicas with nowhere to go
-    _freed_seen: int = -1  # the index's count of admitted pods gone from their nodes, at the last pass
-    _fresh: bool = False  # this pass: pods left their nodes since the last (room may have been freed)
-    _woken: dict[Key, float] = field(default_factory=dict)  # service -> when a freed node last ended its quiet
-    _started: set[Key] = field(default_factory=set)  # this pass: services that began a move (the index may not show it yet)
+    _memory: HealerMemory = field(default_factory=HealerMemory)  # as the planners returned it (core/heal_pass.py)
 
     async def check(self) -> None:
         """One pass over the StormServices (a loop of the operator runs it every --heal-interval)."""
         if not self.leading():
             return
-        self._free = None
-        self._no_room = []
-        self._started = set()
-        self._fresh, self._freed_seen = self.index.pods_freed != self._freed_seen, self.index.pods_freed
+        services = self.index.stormservices
+        heal_pass, self._memory = begin_pass(
+            self._memory, services.values(), self.index.pods_freed, time.time(), self.recheck, self.stranded_after
+        )
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
-        now = time.time()
-        # Services room is being made for (from the lenders' move records): read every pass until it is there.
-        awaited = {(ns, name) for (ns, name, _), at in room_made_for(self.index.stormservices.values()).items() if now - at < MOVE_DEADLINE}
-        for key, stormservice in list(self.index.stormservices.items()):
-            if not may_need_healing(stormservice, tiers, topology) and not self._stranded(key, now):
-                self._memory.pop(key, None)
-                self._noticed.pop(key, None)
-                self._noticed_pods.pop(key, None)
-                continue
-            if not self.room.listed():
-                break  # the free-room reading's first list is under way: this pass waits for none of it
-            if not wants_healing(stormservice):  # stranded, and not asking for healing: said where it would fit
-                waiting = self._waiting(key)
-                if self._noticed_pods.get(key) == waiting:
-                    continue  # said already for these pods: no read every pass for as long as they wait
-                self._noticed_pods[key] = waiting
+        for key, stormservice in list(services.items()):
+            reading = self._reading(key, stormservice)
+            look, self._memory = plan_look(heal_pass, self._memory, reading, tiers, topology)
+            if look is Look.READ_ROOM:  # (asking starts the reading: only once a service needs it)
+                heal_pass = replace(heal_pass, listed=self.room.listed())
+                look, self._memory = plan_look(heal_pass, self._memory, reading, tiers, topology)
+            if look is Look.NOT_YET:
+                break
+            if look is Look.NOTICE:
                 try:
-                    await self.notice_stranded(key)
+                    heal_pass = await self.notice_stranded(key, heal_pass)
                 except Exception:
                     log.exception("checking %s/%s for a stranded replica failed; trying again at the next pass", *key)
-                continue
-            if now < self._memory.get(key, HealMemory()).quiet_until and key not in awaited:
-                if not self._fresh or now - self._woken.get(key, float("-inf")) < self.recheck:
-                    continue  # (unless room is being made for it, or may have been freed: once a quiet spell)
-                self._woken[key] = now
+            elif look is Look.HEAL:
+                healed = await self.heal(key, heal_pass)
+                heal_pass = healed.heal_pass
+                if healed.error is not None:  # one service's failure is logged; the others still get their pass
+                    log.error("healing %s/%s failed; trying again at the next pass", *key, exc_info=healed.error)
+        if heal_pass.no_room and self.make_room_enabled:
             try:
-                await self.heal(key)
-            except Exception:  # one service's failure is logged; the others still get their pass
-                log.exception("healing %s/%s failed; trying again at the next pass", *key)
-        if self._no_room and self.make_room_enabled:
-            try:
-                await self.make_room()
+                await self.make_room(heal_pass)
             except Exception:
                 log.exception("making room failed; trying again at the next pass")
-        for gone in set(self._memory) - set(self.index.stormservices):
-            del self._memory[gone]
-        for gone in set(self._noticed) - set(self.index.stormservices):
-            del self._noticed[gone]
-        self._noticed_pods = {k: v for k, v in self._noticed_pods.items() if k in self.index.stormservices}
-        self._woken = {k: t for k, t in self._woken.items() if now - t < self.recheck}
+        self._memory = self._memory.kept(self.index.stormservices.keys(), heal_pass.now, self.recheck)
         metrics.HEALING_PASSES.inc()
 
-    async def heal(self, key: Key, make_room: MakeRoom | None = None, allocatable: dict[str, int] | None = None) -> HealPlan | None:
-        """Plan one service and carry the plan out; None if there was nothing to plan or its records
-        could not be written (the service changed since it was read)."""
-        snapshot = await self.snapshot(key, make_room, allocatable)
-        if snapshot is None:
-            return None
-        # The packing search is CPU work: on a thread, the loop still answers admissions between slices.
-        plan = await asyncio.to_thread(plan_healing, snapshot, self._memory.get(key, HealMemory()))
-        self._memory[key] = plan.memory
-        if plan.moving is not None:
-            self._started.add(key)
-        tier = snapshot.healing_tier
-        if tier is not None and plan.moving is None and make_room is None:
-            for verdict in plan.verdicts:
-                if verdict.block is Block.NO_ROOM and verdict.why in (Why.SOFT_WIDE, Why.VIOLATION):
-                    self._no_room.append((key, next(r for r in snapshot.replicas if r.name == verdict.replica), tier))
-        return plan if await self.carry_out(key, snapshot, plan) else None
+    async def heal(
+        self, key: Key, heal_pass: HealPass, make_room: MakeRoom | None = None, allocatable: dict[str, int] | None = None
+    ) -> Healed:
+        """Read one service, plan it and carry the plan out."""
+        try:
+            read = await self.read(key, heal_pass, make_room, allocatable)
+            if read is None:
+                return Healed(None, heal_pass)
+            # The packing search is CPU work: on a thread, the loop still answers admissions between slices.
+            planned = await asyncio.to_thread(plan_service, heal_pass, read, self._memory.of(key))
+            snapshot, plan, heal_pass = planned.snapshot, planned.plan, planned.heal_pass
+            self._memory = self._memory.healed(key, plan.memory)
+            if not await self.record_plan(snapshot, plan):
+                return Healed(None, heal_pass)
+            # The move's target is taken for the rest of the pass: as the index has it once recorded.
+            taken = (self._readings(only=key), self.index.topology()) if plan.moving is not None else None
+            try:
+                await self.execute_plan(key, snapshot, plan)
+            finally:
+                heal_pass = heal_pass if taken is None else heal_pass.moved(*taken)
+        except Exception as error:
+            return Healed(None, heal_pass, error)
+        return Healed(plan, heal_pass)
 
-    def _waiting(self, key: Key) -> frozenset[str]:
-        """The pods of the service that wait unbound (from the index)."""
-        return frozenset(
-            p["metadata"]["name"]
-            for r in self.index.rolesets_of(*key)
-            for p in self.index.pods_of(key[0], r["metadata"]["name"])
-            if not (p.get("spec") or {}).get("nodeName")
-        )
+    def _reading(self, key: Key, stormservice: Mapping[str, Any]) -> ServiceReading:
+        """A StormService with its RoleSets and their admitted pods, from the index (no API read)."""
+        replicas = tuple((r, tuple(self.index.pods_of(key[0], r["metadata"]["name"]))) for r in self.index.rolesets_of(*key))
+        return ServiceReading(key, stormservice, replicas)
 
-    def _stranded(self, key: Key, now: float) -> bool:
-        """From the index, no API read: a replica of the service has a pod waiting past the threshold beside
-        running ones (core/healing.py, Why.STRANDED; the plan judges the rest on a fresh read)."""
-        return any(
-            (since := pending_since(self.index.pods_of(key[0], r["metadata"]["name"]))) is not None and now - since >= self.stranded_after
-            for r in self.index.rolesets_of(*key)
-        )
-
-    async def notice_stranded(self, key: Key) -> None:
-        snapshot = await self.snapshot(key)
-        if snapshot is None:
-            return
-        writes, self._noticed[key] = plan_stranded(snapshot, self._noticed.get(key, HealMemory()))
-        await execute(self.api, writes, self.report)
-
-    async def make_room(self) -> None:
-        """For this pass's wide replicas with nowhere to go (at most WIDE_TRIED of them), one replica of
-        another service that lends room moved out of the way (core/room.py): at most one such move under
-        way in the cluster, and at most one per wide replica within its cool-down, both read from the move
-        records on the StormServices (a new leader knows them as the last one did). A resident its own
-        plan refuses (the lender's budget, not ready, Volcano might put it back) is skipped for the next."""
+    def _readings(self, only: Key | None = None) -> list[ServiceReading]:
         services = self.index.stormservices
+        return [self._reading(k, s) for k, s in services.items() if only is None or k == only]
+
+    async def notice_stranded(self, key: Key, heal_pass: HealPass) -> HealPass:
+        read = await self.read(key, heal_pass)
+        if read is None:
+            return heal_pass
+        writes, memory, heal_pass = plan_notice(heal_pass, read, self._memory.stranded.get(key, HealMemory()))
+        self._memory = self._memory.noticed(key, memory)
+        await execute(self.api, writes, self.report)
+        return heal_pass
+
+    async def make_room(self, heal_pass: HealPass) -> None:
+        """For this pass's wide replicas with nowhere to go, one replica of another service that lends
+        room moved out of the way (core/room.py, core/heal_pass.py): each resident the search offers is
+        read and planned as its own service; one its own plan refuses is followed by the next."""
         now = time.time()
-        if making_room_under_way(services.values(), now):
+        waiting = wide_waiting(heal_pass, self.index.stormservices.values(), now, self.cooldown)
+        if not waiting or heal_pass.free is None:
             return
-        made = room_made_for(services.values())
-        waiting = [(k, r, t) for k, r, t in self._no_room if now - made.get((*k, r.name), float("-inf")) >= self.cooldown]
-        if not waiting or self._free is None:
-            return
-        residents = await self._residents({key for key, _, _ in self._no_room}, now)
+        residents = await self._residents({key for key, _, _ in heal_pass.no_room}, now)
         if not residents:
             return
         allocatable, nodes = await self.room.allocatable_gpus(), await self.room.node_facts()
-        topology = self.index.topology()
         listed = frozenset(node_tier_members(self.index.hypernodes.values()).values())  # the node tier's short list
-        for key, replica, tier in waiting[:WIDE_TRIED]:
-            skip: set[str] = set()
-            for _ in range(DONORS_TRIED):
-                free = room_of(self._free, nodes, replica)  # where the wide replica's pods could run at all
-                room = await asyncio.to_thread(
-                    room_by_moving, replica.wanted(), replica.gpus_by_node(), tier, residents, free, allocatable, topology, skip, listed
+        search = RoomSearch(waiting[:WIDE_TRIED], tuple(residents), allocatable, nodes, self.index.topology(), listed)
+        while heal_pass.free is not None and (offer := await asyncio.to_thread(next_offer, search, heal_pass.free)) is not None:
+            healed = await self.heal(offer.lender, heal_pass, offer.order, allocatable)
+            if healed.error is not None:
+                raise healed.error
+            heal_pass = healed.heal_pass
+            if made_room(healed.plan):
+                room = offer.room
+                log.info(
+                    "%s moves to %s to make room in %s for %s",
+                    room.resident.replica,
+                    room.to.switch.name,
+                    offer.order.frees,
+                    offer.order.wide,
                 )
-                if room is None:
-                    break
-                order = MakeRoom(room.resident.replica, wide_replica(*key, replica.name), room.frees.switch.name)
-                plan = await self.heal((room.resident.namespace, room.resident.stormservice), order, allocatable)
-                if plan is not None and plan.moving is not None and plan.moving.why is Why.MAKE_ROOM:
-                    log.info(
-                        "%s moves to %s to make room in %s for %s", room.resident.replica, room.to.switch.name, order.frees, order.wide
-                    )
-                    return  # its record (the lender's move, "for" this replica) now limits the next pass
-                skip.add(resident_key(room.resident))
+                return  # its record (the lender's move, "for" this replica) now limits the next pass
+            search = offer.refused()
 
     async def _residents(self, waiting: set[Key], now: float) -> list[Resident]:
         """Replicas of other services that lend room and may make it: read from the index on the loop,
@@ -253,13 +230,13 @@ class Healer:
             if key not in waiting
             for roleset in self.index.rolesets_of(*key)
         ]
+        return await asyncio.to_thread(lenders, found, tiers, topology, now, self.cooldown)
 
-        def judge() -> list[Resident]:
-            return [r for svc, rs, pods in found if (r := resident(svc, rs, pods, tiers, topology, now, self.cooldown))]
-
-        return await asyncio.to_thread(judge)
-
-    async def snapshot(self, key: Key, make_room: MakeRoom | None = None, allocatable: dict[str, int] | None = None) -> HealSnapshot | None:
+    async def read(
+        self, key: Key, heal_pass: HealPass, make_room: MakeRoom | None = None, allocatable: dict[str, int] | None = None
+    ) -> ServiceRead | None:
+        """What the planner needs of one service, read now; the pass's reading of free room is taken at
+        its first service read."""
         if self.index.known_nodes(fresh=False).shapes_tree:  # HyperNodes select nodes by pattern or label
             await self.read_nodes()
         namespace, name = key
@@ -271,20 +248,23 @@ class Healer:
             self.api.raw_list, f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"{STORMSERVICE_LABEL}={name}"
         )
         budgets = await asyncio.to_thread(self.api.disruption_budgets, namespace)
-        if self._free is None:
-            self._free = self._set_aside(await self.room.free_gpus(taking_new_pods=True))
+        free: dict[str, int] | None = None
+        readings: tuple[ServiceReading, ...] = ()
+        if heal_pass.free is None:
+            free, readings = await self.room.free_gpus(taking_new_pods=True), tuple(self._readings())
         rolesets = self.index.rolesets_of(namespace, name)
         replicas = tuple(
             Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))
             for r in rolesets
         )
         podgroups = {r["metadata"]["name"]: pg for r in rolesets if (pg := self.index.podgroups.get((namespace, r["metadata"]["name"])))}
-        return HealSnapshot(
+        others = tuple(self.index.stormservices.items())  # the moves in the cluster, as the index has them now
+        snapshot = HealSnapshot(
             stormservice,
             replicas,
             self.index.cluster_tiers(),
             self.index.topology(),
-            self._free,
+            {},  # the pass's free room (plan_service)
             tuple(budgets),
             time.time(),
             self.cooldown,
@@ -292,44 +272,30 @@ class Healer:
             self.recheck,
             make_room,
             allocatable or {},
-            moving_elsewhere=self._moving_elsewhere(key),
             max_moving=self.max_moving,
             nodes=await self.room.node_facts(),
             stranded_after=self.stranded_after,
         )
-
-    def _moving_elsewhere(self, key: Key) -> int:
-        """Replicas of other services moving now: their records (from the index), and this pass's moves
-        that the index may not show yet (counted twice rather than not at all: the cap is a ceiling)."""
-        others = [s for k, s in self.index.stormservices.items() if k != key]
-        return moving_in_cluster(others, time.time()) + len(self._started - {key})
-
-    def _set_aside(self, free: dict[str, int], only: Key | None = None) -> dict[str, int]:
-        """The pass's reading of free GPUs, less the targets of moves under way (of every service, or
-        of `only`) whose pods are not placed yet: from the index, no API read."""
-        topology = self.index.topology()
-        for key, stormservice in self.index.stormservices.items():
-            if only is not None and key != only:
-                continue
-            rolesets = self.index.rolesets_of(*key)
-            placed = {
-                r["metadata"]["name"]: placed_since(self.index.pods_of(key[0], r["metadata"]["name"]), stormservice, r["metadata"]["name"])
-                for r in rolesets
-            }
-            free = set_aside(free, topology, stormservice, rolesets, placed)
-        return free
+        return ServiceRead(key, snapshot, others, free, readings)
 
     async def carry_out(self, key: Key, snapshot: HealSnapshot, plan: HealPlan) -> bool:
-        """In order: the records (conditional: none lands, nothing else is done), the Events, the
-        PodGroups held or let go, then the evictions, only while this replica still leads: together,
-        or one after another where a PodDisruptionBudget covers a pod (plan.one_at_a_time). An eviction
-        a budget refuses ends the move: said, recorded, backed off. False: nothing was done (its records
-        could not be written)."""
+        """The plan's records, then the rest of it (execute_plan). False: nothing was done (its records could
+        not be written)."""
+        if not await self.record_plan(snapshot, plan):
+            return False
+        await self.execute_plan(key, snapshot, plan)
+        return True
+
+    async def record_plan(self, snapshot: HealSnapshot, plan: HealPlan) -> bool:
+        """The plan's move records, conditional on the version it was planned from: False if they could
+        not be written (the StormService changed since it was read, or the write was refused: plan again)."""
         records = [w for w in plan.writes if isinstance(w, RecordMove)]
-        if records and not await self._record(records, snapshot.stormservice):
-            return False  # the StormService changed since it was read (or the write was refused): plan again
-        if plan.moving is not None and self._free is not None:
-            self._free = self._set_aside(self._free, key)  # its target is taken for the rest of this pass
+        return not records or await self._record(records, snapshot.stormservice)
+
+    async def execute_plan(self, key: Key, snapshot: HealSnapshot, plan: HealPlan) -> None:
+        """Once its records landed: the Events, the PodGroups held or let go, then the evictions (the
+        writer's evictor, operator/writer.py). An eviction a budget refuses ends the move: said,
+        recorded, backed off (plan_refused); any other failure is raised, and the move stays under way."""
         for settled in plan.settled:
             if settled.unavailable is not None:
                 metrics.MOVE_UNAVAILABLE_SECONDS.observe(settled.unavailable)
@@ -339,27 +305,11 @@ class Healer:
         if plan.moving is not None:
             metrics.REPLICA_MOVES.labels(str(plan.moving.why)).inc()
         if not evictions:
-            return True
-        evicted = 0
-        failed: list[tuple[EvictPod, BaseException]] = []
-        if plan.one_at_a_time:  # a PodDisruptionBudget covers a pod: the first refusal ends the move
-            for write in evictions:
-                if self._deposed(key):
-                    return True
-                try:
-                    await execute(self.api, [write], self.report)
-                    evicted += 1
-                except Exception as exc:
-                    failed.append((write, exc))
-                    break
-        else:
-            if self._deposed(key):
-                return True
-            # All at once: one at a time, Volcano may place a re-created pod while the replica's last old
-            # pod still runs, and a gang is placed around its running pods (back into the old domain).
-            outcomes = await asyncio.gather(*(execute(self.api, [w], self.report) for w in evictions), return_exceptions=True)
-            failed = [(w, o) for w, o in zip(evictions, outcomes, strict=True) if isinstance(o, BaseException)]
-            evicted = len(evictions) - len(failed)
+            return
+        outcome = await evict(self.api, evictions, plan.one_at_a_time, lambda: not self._deposed(key), self.report)
+        if outcome is None:
+            return  # no longer leading: the next leader resumes the move
+        failed = outcome.failed
         refused = [(w, o) for w, o in failed if plan.moving is not None and isinstance(o, ApiError) and is_budget_refusal(o)]
         for write, error in failed:
             if (write, error) not in refused:
@@ -370,14 +320,12 @@ class Healer:
         if not refused:
             if failed:
                 raise failed[0][1]  # logged by the pass; the move stays under way and is resumed
-            return True
+            return
         write, error = refused[0]
         metrics.EVICTIONS_REFUSED.inc(len(refused))
-        memory = self._memory.get(key, HealMemory())
-        writes, memory = plan_refused(snapshot, plan, write.name, status_message(error), memory, evicted=evicted)
-        self._memory[key] = memory
+        writes, memory = plan_refused(snapshot, plan, write.name, status_message(error), self._memory.of(key), evicted=outcome.evicted)
+        self._memory = self._memory.healed(key, memory)
         await execute(self.api, writes, self.report)  # the record merged into what our own write left
-        return True
 
     def _refused(self, stormservice: Mapping[str, Any], what: str, doing: str, exc: ApiError) -> None:
         metrics.HEALING_WRITES_REFUSED.labels(what).inc()
@@ -410,19 +358,3 @@ class Healer:
         if updated:
             self.index.observe("StormService", "MODIFIED", updated)
         return True
-
-
-def record_moves(api: Api, writes: list[RecordMove]) -> dict[str, Any]:
-    """One write of the move table, conditional on the version the plan read (Conflict otherwise):
-    the records merged into the table as it was then."""
-    first = writes[0]
-    current = api.get(AIBRIX, "stormservices", first.namespace, first.stormservice)
-    if current is None:
-        return {}
-    meta = current["metadata"]
-    if first.resource_version and meta.get("resourceVersion") != first.resource_version:
-        raise Conflict(409, "PATCH", f"stormservices/{first.stormservice}", "changed since the plan was made")
-    value = (meta.get("annotations") or {}).get(MOVES_ANNOTATION)
-    for write in writes:
-        value = merge_placements(value, write.replica, write.record, write.live)
-    return api.annotate_stormservice(first.namespace, first.stormservice, MOVES_ANNOTATION, value or "{}", meta.get("resourceVersion"))

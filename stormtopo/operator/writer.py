@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from stormtopo.core.placement import merge_placements
 from stormtopo.core.topology.node_tier import exact_name
@@ -220,3 +222,56 @@ def record_placement(api: Api, write: RecordPlacement | RecordMove, annotation: 
         write.stormservice,
         RECORD_ATTEMPTS,
     )
+
+
+def record_moves(api: Api, writes: Sequence[RecordMove]) -> dict[str, Any]:
+    """A plan's move records in one write of the move table, conditional on the version the plan read
+    (Conflict otherwise): the records merged into the table as it was then. The one writer of a move
+    begun; a record after a refused eviction merges into what is there (execute, RecordMove)."""
+    first = writes[0]
+    current = api.get(AIBRIX, "stormservices", first.namespace, first.stormservice)
+    if current is None:
+        return {}
+    meta = current["metadata"]
+    if first.resource_version and meta.get("resourceVersion") != first.resource_version:
+        raise Conflict(409, "PATCH", f"stormservices/{first.stormservice}", "changed since the plan was made")
+    value = (meta.get("annotations") or {}).get(MOVES_ANNOTATION)
+    for write in writes:
+        value = merge_placements(value, write.replica, write.record, write.live)
+    return api.annotate_stormservice(first.namespace, first.stormservice, MOVES_ANNOTATION, value or "{}", meta.get("resourceVersion"))
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """What became of a replica's evictions: how many went through, and each that failed with its error."""
+
+    evicted: int
+    failed: tuple[tuple[EvictPod, BaseException], ...]
+
+
+async def evict(
+    api: Api, evictions: Sequence[EvictPod], one_at_a_time: bool, still_leading: Callable[[], bool], report: Report | None = None
+) -> Evicted | None:
+    """A replica's evictions, only while this replica of the operator still leads (None: it stopped
+    there, deposed): one after another where a PodDisruptionBudget covers a pod, the first failure
+    ending them; otherwise together."""
+    evicted = 0
+    failed: list[tuple[EvictPod, BaseException]] = []
+    if one_at_a_time:
+        for write in evictions:
+            if not still_leading():
+                return None
+            try:
+                await execute(api, [write], report)
+                evicted += 1
+            except Exception as exc:
+                failed.append((write, exc))
+                break
+        return Evicted(evicted, tuple(failed))
+    if not still_leading():
+        return None
+    # All at once: one at a time, Volcano may place a re-created pod while the replica's last old pod
+    # still runs, and a gang is placed around its running pods (back into the old domain).
+    outcomes = await asyncio.gather(*(execute(api, [w], report) for w in evictions), return_exceptions=True)
+    failed = [(w, o) for w, o in zip(evictions, outcomes, strict=True) if isinstance(o, BaseException)]
+    return Evicted(len(evictions) - len(failed), tuple(failed))

@@ -55,14 +55,14 @@ def test_a_refused_eviction_ends_the_move_says_why_and_backs_off() -> None:
     )
     snapshot = snap(service(SOFT1), WIDE, budgets=(pdb("two", 2, {"matchLabels": {"app": "svc"}}),))
     plan = plan_healing(snapshot, HealMemory())
-    healer._memory[("ns", "svc")] = plan.memory
+    healer._memory = healer._memory.healed(("ns", "svc"), plan.memory)
     asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan))
     assert [c[1] for c in api.calls if c[0] == "evict"] == ["svc-a-decode-0", "svc-a-prefill-0"]  # one after another, under a budget
     annotations = [c[2] for c in api.calls if c[0] == "annotate"]
     assert '"done":true' not in annotations[0] and '"done":true' in annotations[-1]  # the move begun, then recorded over
     assert [r for r, _ in said] == ["ReplicaMoving", "ReplicaNotMoved"]
     assert "eviction of pod svc-a-prefill-0 was refused" in said[-1][1]
-    assert healer._memory[("ns", "svc")].next_try["svc-a"] == NOW + BACKOFF
+    assert healer._memory.of(("ns", "svc")).next_try["svc-a"] == NOW + BACKOFF
 
 
 def test_a_replicas_pods_are_evicted_together() -> None:
@@ -160,8 +160,10 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
     out leaves its record in the index, settled, as the healer's own write does."""
     import time
 
+    from stormtopo.core.heal_pass import HealPass
     from stormtopo.core.healing import HealPlan
     from stormtopo.core.room import Resident
+    from stormtopo.operator.healing import Healed
     from tests.core.test_healing import TIERS, TOPOLOGY, free
 
     class Index:
@@ -188,17 +190,24 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
                 Resident("other", "small", "small-0", {"node0": 2}, (1, 1), 1),
             ]
 
-        async def heal(self, key: Any, make_room: Any = None, allocatable: Any = None) -> Any:
+        async def heal(self, key: Any, heal_pass: Any, make_room: Any = None, allocatable: Any = None) -> Any:
             self.offered.append(make_room.replica)
             verdict = verdicts.pop(0)
             if verdict is not None:
                 services[key] = lender_record(make_room.replica, make_room.wide, time.time())
-            return HealPlan(moving=verdict)
+            return Healed(HealPlan(moving=verdict), heal_pass)
 
     healer = Probe(cast(Any, Index()), cast(Any, None), lambda *_: None, cast(Any, Room()), cast(Any, None))
     healer.offered = []  # type: ignore[attr-defined]
-    healer._no_room = [(("ns", "svc"), WIDE, 1)]
-    healer._free = free({n: 8 - g for n, g in {"node0": 6, "node2": 6, "node4": 4}.items()})
+    healer.heal_pass = HealPass(  # type: ignore[attr-defined]
+        time.time(),
+        False,
+        frozenset(),
+        30.0,
+        300.0,
+        free=free({n: 8 - g for n, g in {"node0": 6, "node2": 6, "node4": 4}.items()}),
+        no_room=((("ns", "svc"), WIDE, 1),),
+    )
     return healer
 
 
@@ -207,11 +216,11 @@ def test_a_resident_refused_by_its_own_plan_is_followed_by_the_next_and_room_is_
 
     services: dict[Any, Any] = {}
     healer = making_room_healer(services, [None, Verdict("small-0", "s0, tier 0", Why.MAKE_ROOM)])
-    asyncio.run(healer.make_room())
+    asyncio.run(healer.make_room(healer.heal_pass))
     assert healer.offered == ["second-0", "small-0"]  # the first in line refused by its own plan, then the next
     (record,) = json.loads(services[("other", "small")]["metadata"]["annotations"][MOVES_ANNOTATION]).values()
     assert record["for"] == WIDE_SVC_A
-    asyncio.run(healer.make_room())
+    asyncio.run(healer.make_room(healer.heal_pass))
     assert healer.offered == ["second-0", "small-0"]  # not again for the same wide replica within its cool-down
 
 
@@ -223,7 +232,7 @@ def test_room_made_once_per_wide_replica_survives_a_leader_change() -> None:
 
     made = {("other", "small"): lender_record("small-0", WIDE_SVC_A, time.time() - 60)}
     healer = making_room_healer(made, [Verdict("second-0", "s1, tier 1", Why.MAKE_ROOM)])
-    asyncio.run(healer.make_room())
+    asyncio.run(healer.make_room(healer.heal_pass))
     assert healer.offered == []
     # Past the cool-down, room may be made for it again; room made for another wide replica is no limit on it.
     for stale in (
@@ -233,7 +242,7 @@ def test_room_made_once_per_wide_replica_survives_a_leader_change() -> None:
         lender_record("small-0", "StormService ns/other replica other-a", time.time() - MOVE_DEADLINE - 1, done=False),
     ):
         healer = making_room_healer({("other", "small"): stale}, [Verdict("second-0", "s1, tier 1", Why.MAKE_ROOM)])
-        asyncio.run(healer.make_room())
+        asyncio.run(healer.make_room(healer.heal_pass))
         assert healer.offered == ["second-0"], stale
 
 
@@ -241,7 +250,7 @@ def test_no_room_is_made_while_a_move_to_make_room_is_under_way() -> None:
     busy = service(SOFT1)
     busy["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"x-0": {"at": "2027-01-15T08:00:00Z", "reason": "make-room"}})
     healer = making_room_healer({("other", "busy"): busy}, [])
-    asyncio.run(healer.make_room())
+    asyncio.run(healer.make_room(healer.heal_pass))
     assert healer.offered == []
 
 
@@ -270,20 +279,28 @@ class _Index:
 
 
 def probed(stormservices: dict[Any, dict[str, Any]]) -> tuple[_Index, Healer, list[Any]]:
-    """A healer over `stormservices` whose heal only records which service it was asked to look at."""
+    """A healer over `stormservices` whose heal only records which service it was asked to look at
+    (and, in `healer.passes`, the pass it was looked at in)."""
+    from stormtopo.operator.healing import Healed
+
     looked: list[Any] = []
 
     class Probe(Healer):
-        async def heal(self, key: Any, make_room: Any = None, allocatable: Any = None) -> Any:
+        passes: list[Any]
+
+        async def heal(self, key: Any, heal_pass: Any, make_room: Any = None, allocatable: Any = None) -> Any:
             looked.append(key)
-            return None
+            self.passes.append(heal_pass)
+            return Healed(None, heal_pass)
 
     class Listed:  # the free-room reading, its first list done
         def listed(self) -> bool:
             return True
 
     index = _Index(stormservices)
-    return index, Probe(cast(Any, index), cast(Any, None), lambda *_: None, cast(Any, Listed()), cast(Any, None)), looked
+    healer = Probe(cast(Any, index), cast(Any, None), lambda *_: None, cast(Any, Listed()), cast(Any, None))
+    healer.passes = []
+    return index, healer, looked
 
 
 def test_a_pod_gone_from_its_node_ends_the_quiet_of_services_with_nowhere_to_go() -> None:
@@ -297,18 +314,18 @@ def test_a_pod_gone_from_its_node_ends_the_quiet_of_services_with_nowhere_to_go(
 
     index, healer, looked = probed({("ns", "svc"): wide})
     asyncio.run(healer.check())
-    assert looked == [("ns", "svc")] and healer._fresh  # the first pass knows nothing of the past
-    healer._memory[("ns", "svc")] = HealMemory(quiet_until=time.time() + 3600)  # nowhere to go, for now
+    assert looked == [("ns", "svc")] and healer.passes[-1].fresh  # type: ignore[attr-defined]  # the first pass knows nothing of the past
+    healer._memory = healer._memory.healed(("ns", "svc"), HealMemory(quiet_until=time.time() + 3600))  # nowhere to go, for now
     asyncio.run(healer.check())
-    assert looked == [("ns", "svc")] and not healer._fresh  # quiet: not read
+    assert looked == [("ns", "svc")]  # quiet: not read
     index.pods_freed += 1  # an admitted pod left its node
     asyncio.run(healer.check())
-    assert looked == [("ns", "svc")] * 2 and healer._fresh  # read again, over a fresh reading
+    assert looked == [("ns", "svc")] * 2 and healer.passes[-1].fresh  # type: ignore[attr-defined]  # read again, over a fresh reading
     asyncio.run(healer.check())
     assert looked == [("ns", "svc")] * 2  # and quiet again after
     index.pods_freed += 1
     asyncio.run(healer.check())
-    assert looked == [("ns", "svc")] * 2 and healer._fresh  # once a quiet spell: churn does not read it every pass
+    assert looked == [("ns", "svc")] * 2  # once a quiet spell: churn does not read it every pass
 
 
 def test_a_service_room_is_being_made_for_is_read_every_pass_from_the_lenders_record() -> None:
@@ -322,11 +339,11 @@ def test_a_service_room_is_being_made_for_is_read_every_pass_from_the_lenders_re
     wide["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s4", "tier": 2}})
 
     index, healer, looked = probed({("ns", "svc"): wide, ("other", "small"): lender_record("small-0", WIDE_SVC_A, time.time() - 60)})
-    healer._memory[("ns", "svc")] = HealMemory(quiet_until=time.time() + 3600)  # nowhere to go, for now
+    healer._memory = healer._memory.healed(("ns", "svc"), HealMemory(quiet_until=time.time() + 3600))  # nowhere to go, for now
     asyncio.run(healer.check())
     asyncio.run(healer.check())
     assert looked == [("ns", "svc")] * 2  # quiet, but room is being made for it
     index.stormservices[("other", "small")] = lender_record("small-0", WIDE_SVC_A, time.time() - MOVE_DEADLINE - 1)
-    healer._memory[("ns", "svc")] = HealMemory(quiet_until=time.time() + 3600)
+    healer._memory = healer._memory.healed(("ns", "svc"), HealMemory(quiet_until=time.time() + 3600))
     asyncio.run(healer.check())
     assert looked == [("ns", "svc")] * 2  # past the move's deadline: quiet again
