@@ -269,11 +269,14 @@ class Unconfirmed:
 
 def expiry_verdict(stored: Mapping[str, Any] | None, listed: str | None = None) -> str:
     """What becomes of a listing (`listed`) unconfirmed for ttl, given the StormService as stored now:
-    'keep' (it exists with that request: the reconciler owns the listing), 'relist-refuted' (it asks for
-    a topology but not what was listed, e.g. `+heal` without healing: a made-up or replayed update; list
-    what it asks), 'unlist-refuted' (it exists without a request: the same) or 'unlist' (it does not exist)."""
-    if confirmed(stored, listed):
-        return "keep"
+    'keep' (it exists with a request: the reconciler owns the listing), 'relist-refuted' (listed `+heal`
+    but it asks for a topology without healing: a made-up or replayed update; list what it asks),
+    'unlist-refuted' (it exists without a request: the same) or 'unlist' (it does not exist)."""
     if stored is None:
         return "unlist"
-    return "relist-refuted" if listing(stored) is not None else "unlist-refuted"
+    want = listing(stored)
+    if want is None:
+        return "unlist-refuted"
+    # Only ever narrowed here (`+heal` taken off): this read may race the reconciler of another replica
+    # writing what the service asks now, and a widening written from a stale read could outlive it.
+    return "relist-refuted" if listed == want + MOVABLE else "keep"

@@ -202,7 +202,8 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
         if spread.needs_room:
             return ReplicaPlan(memory=memory, needs_room=True)
         writes += spread.writes
-        writes += spread.held_again
+        writes += spread.held_again  # and said only once its pods are deleted:
+        writes += tuple(PostEvent(snapshot.stormservice, say) for say in spread.says)
     let_go = {w.name for w in spread.writes} if spread else set()
     held = tuple(p for p in state.held if p["metadata"]["name"] not in let_go)  # (the rest: routers, released below)
     if held:
@@ -217,7 +218,7 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
             spread_fields["wake"] = tuple(s.name for s in snapshot.siblings if any(is_held(p) for p in s.members(request)))
     if request is None:  # opted out, or invalid: nothing to explain, so not counted as unsatisfiable
         return ReplicaPlan(tuple(writes), memory=replace(memory, unsatisfiable=False), **spread_fields)
-    says: list[Say] = list(spread.says if spread else ())  # (said once: the replica is held again once)
+    says: list[Say] = []
     first = None
     violations = 0
     if state.bound:

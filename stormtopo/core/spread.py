@@ -40,8 +40,9 @@ The design, and why (Volcano v1.15.1):
 - **A replica let go and not placed is held again, once.** The room it was let go for may be gone by
   the time Volcano tries it, or be room by GPUs that a taint or a selector closes. A pod's node affinity
   cannot be widened once its gate is gone, so a replica whose gang Volcano finds unschedulable
-  SPREAD_GIVE_UP after it was let go with domains kept out has its unbound pods deleted (at the version
-  read: never a bound one; the chart's policy lets stormtopo delete only unbound pods). AIBrix makes them
+  SPREAD_GIVE_UP after it was let go with domains kept out (its pods labelled SPREAD_KEPT_OUT_LABEL by
+  the release), none of its gang bound, has its unbound pods deleted (at the version read: never a bound
+  one; the chart's policy lets stormtopo delete only unbound pods so labelled). AIBrix makes them
   again, the webhook holds them, and the leader lets them go with no domain kept out, with a Warning
   (ReplicaSpreadUnplaced). The leader remembers such replicas until they are placed (a new leader may
   hold one again once more).
@@ -64,7 +65,7 @@ from stormtopo.core.packing import fits
 from stormtopo.core.placement import by_hostname, is_held, is_live
 from stormtopo.core.request import Mode, TierLimit, TopologyRequest
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import DOMAIN_GATE, HOSTNAME_LABEL, ROLE_LABEL
+from stormtopo.core.vocabulary import DOMAIN_GATE, HOSTNAME_LABEL, ROLE_LABEL, SPREAD_KEPT_OUT_LABEL
 from stormtopo.core.writes import DeleteUnboundPod, PatchPod, Say
 
 # Seconds a replica that was let go keeps its siblings waiting while it is not bound. Volcano binds a gang
@@ -242,7 +243,8 @@ def _unplaced(
     """A replica let go with domains kept out and not placed: past SPREAD_GIVE_UP, its gang unschedulable,
     held again (its unbound pods deleted); before, looked at again then."""
     waiting = [p for p in replica.members(request) if not (p.get("spec") or {}).get("nodeName") and _kept_out_of(p)]
-    if not waiting:  # let go unconstrained (nothing was kept out), or bound meanwhile
+    if not waiting or replica.bound_nodes(request):
+        # Let go with nothing kept out; or a pod of its gang bound (the rest may be binding now): it stays.
         return SpreadPlan(settling=settling, unspread=unspread)
     waited = now - settling[replica.name]
     if waited < SPREAD_GIVE_UP or not unschedulable:
@@ -265,14 +267,9 @@ def _unplaced(
 
 
 def _kept_out_of(pod: Mapping[str, Any]) -> bool:
-    """The pod's required node affinity keeps nodes out by name, as a spread release does (`_excluding`)."""
-    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
-    terms = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
-    return any(
-        r.get("operator") == "NotIn" and r.get("key") in (HOSTNAME_LABEL, "metadata.name")
-        for term in terms
-        for r in (*(term.get("matchExpressions") or ()), *(term.get("matchFields") or ()))
-    )
+    """The pod was let go with domains kept out (its release labelled it so): a node affinity of the
+    user's own is never taken for stormtopo's."""
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(SPREAD_KEPT_OUT_LABEL) == "true"
 
 
 def _taken(topology: Topology, tier: int, siblings: Sequence[Replica], request: TopologyRequest) -> dict[str, list[Replica]]:
@@ -350,6 +347,7 @@ def _let_go(pod: Mapping[str, Any], kept_out: Sequence[str], hosts: Sequence[str
     ]
     if kept_out:
         ops += _excluding(spec, kept_out, hosts)
+        ops.append({"op": "add", "path": "/metadata/labels/" + SPREAD_KEPT_OUT_LABEL.replace("/", "~1"), "value": "true"})
     meta = pod["metadata"]
     return PatchPod(meta.get("namespace", ""), meta["name"], ops)
 

@@ -31,6 +31,7 @@ from stormtopo.core.replica import (
 from stormtopo.core.request import is_opted_in
 from stormtopo.core.spread import SETTLE_SECONDS
 from stormtopo.core.topology.tree import Topology
+from stormtopo.core.writes import DeleteUnboundPod
 from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
@@ -114,18 +115,24 @@ class PlacementReporter:
                 return  # another worker just read them
             keys = self.index.node_label_keys()
             started = time.monotonic()
-            facts = await self.room.node_facts()
-            self.index.set_nodes({name: {k: v for k, v in f.labels.items() if k in keys} for name, f in facts.items()}, started)
+            nodes = await self.room.node_labels()
+            self.index.set_nodes({name: {k: v for k, v in labels.items() if k in keys} for name, labels in nodes.items()}, started)
 
     async def _carry_out(self, key: Key, snapshot: ReplicaSnapshot, plan: ReplicaPlan) -> None:
         recorded = self._memory.get(key, ReplicaMemory()).recorded
         self._remember(key, replace(plan.memory, recorded=recorded))  # what was said stays said, even if a write fails
-        if plan.settling is not None:
+        # Settling is remembered before the first await (two workers never let two siblings go together);
+        # a replica held again only once its pods are deleted: a failed delete is planned again.
+        held_again = any(isinstance(w, DeleteUnboundPod) for w in plan.writes)
+        if plan.settling is not None and not held_again:
             self._remember_settling(_service_of(snapshot), plan.settling)
-        if plan.unspread is not None:
+        if plan.unspread is not None and not held_again:
             self._remember_unspread(_service_of(snapshot), plan.unspread)
         metrics.TOPOLOGY_VIOLATIONS.inc(plan.violations)
         await execute(self.api, plan.all_writes(snapshot.stormservice), self.report)
+        if held_again and plan.settling is not None and plan.unspread is not None:
+            self._remember_settling(_service_of(snapshot), plan.settling)
+            self._remember_unspread(_service_of(snapshot), plan.unspread)
         self._remember(key, plan.memory)  # the record, only once written: a failed one is written again next time
         self._wake_siblings(key, plan)
         if plan.first is not None:

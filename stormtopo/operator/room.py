@@ -93,21 +93,25 @@ class NodeRoom:
     _streams: WatchStreams | None = None
     _listed: dict[str, asyncio.Event] = field(default_factory=dict)
 
-    def _start(self) -> None:
-        if self._streams is not None:
-            return
-        self._streams = WatchStreams(self.api)
-        self._listed = {"Pod": asyncio.Event(), "Node": asyncio.Event()}
-        streams = {
-            "room-pods": watch.ListWatch(
-                self.api, self._streams, "Pod", "v1", "/api/v1/pods", "", self._on_pod, self._pod_gone, field_selector=BOUND
-            ),
-            "room-nodes": watch.ListWatch(self.api, self._streams, "Node", "v1", "/api/v1/nodes", "", self._on_node, self._node_gone),
-        }
-        for name, stream in streams.items():
-            stream.on_listed = self._listed[stream.kind].set
+    def _start(self, kinds: tuple[str, ...] = ("Pod", "Node")) -> None:
+        """Follow these kinds (each once): the nodes alone where only their labels are needed."""
+        if self._streams is None:
+            self._streams = WatchStreams(self.api)
+        for kind in kinds:
+            if kind in self._listed:
+                continue
+            self._listed[kind] = asyncio.Event()
+            if kind == "Pod":
+                name = "room-pods"
+                stream = watch.ListWatch(
+                    self.api, self._streams, "Pod", "v1", "/api/v1/pods", "", self._on_pod, self._pod_gone, field_selector=BOUND
+                )
+            else:
+                name = "room-nodes"
+                stream = watch.ListWatch(self.api, self._streams, "Node", "v1", "/api/v1/nodes", "", self._on_node, self._node_gone)
+            stream.on_listed = self._listed[kind].set
             self.loops.supervise(name, watch.PERIOD, stream.run)
-        log.info("following bound pods and nodes for the free-room reading")
+            log.info("following %s for the free-room reading", "bound pods" if kind == "Pod" else "nodes")
 
     def listed(self) -> bool:
         """Whether the first list is done (started if it was not): a pass over many services checks
@@ -115,11 +119,17 @@ class NodeRoom:
         self._start()
         return all(event.is_set() for event in self._listed.values())
 
-    async def _ready(self) -> None:
-        self._start()
+    async def _ready(self, kinds: tuple[str, ...] = ("Pod", "Node")) -> None:
+        self._start(kinds)
         async with asyncio.timeout(FIRST_READING_TIMEOUT):
-            for listed in self._listed.values():
-                await listed.wait()
+            for kind in kinds:
+                await self._listed[kind].wait()
+
+    async def node_labels(self) -> dict[str, Mapping[str, str]]:
+        """Every node's labels, current to the last event of the node watch (bound pods are not needed,
+        nor waited for: a tree that selects nodes by label reads only this)."""
+        await self._ready(("Node",))
+        return {name: labels for name, (labels, _, _) in self._facts.items()}
 
     @classmethod
     def read(cls, api: Api) -> NodeRoom:

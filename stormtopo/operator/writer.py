@@ -122,7 +122,7 @@ def _delete_unbound(api: Api, namespace: str, name: str, resource_version: str, 
             if (pod.get("spec") or {}).get("nodeName"):
                 return  # bound meanwhile: it stays
             resource_version = str(pod["metadata"]["resourceVersion"])
-    log.warning("pod %s/%s not deleted to be held again: it kept changing", namespace, name)
+    raise RuntimeError(f"pod {namespace}/{name} not deleted to be held again: it changed at each of {tries} tries")
 
 
 class HyperNodeWritesRefused(RuntimeError):

@@ -116,6 +116,8 @@ def test_confirmed_means_stored_with_a_request() -> None:
     assert confirmed(service(annotations=HARD), "RoleSet") and not confirmed(service(annotations=HARD), "RoleSet" + MOVABLE)
     assert expiry_verdict(service(annotations=HARD), "RoleSet" + MOVABLE) == "relist-refuted"
     assert expiry_verdict(service(), "RoleSet") == "unlist-refuted"
+    # Never widened by the sweep (its read may be stale beside another replica's reconciler): kept.
+    assert expiry_verdict(service(annotations={**HARD, HEAL_ANNOTATION: "true"}), "RoleSet") == "keep"
 
 
 # -- the bound and expiry (pure) -----------------------------------------------------------------
