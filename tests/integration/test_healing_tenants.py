@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from stormtopo.core.healing import COOLDOWN
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, LEND_ROOM_ANNOTATION
 from stormtopo.devenv.client import DevCluster, node_names
@@ -47,6 +49,7 @@ AS_ASKED = {"mode": "soft", "highestTierAllowed": 1}  # what SOFT_LEAF asks of e
 HELD = {"mode": "hard", "highestTierAllowed": 1}  # a move's hold into a leaf
 LEND = {LEND_ROOM_ANNOTATION: "true"}
 ONE_EACH = (Role("prefill", gpus=1), Role("decode", gpus=1))  # a small replica: 2 GPUs on one node
+HYPERNODES = ("topology.volcano.sh", "v1alpha1", "hypernodes")
 
 
 def podgroup_topologies(cluster: DevCluster, namespace: str, name: str) -> dict[str, Any]:
@@ -214,56 +217,102 @@ def test_only_a_lender_makes_room_for_another_namespaces_wide_replica(
         assert "to s1 (tier 1)" in moving, moving
 
 
-def test_a_cluster_cap_of_one_moves_two_services_one_after_the_other(
-    cluster: DevCluster, cluster_dir: Path, topology: Topology, namespace: str
+# The seed's tree grown for the cap's test: six more leaves of two 8-GPU nodes under two more spines.
+GROWN = """
+tierNames: {1: leaf, 2: spine, 3: core}
+nodeDefaults: {gpus: 8, cpu: "96", memory: 1Ti}
+switches:
+  s6:
+    s4: {s0: [node0, node1], s1: [node2, node3]}
+    s5: {s2: [node4, node5], s3: [node6, node7]}
+    s7: {t0: [x0, x1], t1: [x2, x3], t2: [x4, x5]}
+    s8: {t3: [x6, x7], t4: [x8, x9], t5: [x10, x11]}
+"""
+
+
+@pytest.fixture
+def grown(cluster: DevCluster, topology: Topology) -> Iterator[Topology]:
+    """The shared cluster's tree with six more leaves (12 more nodes) for one test, then as it was."""
+    tree = parse_topology(GROWN)
+    before = {h["metadata"]["name"]: h for h in cluster.hypernodes()}
+    added = [n for n in node_manifests(tree) if n["metadata"]["name"] not in topology.nodes]
+    for node in added:
+        cluster.create(node)
+    hypernodes = hypernode_manifests(tree)
+    for manifest in sorted(hypernodes, key=lambda h: h["spec"]["tier"]):  # a parent never names one not there
+        name = manifest["metadata"]["name"]
+        if name not in before:
+            cluster.custom.create_cluster_custom_object(*HYPERNODES, manifest)
+        elif manifest["spec"] != before[name]["spec"]:
+            current = cluster.custom.get_cluster_custom_object(*HYPERNODES, name)
+            cluster.custom.replace_cluster_custom_object(*HYPERNODES, name, {**current, "spec": manifest["spec"]})
+
+    def ready() -> bool:
+        nodes = [cluster.core.read_node(n["metadata"]["name"]) for n in added]
+        return all(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in nodes)
+
+    cluster.wait(ready, 120, "the added nodes Ready")
+    try:
+        yield tree
+    finally:
+        current = cluster.custom.get_cluster_custom_object(*HYPERNODES, "s6")
+        cluster.custom.replace_cluster_custom_object(*HYPERNODES, "s6", {**current, "spec": before["s6"]["spec"]})
+        for manifest in sorted(hypernodes, key=lambda h: -h["spec"]["tier"]):
+            if manifest["metadata"]["name"] not in before:
+                cluster.custom.delete_cluster_custom_object(*HYPERNODES, manifest["metadata"]["name"])
+        for node in added:
+            cluster.core.delete_node(node["metadata"]["name"])
+
+
+def test_a_cluster_cap_of_one_moves_four_services_one_after_the_other(
+    cluster: DevCluster, cluster_dir: Path, grown: Topology, namespace: str
 ) -> None:
     """Issue 34, item 5: at most K replicas moving at once in the whole cluster (chart healing.maxMoving,
-    --heal-max-moving). Two services of one wide replica each; every leaf freed at once, so both could
-    move together; with K=1, never two unsettled move records at any look, and both land. (The seed's
-    four leaves hold at most two wide replicas of two whole-node pods; the issue's four services need a
-    larger tree than the one every integration test shares: K=1 against two is the same check.)"""
-    first, second = f"capa-{namespace}", f"capb-{namespace}"
+    --heal-max-moving). Ten leaves: eight with one node free, two full. Four services of one wide replica
+    each take the eight free nodes; then the two full leaves are freed at once, so two could move
+    together; with K=1, never two unsettled move records at any look, and two land, one after the other."""
+    names = [f"cap{i}-{namespace}" for i in range(4)]
     installed = INSTALLED[cluster_dir]
     installed.start("healing.maxMoving=1")
     try:
-        fill(cluster, namespace, ["node0", "node2", "node4", "node6"])  # free: one node of every leaf
-        cluster.create(stormservice(first, namespace, roles=BIG, annotations={**SOFT_LEAF, **HEAL}))
-        wide_placement(cluster, topology, namespace, first)
-        cluster.create(stormservice(second, namespace, roles=BIG, annotations={**SOFT_LEAF, **HEAL}))
-        wide_placement(cluster, topology, namespace, second)
+        full = ["x8", "x9", "x10", "x11"]  # leaves t4 and t5
+        fill(cluster, namespace, ["node0", "node2", "node4", "node6", "x0", "x2", "x4", "x6", *full])
+        for name in names:
+            cluster.create(stormservice(name, namespace, roles=BIG, annotations={**SOFT_LEAF, **HEAL}))
+            wide_placement(cluster, grown, namespace, name)
         unsettled: list[int] = []
         stop = threading.Event()
 
-        def moving(name: str) -> int:
+        def moves(name: str) -> dict[str, Any]:
             raw = (cluster.stormservice(namespace, name)["metadata"].get("annotations") or {}).get("stormtopo.io/moves")
-            return sum(1 for m in (json.loads(raw) if raw else {}).values() if not m.get("done"))
+            return dict(json.loads(raw)) if raw else {}
 
         def look() -> None:
             while not stop.is_set():
-                unsettled.append(moving(first) + moving(second))
+                unsettled.append(sum(1 for name in names for m in moves(name).values() if not m.get("done")))
                 stop.wait(0.2)
 
         watcher = threading.Thread(target=look, daemon=True)
         watcher.start()
         try:
-            for node in ("node0", "node2", "node4", "node6"):
+            for node in full:
                 free(cluster, namespace, node)
 
-            def landed(name: str) -> bool:
-                raw = (cluster.stormservice(namespace, name)["metadata"].get("annotations") or {}).get("stormtopo.io/moves")
-                table = json.loads(raw) if raw else {}
-                return bool(table) and all(m.get("done") and m.get("landed") for m in table.values())
+            def landed() -> list[str]:
+                done = [n for n in names if any(m.get("done") and m.get("landed") for m in moves(n).values())]
+                return done if len(done) >= 2 else []
 
-            cluster.wait(lambda: landed(first) and landed(second), 3 * MOVE_WITHIN + 60, "both services moved, one after the other")
+            moved = cluster.wait(landed, 4 * MOVE_WITHIN + 60, "two services moved into the freed leaves, one after the other")
         finally:
             stop.set()
             watcher.join()
         assert max(unsettled) == 1, f"{max(unsettled)} moving at once with a cap of 1"
-        assert all(in_one_leaf(topology, pods) for name in (first, second) for pods in replicas(cluster, namespace, name).values())
-        said = events(cluster, namespace, first, "ReplicaNotMoved") + events(cluster, namespace, second, "ReplicaNotMoved")
-        assert any("at most 1 move at once in the cluster" in m for m in said), said  # the one that waited says why
+        assert all(in_one_leaf(grown, pods) for name in moved for pods in replicas(cluster, namespace, name).values())
+        said = [m for name in names for m in events(cluster, namespace, name, "ReplicaNotMoved")]
+        assert any("at most 1 move at once in the cluster" in m for m in said), said  # one that waited says why
     finally:
-        installed.start()  # the chart's defaults again for the tests that follow
+        installed.start()  # the chart's defaults again for the tests that follow (the namespace, and its
+        # pods on the added nodes, go before the grown tree: fixtures end in reverse order)
 
 
 def test_a_stranded_hard_replica_is_said_then_moved_whole_once_it_asks_for_healing(

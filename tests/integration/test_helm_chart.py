@@ -44,7 +44,8 @@ from tests.integration.chart import (
     without_operator,
 )
 
-CHART_POLICIES = ["own-keys-only", "own-podgroup-fields", "node-tier-only", "evict-opted-in-only"]  # templates/admission-policy.yaml
+# templates/admission-policy.yaml
+CHART_POLICIES = ["own-keys-only", "own-podgroup-fields", "node-tier-only", "evict-opted-in-only", "delete-unbound-only"]
 OPERATOR_POLICIES = [o["metadata"]["name"] for o in webhook.configuration(b"") if o["kind"] == "ValidatingAdmissionPolicy"]
 
 
@@ -117,7 +118,6 @@ def test_operator_under_the_charts_service_account_with_leader_election(chart_cl
         ("get", "secrets"),
         ("list", "secrets"),
         ("delete", "stormservices.orchestration.aibrix.ai"),
-        ("delete", "pods"),
         ("patch", "nodes"),
         ("create", "hypernodes.topology.volcano.sh"),
     ):
@@ -476,7 +476,8 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
     ServiceAccount evict only pods of StormServices listed as healing: a kube-system pod, a pod of a
     StormService that never opted in, or of one that asks for a topology but not for healing, or of one
     whose name only begins with a healing one's RoleSet prefix, is refused; a replica's pod of a healing
-    one is evicted, a long-named one's too (AIBrix cuts its RoleSets' prefix to 58 characters)."""
+    one is evicted, a long-named one's too (AIBrix cuts its RoleSets' prefix to 58 characters). Deleting a pod:
+    only one stormtopo let go for a spread (labelled so) that no node runs."""
     state, admin = chart_cluster
     install(state, render())
     sa = service_account_kubeconfig(state, tmp_path)
@@ -532,6 +533,27 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
         assert allowed.returncode == 0, allowed.stderr
         allowed = evict(ns, long_pod)
         assert allowed.returncode == 0, allowed.stderr
+
+        # Deletions (RBAC grants pods delete): only a pod stormtopo let go for a spread that no node runs.
+        spread = {"stormtopo.io/admitted": "true", "stormtopo.io/spread-kept-out": "true"}
+        for name, labels, node in (
+            ("let-go", spread, None),
+            ("let-go-bound", spread, "w0"),
+            ("admitted-only", {"stormtopo.io/admitted": "true"}, None),
+        ):
+            spec: dict[str, Any] = {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]}
+            if node:
+                spec["nodeName"] = node
+            admin.core.create_namespaced_pod(ns, {"metadata": {"name": name, "namespace": ns, "labels": labels}, "spec": spec})
+
+        def delete(name: str) -> subprocess.CompletedProcess[str]:
+            return kubectl(state, "delete", "pod", name, "-n", ns, "--dry-run=server", kubeconfig=sa)
+
+        admin.wait(lambda: delete("let-go").returncode == 0 and _refused(delete("let-go-bound")), 60, "the delete policy in force")
+        assert "delete-unbound-only" in delete("let-go-bound").stderr
+        assert _refused(delete("admitted-only"))
+        refused = kubectl(state, "delete", "pod", "system-critical", "-n", "kube-system", "--dry-run=server", kubeconfig=sa)
+        assert refused.returncode != 0, refused.stdout
         assert admin.core.read_namespaced_pod("system-critical", "kube-system").metadata.deletion_timestamp is None
     finally:
         admin.core.delete_namespaced_pod("system-critical", "kube-system", grace_period_seconds=0)
