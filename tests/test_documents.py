@@ -42,6 +42,7 @@ NOT_SET_BY_USERS = {
     v.NODE_TIER_LABEL,
     v.ADMITTED_LABEL,
     v.DOMAIN_GATE,
+    v.SPREAD_KEPT_OUT_LABEL,
     v.TOPOLOGY_SOURCE_LABEL,
 }
 OUR_PREFIXES = ("stormtopo.io/", "volcano.sh/network-topology-")
