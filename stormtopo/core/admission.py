@@ -158,6 +158,7 @@ def admit_pod(
         isinstance(request, TopologyRequest)
         and scope is Scope.ROLESET
         and (request.spread is not None or (request.mode is Mode.HARD and role in followers(roleset["spec"])))
+        and not (pod.get("spec") or {}).get("nodeName")  # bound at creation: nothing to hold, and a gate makes it invalid
     ):
         # Volcano's backfill would place it anywhere: held until its replica's anchor is placed. With a
         # spread tier every pod is held, until the leader lets its replica go outside its siblings' domains.

@@ -98,6 +98,15 @@ def test_every_pod_of_a_spread_replica_is_held_at_the_gate_and_without_a_spread_
     assert not gated({MODE: "hard", HIGHEST_TIER: "1"}, "prefill") and gated({MODE: "hard", HIGHEST_TIER: "1"}, "router")
 
 
+def test_a_pod_bound_at_creation_is_never_held_at_the_gate() -> None:
+    """A role pinned by nodeName: the API server refuses a pod with both nodeName and a scheduling gate
+    ("cannot be set until all schedulingGates have been cleared"), and there is nothing to hold."""
+    for asked, role in ((LEAF_SPREAD, "prefill"), ({MODE: "hard", HIGHEST_TIER: "1"}, "router")):
+        decision = admit_pod(pod("p", role, node="node3"), roleset("svc-a", ROUTED), service(asked, ROUTED), CLUSTER)
+        assert decision.allowed and decision.patch
+        assert not any(op["path"].startswith("/spec/schedulingGates") for op in decision.patch), decision.patch
+
+
 # -- letting replicas go -------------------------------------------------------------------------------
 
 
