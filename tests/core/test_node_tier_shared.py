@@ -270,3 +270,7 @@ def test_a_named_leaf_the_node_tier_cannot_change_is_said_with_why() -> None:
     assert set(why) == {"s9", "spine0", tier0, "rx"}
     assert "no HyperNode" in why["s9"] and "not a leaf" in why["spine0"] and "not a leaf" in why[tier0]
     assert "exactMatch" in why["rx"]
+    # Every tier-0 HyperNode of s0's deleted by hand: s0 is still a leaf (the planner names them again).
+    stripped = [h for h in listed if h["spec"]["tier"] != NODE_TIER]
+    assert "s0" not in unusable_named_leaves(stripped, {"s0"})
+    assert any(isinstance(w, CreateHyperNode) for w in plan_node_tier(stripped, {"node0": 2, "node1": 2}, GPUS, named_leaves={"s0"}))

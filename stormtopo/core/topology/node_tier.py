@@ -236,10 +236,11 @@ def unusable_named_leaves(hypernodes: Iterable[Mapping[str, Any]], named_leaves:
     """The leaves named with --node-tier-leaf (chart value nodeTier.leaves) that the node tier cannot
     change, each with why: a typo or a leaf not yet discovered would otherwise be ignored in silence."""
     current = {hn["metadata"]["name"]: hn for hn in hypernodes}
+    gone = _gone(current, ())  # a tier-0 HyperNode of ours that was deleted still stands for its node
 
     def holds_nodes(member: Mapping[str, Any]) -> bool:  # a node, or a tier-0 HyperNode of the node tier's
         named = current.get(exact_name(member) or "")
-        return member.get("type") == "Node" or (named is not None and _node_tier_member(named) is not None)
+        return member.get("type") == "Node" or (named is not None and _node_tier_member(named) is not None) or exact_name(member) in gone
 
     why: dict[str, str] = {}
     for name in sorted(named_leaves):
