@@ -310,6 +310,9 @@ class Healer:
         if outcome is None:
             return  # no longer leading: the next leader resumes the move
         failed = outcome.failed
+        if failed and all(isinstance(e, ApiError) and e.namespace_terminating for _, e in failed):
+            log.info("%s/%s: its namespace is being deleted; the move ends with it", *key)
+            return  # nothing to say: no Event can be posted there, and no refusal of anyone's
         refused = [(w, o) for w, o in failed if plan.moving is not None and isinstance(o, ApiError) and is_budget_refusal(o)]
         for write, error in failed:
             if (write, error) not in refused:

@@ -113,6 +113,23 @@ def test_an_error_that_is_no_budget_refusal_leaves_the_move_under_way() -> None:
     assert len([c for c in api.calls if c[0] == "annotate"]) == 1
 
 
+def test_evictions_in_a_namespace_being_deleted_end_the_move_without_a_warning() -> None:
+    """The namespace goes with everything in it: no HealingRefused (its Event would be refused too), no retry."""
+
+    class Terminating(RecordingApi):
+        def evict_pod(self, namespace: str, name: str) -> None:
+            self.calls.append(("evict", name))
+            body = '{"kind":"Status","message":"unable to create new content in namespace ns because it is being terminated",'
+            raise ApiError(403, "POST", "/eviction", body + '"details":{"causes":[{"reason":"NamespaceTerminating"}]}}')
+
+    api = Terminating()
+    said: list[str] = []
+    healer = Healer(cast(Any, None), cast(Any, api), lambda _o, _k, reason, _m: said.append(reason), cast(Any, None), cast(Any, None))
+    snapshot = snap(service(SOFT1), WIDE)
+    assert asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan_healing(snapshot, HealMemory())))
+    assert [c for c in api.calls if c[0] == "evict"] and said == ["ReplicaMoving"]
+
+
 def test_a_move_record_the_policy_refuses_moves_nothing_and_says_so() -> None:
     """Issue 34, item 1: under a policy that forbids stormtopo.io/moves (the chart before issue 34), the
     move is not begun, no pod is evicted, and a Warning on the StormService says why (not only a log)."""
