@@ -37,6 +37,7 @@ from stormtopo.core.healing import (
     MakeRoom,
     Replica,
     Why,
+    is_being_deleted,
     making_room_under_way,
     may_need_healing,
     moving_in_cluster,
@@ -227,6 +228,8 @@ def plan_look(
     heal_pass: HealPass, memory: HealerMemory, service: ServiceReading, tiers: ClusterTiers, topology: Topology
 ) -> tuple[Look, HealerMemory]:
     key, stormservice = service.key, service.stormservice
+    if is_being_deleted(stormservice):
+        return Look.NOTHING, memory.forget(key)
     if not may_need_healing(stormservice, tiers, topology) and not stranded(service, heal_pass.now, heal_pass.stranded_after):
         return Look.NOTHING, memory.forget(key)
     if heal_pass.listed is None:

@@ -149,10 +149,18 @@ STRANDED_AFTER = 300.0  # seconds a pod of a hard replica waits, its other pods 
 MAX_MOVING = 2  # replicas moving at once in the whole cluster (--heal-max-moving): a recovery is no synchronised restart
 
 
+def is_being_deleted(stormservice: Mapping[str, Any]) -> bool:
+    """A StormService being deleted (alone, or with its namespace) heals nothing, and its moves, which
+    go with it, hold back no other service's."""
+    return bool((stormservice.get("metadata") or {}).get("deletionTimestamp"))
+
+
 def moving_in_cluster(stormservices: Iterable[Mapping[str, Any]], now: float) -> int:
     """Replicas moving now across the cluster: moves recorded, not settled, within their deadline."""
     count = 0
     for stormservice in stormservices:
+        if is_being_deleted(stormservice):
+            continue
         for move in recorded_moves(stormservice).values():
             at = _seconds(move.get("at"))
             if not move.get("done") and move.get("toTier") is not None and at is not None and -CLOCK_SKEW <= now - at <= MOVE_DEADLINE:
@@ -164,6 +172,8 @@ def making_room_under_way(stormservices: Iterable[Mapping[str, Any]], now: float
     """A move to make room not settled yet, and not past its deadline (a record its service's healing
     no longer settles, say healing turned off meanwhile, does not block making room for ever)."""
     for stormservice in stormservices:
+        if is_being_deleted(stormservice):
+            continue
         for move in recorded_moves(stormservice).values():
             at = _seconds(move.get("at"))
             if move.get("reason") == Why.MAKE_ROOM and not move.get("done") and (at is None or now - at <= MOVE_DEADLINE):

@@ -64,6 +64,13 @@ def test_a_quiet_service_wakes_once_a_quiet_spell_when_room_may_have_been_freed(
     assert look(a_pass(awaited=frozenset({KEY})), memory, wide_service())[0] is Look.HEAL  # room is being made for it
 
 
+def test_a_stormservice_being_deleted_is_not_looked_at() -> None:
+    deleted = wide_service()
+    deleted["metadata"]["deletionTimestamp"] = "2026-12-03T16:00:00Z"
+    verdict, memory = look(a_pass(), HealerMemory().healed(KEY, HealMemory()), deleted)
+    assert verdict is Look.NOTHING and KEY not in memory.services
+
+
 def test_a_pass_is_fresh_when_pods_left_their_nodes_since_the_last() -> None:
     first, memory = begin_pass(HealerMemory(), [], 0, NOW, 30.0, 300.0)
     second, memory = begin_pass(memory, [], 0, NOW + 10, 30.0, 300.0)

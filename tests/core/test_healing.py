@@ -129,6 +129,8 @@ def test_no_new_move_while_as_many_replicas_move_in_the_cluster_as_may_at_once()
     old = {"c": {"toTier": 1, "at": stamp(NOW - 10_000)}}
     services = [service({**SOFT1, MOVES_ANNOTATION: json.dumps(m)}) for m in (moves, old)]
     assert moving_in_cluster(services, NOW) == 1
+    services[0]["metadata"]["deletionTimestamp"] = stamp(NOW - 1)  # its move goes with it
+    assert moving_in_cluster(services, NOW) == 0
 
 
 def test_nothing_moves_without_the_opt_in_but_the_dry_run_says_what_would() -> None:
