@@ -85,14 +85,14 @@ class NodeTier:
                     await self._execute(writes)
                 self._planned = changes
             return
-        unusable = unusable_named_leaves(self.index.hypernodes.values(), self.named_leaves)
+        # Nodes that take new pods only: no other node is listed.
+        free = await self.room.free_gpus(taking_new_pods=True)
+        allocatable = await self.room.allocatable_gpus()
+        unusable = unusable_named_leaves(self.index.hypernodes.values(), self.named_leaves, allocatable.keys())
         if unusable != self._unusable:  # said once per change, not every pass
             for name, why in unusable.items():
                 log.warning("node tier: --node-tier-leaf=%s is not used: %s", name, why)
             self._unusable = unusable
-        # Nodes that take new pods only: no other node is listed.
-        free = await self.room.free_gpus(taking_new_pods=True)
-        allocatable = await self.room.allocatable_gpus()
         taking = {node: gpus for node, gpus in allocatable.items() if node in free}
         used = {node: gpus - free[node] for node, gpus in taking.items()}
         # The shapes of the replicas that ask for a topology: whether one needs a run of empty nodes in one

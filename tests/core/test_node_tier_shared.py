@@ -266,11 +266,14 @@ def test_a_named_leaf_the_node_tier_cannot_change_is_said_with_why() -> None:
     listed = applied(tree, plan_node_tier(tree, {"node0": 2, "node1": 2}, GPUS))
     assert {m["type"] for h in listed if h["metadata"]["name"] == "s0" for m in h["spec"]["members"]} == {"HyperNode"}
     tier0 = next(h["metadata"]["name"] for h in listed if h["spec"]["tier"] == NODE_TIER)
-    why = unusable_named_leaves(listed, {"s0", "s1", "s9", "spine0", tier0, "rx"})
+    why = unusable_named_leaves(listed, {"s0", "s1", "s9", "spine0", tier0, "rx"}, GPUS.keys())
     assert set(why) == {"s9", "spine0", tier0, "rx"}
     assert "no HyperNode" in why["s9"] and "not a leaf" in why["spine0"] and "not a leaf" in why[tier0]
     assert "exactMatch" in why["rx"]
     # Every tier-0 HyperNode of s0's deleted by hand: s0 is still a leaf (the planner names them again).
     stripped = [h for h in listed if h["spec"]["tier"] != NODE_TIER]
-    assert "s0" not in unusable_named_leaves(stripped, {"s0"})
+    assert "s0" not in unusable_named_leaves(stripped, {"s0"}, GPUS.keys())
+    # ... but a spine naming a deleted "rack1.node" (no node rack1) is still no leaf.
+    spine = hypernode("spine9", 2, [child("rack1.node")])
+    assert "not a leaf" in unusable_named_leaves([*stripped, spine], {"spine9"}, GPUS.keys())["spine9"]
     assert any(isinstance(w, CreateHyperNode) for w in plan_node_tier(stripped, {"node0": 2, "node1": 2}, GPUS, named_leaves={"s0"}))

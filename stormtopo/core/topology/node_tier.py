@@ -232,11 +232,12 @@ def foreign_owner(hypernode: Mapping[str, Any]) -> str | None:
 _GITOPS_KEYS = ("argocd.argoproj.io/", "kustomize.toolkit.fluxcd.io/", "helm.toolkit.fluxcd.io/")
 
 
-def unusable_named_leaves(hypernodes: Iterable[Mapping[str, Any]], named_leaves: Collection[str]) -> dict[str, str]:
+def unusable_named_leaves(hypernodes: Iterable[Mapping[str, Any]], named_leaves: Collection[str], nodes: Collection[str]) -> dict[str, str]:
     """The leaves named with --node-tier-leaf (chart value nodeTier.leaves) that the node tier cannot
-    change, each with why: a typo or a leaf not yet discovered would otherwise be ignored in silence."""
+    change, each with why: a typo or a leaf not yet discovered would otherwise be ignored in silence.
+    `nodes`: the cluster's nodes; a deleted tier-0 HyperNode of ours stands for its node if it is one."""
     current = {hn["metadata"]["name"]: hn for hn in hypernodes}
-    gone = _gone(current, ())  # a tier-0 HyperNode of ours that was deleted still stands for its node
+    gone = {name for name, member in _gone(current, nodes).items() if exact_name(member) in nodes}
 
     def holds_nodes(member: Mapping[str, Any]) -> bool:  # a node, or a tier-0 HyperNode of the node tier's
         named = current.get(exact_name(member) or "")
