@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -50,7 +51,23 @@ class DevCluster:
             self.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
             return not self.core.list_namespaced_pod(name).items
 
+        started = time.monotonic()
         self.wait(pods_gone, wait, f"the pods of namespace {name} to be deleted", interval=0.5)
+
+        def aibrix_gone() -> bool:
+            # AIBrix v0.7.0 finds a StormService's RoleSets by label in every namespace: a RoleSet still
+            # finalizing here would count for a same-named StormService of the next test.
+            for plural in ("stormservices", "rolesets"):
+                try:
+                    if self.custom.list_namespaced_custom_object(*AIBRIX, name, plural)["items"]:
+                        return False
+                except ApiException as exc:
+                    if exc.status != 404:  # no such kind on this cluster
+                        raise
+            return True
+
+        left = max(10.0, wait - (time.monotonic() - started))
+        self.wait(aibrix_gone, left, f"the StormServices and RoleSets of {name} to be deleted", interval=0.5)
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         kind = obj["kind"]
@@ -72,6 +89,10 @@ class DevCluster:
                 )
             )
         raise ValueError(f"DevCluster.create does not know kind {kind}")
+
+    def stormservices(self, namespace: str) -> list[dict[str, Any]]:
+        """Every StormService of the namespace, in one list: one moment's state of all of them."""
+        return list(self.custom.list_namespaced_custom_object(*AIBRIX, namespace, "stormservices")["items"])
 
     def stormservice(self, namespace: str, name: str) -> dict[str, Any]:
         return dict(self.custom.get_namespaced_custom_object(*AIBRIX, namespace, "stormservices", name))
@@ -129,9 +150,19 @@ class DevCluster:
     # -- waiting -------------------------------------------------------------------------------
     @staticmethod
     def wait(check: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
+        """Call `check` until it returns something true. An answer the API server could not give now (429,
+        5xx, a connection refused or reset on a loaded machine) is "not yet"; any other error is raised."""
         deadline = time.monotonic() + timeout
         while True:
-            result = check()
+            try:
+                result = check()
+            except (ApiException, urllib3.exceptions.HTTPError) as exc:
+                if isinstance(exc, ApiException) and exc.status is not None and exc.status != 429 and exc.status < 500:
+                    raise
+                if time.monotonic() > deadline:
+                    raise Timeout(f"timed out after {timeout:.0f}s waiting for {what} (last: {exc})") from exc
+                time.sleep(interval)
+                continue
             if result:
                 return result
             if time.monotonic() > deadline:

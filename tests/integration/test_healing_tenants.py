@@ -283,13 +283,17 @@ def test_a_cluster_cap_of_one_moves_four_services_one_after_the_other(
         unsettled: list[int] = []
         stop = threading.Event()
 
-        def moves(name: str) -> dict[str, Any]:
-            raw = (cluster.stormservice(namespace, name)["metadata"].get("annotations") or {}).get("stormtopo.io/moves")
+        def moves_of(stormservice: dict[str, Any]) -> dict[str, Any]:
+            raw = (stormservice["metadata"].get("annotations") or {}).get("stormtopo.io/moves")
             return dict(json.loads(raw)) if raw else {}
 
-        def look() -> None:
+        def moves(name: str) -> dict[str, Any]:
+            return moves_of(cluster.stormservice(namespace, name))
+
+        def look() -> None:  # one list a look: every service at one moment (one read each could see a
+            # settle of one and the start of the next, from one pass, as two moves at once)
             while not stop.is_set():
-                unsettled.append(sum(1 for name in names for m in moves(name).values() if not m.get("done")))
+                unsettled.append(sum(1 for s in cluster.stormservices(namespace) for m in moves_of(s).values() if not m.get("done")))
                 stop.wait(0.2)
 
         watcher = threading.Thread(target=look, daemon=True)

@@ -150,16 +150,16 @@ def test_operator_under_the_charts_service_account_with_leader_election(chart_cl
             ],
         )
 
+    leases = client.CoordinationV1Api(admin.api_client)
+
+    def lease() -> dict:  # type: ignore[type-arg]
+        return dict(admin.api_client.sanitize_for_serialization(leases.read_namespaced_lease("stormtopo-operator", NAMESPACE)))
+
     first = operator("op-a")
-    time.sleep(2)
-    second = operator("op-b")
+    second = None
     try:
-        leases = client.CoordinationV1Api(admin.api_client)
-
-        def lease() -> dict:  # type: ignore[type-arg]
-            return dict(admin.api_client.sanitize_for_serialization(leases.read_namespaced_lease("stormtopo-operator", NAMESPACE)))
-
-        admin.wait(lambda: _holder(lease) == "op-a", 30, "op-a to lead")
+        admin.wait(lambda: _holder(lease) == "op-a", 60, "op-a to lead")  # before op-b starts: op-b follows
+        second = operator("op-b")
         admin.create_namespace("chart-ns")
         big = (Role("prefill", gpus=6), Role("decode", gpus=6))
         admin.create(stormservice("sa-svc", "chart-ns", roles=big, annotations={MODE: "hard", HIGHEST_TIER: "1"}, volcano_strategy=False))
@@ -181,7 +181,8 @@ def test_operator_under_the_charts_service_account_with_leader_election(chart_cl
         assert _holder(lease) == "" and lease()["spec"]["leaseDurationSeconds"] == 1
     finally:
         for p in (first, second):
-            processes.stop(p, kill=True)
+            if p is not None:
+                processes.stop(p, kill=True)
 
 
 def _holder(read) -> str:  # type: ignore[no-untyped-def]

@@ -211,8 +211,12 @@ def test_placement_is_recorded_on_the_stormservice_labels_and_metrics(cluster: D
     spine = cluster.pods(namespace, "storm-service-name=pd-rec")[0]["metadata"]["labels"]["stormtopo.io/hypernode-tier-2"]
     assert spine in ("s4", "s5")
     port = json.loads((cluster_dir / "cluster.json").read_text())["ports"]["operator_metrics"]
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-    assert 'stormtopo_replicas_placed_total{tier="1"}' in text
+
+    def counted() -> str:  # (counted once the writes the test waited for returned: a moment later)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        return text if 'stormtopo_replicas_placed_total{tier="1"}' in text else ""
+
+    text = cluster.wait(counted, 30, "the placement counted in stormtopo_replicas_placed_total")
     assert "stormtopo_placement_seconds_count" in text and "stormtopo_pending_gangs" in text
 
 
