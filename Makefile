@@ -65,7 +65,7 @@ bench-quick: binaries
 bench-sim: $(BIN)/.installed
 	$(BIN)/python -m bench sim
 
-# Everything, about an hour and a half on 2 cores: 256 nodes, placement on 1,024, the two PodGroup
+# Everything, about an hour on 2 cores (58.5 min on 2026-12-03): 256 nodes, placement on 1,024, the two PodGroup
 # expressions on 1,024, 1,000 StormServices on 1,024, admission with pending gangs, 4,096 nodes.
 bench: binaries
 	$(BIN)/python -m bench full
