@@ -60,7 +60,7 @@ bench-quick: binaries
 	$(BIN)/python -m bench quick
 
 # The scale simulator (issue 21): Volcano v1.15.1's allocate action and plugins without a cluster, on 1,024,
-# 4,096 and 16,384 nodes; about 20 minutes on 2 cores. bench/results/sim.{json,md}; see BENCHMARKS.md.
+# 4,096 and 16,384 nodes; about 10 minutes on 2 cores (576 s on 2026-12-03). bench/results/sim.{json,md}; see BENCHMARKS.md.
 # `python -m bench sim --help` for smaller runs (--nodes 1024=16 --starts empty --settings shipped).
 bench-sim: $(BIN)/.installed
 	$(BIN)/python -m bench sim
