@@ -77,7 +77,7 @@ bench: binaries
 
 # Healing under churn (issue 23), BENCHMARKS.md "Healing": the same seeded stream of soft tier-1
 # StormServices on 256 fragmented nodes, without and with stormtopo.io/heal; 6 simulated hours at 30x,
-# an estimated 35-40 minutes on 2 cores (`python -m bench heal --quick`: 2 simulated hours at 60x, 10.5 minutes).
+# about 30 minutes on 2 cores (26 min 55 s on 2026-12-03) (`python -m bench heal --quick`: 2 simulated hours at 60x, 10.5 minutes).
 bench-heal: binaries
 	$(BIN)/python -m bench heal
 
