@@ -209,7 +209,7 @@ def begin_pass(
 ) -> tuple[HealPass, HealerMemory]:
     """A pass begins: whether room may have been freed since the last, and which services room is being
     made for (read every pass until it is there, or the move's deadline passes)."""
-    awaited = frozenset((ns, name) for (ns, name, _), at in room_made_for(stormservices).items() if now - at < MOVE_DEADLINE)
+    awaited = frozenset((ns, name) for (ns, name, _), at in room_made_for(stormservices, now).items() if now - at < MOVE_DEADLINE)
     return HealPass(now, pods_freed != memory.freed_seen, awaited, recheck, stranded_after), replace(memory, freed_seen=pods_freed)
 
 
@@ -278,7 +278,7 @@ def wide_waiting(heal_pass: HealPass, stormservices: Collection[Mapping[str, Any
     (both read from the move records, so a new leader knows them as the last one did)."""
     if making_room_under_way(stormservices, now):
         return ()
-    made = room_made_for(stormservices)
+    made = room_made_for(stormservices, now)
     return tuple((k, r, t) for k, r, t in heal_pass.no_room if now - made.get((*k, r.name), float("-inf")) >= cooldown)
 
 

@@ -126,23 +126,46 @@ def wide_replica(namespace: str, stormservice: str, replica: str) -> str:
 _WIDE_REPLICA = re.compile(r"StormService ([^/\s]+)/(\S+) replica (\S+)")
 
 
-def room_made_for(stormservices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], float]:
+def room_made_for(stormservices: Iterable[Mapping[str, Any]], now: float) -> dict[tuple[str, str, str], float]:
     """When room was last made for each wide replica, by (namespace, stormservice, replica): the latest
-    start of a move to make room recorded for it (its "for") on any StormService, settled or not. From
-    the move records the StormServices keep, not from the operator's memory: a new leader, or a restarted
-    operator, knows that room was made as well as the one that made it, and makes room at most once per
-    wide replica within the cool-down. (A move refused before its first eviction moved nothing: its record
-    keeps no "for", and it does not count.)"""
+    start of a move to make room recorded for it (its "for") on a service that lends room, settled or not.
+    From the move records the StormServices keep, not from the operator's memory: a new leader, or a
+    restarted operator, knows that room was made as well as the one that made it, and makes room at most
+    once per wide replica within the cool-down. (A move refused before its first eviction moved nothing:
+    its record keeps no "for", and it does not count.) Only trusted records count (trusted_moves)."""
     out: dict[tuple[str, str, str], float] = {}
     for stormservice in stormservices:
-        for move in recorded_moves(stormservice).values():
+        if not lends_room(stormservice):
+            continue  # only a lender's moves make room: a record on any other service is not one
+        for move, at in trusted_moves(stormservice, now):
             found = _WIDE_REPLICA.fullmatch(str(move.get("for") or ""))
-            at = _seconds(move.get("at"))
-            if move.get("reason") != Why.MAKE_ROOM or found is None or at is None:
+            if move.get("reason") != Why.MAKE_ROOM or found is None:
                 continue
             key = (found.group(1), found.group(2), found.group(3))
             out[key] = max(at, out.get(key, at))
     return out
+
+
+def trusted_moves(stormservice: Mapping[str, Any], now: float) -> list[tuple[Mapping[str, Any], float]]:
+    """The move records of a StormService that may count in what healing knows of the whole cluster (the
+    cap on moves at once, a move to make room under way, room made for whom), each with its start.
+
+    A StormService's owner can write its annotations, so its records are input, not stormtopo's word:
+    they count only on a service that asks for healing (whose moves the healer settles at each look),
+    not being deleted, each with a readable start no further ahead of `now` than CLOCK_SKEW (a record
+    dated in the future would otherwise count until then)."""
+    if is_being_deleted(stormservice) or not asks_healing(stormservice):
+        return []
+    out = []
+    for move in recorded_moves(stormservice).values():
+        at = _seconds(move.get("at"))
+        if at is not None and at - now <= CLOCK_SKEW:
+            out.append((move, at))
+    return out
+
+
+def _under_way(move: Mapping[str, Any], at: float, now: float) -> bool:
+    return not move.get("done") and now - at <= MOVE_DEADLINE
 
 
 STRANDED_AFTER = 300.0  # seconds a pod of a hard replica waits, its other pods running, before the replica is stranded
@@ -156,29 +179,26 @@ def is_being_deleted(stormservice: Mapping[str, Any]) -> bool:
 
 
 def moving_in_cluster(stormservices: Iterable[Mapping[str, Any]], now: float) -> int:
-    """Replicas moving now across the cluster: moves recorded, not settled, within their deadline."""
-    count = 0
-    for stormservice in stormservices:
-        if is_being_deleted(stormservice):
-            continue
-        for move in recorded_moves(stormservice).values():
-            at = _seconds(move.get("at"))
-            if not move.get("done") and move.get("toTier") is not None and at is not None and -CLOCK_SKEW <= now - at <= MOVE_DEADLINE:
-                count += 1
-    return count
+    """Replicas moving now across the cluster: trusted moves (trusted_moves), not settled, within their
+    deadline; at most one per service, as the healer moves one replica of a service at a time (so a
+    service's forged records take no more of the cap than its own healing could)."""
+    return sum(
+        1
+        for stormservice in stormservices
+        if any(_under_way(m, at, now) and m.get("toTier") is not None for m, at in trusted_moves(stormservice, now))
+    )
 
 
 def making_room_under_way(stormservices: Iterable[Mapping[str, Any]], now: float) -> bool:
-    """A move to make room not settled yet, and not past its deadline (a record its service's healing
-    no longer settles, say healing turned off meanwhile, does not block making room for ever)."""
-    for stormservice in stormservices:
-        if is_being_deleted(stormservice):
-            continue
-        for move in recorded_moves(stormservice).values():
-            at = _seconds(move.get("at"))
-            if move.get("reason") == Why.MAKE_ROOM and not move.get("done") and (at is None or now - at <= MOVE_DEADLINE):
-                return True
-    return False
+    """A move to make room, trusted (trusted_moves) on a service that lends room, not settled yet and not
+    past its deadline (a record its service's healing no longer settles, say healing turned off
+    meanwhile, does not block making room for ever)."""
+    return any(
+        m.get("reason") == Why.MAKE_ROOM and _under_way(m, at, now)
+        for stormservice in stormservices
+        if lends_room(stormservice)
+        for m, at in trusted_moves(stormservice, now)
+    )
 
 
 def pending_since(pods: Sequence[Mapping[str, Any]]) -> float | None:

@@ -27,7 +27,7 @@ from stormtopo.core.healing import (
 )
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
-from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, MODE, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import EvictPod, PatchPodGroup, PostEvent, RecordMove
 from stormtopo.devenv.workloads import Role, stormservice
 
@@ -131,6 +131,36 @@ def test_no_new_move_while_as_many_replicas_move_in_the_cluster_as_may_at_once()
     assert moving_in_cluster(services, NOW) == 1
     services[0]["metadata"]["deletionTimestamp"] = stamp(NOW - 1)  # its move goes with it
     assert moving_in_cluster(services, NOW) == 0
+
+
+def test_records_a_tenant_can_forge_take_no_more_of_the_cap_than_its_own_healing_could() -> None:
+    """A StormService's owner can write stormtopo.io/moves: what it writes there counts in the cluster-wide
+    facts only on a service that asks for healing, with a readable start not in the future, and at most
+    one move per service (the healer moves one replica of a service at a time)."""
+    from stormtopo.core.healing import making_room_under_way, moving_in_cluster, room_made_for
+
+    now_moving = {"toTier": 1, "at": stamp(NOW - 10)}
+    two = json.dumps({"a": now_moving, "b": now_moving})
+    plain = service({MODE: "soft", HIGHEST_TIER: "1", MOVES_ANNOTATION: two})  # never opted in to healing
+    assert moving_in_cluster([plain], NOW) == 0
+    healing = service({**SOFT1, MOVES_ANNOTATION: two})
+    assert moving_in_cluster([healing], NOW) == 1  # two forged moves on one service: one slot, as its healer would take
+    future = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1, "at": stamp(NOW + 3600)}})})
+    undated = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1}})})
+    garbled = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1, "at": "soon"}})})
+    assert moving_in_cluster([future, undated, garbled], NOW) == 0
+    skewed = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1, "at": stamp(NOW + 30)}})})
+    assert moving_in_cluster([skewed], NOW) == 1  # within the clock skew two replicas may have
+    # Making room: an unsettled make-room record, or room said to be made for someone, counts only on a
+    # service that lends room (healing on, lend-room on, more than one replica).
+    room = {"x-0": {"at": stamp(NOW - 5), "reason": "make-room", "for": "StormService ns/svc replica svc-a"}}
+    forged = service({**SOFT1, MOVES_ANNOTATION: json.dumps(room)})
+    assert not making_room_under_way([forged], NOW) and room_made_for([forged], NOW) == {}
+    lender = service({**SOFT1, LEND_ROOM_ANNOTATION: "true", MOVES_ANNOTATION: json.dumps(room)}, replicas=2)
+    assert making_room_under_way([lender], NOW) and room_made_for([lender], NOW) == {("ns", "svc", "svc-a"): NOW - 5}
+    dated_later = {"x-0": {**room["x-0"], "at": stamp(NOW + 3600)}}
+    lender["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps(dated_later)
+    assert not making_room_under_way([lender], NOW) and room_made_for([lender], NOW) == {}
 
 
 def test_nothing_moves_without_the_opt_in_but_the_dry_run_says_what_would() -> None:

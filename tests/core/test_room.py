@@ -273,9 +273,9 @@ def test_room_made_for_a_wide_replica_is_read_back_from_the_lenders_record() -> 
     plan = plan_for(small_service(), ROOM)
     (record,) = [w.record for w in plan.writes if isinstance(w, RecordMove)]
     lender = small_service({"small-0": dict(record)})
-    assert room_made_for([lender]) == {("ns", "svc", "svc-a"): NOW}
+    assert room_made_for([lender], NOW) == {("ns", "svc", "svc-a"): NOW}
     # Settled, refused after its first eviction or not: room was made; the latest move counts.
     older = small_service({"small-1": {**record, "at": stamp(NOW - 600), "done": True}})
-    assert room_made_for([older, lender]) == {("ns", "svc", "svc-a"): NOW}
+    assert room_made_for([older, lender], NOW) == {("ns", "svc", "svc-a"): NOW}
     healed = small_service({"small-0": {**record, "reason": "soft-above-tier"}})
-    assert room_made_for([healed, small_service()]) == {}  # a move of its own, for no one
+    assert room_made_for([healed, small_service()], NOW) == {}  # a move of its own, for no one

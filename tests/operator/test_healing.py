@@ -158,10 +158,10 @@ def lender_record(replica: str, wide: str, at: float, done: bool = True) -> dict
     """A lender's StormService whose `replica` moved at `at` to make room for `wide`, as the healer records it."""
     import json
 
-    from stormtopo.core.vocabulary import MOVES_ANNOTATION
+    from stormtopo.core.vocabulary import LEND_ROOM_ANNOTATION, MOVES_ANNOTATION
     from tests.core.test_healing import stamp
 
-    svc = service(SOFT1)
+    svc = service({**SOFT1, LEND_ROOM_ANNOTATION: "true"}, replicas=2)  # only a lender's record says room was made
     record = {"at": stamp(at), "reason": "make-room", "for": wide, "done": done}
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({replica: record})
     return svc
@@ -264,8 +264,9 @@ def test_room_made_once_per_wide_replica_survives_a_leader_change() -> None:
 
 
 def test_no_room_is_made_while_a_move_to_make_room_is_under_way() -> None:
-    busy = service(SOFT1)
-    busy["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"x-0": {"at": "2027-01-15T08:00:00Z", "reason": "make-room"}})
+    import time
+
+    busy = lender_record("x-0", "StormService ns/other replica other-a", time.time() - 5, done=False)
     healer = making_room_healer({("other", "busy"): busy}, [])
     asyncio.run(healer.make_room(healer.heal_pass))
     assert healer.offered == []
