@@ -32,8 +32,9 @@ unit: $(BIN)/.installed
 integration: binaries prometheus
 	$(BIN)/pytest -q tests/integration
 
+# --durations=30: the 30 slowest tests, printed at the end of every run (where the suite's time goes).
 test: binaries prometheus lint
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=30 tests
 
 # The image's dependencies, pinned with hashes (the Dockerfile installs them with --require-hashes), resolved
 # for the image's Python (read from the Dockerfile's base image) on Linux x86_64 (Debian bookworm's glibc):

@@ -20,7 +20,7 @@ from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, plan_placed, plan_release, recorded_placement
 from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
-from stormtopo.core.spread import Replica, plan_spread, shared_domain, spread_tier
+from stormtopo.core.spread import SPREAD_GIVE_UP, Replica, plan_spread, shared_domain, spread_tier
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import ADMITTED_LABEL, GROUP_NAME_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL, TASK_SPEC_ANNOTATION
 from stormtopo.core.writes import AdoptPod, PostEvent, RecordPlacement, Say, Write
@@ -66,6 +66,7 @@ class ReplicaSnapshot:
     settling: Mapping[str, float] = field(default_factory=dict)
     free_gpus: Mapping[str, int] | None = None
     unspread: frozenset[str] = frozenset()  # replicas held again after a spread that did not place (the leader's memory)
+    spread_give_up: float = SPREAD_GIVE_UP  # seconds a replica let go with domains kept out may stay unplaced (--spread-give-up)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -198,6 +199,7 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
             snapshot.nodes.hostnames,
             is_unschedulable(snapshot.podgroup),
             snapshot.unspread,
+            snapshot.spread_give_up,
         )
         if spread.needs_room:
             return ReplicaPlan(memory=memory, needs_room=True)

@@ -198,6 +198,7 @@ def plan_spread(
     hostnames: Mapping[str, str] | None = None,
     unschedulable: bool = False,
     unspread: frozenset[str] = frozenset(),
+    give_up: float = SPREAD_GIVE_UP,
 ) -> SpreadPlan:
     """Let this replica's held gang go, if it is its turn, with its siblings' domains kept out while
     another domain has room; hold it again if it was let go so and Volcano cannot place it. `request`
@@ -212,7 +213,7 @@ def plan_spread(
     if not held:
         if tier is None or request is None or replica.name in unspread or replica.name not in settling:
             return SpreadPlan(settling=settling, unspread=unspread if tier is not None else None)
-        return _unplaced(request, tier, replica, settling, now, unschedulable, unspread)
+        return _unplaced(request, tier, replica, settling, now, unschedulable, unspread, give_up)
     if request is None or tier is None or replica.bound_nodes(request):
         # No spread in effect, or a replacement pod of a replica already in its domain: its gang keeps it there.
         return SpreadPlan(tuple(_let_go(p, [], None) for p in held), settling, unspread=unspread if tier is not None else None)
@@ -239,16 +240,17 @@ def _unplaced(
     now: float,
     unschedulable: bool,
     unspread: frozenset[str],
+    give_up: float = SPREAD_GIVE_UP,
 ) -> SpreadPlan:
-    """A replica let go with domains kept out and not placed: past SPREAD_GIVE_UP, its gang unschedulable,
-    held again (its unbound pods deleted); before, looked at again then."""
+    """A replica let go with domains kept out and not placed: past `give_up` (SPREAD_GIVE_UP unless
+    configured), its gang unschedulable, held again (its unbound pods deleted); before, looked at again then."""
     waiting = [p for p in replica.members(request) if not (p.get("spec") or {}).get("nodeName") and _kept_out_of(p)]
     if not waiting or replica.bound_nodes(request):
         # Let go with nothing kept out; or a pod of its gang bound (the rest may be binding now): it stays.
         return SpreadPlan(settling=settling, unspread=unspread)
     waited = now - settling[replica.name]
-    if waited < SPREAD_GIVE_UP or not unschedulable:
-        recheck = SPREAD_GIVE_UP - waited if waited < SPREAD_GIVE_UP else SETTLE_SECONDS
+    if waited < give_up or not unschedulable:
+        recheck = give_up - waited if waited < give_up else SETTLE_SECONDS
         return SpreadPlan(settling=settling, recheck_in=recheck, unspread=unspread)
     deletes = tuple(
         DeleteUnboundPod(p["metadata"].get("namespace", ""), p["metadata"]["name"], str(p["metadata"].get("resourceVersion", "")))

@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 from stormtopo.core.healing import NO_ROOM_RECHECKS
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import handlers, healing, metrics, webhook
-from stormtopo.operator.config import OperatorConfig, parse_args
+from stormtopo.operator.config import VOLCANO_RECHECK_SECONDS, OperatorConfig, parse_args
 from stormtopo.operator.events import IDLE_BEAT, EventRecorder
 from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index
@@ -32,7 +32,6 @@ from stormtopo.operator.replica import NODES_TTL, PlacementReporter
 from stormtopo.operator.room import NodeRoom
 
 log = logging.getLogger("stormtopo.operator")
-VOLCANO_RECHECK_SECONDS = 30.0  # how soon CRDs installed or upgraded after start are noticed
 
 
 def _certificates(config: OperatorConfig) -> tuple[str, str, bytes]:
@@ -110,7 +109,7 @@ def detect_volcano(index: Index) -> bool:
     except ApiError as exc:
         if exc.status != 404:
             raise
-        log.warning("HyperNode CRD (topology.volcano.sh) not installed: is Volcano? Checking again every %.0f s", VOLCANO_RECHECK_SECONDS)
+        log.warning("HyperNode CRD (topology.volcano.sh) not installed: is Volcano? Checking again soon")
         return False
     return True
 
@@ -151,8 +150,8 @@ async def run(config: OperatorConfig) -> None:
         os.environ["KUBECONFIG"] = config.kubeconfig  # kopf's own login reads it too
     api = Api(config.kubeconfig)
     index = Index(api)
-    loops = Loops()  # every background task, supervised; cancelled on the way out
-    await _start_volcano_detection(index, loops)
+    loops = Loops(hang=config.hang_seconds)  # every background task, supervised; cancelled on the way out
+    await _start_volcano_detection(index, loops, config.volcano_recheck_seconds)
     registry = kopf.OperatorRegistry()
     leadership = Leadership(api if config.leader_elect else None, config.leader_election_namespace, config.identity, config.lease_duration)
     metrics.watch(loops, lambda: leadership.is_leader)
@@ -160,8 +159,12 @@ async def run(config: OperatorConfig) -> None:
     opted_in = OptedInList(api, config.leader_election_namespace)  # the namespace stormtopo runs in
     explainer = Explainer()  # its own process: see explainer.py
     room = NodeRoom(api, loops)  # every node's free GPUs, by watch, from the first time the leader needs them
-    reporter = PlacementReporter(index, api, events, explainer, room, leading=lambda: leadership.is_leader)
-    operator = handlers.register(registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops)
+    reporter = PlacementReporter(
+        index, api, events, explainer, room, leading=lambda: leadership.is_leader, spread_give_up=config.spread_give_up
+    )
+    operator = handlers.register(
+        registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops, config.resync_seconds
+    )
     loops.supervise("event-poster", IDLE_BEAT, events.run)
     healer = healing.Healer(
         index,
@@ -213,13 +216,13 @@ async def run(config: OperatorConfig) -> None:
         await probes_runner.cleanup()
 
 
-async def _start_volcano_detection(index: Index, loops: Loops) -> None:
+async def _start_volcano_detection(index: Index, loops: Loops, interval: float) -> None:
     try:
         primed = await asyncio.to_thread(detect_volcano, index)
     except Exception:  # the API server not reachable yet: serve anyway, detect later
-        log.exception("detecting Volcano's CRDs failed; retrying in %.0f s", VOLCANO_RECHECK_SECONDS)
+        log.exception("detecting Volcano's CRDs failed; retrying in %.0f s", interval)
         primed = False
-    loops.every("volcano-detection", VOLCANO_RECHECK_SECONDS, VolcanoWatch(index, primed).check)
+    loops.every("volcano-detection", interval, VolcanoWatch(index, primed).check)
 
 
 async def _serve_webhook(config: OperatorConfig, index: Index, opted_in: OptedInList, loops: Loops) -> tuple[bytes, web.AppRunner]:

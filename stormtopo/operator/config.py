@@ -7,8 +7,12 @@ import argparse
 from dataclasses import dataclass
 
 from stormtopo.core.healing import COOLDOWN, MAX_MOVING, STRANDED_AFTER
+from stormtopo.core.spread import SPREAD_GIVE_UP
+from stormtopo.operator.loops import HANG_SECONDS
 
 HEAL_INTERVAL = 10.0  # seconds between two healing passes
+RESYNC_SECONDS = 30.0  # the leader re-queues every StormService and RoleSet from the index
+VOLCANO_RECHECK_SECONDS = 30.0  # how soon Volcano's CRDs installed or upgraded after start are noticed
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,11 @@ class OperatorConfig:
     node_tier: bool = False  # keep a short list of tier-0 HyperNodes current (issue 21; docs/node-tier.md)
     node_tier_keep_runs: bool = False  # the node tier keeps runs of empty nodes for whole-node replicas
     node_tier_leaf: tuple[str, ...] = ()  # leaves another writer keeps that the node tier may change anyway
+    # Periods: production defaults; shorter ones let tests (and impatient clusters) see the same behaviour sooner.
+    resync_seconds: float = RESYNC_SECONDS
+    hang_seconds: float = HANG_SECONDS
+    spread_give_up: float = SPREAD_GIVE_UP
+    volcano_recheck_seconds: float = VOLCANO_RECHECK_SECONDS
 
     @property
     def webhook_url_base(self) -> str:
@@ -136,6 +145,27 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         metavar="HYPERNODE",
         help="with --node-tier: a leaf that another writer keeps (Volcano's discovery, GitOps, another manager) which the node tier"
         " may change all the same; repeat for more. Without it such leaves are left as they are",
+    )
+    p.add_argument(
+        "--resync-seconds", type=_positive(float), default=d.resync_seconds, help="seconds between two resyncs of every opted-in object"
+    )
+    p.add_argument(
+        "--hang-seconds",
+        type=_positive(float),
+        default=d.hang_seconds,
+        help="one iteration of a loop running longer than this (or ten of its periods) makes /healthz fail",
+    )
+    p.add_argument(
+        "--spread-give-up",
+        type=_positive(float),
+        default=d.spread_give_up,
+        help="seconds a replica let go with its siblings' domains kept out may stay unplaced before it is held again",
+    )
+    p.add_argument(
+        "--volcano-recheck-seconds",
+        type=_positive(float),
+        default=d.volcano_recheck_seconds,
+        help="seconds between two looks for Volcano's CRDs installed or upgraded after start",
     )
     a = vars(p.parse_args(argv))
     if a["node_tier_keep_runs"] and not a["node_tier"]:

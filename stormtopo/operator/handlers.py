@@ -30,6 +30,7 @@ from stormtopo.core.vocabulary import (
 from stormtopo.kube.client import Api, KubeError
 from stormtopo.kube.watch import WatchStreams
 from stormtopo.operator import watch
+from stormtopo.operator.config import RESYNC_SECONDS
 from stormtopo.operator.index import Index, Key, key_of, service_key_of
 from stormtopo.operator.leader import Leadership
 from stormtopo.operator.loops import Loops
@@ -38,7 +39,6 @@ from stormtopo.operator.replica import PlacementReporter
 from stormtopo.operator.workqueue import WorkQueue
 
 log = logging.getLogger("stormtopo.handlers")
-RESYNC_SECONDS = 30.0  # the leader re-queues every StormService and PodGroup from the index
 RELIST_SECONDS = 300.0  # every replica re-lists, to forget objects deleted while a watch was down
 # What the index holds, and where the API lists it.
 _LISTS = {
@@ -65,6 +65,7 @@ class Operator:
     leadership: Leadership
 
     loops: Loops = field(default_factory=Loops)
+    resync_seconds: float = RESYNC_SECONDS
 
     def __post_init__(self) -> None:
         self.stormservices: WorkQueue[Key] = WorkQueue("stormservices", self._reconcile, workers=4)
@@ -165,7 +166,7 @@ class Operator:
         self.placements.start()
         self.reporter.wake = self.placements.add  # a replica's placement lets a sibling held for the spread go
         self.leadership.on_elected = self.resync  # a new leader catches up at once
-        self.loops.every("resync", RESYNC_SECONDS, self.resync, lambda: self.leadership.is_leader)
+        self.loops.every("resync", self.resync_seconds, self.resync, lambda: self.leadership.is_leader)
         self.loops.every("relist", RELIST_SECONDS, lambda: self.relist(self.index.api))
         if self.leadership.api is not None:  # election on (--leader-elect)
             self.loops.supervise("leader-election", self.leadership.retry_period, self.leadership.run)
@@ -191,12 +192,13 @@ def register(
     reporter: PlacementReporter,
     leadership: Leadership,
     loops: Loops | None = None,
+    resync_seconds: float = RESYNC_SECONDS,
 ) -> Operator:
     """A handler only records the object and queues a key: the work happens in the queues' few workers,
     so kopf's per-object workers end at once and never pile up event bodies during a burst. Handlers
     are coroutines that never await: kopf would run plain functions on threads, and the index and
     queues belong to the event loop."""
-    operator = Operator(index, reconciler, reporter, leadership, loops or Loops())
+    operator = Operator(index, reconciler, reporter, leadership, loops or Loops(), resync_seconds)
 
     @kopf.on.event(*AIBRIX, "stormservices", registry=registry)
     async def stormservice_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

@@ -46,7 +46,13 @@ def backoff(failures: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP)
 
 
 def stuck(
-    period: float, last_progress: float, now: float, done: bool, cap: float = BACKOFF_CAP, busy_since: float | None = None
+    period: float,
+    last_progress: float,
+    now: float,
+    done: bool,
+    cap: float = BACKOFF_CAP,
+    busy_since: float | None = None,
+    hang: float = HANG_SECONDS,
 ) -> str | None:
     """Why a loop counts as stuck, or None while it is healthy. `last_progress` is when it last ended an
     iteration, failed or not (or started); `busy_since` when the iteration under way began (None between
@@ -54,7 +60,7 @@ def stuck(
     if done:
         return "its task ended"
     if busy_since is not None:
-        limit = max(HANG_SECONDS, 10 * period)
+        limit = max(hang, 10 * period)
         if now - busy_since > limit:
             return f"one iteration running for {now - busy_since:.0f} s (allowed {limit:.0f} s)"
         return None
@@ -135,6 +141,7 @@ class Loop:
     _logged_reason: str = field(default="", repr=False)  # the failure last logged with its traceback
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    hang: float = HANG_SECONDS  # one iteration running longer than this (or 10 periods) is stuck (--hang-seconds)
 
     def succeeded(self) -> None:
         """An iteration completed (or, for a stream, it made progress)."""
@@ -170,7 +177,7 @@ class Loop:
     def problem(self, now: float) -> str | None:
         done = self.task is not None and self.task.done()
         last = self.last_progress if self.last_progress is not None else self.started
-        return stuck(self.period, last, now, done, busy_since=self.busy_since)
+        return stuck(self.period, last, now, done, busy_since=self.busy_since, hang=self.hang)
 
     def report(self, now: float) -> dict[str, Any]:
         return {
@@ -186,14 +193,15 @@ class Loops:
     """The owner of the operator's background tasks: starts them supervised, reports their health, and
     cancels them all on shutdown."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, hang: float = HANG_SECONDS) -> None:
         self.clock = clock
+        self.hang = hang
         self.loops: dict[str, Loop] = {}
 
     def _record(self, name: str, period: float) -> Loop:
         if name in self.loops:
             raise ValueError(f"a loop named {name!r} runs already")
-        loop = Loop(name, period, self.clock(), clock=self.clock)
+        loop = Loop(name, period, self.clock(), clock=self.clock, hang=self.hang)
         self.loops[name] = loop
         return loop
 

@@ -29,7 +29,7 @@ from stormtopo.core.replica import (
     replica_state,
 )
 from stormtopo.core.request import is_opted_in
-from stormtopo.core.spread import SETTLE_SECONDS
+from stormtopo.core.spread import SETTLE_SECONDS, SPREAD_GIVE_UP
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.writes import DeleteUnboundPod
 from stormtopo.kube.client import Api
@@ -53,6 +53,7 @@ class PlacementReporter:
     explainer: Explainer
     room: NodeRoom  # the free GPUs an explanation plans over
     leading: Callable[[], bool] = lambda: True  # a deposed leader posts no queued explanation
+    spread_give_up: float = SPREAD_GIVE_UP  # --spread-give-up (core/spread.py)
     _memory: dict[Key, ReplicaMemory] = field(default_factory=dict)  # only replicas with something to remember
     _asks: dict[Key, tuple[Explain, Topology]] = field(default_factory=dict)  # explanations waiting for the worker
     _explanations: WorkQueue[Key] | None = None
@@ -93,7 +94,13 @@ class PlacementReporter:
         """The planner over the snapshot and the settling replicas as remembered now, not before an await."""
         service = _service_of(snapshot)
         return plan_replica(
-            replace(snapshot, settling=dict(self._settling.get(service, {})), unspread=self._unspread.get(service, frozenset())), memory
+            replace(
+                snapshot,
+                settling=dict(self._settling.get(service, {})),
+                unspread=self._unspread.get(service, frozenset()),
+                spread_give_up=self.spread_give_up,
+            ),
+            memory,
         )
 
     async def _snapshot(self, key: Key) -> ReplicaSnapshot | None:

@@ -22,6 +22,16 @@ def test_the_charts_flags_become_a_typed_config() -> None:
     assert parse_args(["--webhook-url-host", "127.0.0.1", "--webhook-port", "9444"]).webhook_url_base == "https://127.0.0.1:9444"
 
 
+def test_periods_are_configuration_with_the_production_defaults() -> None:
+    from stormtopo.core.spread import SPREAD_GIVE_UP
+    from stormtopo.operator.loops import HANG_SECONDS
+
+    default = OperatorConfig()
+    assert (default.resync_seconds, default.hang_seconds, default.spread_give_up) == (30.0, HANG_SECONDS, SPREAD_GIVE_UP)
+    short = parse_args(["--resync-seconds=5", "--hang-seconds=40", "--spread-give-up=12", "--volcano-recheck-seconds=3"])
+    assert (short.resync_seconds, short.hang_seconds, short.spread_give_up, short.volcano_recheck_seconds) == (5, 40, 12, 3)
+
+
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
@@ -31,6 +41,8 @@ def test_the_charts_flags_become_a_typed_config() -> None:
         (["--heal-cooldown", "-1"], "--heal-cooldown: '-1': accepted: a positive float"),
         (["--lease-duration", "soon"], "--lease-duration: 'soon': accepted: a positive int"),
         (["--node-tier-keep-runs"], "--node-tier-keep-runs: accepted only with --node-tier"),
+        (["--resync-seconds", "0"], "--resync-seconds: '0': accepted: a positive float"),
+        (["--spread-give-up", "never"], "--spread-give-up: 'never': accepted: a positive float"),
     ],
 )
 def test_a_bad_flag_is_refused_before_anything_starts(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:

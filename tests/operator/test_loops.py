@@ -44,6 +44,9 @@ def test_an_iteration_under_way_is_stuck_only_after_the_hang_limit() -> None:
     reason = stuck(1.0, last_progress=0.0, now=HANG_SECONDS + 1, done=False, busy_since=0.0)
     assert reason is not None and "one iteration running" in reason
     assert stuck(300.0, last_progress=0.0, now=2999.0, done=False, busy_since=0.0) is None  # 10 periods of a slow loop
+    # --hang-seconds: the same rule at a shorter limit (tests shorten it with the periods).
+    assert stuck(1.0, last_progress=0.0, now=41.0, done=False, busy_since=0.0, hang=40.0) is not None
+    assert stuck(1.0, last_progress=0.0, now=39.0, done=False, busy_since=0.0, hang=40.0) is None
 
 
 def test_a_loop_that_fails_for_ever_is_not_stuck_and_logs_once_per_reason(
