@@ -80,7 +80,12 @@ def admit_podgroup(
     else:
         # Held only while the service still asks for healing and the move is within its deadline, by the
         # same clock the reconciler is given (core/moves.py): otherwise each would undo the other's write.
-        fields = desired_fields(request, roleset.get("spec") or {}, moving_tier(stormservice, roleset["metadata"]["name"], now))
+        fields = desired_fields(
+            request,
+            roleset.get("spec") or {},
+            moving_tier(stormservice, roleset["metadata"]["name"], now),
+            dict(cluster.priority_values) if cluster is not None else None,
+        )
         described = request.describe()
     patch = set_spec_fields(podgroup.get("spec"), fields)
     patch += set_annotations(podgroup, {**_dropped(podgroup, old, "annotations"), REQUEST_ANNOTATION: described})

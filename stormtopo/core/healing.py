@@ -943,7 +943,9 @@ def _hold(snapshot: HealSnapshot, request: TopologyRequest | None, replica: str,
     roleset = next((r.roleset for r in snapshot.replicas if r.name == replica), None)
     if podgroup is None or roleset is None or request is None:
         return []
-    ops = set_spec_fields(podgroup.get("spec"), desired_fields(request, roleset.get("spec") or {}, tier))
+    ops = set_spec_fields(
+        podgroup.get("spec"), desired_fields(request, roleset.get("spec") or {}, tier, dict(snapshot.tiers.priority_values))
+    )
     namespace = snapshot.stormservice["metadata"].get("namespace", "")
     return [PatchPodGroup(namespace, podgroup["metadata"]["name"], ops)] if ops else []
 

@@ -9,18 +9,25 @@ from typing import Any
 from stormtopo.core.gang import followers, gang_of, template_spec
 from stormtopo.core.jsonpatch import remove_annotation
 from stormtopo.core.ownership import owner_reference
+from stormtopo.core.priority import replica_priority_class
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.vocabulary import MANAGED_BY_LABEL, OPERATOR_NAME, PODGROUP_API, REQUEST_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.writes import PatchPodGroup
 
-OWNED_FIELDS = ("minMember", "minTaskMember", "networkTopology", "subGroupPolicy")  # of a PodGroup spec
+OWNED_FIELDS = ("minMember", "minTaskMember", "networkTopology", "subGroupPolicy", "priorityClassName")  # of a PodGroup spec
 
 
-def desired_fields(request: TopologyRequest, roleset_spec: Mapping[str, Any], moving_tier: int | None = None) -> dict[str, Any]:
+def desired_fields(
+    request: TopologyRequest,
+    roleset_spec: Mapping[str, Any],
+    moving_tier: int | None = None,
+    priorities: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
     """The spec fields stormtopo owns on a replica's PodGroup. Under a hard request, roles whose pods
     ask for no resources follow the gang instead of being part of it (see gang.followers). A replica
     that healing moves is held `hard` within `moving_tier` until it lands (see core/moves.py); its gang
-    stays as its request makes it."""
+    stays as its request makes it. The priority class its pods run at goes on it too (core/priority.py;
+    `priorities`: each class's value, to choose where roles differ)."""
     gang = gang_of(roleset_spec, followers(roleset_spec) if request.mode is Mode.HARD else ())
     topology = request.network_topology()
     if moving_tier is not None:
@@ -28,11 +35,15 @@ def desired_fields(request: TopologyRequest, roleset_spec: Mapping[str, Any], mo
             "mode": Mode.HARD.value,
             "highestTierAllowed": moving_tier,
         }
-    return {
+    fields: dict[str, Any] = {
         "minMember": gang.min_member,
         "minTaskMember": dict(gang.min_task_member),
         "networkTopology": topology,
     }
+    priority_class = replica_priority_class(roleset_spec, priorities or {})
+    if priority_class is not None:
+        fields["priorityClassName"] = priority_class
+    return fields
 
 
 def owned_fields(podgroup_spec: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -58,7 +69,7 @@ def _podgroup(
 
 
 def owned_podgroup(
-    roleset: Mapping[str, Any], request: TopologyRequest, queue: str = "default", priority_class: str | None = None
+    roleset: Mapping[str, Any], request: TopologyRequest, queue: str = "default", priorities: Mapping[str, int] | None = None
 ) -> dict[str, Any]:
     """A PodGroup stormtopo creates for a RoleSet that has no scheduling strategy of its own.
 
@@ -66,9 +77,7 @@ def owned_podgroup(
     deletes the RoleSet and then the PodGroup.
     """
     meta = roleset["metadata"]
-    spec: dict[str, Any] = {"queue": queue, **desired_fields(request, roleset.get("spec") or {})}
-    if priority_class:
-        spec["priorityClassName"] = priority_class
+    spec: dict[str, Any] = {"queue": queue, **desired_fields(request, roleset.get("spec") or {}, priorities=priorities)}
     labels = {ROLESET_LABEL: meta["name"]}
     if STORMSERVICE_LABEL in (meta.get("labels") or {}):
         labels[STORMSERVICE_LABEL] = meta["labels"][STORMSERVICE_LABEL]
@@ -80,11 +89,16 @@ def service_group_name(stormservice_name: str) -> str:
     return stormservice_name
 
 
-def service_fields(request: TopologyRequest, roleset_spec: Mapping[str, Any], replicas: int) -> dict[str, Any]:
+def service_fields(
+    request: TopologyRequest, roleset_spec: Mapping[str, Any], replicas: int, priorities: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """Spec fields of the one PodGroup of a StormService-scoped request: every pod of every replica,
     within the outer tier; with a replica tier, each replica (pods sharing a roleset-name) a subgroup."""
     gang = gang_of(roleset_spec)
     fields: dict[str, Any] = {"minMember": gang.min_member * replicas, "networkTopology": request.network_topology()}
+    priority_class = replica_priority_class(roleset_spec, priorities or {})
+    if priority_class is not None:
+        fields["priorityClassName"] = priority_class
     replica_topology = request.replica_network_topology()
     if replica_topology is None:
         fields["minTaskMember"] = {role: n * replicas for role, n in gang.min_task_member.items()}
@@ -102,7 +116,9 @@ def service_fields(request: TopologyRequest, roleset_spec: Mapping[str, Any], re
     return fields
 
 
-def service_podgroup(stormservice: Mapping[str, Any], request: TopologyRequest, queue: str = "default") -> dict[str, Any]:
+def service_podgroup(
+    stormservice: Mapping[str, Any], request: TopologyRequest, queue: str = "default", priorities: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """The PodGroup stormtopo owns for a StormService-scoped request; deleting the StormService deletes it."""
     meta = stormservice["metadata"]
     spec = stormservice.get("spec") or {}
@@ -113,7 +129,7 @@ def service_podgroup(stormservice: Mapping[str, Any], request: TopologyRequest, 
         {STORMSERVICE_LABEL: meta["name"]},
         owner_reference(stormservice, "StormService"),
         request,
-        {"queue": queue, **service_fields(request, template_spec(stormservice), replicas)},
+        {"queue": queue, **service_fields(request, template_spec(stormservice), replicas, priorities)},
     )
 
 

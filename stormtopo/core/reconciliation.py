@@ -78,7 +78,8 @@ def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None, now: f
         writes += withdraw(namespace, service_group)
         for roleset in snapshot.rolesets:
             moving = moving_tier(snapshot.stormservice, roleset["metadata"]["name"], now)
-            writes += _replica_group(namespace, roleset, snapshot.podgroups.get(roleset["metadata"]["name"]), request, moving)
+            podgroup = snapshot.podgroups.get(roleset["metadata"]["name"])
+            writes += _replica_group(namespace, roleset, podgroup, request, moving, dict(snapshot.tiers.priority_values))
     return ServicePlan(tuple(writes), verdict, say, listing=listed)
 
 
@@ -115,7 +116,7 @@ def unanchored_roles(stormservice: Mapping[str, Any]) -> list[str]:
 
 
 def _service_group(snapshot: ServiceSnapshot, request: TopologyRequest, current: Mapping[str, Any] | None) -> list[Write]:
-    desired = service_podgroup(snapshot.stormservice, request)
+    desired = service_podgroup(snapshot.stormservice, request, priorities=dict(snapshot.tiers.priority_values))
     if current is None:
         return [CreatePodGroup(desired)]
     ops = set_spec_fields(current.get("spec"), {k: v for k, v in desired["spec"].items() if k != "queue"})
@@ -129,14 +130,15 @@ def _replica_group(
     current: Mapping[str, Any] | None,
     request: TopologyRequest | None,
     moving: int | None = None,
+    priorities: Mapping[str, int] | None = None,
 ) -> list[Write]:
     if request is None:
         return list(withdraw(namespace, current))
     if current is None:
         if has_scheduling_strategy(roleset.get("spec") or {}):
             return []  # AIBrix creates its own; the webhook gives it the constraint at creation
-        return [CreatePodGroup(owned_podgroup(roleset, request))]
-    ops = set_spec_fields(current.get("spec"), desired_fields(request, roleset.get("spec") or {}, moving))
+        return [CreatePodGroup(owned_podgroup(roleset, request, priorities=priorities))]
+    ops = set_spec_fields(current.get("spec"), desired_fields(request, roleset.get("spec") or {}, moving, priorities))
     # The request annotation marks a constrained gang; without it the pod webhook waits for one forever.
     if REQUEST_ANNOTATION not in ((current.get("metadata") or {}).get("annotations") or {}):
         ops += set_annotations(current, {REQUEST_ANNOTATION: request.describe()})

@@ -110,6 +110,9 @@ class ClusterTiers:
     # highestTierAllowed to 1): desired objects carry them too, or every comparison would differ forever.
     network_topology_defaults: tuple[tuple[str, object], ...] = ()
     tier_of_name: tuple[tuple[str, int], ...] = ()  # each tierName and its tier: a spread tier is compared by number
+    # Each PriorityClass and its value (not tiers, but read with them): a replica whose roles run at
+    # different classes gives its PodGroup the highest (core/priority.py).
+    priority_values: tuple[tuple[str, int], ...] = ()
 
     def number(self, limit: TierLimit) -> int | None:
         """A limit's tier number, a tier name resolved through the HyperNodes; None if it names none."""

@@ -20,6 +20,7 @@ class Role:
     strategy: bool = False  # a role-level volcanoSchedulingStrategy (AIBrix: a PodGroup per multi-node instance)
     stateful: bool = True  # False: pods get generated names
     requests: bool = True  # False: the pods ask for no resources (a router, a simulator), as in AIBrix's samples
+    priority_class: str | None = None  # the pods' priorityClassName
 
 
 PD_1P1D = (Role("prefill"), Role("decode"))
@@ -42,6 +43,8 @@ def stormservice(
         pod_spec: dict[str, Any] = {"containers": [{"name": "engine", "image": IMAGE, "resources": resources}]}
         if scheduler_name:
             pod_spec["schedulerName"] = scheduler_name
+        if role.priority_class:
+            pod_spec["priorityClassName"] = role.priority_class
         spec: dict[str, Any] = {
             "name": role.name,
             "replicas": role.replicas,

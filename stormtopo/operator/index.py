@@ -7,6 +7,7 @@ moments before its watch event arrives) it reads through to the API server.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,8 +30,10 @@ from stormtopo.core.vocabulary import (
     VOLCANO_SCHEDULING,
     VOLCANO_TOPOLOGY,
 )
-from stormtopo.kube.client import Api
+from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import metrics
+
+log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
 _KINDS = {"stormservices": "StormService", "rolesets": "RoleSet"}
@@ -143,7 +146,9 @@ class Index:
     # Every admission and placement check reads the tiers: computed again only when a HyperNode or the
     # schema changes, not per request (a pass over every HyperNode).
     _hypernode_changes: int = 0
-    _tiers: tuple[int, object, ClusterTiers] | None = None  # (_hypernode_changes, podgroup_schema, tiers)
+    _tiers: tuple[int, object, object, ClusterTiers] | None = None  # (_hypernode_changes, podgroup_schema, priority_values, tiers)
+    priority_values: tuple[tuple[str, int], ...] = ()  # every PriorityClass's value, read with Volcano's fields
+    _priorities_refused: bool = False
     # Node name -> the labels the tree and a release read (hostname, labelMatch keys), read (not watched)
     # by the placement shell when a placement check needs them: regexMatch and labelMatch HyperNodes
     # select among all nodes, and a release pins by hostname.
@@ -308,14 +313,33 @@ class Index:
     def cluster_tiers(self) -> ClusterTiers:
         # Keyed by what it is computed from, read first: HyperNodes primed or a schema re-read on a
         # thread while this computes leave a key that no longer matches, so the next call recomputes.
-        changes, schema = self._hypernode_changes, self.podgroup_schema
-        if self._tiers is None or self._tiers[0] != changes or self._tiers[1] is not schema:
-            self._tiers = (changes, schema, cluster_tiers(list(self.hypernodes.values()), schema))
-        return self._tiers[2]
+        changes, schema, priorities = self._hypernode_changes, self.podgroup_schema, self.priority_values
+        if self._tiers is None or self._tiers[0] != changes or self._tiers[1] is not schema or self._tiers[2] is not priorities:
+            tiers = replace(cluster_tiers(list(self.hypernodes.values()), schema), priority_values=priorities)
+            self._tiers = (changes, schema, priorities, tiers)
+        return self._tiers[3]
 
     def detect_volcano_fields(self) -> None:
         """Read the installed PodGroup CRD: which fields Volcano offers (networkTopology >= 1.12; names, subgroups >= 1.14)."""
         self.podgroup_schema = self.api.crd_schema(PODGROUP_CRD) or {}
+        self.read_priority_classes()
+
+    def read_priority_classes(self) -> None:
+        """Every PriorityClass's value (a short list, read at each look for Volcano's fields). Refused
+        (an RBAC without it): the values stay as they were, and a replica whose roles differ gets the
+        class first by name (core/priority.py), once a warning is logged."""
+        try:
+            classes = self.api.list_objects(("scheduling.k8s.io", "v1"), "priorityclasses")
+        except ApiError as exc:
+            if exc.status not in (401, 403, 404):
+                raise
+            if not self._priorities_refused:
+                log.warning("PriorityClasses cannot be read (%s): roles at different classes get the first by name", exc.status)
+            self._priorities_refused = True
+            return
+        values = tuple(sorted((str(c["metadata"]["name"]), int(c.get("value") or 0)) for c in classes))
+        if values != self.priority_values:
+            self.priority_values = values
 
     def prime(self) -> None:
         """Load HyperNodes before the webhook serves, so the first admission knows the cluster's tiers."""

@@ -1,0 +1,47 @@
+"""A replica's priority, as Volcano must see it: on its PodGroup.
+
+Volcano ranks and preempts jobs by the PodGroup's `spec.priorityClassName` alone (v1.15.1: a job's
+priority is its PodGroup's class, or the cluster's default class; the pods' own classes only order
+tasks within one job). AIBrix copies a class onto the PodGroup only from the RoleSet's
+`volcanoSchedulingStrategy.priorityClassName`; roles that set `priorityClassName` in their pod
+templates leave the PodGroup without one, and the gang then ranks below the batch work it should
+displace. stormtopo gives the PodGroup the class its pods run at: AIBrix's own setting where it has
+one (it writes that itself on every sync), else the roles' class, the highest by value where roles
+differ (a gang is placed whole: it is worth what its most important pod is worth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def strategy_priority_class(roleset_spec: Mapping[str, Any]) -> str | None:
+    """The class AIBrix's scheduling strategy names for the replica's PodGroup, if any."""
+    strategy = (roleset_spec.get("schedulingStrategy") or {}).get("volcanoSchedulingStrategy") or {}
+    name = strategy.get("priorityClassName") if isinstance(strategy, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def role_priority_classes(roleset_spec: Mapping[str, Any]) -> frozenset[str]:
+    """The priority classes the replica's roles give their pods."""
+    classes = set()
+    for role in roleset_spec.get("roles") or []:
+        name = (((role or {}).get("template") or {}).get("spec") or {}).get("priorityClassName")
+        if isinstance(name, str) and name:
+            classes.add(name)
+    return frozenset(classes)
+
+
+def replica_priority_class(roleset_spec: Mapping[str, Any], values: Mapping[str, int]) -> str | None:
+    """The class a replica's PodGroup carries: AIBrix's strategy's, else the roles' (the highest by
+    value where they differ; a class whose value is unknown ranks below every known one, then by
+    name, so that every replica of the operator chooses the same). None: no class anywhere, Volcano
+    then uses the cluster's default class as it would without stormtopo."""
+    named = strategy_priority_class(roleset_spec)
+    if named is not None:
+        return named
+    classes = role_priority_classes(roleset_spec)
+    if not classes:
+        return None
+    return max(sorted(classes), key=lambda name: (name in values, values.get(name, 0)))
