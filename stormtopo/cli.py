@@ -157,6 +157,18 @@ def _explain(args: argparse.Namespace) -> int:
         return 1
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from stormtopo.commands import doctor
+
+    try:
+        return doctor.run(_api(args), args.scheduler_config, Console(), args.output)
+    except doctor.BadFile as exc:
+        print(f"stormtopo: {exc}", file=sys.stderr)
+        return 2
+
+
 def _heal(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -238,6 +250,10 @@ def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
     explain.add_argument("-n", "--namespace", help="the StormService's namespace, with a bare STORMSERVICE (default: default)")
     explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     explain.set_defaults(func=_explain)
+    doctor = sub.add_parser("doctor", parents=[kube], help="read-only checks: Volcano's configuration, HyperNodes, webhooks, PodGroups")
+    doctor.add_argument("--scheduler-config", metavar="FILE", help="vc-scheduler's configuration (default: its ConfigMap)")
+    doctor.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    doctor.set_defaults(func=_doctor)
 
     heal = sub.add_parser("heal", parents=[kube], help="which replicas healing would move now, and where (with --dry-run)")
     heal.add_argument("target", metavar="[NAMESPACE/]STORMSERVICE")

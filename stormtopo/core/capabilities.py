@@ -8,6 +8,14 @@ from typing import Any
 
 from stormtopo.core.request import ClusterTiers
 
+# The releases COMPATIBILITY.md records as run together on the real control plane (`make compat`): the one
+# place in code that holds the tested range (`stormtopo doctor` compares a cluster's against it). Keep the two
+# in step (tests/core/test_diagnosis.py reads the table).
+TESTED_AIBRIX = ("v0.6.0", "v0.7.0")
+TESTED_VOLCANO = ("v1.14.1", "v1.15.0", "v1.15.1")
+MIN_VOLCANO = (1, 12)  # PodGroup spec.networkTopology
+TIER_NAMES_VOLCANO = (1, 14)  # highestTierName and subGroupPolicy: tier names and nested placement
+
 
 def cluster_tiers(hypernodes: Iterable[Mapping[str, Any]], podgroup_schema: Mapping[str, Any] | None) -> ClusterTiers:
     """`podgroup_schema`: the PodGroup CRD's openAPIV3Schema; None when unknown (every field assumed)."""
