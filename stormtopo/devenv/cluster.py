@@ -37,7 +37,9 @@ from stormtopo.devenv.nodes import node_manifests
 ADMIN_TOKEN_USER = "stormtopo-admin"
 KUBE_SCHEDULER_USER = "system:kube-scheduler"  # bound by Kubernetes' bootstrap RBAC to what it needs
 SCHEDULER_CONF = """\
-actions: "enqueue, allocate, backfill"
+# gangpreempt: a replica with a network topology preempts lower-priority work within one domain of its
+# tier (Volcano's preempt skips every job with a topology); preempt keeps its behaviour for every other job.
+actions: "enqueue, allocate, preempt, gangpreempt, backfill"
 tiers:
 - plugins:
   - name: priority

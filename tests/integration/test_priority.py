@@ -1,0 +1,93 @@
+"""Priority is part of placement: a high-priority replica in a full cluster preempts lower-priority work
+within one domain of its tier, and takes exactly that domain's worth, on the real control plane.
+
+The cluster is the feature request's (8 nodes x 8 GPUs, leaves s0..s3 of two nodes each), every GPU held
+by low-priority Volcano pods of 4 GPUs (two a node). Volcano v1.15.1's `preempt` skips every job with a
+network topology; `gangpreempt`, in the configuration `stormtopo dev up` runs and docs/install.md
+recommends, picks its victims within one HyperNode of the job's tier. It ranks jobs by their PodGroup's
+priority class, which stormtopo gives the replica's PodGroup from its pods' (core/priority.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from stormtopo.core.topology.tree import Topology
+from stormtopo.core.vocabulary import GPU, HIGHEST_TIER, MODE
+from stormtopo.devenv.client import DevCluster, node_names
+from stormtopo.devenv.workloads import IMAGE, Role, stormservice
+
+HIGH, LOW = "stormtopo-test-inference", "stormtopo-test-batch"
+BATCH = "stormtopo.io/test-batch=true"
+
+
+@pytest.fixture(scope="module")
+def priority_classes(cluster: DevCluster) -> Iterator[None]:
+    api = client.SchedulingV1Api(cluster.api_client)
+    for name, value in ((HIGH, 1_000_000), (LOW, 100)):
+        with contextlib.suppress(ApiException):  # 409: left by an earlier run on a reused cluster
+            body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value}
+            api.create_priority_class(body)
+    yield
+    for name in (HIGH, LOW):
+        with contextlib.suppress(ApiException):
+            api.delete_priority_class(name)
+
+
+def batch_pod(name: str, namespace: str) -> dict[str, Any]:
+    """A low-priority Volcano job of one pod and 4 GPUs (Volcano makes its PodGroup, with the pod's class)."""
+    resources = {"requests": {GPU: "4"}, "limits": {GPU: "4"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"stormtopo.io/test-batch": "true"}},
+        "spec": {
+            "schedulerName": "volcano",
+            "priorityClassName": LOW,
+            "containers": [{"name": "batch", "image": IMAGE, "resources": resources}],
+        },
+    }
+
+
+def fill_with_batch(cluster: DevCluster, namespace: str, nodes: int) -> dict[str, tuple[str, str]]:
+    """Every GPU held by batch pods, two a node (4 + 4 GPUs fill a node of 8): pod -> (uid, node)."""
+    for i in range(2 * nodes):
+        cluster.create(batch_pod(f"batch-{i:02d}", namespace))
+    bound = cluster.bound_pods(namespace, BATCH, 2 * nodes, timeout=120)
+    return {p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"]["nodeName"]) for p in bound}
+
+
+def test_a_high_priority_hard_replica_preempts_exactly_one_leafs_batch_pods(
+    cluster: DevCluster, topology: Topology, namespace: str, priority_classes: None
+) -> None:
+    nodes = len(topology.nodes)
+    before = fill_with_batch(cluster, namespace, nodes)
+    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
+    cluster.create(stormservice("urgent", namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+
+    # The priority reaches Volcano: the replica's PodGroup carries its pods' class.
+    group = cluster.wait(
+        lambda: next((g for g in cluster.podgroups(namespace) if g["spec"].get("priorityClassName") == HIGH), None),
+        60,
+        "the replica's PodGroup with its pods' priority class",
+    )
+    assert group["spec"]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
+
+    placed = cluster.bound_pods(namespace, "storm-service-name=urgent", 2, timeout=120)
+    domain = topology.lowest_common_switch(node_names(placed))
+    assert domain is not None and domain.tier == 1, f"the replica crossed its leaf: {node_names(placed)}"
+
+    # Exactly the four batch pods of that leaf were preempted: none elsewhere, none more.
+    leaf_nodes = set(topology.nodes_under(domain.name))
+    running = [p for p in cluster.pods(namespace, BATCH) if not p["metadata"].get("deletionTimestamp")]
+    left = {p["metadata"]["name"]: p["metadata"]["uid"] for p in running}
+    gone = {name for name, (uid, _) in before.items() if left.get(name) != uid}
+    expected = {name for name, (_, node) in before.items() if node in leaf_nodes}
+    assert gone == expected, f"preempted {sorted(gone)}; the leaf {domain.name} held {sorted(expected)}"
+    assert len(gone) == 4
