@@ -96,9 +96,11 @@ def _slim_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _slim_role(role: Mapping[str, Any]) -> dict[str, Any]:
-    containers = ((role.get("template") or {}).get("spec") or {}).get("containers") or []
+    pod_spec = (role.get("template") or {}).get("spec") or {}
     kept = {k: role[k] for k in ("name", "replicas", "podGroupSize") if k in role}
-    kept["template"] = {"spec": {"containers": [{"resources": c.get("resources") or {}} for c in containers]}}
+    kept["template"] = {"spec": {"containers": [{"resources": c.get("resources") or {}} for c in pod_spec.get("containers") or []]}}
+    if pod_spec.get("priorityClassName"):  # the replica's PodGroup carries it (core/priority.py)
+        kept["template"]["spec"]["priorityClassName"] = pod_spec["priorityClassName"]
     return kept
 
 
