@@ -1,5 +1,5 @@
 """`stormtopo doctor`: read the cluster into a snapshot (reads only, never a write) and print the pure checks of
-core/diagnosis.py, one line each. What could not be read (403, a CRD missing) is a finding too, not a failure."""
+core/diagnosis/, one line each. What could not be read (403, a CRD missing) is a finding too, not a failure."""
 
 from __future__ import annotations
 

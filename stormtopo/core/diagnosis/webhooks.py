@@ -1,0 +1,115 @@
+"""stormtopo's admission objects, as operator/webhook.py registers them: its webhook configurations (with a
+caBundle and the failurePolicy it wants) and admission policies with their bindings, each registered once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from stormtopo.core.diagnosis.findings import Finding, Level, _names
+from stormtopo.core.diagnosis.snapshot import Snapshot
+from stormtopo.core.optin import PODGROUPS_POLICY, PODS_POLICY
+
+# Why each admission object matters, by its kind (webhook configurations) or name (policies).
+_CONSEQUENCE = {
+    "MutatingWebhookConfiguration": "opted-in pods and PodGroups get no task, gang or networkTopology at admission",
+    "ValidatingWebhookConfiguration": "a new opted-in StormService is not listed before it exists, so its pods are not held while "
+    "stormtopo is down",
+    PODS_POLICY: "pods of opted-in StormServices are not held while stormtopo is down, and may be placed unconstrained",
+    PODGROUPS_POLICY: "an update may strip networkTopology from a constrained PodGroup while stormtopo is down",
+}
+
+
+def _webhook_names(obj: Mapping[str, Any]) -> set[str]:
+    return {str(w.get("name")) for w in obj.get("webhooks") or []}
+
+
+def check_admission(snapshot: Snapshot) -> list[Finding]:
+    """stormtopo's webhook configurations (found by their webhooks' names) and admission policies with their
+    bindings (by name: the chart prefixes them with its release), as operator/webhook.py registers them."""
+    check = "webhooks"
+    if "admission" in snapshot.unreadable:
+        return [
+            Finding(
+                Level.WARNING,
+                check,
+                f"admission configuration could not be read ({snapshot.unreadable['admission']})",
+                "use a kubeconfig that may list mutatingwebhookconfigurations, validatingwebhookconfigurations and "
+                "validatingadmissionpolicies(bindings)",
+            )
+        ]
+    missing: list[str] = []
+    why: list[str] = []
+    problems: list[str] = []
+    twice: list[str] = []
+    policies: list[str] = []
+    present: list[str] = []  # webhook configurations, then policies with their bindings
+    for expected in snapshot.expected_admission:
+        kind, name = str(expected.get("kind")), str(expected["metadata"]["name"])
+        same_kind = [o for o in snapshot.admission if o.get("kind") == kind]
+        if kind.endswith("WebhookConfiguration"):
+            hooks = _webhook_names(expected)
+            matches = [o for o in same_kind if hooks <= _webhook_names(o)]
+            what = f"{kind} with {', '.join(sorted(hooks))}"
+            consequence = _CONSEQUENCE.get(kind, "")
+            for obj in matches:
+                wanted = {str(w["name"]): w for w in expected.get("webhooks") or []}
+                for hook in obj.get("webhooks") or []:
+                    want = wanted.get(str(hook.get("name")))
+                    if want is None:
+                        continue
+                    config = hook.get("clientConfig") or {}
+                    where = f"webhook {hook['name']} of {kind} {obj['metadata']['name']}"
+                    if not config.get("caBundle") and "service" in config:
+                        problems.append(f"{where} has no caBundle, so the API server cannot verify it and every call fails")
+                    if want.get("failurePolicy") and hook.get("failurePolicy") != want["failurePolicy"]:
+                        problems.append(f"{where} has failurePolicy {hook.get('failurePolicy')}, not {want['failurePolicy']}")
+        elif kind.startswith("ValidatingAdmissionPolicy"):
+            matches = [o for o in same_kind if str(o["metadata"]["name"]).endswith(name)]
+            what = f"{kind} *{name}"
+            policy = name if kind == "ValidatingAdmissionPolicy" else str((expected.get("spec") or {}).get("policyName", ""))
+            consequence = _CONSEQUENCE.get(policy, "")
+        else:
+            continue  # the opted-in ConfigMap: the operator writes it in its own namespace
+        if not matches:
+            missing.append(what)
+            if consequence and consequence not in why:
+                why.append(consequence)
+        elif len(matches) > 1:
+            twice.append(f"{what}: {', '.join(sorted(str(o['metadata']['name']) for o in matches))}")
+        elif kind.endswith("WebhookConfiguration"):
+            present.append(f"{kind} {matches[0]['metadata']['name']}")
+        elif kind == "ValidatingAdmissionPolicy":
+            policies.append(str(matches[0]["metadata"]["name"]))
+    findings: list[Finding] = []
+    if missing:
+        findings.append(
+            Finding(
+                Level.ERROR,
+                check,
+                f"not registered: {_names(missing, 6)}; so {'; '.join(why)}",
+                "install the chart (docs/install.md, step 3), or start the operator with webhook registration on",
+            )
+        )
+    if problems:
+        findings.append(
+            Finding(
+                Level.WARNING,
+                check,
+                "; ".join(problems),
+                "reinstall the chart (helm upgrade); with certMode certManager, check cert-manager's CA injector",
+            )
+        )
+    if twice:
+        findings.append(
+            Finding(
+                Level.WARNING,
+                check,
+                f"registered more than once (two installs?): {'; '.join(twice)}",
+                "uninstall one of them (stormtopo uninstall --delete-webhooks, or helm uninstall)",
+            )
+        )
+    if not findings:
+        policies_text = f"admission policies {', '.join(policies)} with their bindings" if policies else ""
+        findings.append(Finding(Level.OK, check, f"registered: {', '.join([*present, policies_text] if policies else present)}"))
+    return findings
