@@ -115,21 +115,92 @@ def healing_passes(cluster_dir: Path) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def test_a_soft_replica_across_the_spine_moves_into_a_leaf_once_one_frees_up(
+@contextmanager
+def tenant(cluster: DevCluster) -> Iterator[tuple[str, Any]]:
+    """Another tenant: its own namespace, where it may create and annotate StormServices (as a namespace
+    admin may), and kubectl as that tenant (impersonated). Yields (namespace, kubectl)."""
+    import subprocess
+    import uuid
+
+    import yaml
+
+    namespace, user = f"tenant-{uuid.uuid4().hex[:6]}", "tenant-b"
+    cluster.create_namespace(namespace)
+    rules = [
+        {"apiGroups": ["orchestration.aibrix.ai"], "resources": ["stormservices"], "verbs": ["get", "list", "create", "patch", "update"]}
+    ]
+    rbac = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "tenant", "namespace": namespace},
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "tenant", "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    ]
+    kubectl = [str(cluster.state_dir / "bin" / "kubectl"), f"--kubeconfig={cluster.state_dir / 'kubeconfig'}"]
+
+    def as_tenant(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*kubectl, f"--as={user}", "-n", namespace, *args], input=stdin, capture_output=True, text=True)
+
+    applied = subprocess.run([*kubectl, "apply", "-f", "-"], input=yaml.safe_dump_all(rbac), capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stderr
+    try:
+        yield namespace, as_tenant
+    finally:
+        cluster.delete_namespace(namespace, wait=120)
+
+
+@contextmanager
+def forge_moves(cluster: DevCluster, victim: tuple[str, str]) -> Iterator[None]:
+    """What a clever tenant writes on its own StormServices (issue 43): on one that never opted in, two
+    unsettled moves dated now (the cluster's cap is two) and an unsettled move to make room for the
+    victim's replica; on one that asks for healing, the same. Neither may hold back another tenant's
+    healing: records count only on a service that asks for healing, one move per service."""
+    import yaml
+
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    moving = {"at": now, "toTier": 1, "to": "s0", "reason": "soft-above-tier"}
+    room = {"at": now, "toTier": 1, "to": "s1", "reason": "make-room", "for": f"StormService {victim[0]}/{victim[1]} replica x"}
+    records = json.dumps({"forged-a": moving, "forged-b": moving, "forged-c": room})
+    with tenant(cluster) as (namespace, as_tenant):
+        for name, annotations in (("plain", {}), ("healing", {**SOFT_LEAF, **HEAL})):
+            svc = stormservice(f"forger-{name}", namespace, replicas=0, annotations={**annotations, "stormtopo.io/moves": records})
+            created = as_tenant("create", "-f", "-", stdin=yaml.safe_dump(svc))
+            assert created.returncode == 0, created.stderr
+        yield
+
+
+def test_a_soft_replica_across_the_spine_moves_into_a_leaf_once_one_frees_up_whatever_a_tenant_forged(
     cluster: DevCluster, topology: Topology, namespace: str
 ) -> None:
     name = f"heal-{namespace}"  # AIBrix v0.7.0 counts same-named RoleSets across namespaces
     fill(cluster, namespace, ["node0", "node2", "node4", "node5", "node6", "node7"])  # free: node1 (s0), node3 (s1)
     cluster.create(stormservice(name, namespace, roles=BIG, annotations={**SOFT_LEAF, **HEAL}))
     before = wide_placement(cluster, topology, namespace, name)
-    free(cluster, namespace, "node0")  # s0: node0 free, node1 the replica's own
+    with forge_moves(cluster, (namespace, name)):
+        free(cluster, namespace, "node0")  # s0: node0 free, node1 the replica's own
+        pods = cluster.wait(lambda: moved(cluster, topology, namespace, name, before), MOVE_WITHIN, "the replica bound within one leaf")
+    assert sorted(node_names(pods)) == ["node0", "node1"]
+    (moving,) = events(cluster, namespace, name, "ReplicaMoving")
+    assert "to s0 (tier 1)" in moving and "landed above tier 1" in moving, moving
+    moves = json.loads(cluster.stormservice(namespace, name)["metadata"]["annotations"]["stormtopo.io/moves"])
+    assert next(iter(moves.values()))["to"] == "s0"
 
-    def moved() -> list[dict[str, Any]]:
-        for pods in replicas(cluster, namespace, name).values():  # one; not unpacked: a duplicate RoleSet of a moment is no error
-            fresh = [p for p in pods if p["metadata"]["uid"] not in next(iter(before.values()))]
-            if len(fresh) == 2 and in_one_leaf(topology, fresh):
-                return fresh
-        return []
+
+def moved(cluster: DevCluster, topology: Topology, namespace: str, name: str, before: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The replica re-created (pods it did not have before) and bound within one leaf."""
+    for pods in replicas(cluster, namespace, name).values():  # one; not unpacked: a duplicate RoleSet of a moment is no error
+        fresh = [p for p in pods if p["metadata"]["uid"] not in next(iter(before.values()))]
+        if len(fresh) == 2 and in_one_leaf(topology, fresh):
+            return fresh
+    return []
 
     pods = cluster.wait(moved, MOVE_WITHIN, "the replica re-created and bound within one leaf")
     assert sorted(node_names(pods)) == ["node0", "node1"]
