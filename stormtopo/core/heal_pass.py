@@ -53,6 +53,7 @@ from stormtopo.core.healing import (
     wide_replica,
 )
 from stormtopo.core.node_fit import NodeFacts
+from stormtopo.core.priority import replica_priority
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.room import Resident, Room, resident_key, room_by_moving
 from stormtopo.core.topology.tree import Topology
@@ -304,6 +305,7 @@ class RoomSearch:
     nodes: Mapping[str, NodeFacts] | None
     topology: Topology
     listed: frozenset[str]  # the node tier's short list: a resident on one is not offered (core/room.py)
+    priorities: Mapping[str, int] = field(default_factory=dict)  # each PriorityClass's value: no resident above the wide replica
     wide: int = 0  # the one of `waiting` offered residents now
     tries: int = 0  # residents offered to it so far
     skip: frozenset[str] = frozenset()  # residents its own plan refused
@@ -338,6 +340,7 @@ def next_offer(search: RoomSearch, free: Mapping[str, int]) -> Offer | None:
                 search.topology,
                 search.skip,
                 search.listed,
+                replica_priority(replica.roleset.get("spec") or {}, search.priorities),
             )
             if room is not None:
                 order = MakeRoom(room.resident.replica, wide_replica(*key, replica.name), room.frees.switch.name)

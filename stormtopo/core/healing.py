@@ -36,6 +36,7 @@ from stormtopo.core.node_fit import NodeFacts, nodes_for, pod_requests, without_
 from stormtopo.core.packing import DomainFit, domains_at_tier
 from stormtopo.core.placement import is_live
 from stormtopo.core.podgroup import desired_fields
+from stormtopo.core.priority import replica_priority
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, valid_request
 from stormtopo.core.room import Resident, freed, placed_elsewhere
 from stormtopo.core.topology.selectors import label_requirements
@@ -439,7 +440,8 @@ def resident(
     if span.tier is None or span.tier > tier:
         return None
     namespace = str(stormservice["metadata"].get("namespace", ""))
-    return Resident(namespace, str(stormservice["metadata"]["name"]), name, replica.gpus_by_node(), tuple(replica.wanted()), tier)
+    priority = replica_priority(roleset.get("spec") or {}, dict(tiers.priority_values))
+    return Resident(namespace, str(stormservice["metadata"]["name"]), name, replica.gpus_by_node(), tuple(replica.wanted()), tier, priority)
 
 
 def set_aside(

@@ -33,6 +33,13 @@ def role_priority_classes(roleset_spec: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(classes)
 
 
+def replica_priority(roleset_spec: Mapping[str, Any], values: Mapping[str, int]) -> int:
+    """The priority Volcano gives the replica's gang: its class's value (0 without a class, or with one
+    whose value is not known: Volcano's own default without a globalDefault class)."""
+    name = replica_priority_class(roleset_spec, values)
+    return values.get(name, 0) if name is not None else 0
+
+
 def replica_priority_class(roleset_spec: Mapping[str, Any], values: Mapping[str, int]) -> str | None:
     """The class a replica's PodGroup carries: AIBrix's strategy's, else the roles' (the highest by
     value where they differ; a class whose value is unknown ranks below every known one, then by

@@ -46,6 +46,7 @@ class Resident:
     held: Mapping[str, int]  # GPUs per node its pods hold
     pods: tuple[int, ...]  # GPUs per pod
     tier: int  # the tier it must stay within
+    priority: int = 0  # its gang's priority (core/priority.py): never moved for a replica of lower priority
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ def room_by_moving(
     topology: Topology,
     skip: Collection[str] = (),
     listed: Collection[str] = (),
+    priority: int | None = None,
 ) -> Room | None:
     """The smallest resident whose move makes room within `tier` for a wide replica (its `pods`, and the
     GPUs it `held`, free once it moves too), with where the resident goes; None if no single one does.
@@ -137,13 +139,18 @@ def room_by_moving(
     now; the wide replica then fits in what both leave. Residents near enough to help are searched, at
     most RESIDENTS_TRIED of them; `skip`: residents (namespace/stormservice/replica) not to offer.
     `listed`: the nodes the node tier lists as tier-0 HyperNodes; a resident on one is not offered:
-    where Volcano places it again is then decided over tier 0 too, which this prediction does not model."""
+    where Volcano places it again is then decided over tier 0 too, which this prediction does not model.
+    `priority`: the wide replica's; a resident of higher priority is never moved for it (GPU clusters run
+    inference above batch: room is made by the less important for the more, or among equals)."""
     need = sum(pods)
     both_gone = freed(free, held)
     near = [
         r
         for r in sorted(residents, key=lambda r: (sum(r.pods), r.namespace, r.stormservice, r.replica))
-        if resident_key(r) not in skip and not set(r.held) & set(listed) and _could_help(topology, both_gone, r, need, tier)
+        if resident_key(r) not in skip
+        and not set(r.held) & set(listed)
+        and (priority is None or r.priority <= priority)
+        and _could_help(topology, both_gone, r, need, tier)
     ]
     for resident in near[:RESIDENTS_TRIED]:
         to = placed_elsewhere(topology, free, allocatable, resident.pods, resident.tier, resident.held)

@@ -202,7 +202,8 @@ class Healer:
             return
         allocatable, nodes = await self.room.allocatable_gpus(), await self.room.node_facts()
         listed = frozenset(node_tier_members(self.index.hypernodes.values()).values())  # the node tier's short list
-        search = RoomSearch(waiting[:WIDE_TRIED], tuple(residents), allocatable, nodes, self.index.topology(), listed)
+        priorities = dict(self.index.cluster_tiers().priority_values)
+        search = RoomSearch(waiting[:WIDE_TRIED], tuple(residents), allocatable, nodes, self.index.topology(), listed, priorities)
         while heal_pass.free is not None and (offer := await asyncio.to_thread(next_offer, search, heal_pass.free)) is not None:
             healed = await self.heal(offer.lender, heal_pass, offer.order, allocatable)
             if healed.error is not None:

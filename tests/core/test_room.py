@@ -53,6 +53,18 @@ def test_with_the_node_tier_no_resident_on_a_listed_node_is_offered() -> None:
     assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=4), {}, TOPOLOGY, listed={"node4"}) is not None
 
 
+def test_a_resident_of_higher_priority_is_never_moved_for_a_wide_replica_of_lower() -> None:
+    """Issue 41, item 4: GPU clusters run inference above batch; room is made by the less important for
+    the more important, or among equals, never the other way."""
+    import dataclasses
+
+    important = dataclasses.replace(SMALL, priority=1000)
+    gpus = free(node0=6, node4=4)
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [important], gpus, {}, TOPOLOGY, priority=10) is None
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [important], gpus, {}, TOPOLOGY, priority=1000) is not None
+    assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], gpus, {}, TOPOLOGY, priority=10) is not None  # batch for inference
+
+
 def test_no_move_where_volcano_would_send_the_resident_straight_back() -> None:
     # s2 with 8 free is emptier than s0 (6 free while its old pods terminate): binpack picks s0 again.
     assert room_by_moving(WIDE_PODS, WIDE_HELD, 1, [SMALL], free(node0=6, node4=8), {}, TOPOLOGY) is None
