@@ -39,6 +39,7 @@ from stormtopo.operator.replica import PlacementReporter
 from stormtopo.operator.workqueue import WorkQueue
 
 log = logging.getLogger("stormtopo.handlers")
+RESYNC_CHUNK = 512  # keys queued by the resync between two yields to the event loop
 RELIST_SECONDS = 300.0  # every replica re-lists, to forget objects deleted while a watch was down
 # What the index holds, and where the API lists it.
 _LISTS = {
@@ -83,10 +84,14 @@ class Operator:
 
     async def resync(self) -> None:
         await self.reconciler.refresh_opted_in()
-        for key in list(self.index.stormservices):
+        for i, key in enumerate(list(self.index.stormservices)):
             self.stormservices.add(key)
-        for key in list(self.index.rolesets):  # placements a former leader did not report; pending gangs re-explained
-            self.placements.add(key)
+            if i % RESYNC_CHUNK == RESYNC_CHUNK - 1:
+                await asyncio.sleep(0)  # the webhooks and probes share this loop: no stall at any size
+        for i, replica in enumerate(list(self.index.rolesets)):  # placements a former leader did not report; pending gangs re-explained
+            self.placements.add(replica)
+            if i % RESYNC_CHUNK == RESYNC_CHUNK - 1:
+                await asyncio.sleep(0)
 
     def follow(self, kind: str, event: Mapping[str, Any], body: Mapping[str, Any]) -> None:
         """Record the object, and queue what it changes if this replica leads: a StormService or a

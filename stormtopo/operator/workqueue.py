@@ -63,3 +63,6 @@ class WorkQueue(Generic[K]):
                 self._active.discard(key)
                 if key in self._waiting:
                     self._queue.put_nowait(key)
+            # A handler with nothing to do never awaits, and get() does not suspend while keys wait: without
+            # this, a resync of 30,000 keys would hold the event loop (webhooks, /healthz) until all are done.
+            await asyncio.sleep(0)

@@ -69,3 +69,31 @@ def test_a_failing_key_does_not_stop_the_others() -> None:
 
     asyncio.run(scenario())
     assert handled == ["good", "also-good"]
+
+
+def test_draining_many_keys_with_nothing_to_do_never_holds_the_event_loop() -> None:
+    """Issue 42, item 3: the webhooks and /healthz share the loop with the workers. Handlers that return
+    at once (a service with nothing to do) must still let another coroutine run between two keys."""
+    handled = 0
+    seen_between: list[int] = []
+
+    async def handle(key: int) -> None:
+        nonlocal handled
+        handled += 1
+
+    async def other() -> None:  # what a webhook request does: wait its turn on the loop
+        while handled < 10_000:
+            seen_between.append(handled)
+            await asyncio.sleep(0)
+
+    async def scenario() -> None:
+        queue: WorkQueue[int] = WorkQueue("test", handle, workers=4)
+        for key in range(10_000):
+            queue.add(key)
+        queue.start()
+        await asyncio.wait_for(asyncio.gather(queue.drained(), other()), 30)
+
+    asyncio.run(scenario())
+    # The other coroutine ran again and again while the keys drained, a few keys apart, not once at the end.
+    gaps = [b - a for a, b in zip(seen_between, seen_between[1:], strict=False)]
+    assert len(seen_between) > 1000 and max(gaps) <= 8, (len(seen_between), max(gaps))
