@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from stormtopo.operator.workqueue import WorkQueue
 
@@ -95,5 +96,5 @@ def test_draining_many_keys_with_nothing_to_do_never_holds_the_event_loop() -> N
 
     asyncio.run(scenario())
     # The other coroutine ran again and again while the keys drained, a few keys apart, not once at the end.
-    gaps = [b - a for a, b in zip(seen_between, seen_between[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(seen_between)]
     assert len(seen_between) > 1000 and max(gaps) <= 8, (len(seen_between), max(gaps))
