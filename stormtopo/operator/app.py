@@ -17,6 +17,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from stormtopo.core.healing import NO_ROOM_RECHECKS
+from stormtopo.core.vocabulary import AIBRIX
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import handlers, healing, metrics, webhook
 from stormtopo.operator.config import VOLCANO_RECHECK_SECONDS, OperatorConfig, parse_args
@@ -24,7 +25,7 @@ from stormtopo.operator.events import IDLE_BEAT, EventRecorder
 from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index
 from stormtopo.operator.leader import Leadership
-from stormtopo.operator.loops import Loop, Loops, run_every
+from stormtopo.operator.loops import Loop, Loops, backoff, run_every
 from stormtopo.operator.node_tier import NODE_TIER_INTERVAL, NODE_TIER_MIN_GAP, NODE_TIER_OFF_INTERVAL, NodeTier
 from stormtopo.operator.optin import OptedInList
 from stormtopo.operator.reconciliation import Reconciler
@@ -201,7 +202,7 @@ async def run(config: OperatorConfig) -> None:
     ready = asyncio.Event()
     probes_runner = await _serve_probes(config, loops, ready)
     kopf_ready = asyncio.Event()
-    registration = asyncio.create_task(_register_when_watching(config, api, ca, kopf_ready, ready))
+    registration = asyncio.create_task(_register_when_watching(config, api, ca, kopf_ready, ready, index))
     try:
         await kopf.operator(registry=registry, clusterwide=True, standalone=True, ready_flag=kopf_ready)
     finally:
@@ -260,9 +261,39 @@ async def _serve_probes(config: OperatorConfig, loops: Loops, ready: asyncio.Eve
     return runner
 
 
-async def _register_when_watching(config: OperatorConfig, api: Api, ca: bytes, kopf_ready: asyncio.Event, ready: asyncio.Event) -> None:
-    """Once kopf watches: register the admission objects (unless Helm manages them), then say ready."""
+CAUGHT_UP_KINDS = (("StormService", "stormservices"), ("RoleSet", "rolesets"))
+
+
+async def catch_up(index: Index, api: Api) -> None:
+    """The first complete list of what the gate and the placement path read (StormServices, RoleSets),
+    a page at a time, into the index: ready means caught up, not merely watching. A failure (the API
+    server away) is logged and retried after a backoff, for as long as it takes: never ready before."""
+    failures = 0
+    while True:
+        try:
+            added = 0
+            for kind, plural in CAUGHT_UP_KINDS:
+                pages = api.pages(api.path(AIBRIX, plural))
+                while (page := await asyncio.to_thread(next, pages, None)) is not None:
+                    added += index.catch_up(kind, page)
+                    await asyncio.sleep(0)  # the webhooks and probes share this loop
+            index.caught_up = True
+            log.info("caught up: %d StormServices and RoleSets listed that the watch had not delivered yet", added)
+            return
+        except Exception as exc:
+            failures += 1
+            delay = backoff(failures)
+            log.warning("the first list of StormServices and RoleSets failed (%s); retrying in %.0f s", exc, delay)
+            await asyncio.sleep(delay)
+
+
+async def _register_when_watching(
+    config: OperatorConfig, api: Api, ca: bytes, kopf_ready: asyncio.Event, ready: asyncio.Event, index: Index
+) -> None:
+    """Once kopf watches and the index has caught up: register the admission objects (unless Helm
+    manages them), then say ready."""
     await kopf_ready.wait()
+    await catch_up(index, api)
     if config.register_webhook:
         ref = config.webhook_service
         service = (ref.namespace, ref.name, ref.port) if ref else None

@@ -150,6 +150,10 @@ class Index:
     _hypernode_changes: int = 0
     _tiers: tuple[int, object, object, ClusterTiers] | None = None  # (_hypernode_changes, podgroup_schema, priority_values, tiers)
     priority_values: tuple[tuple[str, int], ...] = ()  # every PriorityClass's value, read with Volcano's fields
+    # True once the first complete list of StormServices and RoleSets is in (operator/app.py catch_up):
+    # /readyz waits for it, and nothing is judged absent (the stale opted-in keys) before it.
+    caught_up: bool = False
+    _deleted_early: set[tuple[str, Key]] = field(default_factory=set)  # deletions seen before caught up: a list must not revive them
     _priorities_refused: bool = False
     # Node name -> the labels the tree and a release read (hostname, labelMatch keys), read (not watched)
     # by the placement shell when a placement check needs them: regexMatch and labelMatch HyperNodes
@@ -166,6 +170,8 @@ class Index:
         metrics.OBSERVED.labels(kind).inc()
         if deleted:
             self._seen.pop((kind, key_of(obj)), None)
+            if not self.caught_up:
+                self._deleted_early.add((kind, key_of(obj)))
         else:
             self._seen[(kind, key_of(obj))] = self._clock
         if kind == "HyperNode":
@@ -199,6 +205,18 @@ class Index:
     def hypernode_changes(self) -> int:
         """HyperNode events seen so far: what was planned over the HyperNodes is stale once this moves."""
         return self._hypernode_changes
+
+    def catch_up(self, kind: str, page: Iterable[Mapping[str, Any]]) -> int:
+        """One page of the first list of `kind` (StormService or RoleSet): each object the watch has not
+        delivered yet is recorded (an event, newer or a deletion, wins over the list). Returns how many."""
+        store = self._store(kind)
+        added = 0
+        for obj in page:
+            key = key_of(obj)
+            if key not in store and (kind, key) not in self._seen and (kind, key) not in self._deleted_early:
+                self.observe(kind, None, obj)
+                added += 1
+        return added
 
     # -- re-lists ------------------------------------------------------------------------------
     def mark(self) -> int:

@@ -60,6 +60,8 @@ class Reconciler:
         except (KubeError, OSError) as exc:
             log.warning("could not read the opted-in list: %s", exc)
             return
+        if not self.index.caught_up:
+            return  # before the first complete list, a StormService not known yet is no stale one
         present = {opted_in_key(*key): None for key in self.index.stormservices}
         for key in self.opted_in.stale(present):
             namespace, _, name = key.partition(".")

@@ -158,3 +158,46 @@ def test_pods_freed_counts_only_admitted_pods_that_left_a_node() -> None:
     index.observe("Pod", "ADDED", pod("again", "node1"))
     index.observe("Pod", "MODIFIED", pod("again", "node1"))  # already bound: no news
     assert index.pods_bound == 2 and len(moved) == 2
+
+
+def test_the_first_list_fills_in_only_what_the_watch_has_not_delivered() -> None:
+    """Issue 42, item 4: ready means caught up. The first list adds what the watch has not delivered yet;
+    an event (newer, or a deletion) wins over the list, which may be older."""
+    from typing import Any, cast
+
+    from stormtopo.operator.index import Index
+
+    def svc(name: str, version: str) -> dict[str, Any]:
+        return {"kind": "StormService", "metadata": {"name": name, "namespace": "ns", "resourceVersion": version}}
+
+    index = Index(cast(Any, None))
+    index.observe("StormService", "MODIFIED", svc("watched", "9"))
+    index.observe("StormService", None, svc("deleted", "3"))
+    index.observe("StormService", "DELETED", svc("deleted", "4"))
+    listed = [svc("watched", "5"), svc("deleted", "3"), svc("listed-only", "6")]
+    assert index.catch_up("StormService", listed) == 1
+    assert set(index.stormservices) == {("ns", "watched"), ("ns", "listed-only")}
+    assert index.stormservices[("ns", "watched")]["metadata"]["resourceVersion"] == "9"  # the event's, not the list's
+
+
+def test_no_opted_in_key_is_judged_stale_before_the_first_complete_list() -> None:
+    import asyncio
+    from typing import Any, cast
+
+    from stormtopo.operator.index import Index
+    from stormtopo.operator.optin import OptedInList
+    from stormtopo.operator.reconciliation import Reconciler
+
+    class Listed(OptedInList):
+        def refresh(self) -> None:
+            self.listed = {"ns.not-seen-yet": "RoleSet"}
+
+    index = Index(cast(Any, None))
+    listed = Listed(api=cast(Any, None), namespace="stormtopo")
+    reconciler = Reconciler(index, cast(Any, None), cast(Any, None), listed)
+    for _ in range(3):  # three resyncs before the first list is in: nothing judged absent
+        asyncio.run(reconciler.refresh_opted_in())
+    assert listed._absent == set()
+    index.caught_up = True
+    asyncio.run(reconciler.refresh_opted_in())
+    assert listed._absent == {"ns.not-seen-yet"}  # now it counts, once (a second check unlists it)
