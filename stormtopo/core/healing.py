@@ -934,7 +934,8 @@ def _resume(snapshot: HealSnapshot, replica: Replica, move: Mapping[str, Any]) -
 
 def _evictions(snapshot: HealSnapshot, pods: Sequence[Mapping[str, Any]]) -> list[Write]:
     namespace = snapshot.stormservice["metadata"].get("namespace", "")
-    return [EvictPod(namespace, p["metadata"]["name"]) for p in sorted(pods, key=lambda p: p["metadata"]["name"])]
+    ordered = sorted(pods, key=lambda p: p["metadata"]["name"])
+    return [EvictPod(namespace, p["metadata"]["name"], str(p["metadata"].get("uid") or "")) for p in ordered]
 
 
 def _hold(snapshot: HealSnapshot, request: TopologyRequest | None, replica: str, tier: int | None) -> list[Write]:

@@ -76,10 +76,13 @@ class RecordMove:
 
 @dataclass(frozen=True)
 class EvictPod:
-    """Evict a pod through the Eviction API, which honours its PodDisruptionBudgets (a refusal is an error)."""
+    """Evict a pod through the Eviction API, which honours its PodDisruptionBudgets (a refusal is an error).
+    `uid`: the pod decided on; another pod of the same name since (AIBrix reuses a stateful role's pod
+    names) is never evicted in its place."""
 
     namespace: str
     name: str
+    uid: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,9 +143,11 @@ class SetHyperNodeMembers:
 
 @dataclass(frozen=True)
 class DeleteHyperNode:
-    """Delete a tier-0 HyperNode of the node tier that no leaf names any more (one gone already is fine)."""
+    """Delete a tier-0 HyperNode of the node tier that no leaf names any more (one gone already is fine),
+    at the version read: one changed since (by another writer) is not deleted, and read again next pass."""
 
     name: str
+    resource_version: str | None = None
 
 
 Write = (

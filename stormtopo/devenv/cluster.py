@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import secrets
+import shlex
 import shutil
 import ssl
 import subprocess
@@ -199,6 +200,15 @@ def up(
     return state_dir / "kubeconfig"
 
 
+OPERATOR_ARGS_ENV = "STORMTOPO_OPERATOR_ARGS"  # more operator flags, e.g. shorter periods for tests
+
+
+def operator_args() -> tuple[str, ...]:
+    """Flags added to every operator this cluster starts ($STORMTOPO_OPERATOR_ARGS, split as a shell would):
+    the test suite runs the operator with short periods (tests/conftest.py), the demo with the defaults."""
+    return tuple(shlex.split(os.environ.get(OPERATOR_ARGS_ENV, "")))
+
+
 def start_operator(state_dir: Path, timeout: float = 60.0, extra: tuple[str, ...] = ()) -> processes.Tracked:
     """Start stormtopo's operator and webhook for the cluster in `state_dir` (also used to restart it)."""
     ports = json.loads((state_dir / "cluster.json").read_text())["ports"]
@@ -213,6 +223,7 @@ def start_operator(state_dir: Path, timeout: float = 60.0, extra: tuple[str, ...
             f"--webhook-port={ports['operator_webhook']}",
             f"--metrics-port={ports['operator_metrics']}",
             "--webhook-host=127.0.0.1",
+            *operator_args(),
             *extra,
         ],
         env=operator_env(state_dir),

@@ -189,10 +189,15 @@ class Api:
             body["metadata"] = {"resourceVersion": resource_version}
         self.request("PATCH", self.path(VOLCANO_TOPOLOGY, "hypernodes", None, name), body, MERGE_PATCH)
 
-    def delete_hypernode(self, name: str) -> bool:
-        """Delete a HyperNode; False if it was gone already."""
+    def delete_hypernode(self, name: str, resource_version: str | None = None) -> bool:
+        """Delete a HyperNode (at `resource_version`: Conflict if it changed since); False if it was gone already."""
+        body = (
+            {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"resourceVersion": resource_version}}
+            if resource_version
+            else None
+        )
         try:
-            self.request("DELETE", self.path(VOLCANO_TOPOLOGY, "hypernodes", None, name))
+            self.request("DELETE", self.path(VOLCANO_TOPOLOGY, "hypernodes", None, name), body)
             return True
         except ApiError as exc:
             if exc.status == 404:
@@ -221,10 +226,13 @@ class Api:
             meta["resourceVersion"] = resource_version
         return dict(self.request("PATCH", self.path(AIBRIX, "stormservices", namespace, name), {"metadata": meta}, MERGE_PATCH) or {})
 
-    def evict_pod(self, namespace: str, name: str) -> None:
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
         """Evict through the Eviction API, which honours the pod's PodDisruptionBudgets: a refusal is
-        an ApiError with status 429 (or 500 when several budgets cover the pod)."""
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        an ApiError with status 429 (or 500 when several budgets cover the pod). With `uid`, only that
+        pod (Conflict if the pod of that name is another one now)."""
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
         self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
 
     def delete_unbound_pod(self, namespace: str, name: str, resource_version: str) -> None:

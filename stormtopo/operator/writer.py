@@ -79,11 +79,11 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                 await asyncio.to_thread(record_placement, api, write)
             case RecordMove():
                 await asyncio.to_thread(record_placement, api, write, MOVES_ANNOTATION)
-            case EvictPod(namespace, name):
+            case EvictPod(namespace, name, uid):
                 try:
-                    await asyncio.to_thread(api.evict_pod, namespace, name)
-                except NotFound:
-                    continue  # gone already: as good as evicted
+                    await asyncio.to_thread(api.evict_pod, namespace, name, uid)
+                except (NotFound, Conflict):
+                    continue  # gone already, or replaced by a pod of the same name: as good as evicted
                 metrics.EVICTIONS.inc()
             case DeleteUnboundPod(namespace, name, resource_version):
                 try:
@@ -100,9 +100,12 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                 except NotFound:
                     continue  # deleted meanwhile: the next pass plans without it
                 metrics.NODE_TIER_WRITES.labels("update").inc()
-            case DeleteHyperNode(name):
-                if await asyncio.to_thread(api.delete_hypernode, name):
-                    metrics.NODE_TIER_WRITES.labels("delete").inc()
+            case DeleteHyperNode(name, resource_version):
+                try:
+                    if await asyncio.to_thread(api.delete_hypernode, name, resource_version):
+                        metrics.NODE_TIER_WRITES.labels("delete").inc()
+                except Conflict:
+                    log.info("HyperNode %s changed since it was read: not deleted, planned again at the next pass", name)
 
 
 def _delete_unbound(api: Api, namespace: str, name: str, resource_version: str, tries: int = 3) -> None:

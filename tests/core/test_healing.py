@@ -104,6 +104,8 @@ def test_a_soft_replica_above_its_tier_moves_whole_into_the_leaf_that_has_room()
     assert plan.moving is not None and plan.moving.why is Why.SOFT_WIDE
     assert plan.moving.target is not None and plan.moving.target.switch.name == "s0"
     assert evictions(plan) == ["svc-a-decode-0", "svc-a-prefill-0"]  # every pod: the gang is placed again as one
+    # Each eviction names the pod decided on by uid: a later pod of the same name (a stateful role) is not it.
+    assert all(w.uid for w in plan.writes if isinstance(w, EvictPod))
     (moving,) = said(plan, "ReplicaMoving")
     assert "from s4, tier 2 to s0 (tier 1)" in moving and "landed above tier 1" in moving
     records = [w for w in plan.writes if isinstance(w, RecordMove)]

@@ -162,6 +162,9 @@ def test_a_node_filling_up_moves_the_list_in_order_create_update_delete() -> Non
         DeleteHyperNode("b1.node"),
     ]
     assert isinstance(writes[0], CreateHyperNode) and writes[0].body["metadata"]["name"] == "b3.node"
+    # A delete is at the version read: one another writer changed since is not deleted (issue 43, item 5).
+    versioned = [{**h, "metadata": {**h["metadata"], "resourceVersion": "7"}} if h["metadata"]["name"] == "b1.node" else h for h in before]
+    assert DeleteHyperNode("b1.node", "7") in plan_node_tier(versioned, used, GPUS)
     after = applied(before, writes)
     assert tier0(after) == ["a0.node", "b0.node", "b3.node"]
     assert plan_node_tier(after, used, GPUS) == []

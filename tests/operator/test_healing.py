@@ -24,7 +24,7 @@ class RecordingApi:
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
 
-    def evict_pod(self, namespace: str, name: str) -> None:
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
         self.calls.append(("evict", name))
         if name.endswith("-prefill-0"):
             raise ApiError(
@@ -70,7 +70,7 @@ def test_a_replicas_pods_are_evicted_together() -> None:
     evicting = threading.Barrier(2, timeout=10)
 
     class Together(RecordingApi):
-        def evict_pod(self, namespace: str, name: str) -> None:
+        def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
             self.calls.append(("evict", name))
             evicting.wait()
 
@@ -98,7 +98,7 @@ def test_evictions_wait_for_the_move_to_be_recorded_over_what_was_read() -> None
 
 def test_an_error_that_is_no_budget_refusal_leaves_the_move_under_way() -> None:
     class Forbidden(RecordingApi):
-        def evict_pod(self, namespace: str, name: str) -> None:
+        def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
             self.calls.append(("evict", name))
             raise ApiError(403, "POST", "/eviction", '{"kind":"Status","message":"pods \\"x\\" is forbidden"}')
 
@@ -117,7 +117,7 @@ def test_evictions_in_a_namespace_being_deleted_end_the_move_without_a_warning()
     """The namespace goes with everything in it: no HealingRefused (its Event would be refused too), no retry."""
 
     class Terminating(RecordingApi):
-        def evict_pod(self, namespace: str, name: str) -> None:
+        def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
             self.calls.append(("evict", name))
             body = '{"kind":"Status","message":"unable to create new content in namespace ns because it is being terminated",'
             raise ApiError(403, "POST", "/eviction", body + '"details":{"causes":[{"reason":"NamespaceTerminating"}]}}')

@@ -256,7 +256,7 @@ class _HyperNodeApi:
     def set_hypernode_members(self, name: str, members: list, resource_version: str | None = None) -> None:  # type: ignore[type-arg]
         self.calls.append(("update", name))
 
-    def delete_hypernode(self, name: str) -> bool:
+    def delete_hypernode(self, name: str, resource_version: str | None = None) -> bool:
         self.calls.append(("delete", name))
         return True
 

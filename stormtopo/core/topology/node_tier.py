@@ -365,7 +365,9 @@ def plan_node_tier(
         for m in (hn.get("spec") or {}).get("members") or []
         if m.get("type") == "HyperNode"
     }
-    deletes: list[Write] = [DeleteHyperNode(name) for name in sorted(ours) if name not in named]
+    deletes: list[Write] = [
+        DeleteHyperNode(name, (current[name].get("metadata") or {}).get("resourceVersion")) for name in sorted(ours) if name not in named
+    ]
     return creates + updates + deletes
 
 
