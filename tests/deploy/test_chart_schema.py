@@ -78,3 +78,11 @@ def test_every_list_the_operator_follows_by_watch_is_granted_watch() -> None:
     for resource in ("pods", "nodes", "hypernodes", "podgroups"):
         verbs = {v for rule in role["rules"] if resource in rule["resources"] for v in rule["verbs"]}
         assert {"list", "watch"} <= verbs, (resource, verbs)
+
+
+def test_the_chart_refuses_a_kubernetes_without_the_admission_policies_it_installs() -> None:
+    """Issue 45, item 1: the chart's ValidatingAdmissionPolicies are admissionregistration.k8s.io/v1, GA in
+    Kubernetes 1.30: Helm refuses an older cluster up front, rather than install and fail at the apply."""
+    old = helm("template", "x", str(CHART), "--kube-version", "1.29.9")
+    assert old.returncode != 0 and "kubeVersion" in old.stderr and "1.30" in old.stderr, old.stderr
+    assert helm("template", "x", str(CHART), "--kube-version", "1.30.0").returncode == 0
