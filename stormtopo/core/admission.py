@@ -18,6 +18,7 @@ from stormtopo.core.ownership import stormservice_name
 from stormtopo.core.podgroup import carries_constraint as carries_constraint  # the webhook's import
 from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_name
 from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of
+from stormtopo.core.switches import switched_on
 from stormtopo.core.vocabulary import (
     ADMITTED_LABEL,
     DEFAULT_SCHEDULERS,
@@ -157,7 +158,7 @@ def admit_pod(
     if role:
         values[TASK_SPEC_ANNOTATION] = role
     patch = set_annotations(pod, values) + set_labels(pod, {ADMITTED_LABEL: "true"})
-    if scope is Scope.ROLESET and _annotation(stormservice, PREFER_SAME_NODE) == "true":
+    if scope is Scope.ROLESET and switched_on(stormservice, PREFER_SAME_NODE):
         patch += prefer_replica_peers(pod, group)
     if (
         isinstance(request, TopologyRequest)

@@ -39,6 +39,7 @@ from stormtopo.core.podgroup import desired_fields
 from stormtopo.core.priority import replica_priority
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, valid_request
 from stormtopo.core.room import Resident, freed, placed_elsewhere
+from stormtopo.core.switches import switched_on
 from stormtopo.core.topology.selectors import label_requirements
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, LEND_ROOM_ANNOTATION, PLACEMENT_ANNOTATION, REVISION_LABEL, ROLE_LABEL
@@ -102,7 +103,7 @@ def lends_room(stormservice: Mapping[str, Any]) -> bool:
 
 def not_lending(stormservice: Mapping[str, Any]) -> str:
     """Why a service lends no room ("" if it does: see lends_room)."""
-    if str(_annotations(stormservice).get(LEND_ROOM_ANNOTATION, "")).strip().lower() != "true":
+    if not switched_on(stormservice, LEND_ROOM_ANNOTATION):
         return f'it did not opt in to lending room ({LEND_ROOM_ANNOTATION}: "true")'
     if not wants_healing(stormservice):
         return f'it lends room only with healing ({HEAL_ANNOTATION}: "true")'

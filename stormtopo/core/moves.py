@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stormtopo.core.request import Mode, Scope, TierLimit, TopologyRequest
+from stormtopo.core.switches import switch_problem, switched_on
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, MOVES_ANNOTATION, REQUEST_ANNOTATION, SCOPE
 
 HOLD = 120.0  # seconds: a moving gang still not bound this long after its move is let go (the healer settles it)
@@ -34,22 +35,17 @@ MOVE_DEADLINE = 600.0  # seconds: a move not settled by then no longer holds its
 
 
 def asks_healing(stormservice: Mapping[str, Any] | None) -> bool:
-    """`stormtopo.io/heal: "true"` (any case, spaces around): the service lets stormtopo move its replicas."""
-    annotations = ((stormservice or {}).get("metadata") or {}).get("annotations") or {}
-    return str(annotations.get(HEAL_ANNOTATION, "")).strip().lower() == "true"
+    """`stormtopo.io/heal: "true"` (core/switches.py): the service lets stormtopo move its replicas."""
+    return switched_on(stormservice, HEAL_ANNOTATION)
 
 
 def heal_annotation_problem(stormservice: Mapping[str, Any], scope_is_roleset: bool) -> str | None:
     """What is wrong with a StormService's stormtopo.io/heal annotation, if anything: healing then stays
     off, and the request's Event says why (a typo must not pass for "off" in silence)."""
-    annotations = (stormservice.get("metadata") or {}).get("annotations") or {}
-    if HEAL_ANNOTATION not in annotations:
-        return None
-    value = str(annotations[HEAL_ANNOTATION]).strip().lower()
-    if value not in ("true", "false"):
-        given = annotations[HEAL_ANNOTATION]
-        return f'annotation {HEAL_ANNOTATION}: {given!r} is not understood, healing stays off; accepted: "true" or "false"'
-    if value == "true" and not scope_is_roleset:
+    problem = switch_problem(stormservice, HEAL_ANNOTATION)
+    if problem is not None:
+        return problem
+    if asks_healing(stormservice) and not scope_is_roleset:
         return (
             f"annotation {HEAL_ANNOTATION} applies to scope RoleSet only (each replica its own gang); "
             "with scope StormService, healing stays off"

@@ -25,7 +25,8 @@ from stormtopo.core.podgroup import (
     withdraw,
 )
 from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of
-from stormtopo.core.vocabulary import REQUEST_ANNOTATION
+from stormtopo.core.switches import SWITCHES, switch_problem
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, REQUEST_ANNOTATION
 from stormtopo.core.writes import CreatePodGroup, ListOptedIn, PatchPodGroup, PostEvent, Say, Write
 
 
@@ -100,9 +101,10 @@ def _verdict(snapshot: ServiceSnapshot, request: TopologyRequest | RequestError 
             return text, Say("Warning", "TopologyNotEnforceable", text)
         text = f"network-topology request accepted: {request.describe()}"
         heal = heal_annotation_problem(snapshot.stormservice, request.scope is Scope.ROLESET)
-        if heal is not None:
-            text += f"; {heal}"
-            return text, Say("Warning", "InvalidHealAnnotation", text)
+        others = [p for key in SWITCHES if key != HEAL_ANNOTATION and (p := switch_problem(snapshot.stormservice, key))]
+        if heal is not None or others:
+            text += "; " + "; ".join([*([heal] if heal else []), *others])
+            return text, Say("Warning", "InvalidHealAnnotation" if heal is not None else "InvalidAnnotation", text)
         return text, Say("Normal", "TopologyRequest", text)
     return None, None
 

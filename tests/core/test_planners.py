@@ -525,3 +525,21 @@ def test_the_webhook_lets_go_of_a_service_that_no_longer_asks_for_healing() -> N
     assert admitted(moving(SOFT2_HEAL)) == HELD
     assert admitted(moving({MODE: "soft", HIGHEST_TIER: "2"})) == AS_ASKED
     assert admitted(moving({**SOFT2_HEAL, "stormtopo.io/heal": "no"})) == AS_ASKED
+
+
+def test_a_lend_room_or_prefer_same_node_typo_is_said_and_stays_off() -> None:
+    """Issue 44, item 3: one rule for the three on/off annotations; a typo is said, never silently off."""
+    from stormtopo.core.healing import lends_room
+    from stormtopo.core.switches import switched_on
+
+    typo = service({**HARD1, "stormtopo.io/lend-room": "yes", "stormtopo.io/prefer-same-node": "on"})
+    plan = plan_stormservice(ServiceSnapshot(typo, (replica(),), {}, TIERS))
+    assert plan.say is not None and plan.say.reason == "InvalidAnnotation" and plan.say.type == "Warning"
+    assert "stormtopo.io/lend-room: 'yes' is not understood, it lends no room" in plan.say.message
+    assert "stormtopo.io/prefer-same-node: 'on' is not understood" in plan.say.message
+    assert not lends_room(typo) and not switched_on(typo, "stormtopo.io/prefer-same-node")
+    # The same rule everywhere: "True" is on for each (prefer-same-node was case-sensitive before).
+    upper = service({**HARD1, "stormtopo.io/prefer-same-node": " True "})
+    assert switched_on(upper, "stormtopo.io/prefer-same-node")
+    said = plan_stormservice(ServiceSnapshot(upper, (replica(),), {}, TIERS)).say
+    assert said is not None and said.reason == "TopologyRequest"
