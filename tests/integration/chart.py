@@ -169,7 +169,8 @@ class InstalledOperator:
             for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         ]
         sa = service_account_kubeconfig(self.state, self.directory)
-        argv = [sys.executable, "-m", "stormtopo.operator", f"--kubeconfig={sa}", "--webhook-host=127.0.0.1", *args]
+        # The chart's flags, then the test suite's shorter periods (dev.operator_args(); the last flag wins).
+        argv = [sys.executable, "-m", "stormtopo.operator", f"--kubeconfig={sa}", "--webhook-host=127.0.0.1", *args, *dev.operator_args()]
         operator = processes.start(self.state, "operator", argv, env=dev.operator_env(self.state))
         DevCluster.wait(
             lambda: operator.alive() and http_ok(f"http://127.0.0.1:{ports['operator_metrics']}/readyz"),

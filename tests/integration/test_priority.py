@@ -91,3 +91,25 @@ def test_a_high_priority_hard_replica_preempts_exactly_one_leafs_batch_pods(
     expected = {name for name, (_, node) in before.items() if node in leaf_nodes}
     assert gone == expected, f"preempted {sorted(gone)}; the leaf {domain.name} held {sorted(expected)}"
     assert len(gone) == 4
+
+
+def test_without_the_annotations_volcanos_preempt_still_takes_room_for_it(
+    cluster: DevCluster, topology: Topology, namespace: str, priority_classes: None
+) -> None:
+    """Issue 41, item 5: a cluster that runs Volcano's preempt keeps it for every job without a topology.
+    The same full cluster and replica, not opted in, its class named where AIBrix copies it to the
+    PodGroup (its scheduling strategy): Volcano's preempt makes room, wherever it finds it."""
+    nodes = len(topology.nodes)
+    before = fill_with_batch(cluster, namespace, nodes)
+    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
+    service = stormservice("plain", namespace, roles)
+    service["spec"]["template"]["spec"]["schedulingStrategy"]["volcanoSchedulingStrategy"]["priorityClassName"] = HIGH
+    cluster.create(service)
+    placed = cluster.bound_pods(namespace, "storm-service-name=plain", 2, timeout=120)
+    running = [p for p in cluster.pods(namespace, BATCH) if not p["metadata"].get("deletionTimestamp")]
+    left = {p["metadata"]["name"]: p["metadata"]["uid"] for p in running}
+    gone = sorted(name for name, (uid, _) in before.items() if left.get(name) != uid)
+    assert len(gone) >= 4, gone  # two whole nodes freed
+    domain = topology.lowest_common_switch(node_names(placed))
+    where = domain.name if domain else "?"
+    print(f"\n  without stormtopo: {len(gone)} batch pods preempted; the replica on {node_names(placed)}, under {where}")

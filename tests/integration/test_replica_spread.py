@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from stormtopo.core.spread import SPREAD_GIVE_UP
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REPLICA_SPREAD_TIER
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import filler_pod, stormservice
-from tests.conftest import stormtopo
+from tests.conftest import TEST_PERIODS, stormtopo
 from tests.integration.chart import InstalledOperator
 
 
@@ -100,9 +99,10 @@ def test_a_replica_let_go_where_volcano_cannot_place_it_is_held_again_and_placed
 ) -> None:
     """Leaves s2 and s3 full, s1's nodes tainted (free by GPUs, closed to the pods): the first replica lands
     in s0; the second is let go with s0 kept out, where only s1 has GPUs, and Volcano cannot place it.
-    Past SPREAD_GIVE_UP its unbound pods are deleted (as installed: the policy delete-unbound-only), made
-    again by AIBrix, and let go with nothing kept out: it lands in s0 beside the first, with a
-    ReplicaSpreadUnplaced and a ReplicasShareDomain Warning. No bound pod was deleted."""
+    Past the give-up (--spread-give-up, as the tests run the operator) its unbound pods are deleted (as
+    installed: the policy delete-unbound-only), made again by AIBrix, and let go with nothing kept out: it
+    lands in s0 beside the first, with a ReplicaSpreadUnplaced and a ReplicasShareDomain Warning. No bound
+    pod was deleted."""
     name = f"held-again-{namespace}"
     for node in ("node4", "node5", "node6", "node7"):
         cluster.create(filler_pod(f"busy-{node}", namespace, node, 8))
@@ -120,7 +120,9 @@ def test_a_replica_let_go_where_volcano_cannot_place_it_is_held_again_and_placed
         def said(reason: str) -> list[str]:
             return [e["message"] for e in cluster.events(namespace, name) if e["reason"] == reason]
 
-        unplaced = cluster.wait(lambda: said("ReplicaSpreadUnplaced"), SPREAD_GIVE_UP + 90, "a ReplicaSpreadUnplaced Warning")
+        unplaced = cluster.wait(
+            lambda: said("ReplicaSpreadUnplaced"), TEST_PERIODS["spread-give-up"] + 90, "a ReplicaSpreadUnplaced Warning"
+        )
         assert "spread over tier 1" in unplaced[0] and "made again" in unplaced[0], unplaced
         leaves = replicas_by_leaf(cluster, topology, namespace, name, 2)
         assert sorted(leaves.values()) == ["s0", "s0"], leaves
