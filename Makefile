@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit integration bench bench-quick bench-sim bench-heal binaries prometheus clean soak compat lock
+.PHONY: demo test lint unit integration bench bench-quick bench-sim bench-preempt bench-heal binaries prometheus clean soak compat lock
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,12 @@ bench-quick: binaries
 # `python -m bench sim --help` for smaller runs (--nodes 1024=16 --starts empty --settings shipped).
 bench-sim: $(BIN)/.installed
 	$(BIN)/python -m bench sim
+
+# Preemption (issue 41 item 3): Volcano v1.15.1's gangpreempt on fragmented 64- and 1,024-node clusters in the
+# simulator, its victims against the exact minimum (HiGHS). bench/results/preemption.{json,md}; see BENCHMARKS.md
+# "Preemption: victims against the minimum". `python -m bench preemption --quick`: 64 nodes only, seconds.
+bench-preempt: $(BIN)/.installed
+	$(BIN)/python -m bench preemption
 
 # Everything, about an hour on 2 cores (58.5 min on 2026-12-03): 256 nodes, placement on 1,024, the two PodGroup
 # expressions on 1,024, 1,000 StormServices on 1,024, admission with pending gangs, 4,096 nodes.

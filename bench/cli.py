@@ -202,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1, help="replicas per scheduling session (default 1)")
     p.add_argument("--opening", default=None, help="the node tier's rule (default: stormtopo's)")
     p = add(
+        "preemption",
+        run_preemption,
+        "Volcano's gangpreempt on fragmented clusters: its victims against the exact minimum (no cluster).",
+        "preemption[-quick].json, .md",
+    )
+    _size(p, {"quick": "64 nodes, 3 seeds", "full": "64 nodes x 20 seeds and 1,024 nodes x 10 seeds, about 2 minutes"}, "full")
+    p = add(
         "sim-packing",
         run_sim_packing,
         "the packing full run (64 nodes) in the simulator, per stream and opening rule.",
@@ -459,4 +466,16 @@ def run_sim_packing(args: argparse.Namespace, command: str) -> int:
     text = sim.packing_table(result)
     path.with_suffix(".md").write_text(text + "\n")
     print(text)
+    return 0
+
+
+def run_preemption(args: argparse.Namespace, command: str) -> int:
+    from bench import preemption
+
+    result = preemption.run(args.size)
+    path = record.write(args.name or ("preemption" if args.size == "full" else "preemption-quick"), command, result, indent=1)
+    text = preemption.table(result["rows"])
+    path.with_suffix(".md").write_text(text + "\n")
+    print(text)
+    _print_json(preemption.headline(result))
     return 0

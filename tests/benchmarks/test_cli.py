@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "expressions",
     "scale",
     "admission",
+    "preemption",
     "scale-nodes",
     "foreign-pods",
     "heal",
