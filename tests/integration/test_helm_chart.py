@@ -313,8 +313,9 @@ def _tree(admin: DevCluster) -> None:
 def test_service_account_writes_only_the_node_tiers_hypernodes(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
     """Issue 33, item 8: as the chart's ServiceAccount, deleting a HyperNode that is not a tier-0 one of the
     node tier, changing a leaf's tier or labels, creating a tier-0 HyperNode with a foreign label, or
-    adding a regex member are refused; creating its own tier-0 HyperNode and swapping a leaf's node for it
-    (and back) are allowed."""
+    adding a regex member are refused, and so are (issue 43) a node's tier-0 HyperNode named in a spine or in
+    another leaf (a second parent), a node added to another leaf, or one taken out of its leaf; creating its
+    own tier-0 HyperNode and swapping a leaf's node for it (and back) are allowed."""
     state, admin = chart_cluster
     install(state, render("nodeTier.enabled=true"))
     sa = service_account_kubeconfig(state, tmp_path)
@@ -349,6 +350,16 @@ def test_service_account_writes_only_the_node_tiers_hypernodes(chart_cluster: tu
         regex = [*admin.custom.get_cluster_custom_object("topology.volcano.sh", "v1alpha1", "hypernodes", "leaf-b")["spec"]["members"]]
         regex.append({"type": "Node", "selector": {"regexMatch": {"pattern": ".*"}}})
         assert _refused(patch("leaf-b", {"spec": {"members": regex}}))
+
+        # Issue 43, item 2: never a second parent, never a node taken out of its leaf.
+        leaf_b = admin.custom.get_cluster_custom_object("topology.volcano.sh", "v1alpha1", "hypernodes", "leaf-b")["spec"]["members"]
+        w0_node = {"type": "HyperNode", "selector": {"exactMatch": {"name": "w0.node"}}}
+        spine_members = [{"type": "HyperNode", "selector": {"exactMatch": {"name": "leaf-a"}}}, w0_node]
+        second_parent = patch("spine-x", {"spec": {"members": spine_members}})
+        assert _refused(second_parent) and "never the set of nodes under it" in second_parent.stderr, second_parent.stderr
+        assert _refused(patch("leaf-b", {"spec": {"members": [*leaf_b, w0_node]}}))  # w0's tier-0 HyperNode in another leaf
+        assert _refused(patch("leaf-b", {"spec": {"members": [*leaf_b, node]}}))  # w0 itself in another leaf
+        assert _refused(patch("leaf-b", {"spec": {"members": leaf_b[:1]}}))  # a node taken out
 
         created = as_sa("create", "-f", "-", stdin=json.dumps(mine))
         assert created.returncode == 0, created.stderr
