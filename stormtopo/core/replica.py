@@ -20,7 +20,7 @@ from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, plan_placed, plan_release, recorded_placement
 from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
-from stormtopo.core.spread import SPREAD_GIVE_UP, Replica, plan_spread, shared_domain, spread_tier
+from stormtopo.core.spread import SPREAD_GIVE_UP, Replica, kept_out_left_behind, plan_spread, shared_domain, spread_tier
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import ADMITTED_LABEL, GROUP_NAME_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL, TASK_SPEC_ANNOTATION
 from stormtopo.core.writes import AdoptPod, PostEvent, RecordPlacement, Say, Write
@@ -206,6 +206,7 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
         writes += spread.writes
         writes += spread.held_again  # and said only once its pods are deleted:
         writes += tuple(PostEvent(snapshot.stormservice, say) for say in spread.says)
+    writes += kept_out_left_behind(request, snapshot.topology, replica)  # a spread no longer asked for leaves nothing behind
     let_go = {w.name for w in spread.writes} if spread else set()
     held = tuple(p for p in state.held if p["metadata"]["name"] not in let_go)  # (the rest: routers, released below)
     if held:

@@ -268,6 +268,23 @@ def _unplaced(
     return SpreadPlan(settling=rest, unspread=unspread | {replica.name}, held_again=deletes, says=(say,))
 
 
+def kept_out_left_behind(request: TopologyRequest | None, topology: Topology, replica: Replica) -> tuple[DeleteUnboundPod, ...]:
+    """A replica let go with its siblings' domains kept out, when no spread applies any more (the owner
+    removed it, opted out, or the request turned invalid): its unbound pods keep an affinity that nothing
+    will take back, and may wait for ever. They are deleted (at the version read, never a bound one;
+    none while a pod of its gang is bound), AIBrix makes them again, and they go without it."""
+    if spread_tier(request, topology) is not None:
+        return ()
+    members = replica.members(request)
+    if any((p.get("spec") or {}).get("nodeName") for p in members):
+        return ()
+    return tuple(
+        DeleteUnboundPod(p["metadata"].get("namespace", ""), p["metadata"]["name"], str(p["metadata"]["resourceVersion"]))
+        for p in members
+        if _kept_out_of(p) and not (p.get("spec") or {}).get("nodeName") and p["metadata"].get("resourceVersion")
+    )
+
+
 def _kept_out_of(pod: Mapping[str, Any]) -> bool:
     """The pod was let go with domains kept out (its release labelled it so): a node affinity of the
     user's own is never taken for stormtopo's."""

@@ -445,3 +445,27 @@ def test_a_replica_let_go_with_domains_kept_out_and_not_placed_is_held_again_onc
     snapshot = placed.replica_snapshot(("ns", "svc-a"), NOW)
     assert snapshot is not None
     assert plan_replica(replace(snapshot, unspread=frozenset({"svc-a"})), ReplicaMemory()).unspread == frozenset()
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {MODE: "hard", HIGHEST_TIER: "1"},  # the spread removed
+        {},  # opted out
+        {MODE: "hard", HIGHEST_TIER: "9"},  # the request turned invalid
+    ],
+)
+def test_a_replica_let_go_with_domains_kept_out_leaves_nothing_behind_once_no_spread_applies(annotations: dict[str, str]) -> None:
+    """Issue 43, item 5: its unbound pods keep an affinity nothing would take back; they are deleted at the
+    version read (AIBrix makes them again, without it), at once, not past a give-up. None while a pod of
+    its gang is bound."""
+    index = index_of(*let_go_kept_out_of("svc-a", ["node0", "node1"]), annotations=annotations)
+    deletes = {w for w in plan_for(index).writes if isinstance(w, DeleteUnboundPod)}
+    assert deletes == {DeleteUnboundPod("ns", "svc-a-p", "41"), DeleteUnboundPod("ns", "svc-a-d", "41")}
+    # Still spread: the give-up decides (nothing deleted 10 s after it was let go).
+    spreading = index_of(*let_go_kept_out_of("svc-a", ["node0", "node1"]))
+    assert not [w for w in plan_for(spreading, settling={"svc-a": NOW - 10}).writes if isinstance(w, DeleteUnboundPod)]
+    # A pod of its gang bound: the rest may be binding now, nothing is deleted.
+    objects = let_go_kept_out_of("svc-a", ["node0", "node1"])
+    objects[1]["spec"]["nodeName"] = "node4"
+    assert not [w for w in plan_for(index_of(*objects, annotations=annotations)).writes if isinstance(w, DeleteUnboundPod)]
