@@ -51,7 +51,7 @@ from bench import kvflow
 from bench.fabric import fabric_yaml, fragmentation
 from bench.leaf_optimum import most_within_leaves
 from bench.packing import SHAPES, WEIGHTS, Leaves, _canonical, tree_of
-from stormtopo.core.healing import COOLDOWN
+from stormtopo.core.cooldown import COOLDOWN
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, MODE

@@ -14,20 +14,15 @@ from typing import Any
 from rich.console import Console
 
 from stormtopo.commands.report import NotFound, cluster_view, print_report
-from stormtopo.core.healing import (
-    Block,
-    HealMemory,
-    HealPlan,
-    HealSnapshot,
-    Replica,
-    Why,
-    plan_healing,
-    resident,
-    tier_to_heal,
-    wants_healing,
-)
+from stormtopo.core.heal_plan import HealMemory, HealPlan
+from stormtopo.core.heal_replica import Replica
+from stormtopo.core.heal_request import tier_to_heal, wants_healing
+from stormtopo.core.heal_snapshot import HealSnapshot
+from stormtopo.core.healing import plan_healing
+from stormtopo.core.lending import resident
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.room import Resident, room_by_moving
+from stormtopo.core.verdict import Block, Why
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, PLACEMENT_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator.room import NodeRoom

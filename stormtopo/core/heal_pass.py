@@ -11,7 +11,7 @@ pass. A stranded service that does not ask for healing is said where it would fi
 waiting pods.
 
 The pass's reading of free room (HealPass.free) is taken once, at the first service read, less the
-targets of moves under way whose pods are not placed yet (core/healing.py set_aside); a move begun in
+targets of moves under way whose pods are not placed yet (core/cluster_moves.py set_aside); a move begun in
 the pass takes its target for the rest of it. Its moves count against the cluster's cap at once, before
 the index shows them (HealPass.moving_elsewhere). A service looked at is read by the shell and planned
 in one call (plan_service: core/healing.py over the pass's room and moves), which returns the pass as it
@@ -28,35 +28,21 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from stormtopo.core.healing import (
-    MOVE_DEADLINE,
-    Block,
-    HealMemory,
-    HealPlan,
-    HealSnapshot,
-    MakeRoom,
-    Replica,
-    Why,
-    is_being_deleted,
-    making_room_under_way,
-    may_need_healing,
-    moving_in_cluster,
-    pending_since,
-    placed_since,
-    plan_healing,
-    plan_stranded,
-    resident,
-    room_made_for,
-    room_of,
-    set_aside,
-    wants_healing,
-    wide_replica,
-)
+from stormtopo.core.cluster_moves import is_being_deleted, moving_in_cluster, placed_since, set_aside
+from stormtopo.core.heal_plan import HealMemory, HealPlan
+from stormtopo.core.heal_replica import Replica
+from stormtopo.core.heal_request import may_need_healing, wants_healing
+from stormtopo.core.heal_snapshot import HealSnapshot
+from stormtopo.core.heal_target import room_of
+from stormtopo.core.healing import MOVE_DEADLINE, plan_healing, plan_stranded
+from stormtopo.core.lending import MakeRoom, making_room_under_way, resident, room_made_for, wide_replica
 from stormtopo.core.node_fit import NodeFacts
 from stormtopo.core.priority import replica_priority
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.room import Resident, Room, resident_key, room_by_moving
+from stormtopo.core.stranded import pending_since
 from stormtopo.core.topology.tree import Topology
+from stormtopo.core.verdict import Block, Why
 from stormtopo.core.writes import Write
 
 ServiceKey = tuple[str, str]  # (namespace, StormService)

@@ -3,9 +3,9 @@ another StormService that lends room out of the way.
 
 Lending is the lender's choice, and costs it at most one replica at a time: only a service that opted in
 (`stormtopo.io/lend-room: "true"`, with healing) is ever moved for another, never below max(1, replicas
-- 1) ready replicas, and a service with one replica never (core/healing.py lends_room, lender_budget);
+- 1) ready replicas, and a service with one replica never (core/lending.py lends_room, core/disruption.py lender_budget);
 a service never makes room for its own wide replica. One move to make room per wide replica within the
-cool-down, read back from the lenders' move records (core/healing.py room_made_for), so that a new
+cool-down, read back from the lenders' move records (core/lending.py room_made_for), so that a new
 leader does not make room again for a replica the last one already made room for.
 
 In a fragmented cluster the room a wide replica needs is often there in pieces: a leaf would hold it

@@ -16,7 +16,7 @@ import kopf
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from stormtopo.core.healing import NO_ROOM_RECHECKS
+from stormtopo.core.cooldown import NO_ROOM_RECHECKS
 from stormtopo.core.vocabulary import AIBRIX
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator import handlers, healing, metrics, webhook

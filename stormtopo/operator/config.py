@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from stormtopo.core.healing import COOLDOWN, MAX_MOVING, STRANDED_AFTER
+from stormtopo.core.cluster_moves import MAX_MOVING
+from stormtopo.core.cooldown import COOLDOWN
 from stormtopo.core.spread import SPREAD_GIVE_UP
+from stormtopo.core.stranded import STRANDED_AFTER
 from stormtopo.operator.loops import HANG_SECONDS
 
 HEAL_INTERVAL = 10.0  # seconds between two healing passes

@@ -25,6 +25,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stormtopo.core.cluster_moves import MAX_MOVING
+from stormtopo.core.cooldown import COOLDOWN, NO_ROOM_RECHECK
 from stormtopo.core.heal_pass import (
     WIDE_TRIED,
     HealerMemory,
@@ -42,19 +44,13 @@ from stormtopo.core.heal_pass import (
     plan_service,
     wide_waiting,
 )
-from stormtopo.core.healing import (
-    COOLDOWN,
-    MAX_MOVING,
-    NO_ROOM_RECHECK,
-    STRANDED_AFTER,
-    HealMemory,
-    HealPlan,
-    HealSnapshot,
-    MakeRoom,
-    Replica,
-    plan_refused,
-)
+from stormtopo.core.heal_plan import HealMemory, HealPlan
+from stormtopo.core.heal_replica import Replica
+from stormtopo.core.heal_snapshot import HealSnapshot
+from stormtopo.core.healing import plan_refused
+from stormtopo.core.lending import MakeRoom
 from stormtopo.core.room import Resident
+from stormtopo.core.stranded import STRANDED_AFTER
 from stormtopo.core.topology.node_tier import node_tier_members
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.writes import EvictPod, RecordMove, Write

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from stormtopo.core.healing import Why
+from stormtopo.core.verdict import Why
 from stormtopo.operator.loops import Loops
 
 ADMISSION_SECONDS = Histogram(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from stormtopo.commands.heal import render, rooms_made
-from stormtopo.core.healing import HealMemory, plan_healing
+from stormtopo.core.heal_plan import HealMemory
+from stormtopo.core.healing import plan_healing
 from stormtopo.core.room import Resident
 from tests.core.test_healing import BUSY, SOFT1, WIDE, service, snap
 

@@ -20,8 +20,11 @@ from stormtopo.core.heal_pass import (
     plan_look,
     plan_service,
 )
-from stormtopo.core.healing import HealMemory, HealPlan, MakeRoom, Verdict, Why, plan_healing, wide_replica
+from stormtopo.core.heal_plan import HealMemory, HealPlan
+from stormtopo.core.healing import plan_healing
+from stormtopo.core.lending import MakeRoom, wide_replica
 from stormtopo.core.room import Resident
+from stormtopo.core.verdict import Verdict, Why
 from stormtopo.core.vocabulary import MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from tests.core.test_healing import NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, service, snap, stamp
 

@@ -12,21 +12,16 @@ from typing import Any
 import pytest
 
 from stormtopo.core.capabilities import cluster_tiers
-from stormtopo.core.healing import (
-    BACKOFF,
-    NO_ROOM_RECHECK,
-    Block,
-    HealMemory,
-    HealSnapshot,
-    Replica,
-    Why,
-    may_need_healing,
-    plan_healing,
-    plan_refused,
-    replica_budget,
-)
+from stormtopo.core.cooldown import BACKOFF, NO_ROOM_RECHECK
+from stormtopo.core.disruption import replica_budget
+from stormtopo.core.heal_plan import HealMemory
+from stormtopo.core.heal_replica import Replica
+from stormtopo.core.heal_request import may_need_healing
+from stormtopo.core.heal_snapshot import HealSnapshot
+from stormtopo.core.healing import plan_healing, plan_refused
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
+from stormtopo.core.verdict import Block, Why
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import EvictPod, PatchPodGroup, PostEvent, RecordMove
 from stormtopo.devenv.workloads import Role, stormservice
@@ -118,7 +113,8 @@ def test_no_new_move_while_as_many_replicas_move_in_the_cluster_as_may_at_once()
     """Issue 34, item 5: after a leaf or power outage, not one replica of every service restarted together."""
     import dataclasses
 
-    from stormtopo.core.healing import Block, moving_in_cluster
+    from stormtopo.core.cluster_moves import moving_in_cluster
+    from stormtopo.core.verdict import Block
 
     capped = dataclasses.replace(snap(service(SOFT1), WIDE), moving_elsewhere=2, max_moving=2)
     plan = plan_healing(capped, HealMemory())
@@ -139,7 +135,8 @@ def test_records_a_tenant_can_forge_take_no_more_of_the_cap_than_its_own_healing
     """A StormService's owner can write stormtopo.io/moves: what it writes there counts in the cluster-wide
     facts only on a service that asks for healing, with a readable start not in the future, and at most
     one move per service (the healer moves one replica of a service at a time)."""
-    from stormtopo.core.healing import making_room_under_way, moving_in_cluster, room_made_for
+    from stormtopo.core.cluster_moves import moving_in_cluster
+    from stormtopo.core.lending import making_room_under_way, room_made_for
 
     now_moving = {"toTier": 1, "at": stamp(NOW - 10)}
     two = json.dumps({"a": now_moving, "b": now_moving})
@@ -396,7 +393,8 @@ def test_a_gang_still_unplaced_after_the_hold_is_let_go_soft_and_its_cool_down_d
 def test_after_three_moves_that_did_not_land_it_is_given_up_with_one_warning() -> None:
     """Issue 34, item 4: not a restart every 4 hours forever. The misses count across moves (each new
     record carries them), a landed move starts afresh, and the third miss stops the moves."""
-    from stormtopo.core.healing import GIVE_UP_AFTER, Block
+    from stormtopo.core.cooldown import GIVE_UP_AFTER
+    from stormtopo.core.verdict import Block
 
     svc = service(SOFT1)
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps(
@@ -507,7 +505,7 @@ def test_nowhere_to_go_quiets_the_service_for_a_while() -> None:
 
 
 def test_a_move_under_way_takes_its_target_so_no_second_service_is_moved_into_the_same_room() -> None:
-    from stormtopo.core.healing import set_aside
+    from stormtopo.core.cluster_moves import set_aside
 
     svc = service(SOFT1)
     plan = plan_healing(snap(svc, WIDE), HealMemory())
@@ -575,7 +573,7 @@ def test_a_stranded_hard_replica_moves_whole_into_a_domain_that_holds_it() -> No
     """Issue 35, item 2: a pod Pending past the threshold in a domain that cannot hold it, while another
     leaf holds the whole replica: every pod of it is evicted (the running prefill too) and the gang is
     held within that leaf's tier."""
-    from stormtopo.core.healing import STRANDED_AFTER
+    from stormtopo.core.stranded import STRANDED_AFTER
 
     snapshot = HealSnapshot(service(HARD1), (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
     plan = plan_healing(snapshot, HealMemory())
@@ -628,7 +626,8 @@ def test_a_stranded_hard_replica_moves_whole_into_a_domain_that_holds_it() -> No
 
 
 def test_without_healing_a_stranded_replica_is_said_once_with_where_it_would_fit() -> None:
-    from stormtopo.core.healing import STRANDED_AFTER, plan_stranded
+    from stormtopo.core.healing import plan_stranded
+    from stormtopo.core.stranded import STRANDED_AFTER
 
     svc = service({MODE: "hard", HIGHEST_TIER: "1"})
     snapshot = HealSnapshot(svc, (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)

@@ -404,7 +404,7 @@ def test_the_listing_and_the_event_are_writes_carried_out_first() -> None:
 
 
 def test_a_heal_annotation_that_is_not_understood_is_said_and_healing_stays_off() -> None:
-    from stormtopo.core.healing import wants_healing
+    from stormtopo.core.heal_request import wants_healing
 
     typo = service({**HARD1, "stormtopo.io/heal": "yes"})
     plan = plan_stormservice(ServiceSnapshot(typo, (replica(),), {}, TIERS))
@@ -529,7 +529,7 @@ def test_the_webhook_lets_go_of_a_service_that_no_longer_asks_for_healing() -> N
 
 def test_a_lend_room_or_prefer_same_node_typo_is_said_and_stays_off() -> None:
     """Issue 44, item 3: one rule for the three on/off annotations; a typo is said, never silently off."""
-    from stormtopo.core.healing import lends_room
+    from stormtopo.core.lending import lends_room
     from stormtopo.core.switches import switched_on
 
     typo = service({**HARD1, "stormtopo.io/lend-room": "yes", "stormtopo.io/prefer-same-node": "on"})

@@ -8,21 +8,15 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from stormtopo.core.healing import (
-    Block,
-    HealMemory,
-    HealSnapshot,
-    MakeRoom,
-    Replica,
-    Why,
-    lender_budget,
-    plan_healing,
-    resident,
-    room_made_for,
-    wide_replica,
-)
+from stormtopo.core.disruption import lender_budget
+from stormtopo.core.heal_plan import HealMemory
+from stormtopo.core.heal_replica import Replica
+from stormtopo.core.heal_snapshot import HealSnapshot
+from stormtopo.core.healing import plan_healing
+from stormtopo.core.lending import MakeRoom, resident, room_made_for, wide_replica
 from stormtopo.core.packing import domains_at_tier
 from stormtopo.core.room import Resident, room_by_moving, take
+from stormtopo.core.verdict import Block, Why
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, LEND_ROOM_ANNOTATION, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import EvictPod, PostEvent, RecordMove
 from stormtopo.devenv.workloads import Role, stormservice
@@ -164,7 +158,7 @@ ORDER = MakeRoom("small-0", "StormService ns/svc replica svc-a", "s0")
 
 
 def plan_for(svc: dict[str, Any], free_gpus: dict[str, int], order: MakeRoom | None = ORDER, *others: Replica) -> Any:
-    from stormtopo.core.healing import HealSnapshot
+    from stormtopo.core.heal_snapshot import HealSnapshot
 
     replicas = (small_replica("node0", "node0"), *(others or (SIBLING,)))
     return plan_healing(HealSnapshot(svc, replicas, TIERS, TOPOLOGY, free_gpus, now=NOW, make_room=order), HealMemory())
@@ -203,7 +197,7 @@ def test_a_replica_not_ready_is_not_moved_to_make_room() -> None:
     svc = small_service()
     rs = small_replica("node0", "node0")
     unready = replace(rs, pods=tuple({**p, "status": {"phase": "Running", "conditions": []}} for p in rs.pods))
-    from stormtopo.core.healing import HealSnapshot
+    from stormtopo.core.heal_snapshot import HealSnapshot
 
     plan = plan_healing(
         HealSnapshot(svc, (unready, SIBLING), TIERS, TOPOLOGY, free(node0=6, node4=4), now=NOW, make_room=ORDER), HealMemory()

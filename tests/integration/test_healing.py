@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from stormtopo.core.healing import COOLDOWN
+from stormtopo.core.cooldown import COOLDOWN
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE
 from stormtopo.devenv.client import DevCluster, node_names

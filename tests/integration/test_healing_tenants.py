@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from stormtopo.core.healing import COOLDOWN
+from stormtopo.core.cooldown import COOLDOWN
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.topology.tree import Topology

@@ -11,7 +11,9 @@ from typing import Any, cast
 
 import pytest
 
-from stormtopo.core.healing import BACKOFF, HealMemory, plan_healing
+from stormtopo.core.cooldown import BACKOFF
+from stormtopo.core.heal_plan import HealMemory
+from stormtopo.core.healing import plan_healing
 from stormtopo.core.vocabulary import MOVES_ANNOTATION
 from stormtopo.kube.errors import ApiError
 from stormtopo.operator.healing import Healer
@@ -178,7 +180,7 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
     import time
 
     from stormtopo.core.heal_pass import HealPass
-    from stormtopo.core.healing import HealPlan
+    from stormtopo.core.heal_plan import HealPlan
     from stormtopo.core.room import Resident
     from stormtopo.operator.healing import Healed
     from tests.core.test_healing import TIERS, TOPOLOGY, free
@@ -198,7 +200,7 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
             return {}
 
         async def node_facts(self) -> None:
-            return None  # not read: every node counts (core/healing.py room_of)
+            return None  # not read: every node counts (core/heal_target.py room_of)
 
     class Probe(Healer):
         async def _residents(self, waiting: set[Any], now: float) -> list[Any]:
@@ -229,7 +231,7 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
 
 
 def test_a_resident_refused_by_its_own_plan_is_followed_by_the_next_and_room_is_made_once() -> None:
-    from stormtopo.core.healing import Verdict, Why
+    from stormtopo.core.verdict import Verdict, Why
 
     services: dict[Any, Any] = {}
     healer = making_room_healer(services, [None, Verdict("small-0", "s0, tier 0", Why.MAKE_ROOM)])
@@ -245,7 +247,9 @@ def test_room_made_once_per_wide_replica_survives_a_leader_change() -> None:
     """A new leader (nothing in memory) reads the limit back from the lender's move record."""
     import time
 
-    from stormtopo.core.healing import COOLDOWN, MOVE_DEADLINE, Verdict, Why
+    from stormtopo.core.cooldown import COOLDOWN
+    from stormtopo.core.healing import MOVE_DEADLINE
+    from stormtopo.core.verdict import Verdict, Why
 
     made = {("other", "small"): lender_record("small-0", WIDE_SVC_A, time.time() - 60)}
     healer = making_room_healer(made, [Verdict("second-0", "s1, tier 1", Why.MAKE_ROOM)])

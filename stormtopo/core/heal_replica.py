@@ -1,0 +1,83 @@
+"""A replica as healing reads it (Replica): one RoleSet and every pod carrying its label; which of them
+are its own, live, bound and ready, where they run and what they hold there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stormtopo.core.gang import gpus_per_pod, replica_pods
+from stormtopo.core.node_fit import pod_requests
+from stormtopo.core.placement import is_live
+from stormtopo.core.stranded import pending_since
+from stormtopo.core.vocabulary import ROLE_LABEL
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One RoleSet and every pod carrying its label, as read from the API."""
+
+    roleset: Mapping[str, Any]
+    pods: tuple[Mapping[str, Any], ...]
+
+    @property
+    def name(self) -> str:
+        return str(self.roleset["metadata"]["name"])
+
+    def own(self) -> list[Mapping[str, Any]]:
+        """Its pods: those the RoleSet controls, where the RoleSet's uid is known (another tool's pod
+        that copies AIBrix's labels is never evicted); by label otherwise."""
+        uid = (self.roleset.get("metadata") or {}).get("uid")
+        if not uid:
+            return list(self.pods)
+        return [p for p in self.pods if any(o.get("uid") == uid for o in (p.get("metadata") or {}).get("ownerReferences") or [])]
+
+    def live(self) -> list[Mapping[str, Any]]:
+        return [p for p in self.own() if is_live(p)]
+
+    def bound(self) -> list[Mapping[str, Any]]:
+        return [p for p in self.live() if (p.get("spec") or {}).get("nodeName")]
+
+    def pending_since(self) -> float | None:
+        """When the longest-waiting of its pods was created, if some of its pods run and that one is not
+        bound (a replacement Volcano keeps in the gang's domain); None otherwise."""
+        return pending_since(self.live())
+
+    def wanted(self) -> list[int]:
+        return replica_pods(self.roleset.get("spec") or {})
+
+    def complete(self) -> bool:
+        """Exactly the pods it should have are bound, and none is on its way out (a finished pod left
+        behind, say one the kubelet evicted, is neither); surge pods of a rollout are not complete."""
+        terminating = any((p.get("metadata") or {}).get("deletionTimestamp") for p in self.own())
+        return bool(self.wanted()) and len(self.bound()) == len(self.wanted()) == len(self.live()) and not terminating
+
+    def ready(self) -> bool:
+        return self.complete() and all(_is_ready(p) for p in self.bound())
+
+    def nodes(self) -> list[str]:
+        return sorted(p["spec"]["nodeName"] for p in self.bound())
+
+    def requests_by_node(self) -> dict[str, dict[str, int]]:
+        """What its bound pods request per node, every resource (milli-units): free again once it moves."""
+        held: dict[str, dict[str, int]] = {}
+        for pod in self.bound():
+            on = held.setdefault(pod["spec"]["nodeName"], {})
+            for resource, amount in pod_requests(pod["spec"]).items():
+                on[resource] = on.get(resource, 0) + amount
+        return held
+
+    def gpus_by_node(self) -> dict[str, int]:
+        """What its bound pods hold per node: free again once it moves."""
+        per_role = gpus_per_pod(self.roleset.get("spec") or {})
+        held: dict[str, int] = {}
+        for pod in self.bound():
+            role = ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL, "")
+            held[pod["spec"]["nodeName"]] = held.get(pod["spec"]["nodeName"], 0) + per_role.get(role, 0)
+        return held
+
+
+def _is_ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (pod.get("status") or {}).get("conditions") or [])
