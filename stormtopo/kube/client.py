@@ -21,10 +21,38 @@ from stormtopo.core.gang import gpu_count
 from stormtopo.core.packing import takes_new_pods
 from stormtopo.core.vocabulary import AIBRIX, GPU, ROLESET_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.credentials import Credentials, CredentialsError, IssuedCredential, load_credentials, materialize
-from stormtopo.kube.errors import ApiError, ApiUnavailable, Conflict, KubeError, NotFound
+from stormtopo.kube.errors import (
+    ApiError,
+    ApiUnavailable,
+    Conflict,
+    Forbidden,
+    Gone,
+    Invalid,
+    KubeError,
+    NotFound,
+    ServerError,
+    TooManyRequests,
+    Unauthorized,
+)
 
 # Where callers found these before credentials and errors had modules of their own.
-__all__ = ["Api", "ApiError", "ApiUnavailable", "Conflict", "Credentials", "CredentialsError", "IssuedCredential", "KubeError", "NotFound"]
+__all__ = [
+    "Api",
+    "ApiError",
+    "ApiUnavailable",
+    "Conflict",
+    "Credentials",
+    "CredentialsError",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "IssuedCredential",
+    "KubeError",
+    "NotFound",
+    "ServerError",
+    "TooManyRequests",
+    "Unauthorized",
+]
 
 USER_AGENT = "stormtopo-operator"
 JSON = "application/json"
@@ -97,10 +125,8 @@ class Api:
     def get(self, group_version: tuple[str, str], plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
             return dict(self.request("GET", self.path(group_version, plural, namespace, name)))
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
 
     def list_objects(
         self, group_version: tuple[str, str], plural: str, namespace: str | None = None, label_selector: str = ""
@@ -163,8 +189,10 @@ class Api:
         try:
             self.request("POST", self.path(VOLCANO_SCHEDULING, "podgroups", body["metadata"]["namespace"]), body)
             return True
-        except ApiError as exc:
-            if exc.status == 409 or exc.namespace_terminating:
+        except Conflict:
+            return False
+        except Forbidden as exc:
+            if exc.namespace_terminating:
                 return False
             raise
 
@@ -176,10 +204,8 @@ class Api:
         try:
             self.request("POST", self.path(VOLCANO_TOPOLOGY, "hypernodes"), body)
             return True
-        except ApiError as exc:
-            if exc.status == 409:
-                return False
-            raise
+        except Conflict:
+            return False
 
     def set_hypernode_members(self, name: str, members: list[dict[str, Any]], resource_version: str | None = None) -> None:
         """Merge-patch a HyperNode's spec.members (a list: replaced whole), nothing else of it; with
@@ -199,10 +225,8 @@ class Api:
         try:
             self.request("DELETE", self.path(VOLCANO_TOPOLOGY, "hypernodes", None, name), body)
             return True
-        except ApiError as exc:
-            if exc.status == 404:
-                return False
-            raise
+        except NotFound:
+            return False
 
     def server_side_apply(self, path: str, body: dict[str, Any], field_manager: str = "stormtopo") -> None:
         """Create or update an object by server-side apply: stormtopo owns exactly the fields it sets."""

@@ -1,10 +1,16 @@
-"""What a request to the API server can fail with, typed as kopf types them: callers catch NotFound or
-Conflict where either is an answer, ApiUnavailable where the server could not be reached, and KubeError
-for any of them."""
+"""What a request to the API server can fail with, typed as kopf types them: callers catch NotFound,
+Conflict, Forbidden, Gone, Invalid, TooManyRequests or ServerError where one is an answer, ApiUnavailable
+where the server could not be reached, and KubeError for any of them. Built in one place (ApiError.of):
+nothing else compares HTTP statuses by number or reads the response's words to decide."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import urllib3
+
+DISRUPTION_BUDGET_CAUSE = "DisruptionBudget"  # policy/v1 DisruptionBudgetCause: an eviction a budget forbids
 
 
 class KubeError(Exception):
@@ -23,14 +29,59 @@ class ApiError(KubeError, RuntimeError):
 
     @staticmethod
     def of(status: int, method: str, path: str, body: str) -> ApiError:
-        """The typed error for a status: NotFound, Conflict, or ApiError itself."""
-        kind = {404: NotFound, 409: Conflict}.get(status, ApiError)
+        """The typed error for a status (ApiError itself for one without a type of its own)."""
+        kinds: dict[int, type[ApiError]] = {
+            401: Unauthorized,
+            403: Forbidden,
+            404: NotFound,
+            409: Conflict,
+            410: Gone,
+            422: Invalid,
+            429: TooManyRequests,
+        }
+        kind = kinds.get(status, ServerError if status >= 500 else ApiError)
         return kind(status, method, path, body)
+
+    @property
+    def status_object(self) -> dict[str, Any]:
+        """The API server's Status object ({} when the body is not one)."""
+        try:
+            parsed = json.loads(self.body)
+        except ValueError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+
+    @property
+    def reason(self) -> str:
+        """The Status object's machine-readable reason (NamespaceTerminating is a cause, not a reason)."""
+        return str(self.status_object.get("reason") or "")
+
+    @property
+    def causes(self) -> list[str]:
+        """The Status object's cause types (details.causes[].type; reason for older servers)."""
+        details = self.status_object.get("details") or {}
+        return [str(c.get("type") or c.get("reason") or "") for c in details.get("causes") or [] if isinstance(c, dict)]
 
     @property
     def namespace_terminating(self) -> bool:
         """Nothing can be created in a namespace being deleted; whatever needed it goes with it."""
-        return self.status == 403 and "NamespaceTerminating" in self.body
+        return self.status == 403 and ("NamespaceTerminating" in self.causes or "NamespaceTerminating" in self.body)
+
+    @property
+    def refused_by_budget(self) -> bool:
+        """An eviction a PodDisruptionBudget forbids: 429 with the DisruptionBudget cause, or the 500 the
+        Eviction API answers for a pod under more than one budget (that one has no cause to read)."""
+        if self.status == 429:
+            return DISRUPTION_BUDGET_CAUSE in self.causes or "disruption budget" in self.body.lower()
+        return self.status == 500 and "poddisruptionbudget" in self.body.lower()
+
+
+class Unauthorized(ApiError):
+    """HTTP 401: the credentials were not accepted."""
+
+
+class Forbidden(ApiError):
+    """HTTP 403: RBAC or an admission policy refused it (or the namespace is being deleted)."""
 
 
 class NotFound(ApiError):
@@ -39,6 +90,22 @@ class NotFound(ApiError):
 
 class Conflict(ApiError):
     """HTTP 409: it exists already, or it changed since the resourceVersion the request carried."""
+
+
+class Gone(ApiError):
+    """HTTP 410: a watch's resourceVersion is too old; list again."""
+
+
+class Invalid(ApiError):
+    """HTTP 422: the object is not valid (or a precondition it carried no longer holds)."""
+
+
+class TooManyRequests(ApiError):
+    """HTTP 429: API priority and fairness, or an eviction a budget forbids (refused_by_budget)."""
+
+
+class ServerError(ApiError):
+    """HTTP 5xx: the server failed, or is starting (503)."""
 
 
 class ApiUnavailable(KubeError, urllib3.exceptions.HTTPError):

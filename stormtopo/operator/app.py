@@ -18,7 +18,7 @@ from prometheus_client import generate_latest
 
 from stormtopo.core.cooldown import NO_ROOM_RECHECKS
 from stormtopo.core.vocabulary import AIBRIX
-from stormtopo.kube.client import Api, ApiError
+from stormtopo.kube.client import Api, NotFound
 from stormtopo.operator import handlers, healing, metrics, webhook
 from stormtopo.operator.config import VOLCANO_RECHECK_SECONDS, OperatorConfig, parse_args
 from stormtopo.operator.events import IDLE_BEAT, EventRecorder
@@ -107,9 +107,7 @@ def detect_volcano(index: Index) -> bool:
     index.detect_volcano_fields()  # a missing PodGroup CRD reads as no topology fields
     try:
         index.prime()
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
+    except NotFound:
         log.warning("HyperNode CRD (topology.volcano.sh) not installed: is Volcano? Checking again soon")
         return False
     return True

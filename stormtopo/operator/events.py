@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stormtopo.kube.client import Api, ApiError, ApiUnavailable
+from stormtopo.kube.client import Api, ApiError, ApiUnavailable, ServerError, TooManyRequests
 from stormtopo.operator.loops import Loop, backoff
 
 log = logging.getLogger("stormtopo.events")
@@ -72,7 +72,7 @@ class EventRecorder:
                 loop.succeeded()
                 return
             except ApiError as exc:
-                if exc.status < 500 and exc.status != 429:
+                if not isinstance(exc, (ServerError, TooManyRequests)):
                     log.warning("could not post %s event on %s: %s", event["reason"], event["involvedObject"]["name"], exc)
                     return
                 failures += 1

@@ -54,7 +54,7 @@ from stormtopo.core.stranded import STRANDED_AFTER
 from stormtopo.core.topology.node_tier import node_tier_members
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.writes import EvictPod, RecordMove, Write
-from stormtopo.kube.client import Api, ApiError, Conflict
+from stormtopo.kube.client import Api, ApiError, Conflict, Forbidden, Invalid
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key
@@ -65,14 +65,14 @@ __all__ = ["Healed", "Healer", "is_budget_refusal", "record_moves", "status_mess
 
 log = logging.getLogger("stormtopo.healing")
 
-REFUSED_STATUSES = (403, 422)  # RBAC, or an admission webhook or policy: not a budget, not an outage
+REFUSED = (Forbidden, Invalid)  # RBAC, or an admission webhook or policy: not a budget, not an outage
 
 
 def is_budget_refusal(exc: ApiError) -> bool:
     """The Eviction API's answers when a PodDisruptionBudget forbids it: 429 with the budget's message,
     or 500 for a pod under several budgets. Anything else (RBAC, API priority and fairness, a server
     error) is no refusal: the move stays under way and the next pass resumes it."""
-    return "disruption budget" in exc.body.lower() or "poddisruptionbudget" in exc.body.lower()
+    return exc.refused_by_budget
 
 
 def status_message(exc: ApiError) -> str:
@@ -314,7 +314,7 @@ class Healer:
         for write, error in failed:
             if (write, error) not in refused:
                 log.warning("evicting pod %s/%s failed: %s", write.namespace, write.name, error)
-        forbidden = [(w, e) for w, e in failed if isinstance(e, ApiError) and e.status in REFUSED_STATUSES and (w, e) not in refused]
+        forbidden = [(w, e) for w, e in failed if isinstance(e, REFUSED) and (w, e) not in refused]
         if forbidden:  # said once a pass, whatever the number of pods: the move stays under way
             self._refused(snapshot.stormservice, "eviction", f"evicting pod {forbidden[0][0].name}", forbidden[0][1])
         if not refused:
@@ -350,9 +350,7 @@ class Healer:
                 "%s/%s changed since it was read; its moves are planned again at the next pass", writes[0].namespace, writes[0].stormservice
             )
             return False
-        except ApiError as exc:
-            if exc.status not in REFUSED_STATUSES:
-                raise
+        except REFUSED as exc:
             self._refused(stormservice, "record", f"writing its move record ({MOVES_ANNOTATION})", exc)
             return False
         if updated:

@@ -30,7 +30,7 @@ from stormtopo.core.vocabulary import (
     VOLCANO_SCHEDULING,
     VOLCANO_TOPOLOGY,
 )
-from stormtopo.kube.client import Api, ApiError
+from stormtopo.kube.client import Api, Forbidden, NotFound, Unauthorized
 from stormtopo.operator import metrics
 
 log = logging.getLogger(__name__)
@@ -350,9 +350,7 @@ class Index:
         class first by name (core/priority.py), once a warning is logged."""
         try:
             classes = self.api.list_objects(("scheduling.k8s.io", "v1"), "priorityclasses")
-        except ApiError as exc:
-            if exc.status not in (401, 403, 404):
-                raise
+        except (Unauthorized, Forbidden, NotFound) as exc:
             if not self._priorities_refused:
                 log.warning("PriorityClasses cannot be read (%s): roles at different classes get the first by name", exc.status)
             self._priorities_refused = True

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from stormtopo.kube.client import Api, ApiError, micro_time
+from stormtopo.kube.client import Api, Conflict, micro_time
 from stormtopo.operator.loops import Loop, backoff, failure_reason
 
 log = logging.getLogger("stormtopo.leader")
@@ -198,10 +198,8 @@ class Leadership:
             try:
                 self.api.create_lease(body)
                 return True
-            except ApiError as race:
-                if race.status == 409:
-                    return False
-                raise
+            except Conflict:
+                return False
         self._observed = observe(self._observed, lease, time.monotonic())
         if held_by_another(self._observed, lease, self.identity, self.duration, time.monotonic()):
             return False
@@ -213,7 +211,5 @@ class Leadership:
         try:
             self.api.replace_lease(lease)  # carries resourceVersion
             return True
-        except ApiError as exc:
-            if exc.status == 409:  # someone else renewed or took it first
-                return False
-            raise
+        except Conflict:  # someone else renewed or took it first
+            return False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -23,7 +24,7 @@ from stormtopo.core.request import ClusterTiers
 from stormtopo.core.uninstall import ClusterSnapshot, plan_uninstall
 from stormtopo.core.vocabulary import ADMITTED_LABEL, AIBRIX, OPTED_IN_CONFIGMAP, PODGROUP_CRD, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNodeMembers
-from stormtopo.kube.client import MERGE_PATCH, Api, ApiError, KubeError
+from stormtopo.kube.client import MERGE_PATCH, Api, KubeError, NotFound
 from stormtopo.operator import webhook
 from stormtopo.operator.writer import HyperNodeWritesRefused, execute, execute_hypernode_writes
 
@@ -35,10 +36,8 @@ def snapshot(api: Api) -> ClusterSnapshot:
     def listed(group: tuple[str, str], plural: str, selector: str = "") -> tuple[dict[str, Any], ...]:
         try:
             return tuple(api.list_objects(group, plural, label_selector=selector))
-        except ApiError as exc:
-            if exc.status == 404:  # that CRD is not installed: nothing of it to undo
-                return ()
-            raise
+        except NotFound:  # that CRD is not installed: nothing of it to undo
+            return ()
 
     hypernodes = listed(VOLCANO_TOPOLOGY, "hypernodes")
     tiers: ClusterTiers = cluster_tiers(list(hypernodes), api.crd_schema(PODGROUP_CRD) or {})
@@ -74,11 +73,8 @@ def stop_deployment(api: Api, namespace: str, name: str, timeout: float = STOP_T
 
 
 def delete_opted_in_list(api: Api, namespace: str) -> None:
-    try:
+    with contextlib.suppress(NotFound):
         api.request("DELETE", api.path(("", "v1"), "configmaps", namespace, OPTED_IN_CONFIGMAP))
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
 
 
 PASSES = 5  # looks at the cluster, each over a fresh snapshot, before the uninstall gives up

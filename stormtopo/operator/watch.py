@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.kube.client import PAGE_SIZE, Api, ApiError, NotFound
+from stormtopo.kube.client import PAGE_SIZE, Api, ApiError, Forbidden, Gone, NotFound, Unauthorized
 from stormtopo.kube.watch import READ_SLACK, WatchStreams
 from stormtopo.operator.index import Key, key_of
 from stormtopo.operator.loops import Loop, backoff
@@ -119,9 +119,9 @@ class ListWatch:
                     self._handle(event)
                     loop.succeeded()
         except ApiError as exc:
-            if exc.status == 410:
+            if isinstance(exc, Gone):
                 raise Expired() from exc
-            if exc.status in (401, 403):
+            if isinstance(exc, (Unauthorized, Forbidden)):
                 # Refused (RBAC granting list but not watch, a token rotated): the next try lists again,
                 # so a reading never stays frozen at its last list while the loop fails.
                 self.resource_version = ""

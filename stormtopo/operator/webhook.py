@@ -31,7 +31,7 @@ from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carrie
 from stormtopo.core.optin import admission_policy, opted_in_configmap, requests_topology_condition
 from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
-from stormtopo.kube.client import Api, ApiError
+from stormtopo.kube.client import Api, NotFound
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index
 from stormtopo.operator.optin import Gate, OptedInList
@@ -260,8 +260,5 @@ def unregister(api: Api, objects: list[dict[str, Any]]) -> None:
     """Delete what `register` created (uninstall without the chart); one gone already is fine."""
     for obj in objects:
         meta = obj["metadata"]
-        try:
+        with contextlib.suppress(NotFound):
             api.request("DELETE", _PATHS[obj["kind"]].format(namespace=meta.get("namespace", ""), name=meta["name"]))
-        except ApiError as exc:
-            if exc.status != 404:
-                raise

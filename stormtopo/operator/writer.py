@@ -28,7 +28,7 @@ from stormtopo.core.writes import (
     SetHyperNodeMembers,
     Write,
 )
-from stormtopo.kube.client import Api, ApiError, Conflict, KubeError, NotFound
+from stormtopo.kube.client import Api, ApiError, Conflict, Forbidden, Invalid, KubeError, NotFound
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.optin import OptedInList
@@ -65,9 +65,7 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                     await asyncio.to_thread(api.patch_pod, namespace, name, [dict(op) for op in ops])
                 except NotFound:
                     continue  # gone
-                except ApiError as exc:
-                    if exc.status != 422:
-                        raise
+                except Invalid as exc:
                     # Released already (its "test" op failed), or a patch the API server refuses: say which.
                     log.warning("pod %s/%s not patched: %s", namespace, name, exc)
             case AdoptPod(namespace, name, labels, annotations):
@@ -88,9 +86,7 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
             case DeleteUnboundPod(namespace, name, resource_version):
                 try:
                     await asyncio.to_thread(_delete_unbound, api, namespace, name, resource_version)
-                except ApiError as exc:
-                    if exc.status not in (403, 422):
-                        raise
+                except (Forbidden, Invalid) as exc:
                     log.warning("pod %s/%s not deleted to be held again (refused): %s", namespace, name, exc)
             case CreateHyperNode():
                 await _create_ours(api, write)

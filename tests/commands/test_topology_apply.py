@@ -34,7 +34,7 @@ class RecordingApi(Api):
         name = body["metadata"]["name"] if method == "POST" else path.rsplit("/", 1)[-1]
         dry_run = query.get("dryRun") == "All"
         if self.refuse(method, name, dry_run):
-            raise ApiError(422, method, path, '{"kind":"Status","message":"admission webhook denied: no ' + name + '"}')
+            raise ApiError.of(422, method, path, '{"kind":"Status","message":"admission webhook denied: no ' + name + '"}')
         self.sent.append((method, name, dry_run))
         return None
 

@@ -102,7 +102,7 @@ def test_an_error_that_is_no_budget_refusal_leaves_the_move_under_way() -> None:
     class Forbidden(RecordingApi):
         def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
             self.calls.append(("evict", name))
-            raise ApiError(403, "POST", "/eviction", '{"kind":"Status","message":"pods \\"x\\" is forbidden"}')
+            raise ApiError.of(403, "POST", "/eviction", '{"kind":"Status","message":"pods \\"x\\" is forbidden"}')
 
     api = Forbidden()
     said: list[str] = []
@@ -122,7 +122,7 @@ def test_evictions_in_a_namespace_being_deleted_end_the_move_without_a_warning()
         def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
             self.calls.append(("evict", name))
             body = '{"kind":"Status","message":"unable to create new content in namespace ns because it is being terminated",'
-            raise ApiError(403, "POST", "/eviction", body + '"details":{"causes":[{"reason":"NamespaceTerminating"}]}}')
+            raise ApiError.of(403, "POST", "/eviction", body + '"details":{"causes":[{"reason":"NamespaceTerminating"}]}}')
 
     api = Terminating()
     said: list[str] = []
@@ -139,7 +139,7 @@ def test_a_move_record_the_policy_refuses_moves_nothing_and_says_so() -> None:
     class Refusing(RecordingApi):
         def annotate_stormservice(self, namespace: str, name: str, key: str, value: str, version: str | None = None) -> dict[str, Any]:
             self.calls.append(("annotate", key, value))
-            raise ApiError(422, "PATCH", "/stormservices/svc", '{"kind":"Status","message":"denied by rel-stormtopo-own-keys-only"}')
+            raise ApiError.of(422, "PATCH", "/stormservices/svc", '{"kind":"Status","message":"denied by rel-stormtopo-own-keys-only"}')
 
     api = Refusing()
     said: list[tuple[str, str]] = []

@@ -9,7 +9,20 @@ from typing import Any
 import pytest
 import urllib3
 
-from stormtopo.kube.client import Api, ApiError, ApiUnavailable, Conflict, KubeError, NotFound
+from stormtopo.kube.client import (
+    Api,
+    ApiError,
+    ApiUnavailable,
+    Conflict,
+    Forbidden,
+    Gone,
+    Invalid,
+    KubeError,
+    NotFound,
+    ServerError,
+    TooManyRequests,
+    Unauthorized,
+)
 from stormtopo.operator.app import health_response
 from stormtopo.operator.events import EventRecorder
 from stormtopo.operator.loops import BACKOFF_CAP, HANG_SECONDS, Loop, Loops, backoff, stuck
@@ -33,9 +46,9 @@ def test_while_the_api_server_is_away_retries_wait_at_most_five_seconds() -> Non
     loop = Loop("watch", 1.0, started=0.0)
     delays = [loop.failed(ApiUnavailable("GET", "/api/v1/pods", "refused")) for _ in range(8)]
     assert max(delays) == 5.0
-    assert loop.failed(ApiError(503, "GET", "/apis", "not ready")) == 5.0
+    assert loop.failed(ApiError.of(503, "GET", "/apis", "not ready")) == 5.0
     other = Loop("x", 1.0, started=0.0)
-    assert max(other.failed(ApiError(403, "PATCH", "/apis", "forbidden")) for _ in range(8)) == BACKOFF_CAP
+    assert max(other.failed(ApiError.of(403, "PATCH", "/apis", "forbidden")) for _ in range(8)) == BACKOFF_CAP
 
 
 def test_an_iteration_under_way_is_stuck_only_after_the_hang_limit() -> None:
@@ -64,7 +77,7 @@ def test_a_loop_that_fails_for_ever_is_not_stuck_and_logs_once_per_reason(
             calls.append(1)
             now[0] += 100.0  # each attempt far apart: 30 attempts span more than any stale limit
             if len(calls) <= 25:
-                raise ApiError(500, "PATCH", f"/apis/topology.volcano.sh/v1alpha1/hypernodes/s{len(calls)}", "webhook refused")
+                raise ApiError.of(500, "PATCH", f"/apis/topology.volcano.sh/v1alpha1/hypernodes/s{len(calls)}", "webhook refused")
             raise ApiUnavailable("GET", "/api/v1/pods", "connection refused")
 
         loop = loops.every("node-tier", 0.001, refused)
@@ -331,8 +344,28 @@ def test_transport_errors_are_one_typed_error_and_statuses_have_their_own() -> N
         _api(_Answering(409)).request("PUT", "/x")
     with pytest.raises(ApiError) as other:
         _api(_Answering(500)).request("GET", "/x")
-    assert type(other.value) is ApiError and isinstance(other.value, KubeError)
+    assert isinstance(other.value, ServerError) and isinstance(other.value, KubeError)
+    kinds = {401: Unauthorized, 403: Forbidden, 410: Gone, 422: Invalid, 429: TooManyRequests, 503: ServerError}
+    for status, kind in kinds.items():  # each answer typed in one place (ApiError.of): no status compared by number
+        with pytest.raises(kind):
+            _api(_Answering(status)).request("GET", "/x")
+    with pytest.raises(ApiError) as teapot:
+        _api(_Answering(418)).request("GET", "/x")
+    assert type(teapot.value) is ApiError
     assert _api(_Answering(404)).get(("", "v1"), "pods", "ns", "gone") is None
+
+
+def test_an_eviction_refused_by_a_budget_is_read_from_its_cause_not_its_words() -> None:
+    from stormtopo.kube.errors import DISRUPTION_BUDGET_CAUSE
+
+    body = json.dumps(
+        {"kind": "Status", "reason": "TooManyRequests", "details": {"causes": [{"type": DISRUPTION_BUDGET_CAUSE, "message": "x"}]}}
+    )
+    assert ApiError.of(429, "POST", "/eviction", body).refused_by_budget
+    assert not ApiError.of(429, "POST", "/eviction", json.dumps({"kind": "Status", "reason": "TooManyRequests"})).refused_by_budget  # APF
+    several = "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+    assert ApiError.of(500, "POST", "/eviction", json.dumps({"kind": "Status", "message": several})).refused_by_budget
+    assert not ApiError.of(403, "POST", "/eviction", body).refused_by_budget
 
 
 def test_an_event_waits_out_an_unavailable_api_server_and_a_refused_one_is_dropped() -> None:
@@ -346,7 +379,7 @@ def test_an_event_waits_out_an_unavailable_api_server_and_a_refused_one_is_dropp
         def create_event(self, event: dict[str, Any], instance: str) -> None:
             self.calls += 1
             if event["reason"] == "Refused":
-                raise ApiError(403, "POST", "/events", "namespace is being terminated")
+                raise ApiError.of(403, "POST", "/events", "namespace is being terminated")
             if self.calls <= 2:
                 raise ApiUnavailable("POST", "/events", "connection refused")
             self.posted.append(event["reason"])

@@ -247,7 +247,7 @@ class _HyperNodeApi:
         if name == self.refuse:
             from stormtopo.kube.client import ApiError
 
-            raise ApiError(503, "POST", "/hypernodes", "webhook unavailable")
+            raise ApiError.of(503, "POST", "/hypernodes", "webhook unavailable")
         return name != self.taken
 
     def get(self, *args: object) -> dict:  # type: ignore[type-arg]

@@ -58,7 +58,7 @@ class FakeLeases:
 
     def create_lease(self, body: dict[str, Any]) -> None:
         if self.lease is not None:
-            raise ApiError(409, "POST", "leases", "exists")
+            raise ApiError.of(409, "POST", "leases", "exists")
         self.version += 1
         self.lease = copy.deepcopy(body)
         self.lease["metadata"]["resourceVersion"] = str(self.version)
@@ -67,7 +67,7 @@ class FakeLeases:
         self._block()
         assert self.lease is not None
         if body["metadata"]["resourceVersion"] != self.lease["metadata"]["resourceVersion"]:
-            raise ApiError(409, "PUT", "leases", "conflict")
+            raise ApiError.of(409, "PUT", "leases", "conflict")
         self.version += 1
         self.lease = copy.deepcopy(body)
         self.lease["metadata"]["resourceVersion"] = str(self.version)

@@ -24,7 +24,7 @@ class FakeIndex:
 
     def prime(self) -> None:
         if not self.installed:
-            raise ApiError(404, "GET", "/apis/topology.volcano.sh/v1alpha1/hypernodes", "404 page not found")
+            raise ApiError.of(404, "GET", "/apis/topology.volcano.sh/v1alpha1/hypernodes", "404 page not found")
         self.hypernodes["s0"] = {}
 
 
@@ -39,7 +39,7 @@ def test_a_missing_hypernode_crd_is_a_warning_not_a_crash(caplog: pytest.LogCapt
 def test_other_api_errors_are_not_hidden() -> None:
     class Forbidden(FakeIndex):
         def prime(self) -> None:
-            raise ApiError(403, "GET", "/apis/topology.volcano.sh/v1alpha1/hypernodes", "forbidden")
+            raise ApiError.of(403, "GET", "/apis/topology.volcano.sh/v1alpha1/hypernodes", "forbidden")
 
     with pytest.raises(ApiError):
         detect_volcano(Forbidden())  # type: ignore[arg-type]
