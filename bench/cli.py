@@ -209,6 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _size(p, {"quick": "64 nodes, 3 seeds", "full": "64 nodes x 20 seeds and 1,024 nodes x 10 seeds, about 2 minutes"}, "full")
     p = add(
+        "loop-stall",
+        run_loop_stall,
+        "the leader's event loop while a resync drains every StormService and RoleSet: longest stall, pod webhook p99 (no cluster).",
+        "loop-stall.json",
+    )
+    p.add_argument("--services", type=int, default=10_000, help="StormServices that never opted in (default 10,000)")
+    p.add_argument("--replicas", type=int, default=3, help="RoleSets of each (default 3: 30,000 RoleSets)")
+    p = add(
         "sim-packing",
         run_sim_packing,
         "the packing full run (64 nodes) in the simulator, per stream and opening rule.",
@@ -466,6 +474,16 @@ def run_sim_packing(args: argparse.Namespace, command: str) -> int:
     text = sim.packing_table(result)
     path.with_suffix(".md").write_text(text + "\n")
     print(text)
+    return 0
+
+
+def run_loop_stall(args: argparse.Namespace, command: str) -> int:
+    from bench import loop_stall
+
+    result = loop_stall.run(args.services, args.replicas)
+    path = record.write(args.name or "loop-stall", command, result)
+    print(f"results: {path}")
+    _print_json(result)
     return 0
 
 

@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "scale",
     "admission",
     "preemption",
+    "loop-stall",
     "scale-nodes",
     "foreign-pods",
     "heal",
