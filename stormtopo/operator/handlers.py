@@ -169,6 +169,8 @@ class Operator:
         """The work queues and every background loop, supervised (operator/loops.py)."""
         self.stormservices.start()
         self.placements.start()
+        self.loops.probe("queue-stormservices", self.stormservices.stuck)
+        self.loops.probe("queue-placements", self.placements.stuck)
         self.reporter.wake = self.placements.add  # a replica's placement lets a sibling held for the spread go
         self.leadership.on_elected = self.resync  # a new leader catches up at once
         self.loops.every("resync", self.resync_seconds, self.resync, lambda: self.leadership.is_leader)

@@ -197,6 +197,11 @@ class Loops:
         self.clock = clock
         self.hang = hang
         self.loops: dict[str, Loop] = {}
+        self.probes: dict[str, Callable[[float], str | None]] = {}  # what else /healthz asks: the work queues
+
+    def probe(self, name: str, stuck: Callable[[float], str | None]) -> None:
+        """Report `stuck(hang)` in /healthz beside the loops (a work queue whose worker is wedged)."""
+        self.probes[name] = stuck
 
     def _record(self, name: str, period: float) -> Loop:
         if name in self.loops:
@@ -252,6 +257,7 @@ class Loops:
         """(every loop healthy, a report per loop)."""
         now = self.clock()
         reports = {name: loop.report(now) for name, loop in sorted(self.loops.items())}
+        reports |= {name: {"problem": stuck(self.hang)} for name, stuck in sorted(self.probes.items())}
         return all(r["problem"] is None for r in reports.values()), reports
 
     async def stop(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -21,8 +22,12 @@ K = TypeVar("K", bound=Hashable)
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, name: str, handle: Callable[[K], Awaitable[None]], workers: int = 4) -> None:
+    def __init__(
+        self, name: str, handle: Callable[[K], Awaitable[None]], workers: int = 4, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.name = name
+        self.clock = clock
+        self._busy_since: dict[K, float] = {}  # keys being handled -> since when: a wedged worker shows here
         self._handle = handle
         self._workers = workers
         self._queue: asyncio.Queue[K] = asyncio.Queue()
@@ -41,6 +46,19 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._waiting) + len(self._active)
 
+    def stuck(self, hang: float) -> str | None:
+        """Why the queue counts as stuck (/healthz): a worker handling one key for longer than `hang` (an
+        await that never returns), or a worker task that ended; None while it works."""
+        ended = [t for t in self._tasks if t.done()]
+        if ended:
+            return f"{len(ended)} of its {len(self._tasks)} workers ended"
+        now = self.clock()
+        wedged = [(key, now - since) for key, since in self._busy_since.items() if now - since > hang]
+        if wedged:
+            key, seconds = max(wedged, key=lambda kw: kw[1])
+            return f"a worker has handled {key} for {seconds:.0f} s (allowed {hang:.0f} s)"
+        return None
+
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work(), name=f"{self.name} worker {i}") for i in range(self._workers)]
 
@@ -54,6 +72,7 @@ class WorkQueue(Generic[K]):
             key = await self._queue.get()
             self._waiting.discard(key)
             self._active.add(key)
+            self._busy_since[key] = self.clock()
             metrics.QUEUE_DEPTH.labels(self.name).set(len(self._waiting))
             try:
                 await self._handle(key)
@@ -61,6 +80,7 @@ class WorkQueue(Generic[K]):
                 log.exception("%s: handling %s failed", self.name, key)
             finally:
                 self._active.discard(key)
+                self._busy_since.pop(key, None)
                 if key in self._waiting:
                     self._queue.put_nowait(key)
             # A handler with nothing to do never awaits, and get() does not suspend while keys wait: without

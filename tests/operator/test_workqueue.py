@@ -98,3 +98,36 @@ def test_draining_many_keys_with_nothing_to_do_never_holds_the_event_loop() -> N
     # The other coroutine ran again and again while the keys drained, a few keys apart, not once at the end.
     gaps = [b - a for a, b in itertools.pairwise(seen_between)]
     assert len(seen_between) > 1000 and max(gaps) <= 8, (len(seen_between), max(gaps))
+
+
+def test_a_wedged_worker_makes_the_queue_stuck_in_healthz() -> None:
+    """Issue 42, item 6: /healthz sees the work queues' workers; one whose handler never returns is reported."""
+    from stormtopo.operator.loops import Loops
+
+    now = [0.0]
+    forever = asyncio.Event()
+
+    async def handle(key: str) -> None:
+        if key == "wedged":
+            await forever.wait()  # an await that never returns
+
+    async def scenario() -> tuple[bool, dict[str, object], bool]:
+        loops = Loops(clock=lambda: now[0], hang=60.0)
+        queue: WorkQueue[str] = WorkQueue("test", handle, workers=2, clock=lambda: now[0])
+        loops.probe("queue-test", queue.stuck)
+        queue.start()
+        queue.add("fine")
+        queue.add("wedged")
+        await asyncio.sleep(0.05)
+        healthy_now = loops.health()[0]
+        now[0] = 61.0
+        ok, report = loops.health()
+        assert not ok
+        forever.set()
+        await asyncio.wait_for(queue.drained(), 5)
+        return healthy_now, report, loops.health()[0]
+
+    healthy_now, report, healthy_after = asyncio.run(scenario())
+    assert healthy_now and healthy_after
+    problem = report["queue-test"]["problem"]  # type: ignore[index]
+    assert isinstance(problem, str) and "wedged" in problem and "61 s" in problem
