@@ -401,7 +401,3 @@ def _timestamp(seconds: float) -> str:
 
 def _seconds(text: object) -> float | None:
     return recorded_seconds(text)
-
-
-def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return (obj.get("metadata") or {}).get("annotations") or {}

@@ -398,7 +398,11 @@ def test_stormtopos_identity_changes_only_the_podgroup_fields_it_owns(
     assert as_sa("patch", "podgroup", "mine", "--type=merge", "-p", json.dumps({"spec": {"minMember": 3}})).returncode == 0
     request = {"metadata": {"annotations": {"stormtopo.io/request": "hard, tier 1"}}}
     assert as_sa("patch", "podgroup", "mine", "--type=merge", "-p", json.dumps(request)).returncode == 0
+    # The class its pods run at (core/priority.py): allowed; minResources, no.
+    priority = {"spec": {"priorityClassName": "system-cluster-critical"}}
+    assert as_sa("patch", "podgroup", "mine", "--type=merge", "-p", json.dumps(priority)).returncode == 0
     for change in (
+        {"spec": {"minResources": {"cpu": "1"}}},
         {"metadata": {"labels": {"team": "x"}}},
         {"metadata": {"annotations": {"example.com/x": "1"}}},
         {"metadata": {"finalizers": ["example.com/keep"]}},
