@@ -27,6 +27,11 @@ TOPOLOGY_FILE = REPO / "examples" / "topology" / "aibrix-1730.yaml"
 TEST_PERIODS = {"resync-seconds": 5.0, "heal-interval": 2.0, "spread-give-up": 30.0, "volcano-recheck-seconds": 5.0}
 os.environ.setdefault("STORMTOPO_OPERATOR_ARGS", " ".join(f"--{flag}={value:g}" for flag, value in TEST_PERIODS.items()))
 
+# `make test` runs two pytest-xdist workers, each with its own session cluster: each keeps to its own slice
+# of ports (devenv/processes.py free_port), so two clusters starting at once never pick the same one.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ["STORMTOPO_PORT_SLICE"] = f"{os.environ['PYTEST_XDIST_WORKER'][2:]}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
+
 
 def stormtopo(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([sys.executable, "-m", "stormtopo.cli", *args], capture_output=True, text=True, cwd=REPO)

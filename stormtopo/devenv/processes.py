@@ -48,9 +48,9 @@ def free_port() -> int:
     """A port on 127.0.0.1 that is free now, for a process started later. Chosen below the kernel's
     ephemeral range: a port from that range (what bind to port 0 gives) can be taken meanwhile by any
     outgoing connection's local end, and a component then fails to start with "address in use"."""
-    low = _ephemeral_low()
+    first, last = _port_range()
     for _ in range(200):
-        port = random.randint(max(1024, low - 12_000), low - 1)
+        port = random.randint(first, last)
         if port in _handed_out:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -63,6 +63,23 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded machine: any free port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _port_range() -> tuple[int, int]:
+    """The 12,000 ports below the ephemeral range; STORMTOPO_PORT_SLICE=i/n keeps to the i-th of n slices
+    of it, so that n processes starting clusters at once (the test suite's workers) never pick one port
+    between the check here and the component's bind."""
+    low = _ephemeral_low()
+    first, last = max(1024, low - 12_000), low - 1
+    index, _, count = os.environ.get("STORMTOPO_PORT_SLICE", "0/1").partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        return first, last
+    if not 0 <= i < n:
+        return first, last
+    width = (last - first + 1) // n
+    return first + i * width, first + (i + 1) * width - 1
 
 
 def _ephemeral_low() -> int:
