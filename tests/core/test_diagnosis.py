@@ -157,9 +157,47 @@ def test_task_topology_is_an_error() -> None:
 
 def test_missing_recommended_actions_and_plugins_are_a_warning() -> None:
     conf = yaml.safe_load(without("binpack"))
-    conf["actions"] = "enqueue, allocate"
+    conf["actions"] = "enqueue, allocate, preempt, gangpreempt"
     finding = only(check_scheduler_config(healthy(scheduler_config=Source("file x.conf", yaml.safe_dump(conf)))), Level.WARNING)
     assert "action backfill" in finding.found and "plugin binpack" in finding.found and "docs/install.md#volcano" in finding.todo
+
+
+def with_actions(actions: str) -> Source:
+    conf = yaml.safe_load(SCHEDULER_CONF)
+    conf["actions"] = actions
+    return Source("file x.conf", yaml.safe_dump(conf))
+
+
+@pytest.mark.parametrize(
+    ("actions", "said", "todo"),
+    [
+        (
+            "enqueue, allocate, backfill",
+            "no gangpreempt action: Volcano's preempt skips every job with a network topology",
+            'actions: "enqueue, allocate, preempt, gangpreempt, backfill"',
+        ),
+        (
+            "enqueue, allocate, preempt, backfill",
+            "a high-priority replica in a full cluster stays Pending",
+            'actions: "enqueue, allocate, preempt, gangpreempt, backfill"',
+        ),
+        (
+            "enqueue, allocate, gangpreempt, preempt, backfill",
+            "gangpreempt runs before preempt",
+            'actions: "enqueue, allocate, preempt, gangpreempt, backfill"',
+        ),
+    ],
+)
+def test_a_scheduler_config_without_topology_preemption_is_a_warning_with_the_actions_to_set(actions: str, said: str, todo: str) -> None:
+    """Issue 41: opting in must not cost a replica its preemption; the doctor names the fix, actions in place."""
+    finding = only(check_scheduler_config(healthy(scheduler_config=with_actions(actions))), Level.WARNING)
+    assert said in finding.found and todo in finding.todo and "#priority-and-preemption" in finding.todo
+
+
+def test_the_dev_clusters_actions_preempt_for_topology_jobs_and_others() -> None:
+    actions = [a.strip() for a in yaml.safe_load(SCHEDULER_CONF)["actions"].split(",")]
+    assert actions.index("preempt") < actions.index("gangpreempt")
+    only(check_scheduler_config(healthy(scheduler_config=with_actions(", ".join(actions)))), Level.OK)
 
 
 def test_an_unreadable_scheduler_config_is_a_warning_asking_for_the_file() -> None:

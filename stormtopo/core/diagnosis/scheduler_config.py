@@ -18,6 +18,9 @@ NTA = "network-topology-aware"
 RECOMMENDED_ACTIONS = ("enqueue", "allocate", "backfill")
 RECOMMENDED_PLUGINS = ("gang", "predicates", "nodeorder", "binpack")
 GPU_RESOURCE = "nvidia.com/gpu"
+# Volcano v1.15.1's preempt skips every job with a network topology: gangpreempt is the one action that preempts
+# for them (docs/install.md "Priority and preemption"); preempt before it keeps every other job's preemption.
+GANG_PREEMPT, PREEMPT = "gangpreempt", "preempt"
 
 
 def _arguments(option: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -94,6 +97,7 @@ def check_scheduler_config(snapshot: Snapshot) -> list[Finding]:
         )
     missing = [f"action {a}" for a in RECOMMENDED_ACTIONS if a not in actions]
     missing += [f"plugin {p}" for p in RECOMMENDED_PLUGINS if p not in plugins]
+    findings += _preemption(actions, source.where)
     binpack = plugins.get("binpack")
     if binpack is not None and GPU_RESOURCE not in str(_arguments(binpack).get("binpack.resources", "")):
         missing.append(f"binpack.resources: {GPU_RESOURCE} (GPUs packed rather than spread)")
@@ -123,3 +127,36 @@ def check_scheduler_config(snapshot: Snapshot) -> list[Finding]:
             Finding(Level.OK, check, f"{source.where}: {NTA} enabled; actions {', '.join(actions)}; recommended plugins present")
         )
     return findings
+
+
+def _preemption(actions: list[str], where: str) -> list[Finding]:
+    """Without gangpreempt, an opted-in replica never preempts lower-priority work (it waits for room); with it
+    before preempt, jobs without a topology preempt only after every topology job's turn."""
+    todo = f'actions: "{", ".join(_with_preemption(actions))}" (docs/install.md#priority-and-preemption)'
+    if GANG_PREEMPT not in actions:
+        return [
+            Finding(
+                Level.WARNING,
+                "scheduler-config",
+                f"{where}: no {GANG_PREEMPT} action: Volcano's {PREEMPT} skips every job with a network topology, so an opted-in "
+                "replica never preempts lower-priority work; a high-priority replica in a full cluster stays Pending",
+                todo,
+            )
+        ]
+    if PREEMPT in actions and actions.index(PREEMPT) > actions.index(GANG_PREEMPT):
+        return [
+            Finding(
+                Level.WARNING,
+                "scheduler-config",
+                f"{where}: {GANG_PREEMPT} runs before {PREEMPT}: jobs without a network topology preempt only after it",
+                todo,
+            )
+        ]
+    return []
+
+
+def _with_preemption(actions: list[str]) -> list[str]:
+    """`actions` with preempt then gangpreempt right after allocate (where docs/install.md puts them)."""
+    kept = [a for a in actions if a not in (PREEMPT, GANG_PREEMPT)]
+    at = kept.index("allocate") + 1 if "allocate" in kept else len(kept)
+    return [*kept[:at], PREEMPT, GANG_PREEMPT, *kept[at:]]
