@@ -217,6 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--services", type=int, default=10_000, help="StormServices that never opted in (default 10,000)")
     p.add_argument("--replicas", type=int, default=3, help="RoleSets of each (default 3: 30,000 RoleSets)")
     p = add(
+        "uninstall",
+        run_uninstall,
+        "the chart's uninstall hook over 1,000 and 10,000 admitted pods: its peak RSS and wall time (one local control plane).",
+        "uninstall.json",
+    )
+    p.add_argument("--sizes", default="1000,10000", help="admitted pods, comma-separated (default 1000,10000)")
+    p.add_argument("--operator-source", help="run the uninstall of another checkout (its directory), e.g. an older commit's")
+    p = add(
         "sim-packing",
         run_sim_packing,
         "the packing full run (64 nodes) in the simulator, per stream and opening rule.",
@@ -482,6 +490,17 @@ def run_loop_stall(args: argparse.Namespace, command: str) -> int:
 
     result = loop_stall.run(args.services, args.replicas)
     path = record.write(args.name or "loop-stall", command, result)
+    print(f"results: {path}")
+    _print_json(result)
+    return 0
+
+
+def run_uninstall(args: argparse.Namespace, command: str) -> int:
+    from bench import uninstall
+
+    sizes = tuple(int(n) for n in args.sizes.split(",") if n.strip())
+    result = uninstall.run(sizes, args.operator_source)
+    path = record.write(args.name or ("uninstall-before" if args.operator_source else "uninstall"), command, result)
     print(f"results: {path}")
     _print_json(result)
     return 0

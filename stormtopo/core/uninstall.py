@@ -8,12 +8,14 @@ writes that take it back when stormtopo is uninstalled or stopped for good.
 
 Everything else stormtopo wrote either follows its owner (its PodGroups are owned by their RoleSet) or
 changes no scheduling (the placement labels and annotations). A planner over one snapshot, as the
-others: the shell (operator/uninstall.py) reads and executes.
+others: the shell (operator/uninstall.py) reads and executes. It reads the cluster a page at a time
+(plan_uninstall_in_pages): the uninstall holds one page of pods or PodGroups, the StormServices with a
+move under way and their RoleSets, and the HyperNodes, never every pod of a large cluster.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +39,53 @@ class ClusterSnapshot:
     tiers: ClusterTiers
 
 
+@dataclass(frozen=True)
+class ClusterPages:
+    """What the uninstall reads, each list a page at a time (iterables of pages, read as they are planned)."""
+
+    hypernodes: tuple[Mapping[str, Any], ...]
+    pods: Iterable[Sequence[Mapping[str, Any]]]  # stormtopo's admitted pods (the only ones it may have gated)
+    stormservices: Iterable[Sequence[Mapping[str, Any]]]
+    rolesets: Iterable[Sequence[Mapping[str, Any]]]
+    podgroups: Iterable[Sequence[Mapping[str, Any]]]
+    tiers: ClusterTiers
+
+
 def plan_uninstall(snapshot: ClusterSnapshot) -> list[Write]:
     """Gates first (a held pod waits for nobody once stormtopo is gone), then the moves' holds, then
     the node tier's HyperNodes (leaves before the tier-0 HyperNodes they name)."""
-    return [*release_gates(snapshot.pods), *release_holds(snapshot), *plan_node_tier(snapshot.hypernodes, {}, {}, enabled=False)]
+    one_page = ClusterPages(
+        snapshot.hypernodes, [snapshot.pods], [snapshot.stormservices], [snapshot.rolesets], [snapshot.podgroups], snapshot.tiers
+    )
+    return [write for batch in plan_uninstall_in_pages(one_page) for write in batch]
+
+
+def plan_uninstall_in_pages(cluster: ClusterPages) -> Iterator[list[Write]]:
+    """plan_uninstall, a batch of writes per page read: what it keeps beyond one page is the StormServices
+    with a move under way and their RoleSets (only their PodGroups can be held), and the HyperNodes."""
+    for pods in cluster.pods:
+        if gates := release_gates(pods):
+            yield list(gates)
+    moving = tuple(s for page in cluster.stormservices for s in page if _moving(s))
+    if moving:
+        keys = {(s["metadata"].get("namespace"), s["metadata"]["name"]) for s in moving}
+        rolesets = tuple(
+            r
+            for page in cluster.rolesets
+            for r in page
+            if (r["metadata"].get("namespace"), (r["metadata"].get("labels") or {}).get(STORMSERVICE_LABEL)) in keys
+        )
+        for podgroups in cluster.podgroups:
+            held = ClusterSnapshot((), (), moving, rolesets, tuple(podgroups), cluster.tiers)
+            if holds := release_holds(held):
+                yield list(holds)
+    if node_tier := plan_node_tier(cluster.hypernodes, {}, {}, enabled=False):
+        yield list(node_tier)
+
+
+def _moving(service: Mapping[str, Any]) -> bool:
+    """A move recorded on it and not settled: the only StormServices whose PodGroups a move may hold."""
+    return any(not (move or {}).get("done") for move in recorded_moves(service).values())
 
 
 def release_gates(pods: Sequence[Mapping[str, Any]]) -> list[PatchPod]:

@@ -17,11 +17,12 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.request import ClusterTiers
-from stormtopo.core.uninstall import ClusterSnapshot, plan_uninstall
+from stormtopo.core.uninstall import ClusterPages, plan_uninstall_in_pages
 from stormtopo.core.vocabulary import ADMITTED_LABEL, AIBRIX, OPTED_IN_CONFIGMAP, PODGROUP_CRD, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNodeMembers
 from stormtopo.kube.client import MERGE_PATCH, Api, KubeError, NotFound
@@ -32,21 +33,25 @@ log = logging.getLogger("stormtopo.uninstall")
 STOP_TIMEOUT = 120.0  # seconds to wait for the operator's pods to end
 
 
-def snapshot(api: Api) -> ClusterSnapshot:
-    def listed(group: tuple[str, str], plural: str, selector: str = "") -> tuple[dict[str, Any], ...]:
-        try:
-            return tuple(api.list_objects(group, plural, label_selector=selector))
-        except NotFound:  # that CRD is not installed: nothing of it to undo
-            return ()
+def _pages(api: Api, group: tuple[str, str], plural: str, selector: str = "") -> Iterator[list[dict[str, Any]]]:
+    """A cluster-wide list a page at a time, read as the planner asks for it; a CRD not installed: nothing
+    of it to undo."""
+    try:
+        yield from api.pages(api.path(group, plural), **({"labelSelector": selector} if selector else {}))
+    except NotFound:
+        return
 
-    hypernodes = listed(VOLCANO_TOPOLOGY, "hypernodes")
+
+def cluster_pages(api: Api) -> ClusterPages:
+    """What one pass plans over: the HyperNodes read now, every other list read page by page as planned."""
+    hypernodes = tuple(h for page in _pages(api, VOLCANO_TOPOLOGY, "hypernodes") for h in page)
     tiers: ClusterTiers = cluster_tiers(list(hypernodes), api.crd_schema(PODGROUP_CRD) or {})
-    return ClusterSnapshot(
+    return ClusterPages(
         hypernodes=hypernodes,
-        pods=listed(("", "v1"), "pods", f"{ADMITTED_LABEL}=true"),
-        stormservices=listed(AIBRIX, "stormservices"),
-        rolesets=listed(AIBRIX, "rolesets"),
-        podgroups=listed(VOLCANO_SCHEDULING, "podgroups"),
+        pods=_pages(api, ("", "v1"), "pods", f"{ADMITTED_LABEL}=true"),
+        stormservices=_pages(api, AIBRIX, "stormservices"),
+        rolesets=_pages(api, AIBRIX, "rolesets"),
+        podgroups=_pages(api, VOLCANO_SCHEDULING, "podgroups"),
         tiers=tiers,
     )
 
@@ -81,35 +86,36 @@ PASSES = 5  # looks at the cluster, each over a fresh snapshot, before the unins
 
 
 async def undo(api: Api) -> tuple[int, list[str]]:
-    """Plan over one snapshot and carry it out, every write tried whatever the others do; (writes
-    carried out, what failed)."""
-    writes = plan_uninstall(snapshot(api))
-    hypernode_writes = [w for w in writes if isinstance(w, CreateHyperNode | SetHyperNodeMembers | DeleteHyperNode)]
-    failed: list[str] = []
-    for write in (w for w in writes if w not in hypernode_writes):
+    """Plan over the cluster, a page at a time, and carry out each page's writes, every write tried whatever
+    the others do; (writes planned, what failed)."""
+    planned, failed = 0, []
+    for batch in plan_uninstall_in_pages(cluster_pages(api)):
+        planned += len(batch)
+        hypernode_writes = [w for w in batch if isinstance(w, CreateHyperNode | SetHyperNodeMembers | DeleteHyperNode)]
+        for write in (w for w in batch if w not in hypernode_writes):
+            try:
+                await execute(api, [write])
+            except (KubeError, OSError) as exc:
+                failed.append(f"{type(write).__name__} {getattr(write, 'namespace', '')}/{getattr(write, 'name', '')}: {exc}"[:400])
         try:
-            await execute(api, [write])
-        except (KubeError, OSError) as exc:
-            failed.append(f"{type(write).__name__} {getattr(write, 'namespace', '')}/{getattr(write, 'name', '')}: {exc}"[:400])
-    try:
-        await execute_hypernode_writes(api, hypernode_writes)
-    except HyperNodeWritesRefused as exc:
-        failed.append(str(exc))
-    return len(writes), failed
+            await execute_hypernode_writes(api, hypernode_writes)
+        except HyperNodeWritesRefused as exc:
+            failed.append(str(exc))
+    return planned, failed
 
 
 async def undo_all(api: Api, passes: int = PASSES) -> int:
-    """Until a snapshot plans nothing (what changed while a pass ran: a pod gated just before the
-    webhook went, a leaf another writer rewrote), at most `passes` times; the writes carried out."""
-    done = 0
+    """Until a pass plans nothing (what changed while a pass ran: a pod gated just before the webhook
+    went, a leaf another writer rewrote), at most `passes` times; the writes carried out."""
+    done, failed = 0, list[str]()
     for _ in range(passes):
         count, failed = await undo(api)
         if count == 0:
             return done
         done += count - len(failed)
-    left = plan_uninstall(snapshot(api))
+    left = [w for batch in plan_uninstall_in_pages(cluster_pages(api)) for w in batch[:1]]
     if left:
-        raise RuntimeError(f"{len(left)} writes still planned after {passes} passes (the first: {left[0]}); {'; '.join(failed)[:600]}")
+        raise RuntimeError(f"writes still planned after {passes} passes (the first: {left[0]}); {'; '.join(failed)[:600]}")
     return done
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.topology.node_tier import plan_node_tier
-from stormtopo.core.uninstall import ClusterSnapshot, plan_uninstall
+from stormtopo.core.uninstall import ClusterPages, ClusterSnapshot, plan_uninstall, plan_uninstall_in_pages
 from stormtopo.core.vocabulary import DOMAIN_GATE, HEAL_ANNOTATION, HIGHEST_TIER, MODE, MOVES_ANNOTATION
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, PatchPod, PatchPodGroup, SetHyperNodeMembers, Write
 from stormtopo.devenv.workloads import stormservice
@@ -123,3 +124,37 @@ def _applied(hypernodes: list[dict[str, Any]], writes: list[Write]) -> list[dict
             case DeleteHyperNode(name):
                 state.pop(name)
     return list(state.values())
+
+
+def test_in_pages_each_page_is_planned_as_it_is_read_and_the_whole_plans_as_one_snapshot() -> None:
+    """Issue 43, item 5: the uninstall holds one page of pods or PodGroups at a time, not every pod of the
+    cluster: the gates of a page are planned before the next page is read, and the batches add up to the
+    plan over one snapshot of the same objects."""
+    read: list[int] = []
+
+    def pod_pages() -> Iterator[list[dict[str, Any]]]:
+        for page in range(3):
+            read.append(page)
+            yield [held(f"pod-{page}-{i}") for i in range(2)] + [{"metadata": {"name": f"free-{page}", "namespace": "ns"}, "spec": {}}]
+
+    soft = moving({MODE: "soft", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"})
+    others = [stormservice(f"other-{i}", "ns") for i in range(3)]  # no move under way: not kept
+    one = snapshot(soft, HELD_HARD)
+    pages = ClusterPages(one.hypernodes, pod_pages(), [others[:2], [soft, others[2]]], [one.rolesets], [(), one.podgroups], one.tiers)
+    batches = plan_uninstall_in_pages(pages)
+    first = next(batches)
+    assert read == [0] and [w.name for w in first if isinstance(w, PatchPod)] == ["pod-0-0", "pod-0-1"]
+    rest = [w for batch in batches for w in batch]
+    assert read == [0, 1, 2]
+    whole = plan_uninstall(
+        ClusterSnapshot(
+            one.hypernodes,
+            tuple(p for page in [[held(f"pod-{n}-{i}") for i in range(2)] for n in range(3)] for p in page),
+            (*others, soft),
+            one.rolesets,
+            one.podgroups,
+            one.tiers,
+        )
+    )
+    assert [*first, *rest] == whole
+    assert sum(isinstance(w, PatchPodGroup) for w in whole) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -86,3 +87,23 @@ def test_the_chart_refuses_a_kubernetes_without_the_admission_policies_it_instal
     old = helm("template", "x", str(CHART), "--kube-version", "1.29.9")
     assert old.returncode != 0 and "kubeVersion" in old.stderr and "1.30" in old.stderr, old.stderr
     assert helm("template", "x", str(CHART), "--kube-version", "1.30.0").returncode == 0
+
+
+def test_the_uninstall_job_has_resources_and_ends_before_helms_default_timeout() -> None:
+    """Issue 43, item 5: the hook's Job sets its resources (it reads a page at a time: bench/uninstall.py) and
+    its deadline is under Helm's default 5-minute --timeout, so Helm reports its failure; both can be set."""
+
+    def job(*sets: str) -> dict[str, Any]:
+        done = helm("template", "x", str(CHART), "--kube-version", "1.35.3", *sets)
+        assert done.returncode == 0, done.stderr
+        return next(d for d in yaml.safe_load_all(done.stdout) if d and d["kind"] == "Job")
+
+    default = job()
+    assert default["spec"]["activeDeadlineSeconds"] < 300
+    [container] = default["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
+    longer = job("--set", "uninstallHook.activeDeadlineSeconds=840", "--set", "uninstallHook.resources.limits.memory=256Mi")
+    assert longer["spec"]["activeDeadlineSeconds"] == 840
+    assert longer["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "256Mi"}
+    refused = helm("template", "x", str(CHART), "--kube-version", "1.35.3", "--set", "uninstallHook.activeDeadlineSeconds=5")
+    assert refused.returncode != 0 and "activeDeadlineSeconds" in refused.stderr
