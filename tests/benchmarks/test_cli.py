@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "admission",
     "preemption",
     "loop-stall",
+    "uninstall",
     "scale-nodes",
     "foreign-pods",
     "heal",
