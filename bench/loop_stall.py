@@ -88,7 +88,7 @@ def probe_pod(index: Index) -> tuple[dict[str, Any], dict[str, Any], dict[str, A
 async def drain(index: Index, queue_kind: type[WorkQueue[Hashable]], chunk: int | None) -> dict[str, float]:
     """Queue every key as the resync does (yielding every `chunk` keys; None: never, as it did before) and
     drain both queues, with the ticker and the probe running."""
-    reconciler = Reconciler(index, cast(Any, None), cast(Any, None), OptedInList(cast(Any, None), "stormtopo"))
+    reconciler = Reconciler(index, cast(Any, None), cast(Any, None), OptedInList(cast(Any, None)))
 
     async def reconcile(key: Hashable) -> None:
         body = index.stormservices.get(cast(Any, key))

@@ -5,11 +5,19 @@ StormService works as if it were not installed. What keeps an opted-in replica f
 without its constraint then is Kubernetes itself:
 
 - a ValidatingAdmissionPolicy (CEL, evaluated inside the API server, so it cannot be down) refuses
-  a pod of a StormService listed in the opted-in ConfigMap unless stormtopo admitted it
+  a pod of a StormService listed in the opted-in ConfigMap of its namespace unless stormtopo admitted it
   (ADMITTED_LABEL), and refuses an update that strips networkTopology from a PodGroup that
   stormtopo constrained; AIBrix retries both;
 - a validating webhook that fails closed, but only for StormServices that carry a request (a CEL
   matchCondition on their own annotations), lists a StormService in that ConfigMap before it exists.
+
+One ConfigMap per namespace, `stormtopo-opted-in`, its keys the namespace's opted-in StormServices (the
+policy's paramRef names it without a namespace: the API server reads the one in the admitted object's
+namespace). A listing is one small merge patch of one namespace's list: what it costs does not grow
+with the services of other namespaces, a namespace that never opted in has no list, and the API server
+evaluates each pod against its own namespace's list only. Why not one object per StormService: a
+policy evaluates a selected set of params each on its own and needs all to pass, so "this pod's service
+is listed as healing" (the eviction policy) cannot be said over one object per service (docs/security.md).
 
 This module is the pure part: keys, the policy objects, and the gate's decision.
 """
@@ -43,8 +51,15 @@ PODGROUPS_POLICY = "stormtopo-constrained-podgroups"
 
 
 def opted_in_key(namespace: str, stormservice: str) -> str:
-    """A ConfigMap data key: namespaces hold no dots, so the first dot separates the two."""
+    """How stormtopo names a listing in memory: namespaces hold no dots, so the first dot separates the
+    two. In the cluster the key is the StormService's name, in its namespace's ConfigMap."""
     return f"{namespace}.{stormservice}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(namespace, StormService) of an opted_in_key."""
+    namespace, _, stormservice = key.partition(".")
+    return namespace, stormservice
 
 
 def listing(stormservice: Mapping[str, Any] | None) -> str | None:
@@ -73,15 +88,13 @@ def requests_topology_condition() -> str:
     return f"({opted_in}) && (request.operation == 'CREATE' || !({was_opted_in}) || {scope('object')} != {scope('oldObject')})"
 
 
-def admission_policy(configmap_namespace: str) -> list[dict[str, Any]]:
+def admission_policy() -> list[dict[str, Any]]:
     """Two ValidatingAdmissionPolicies with their bindings (admissionregistration.k8s.io/v1,
     Kubernetes >= 1.30), each matching only AIBrix's objects (an object selector on AIBrix's labels):
-    - pods of a StormService listed in the opted-in ConfigMap must have been admitted by stormtopo;
+    - pods of a StormService listed in its namespace's opted-in ConfigMap must have been admitted by stormtopo;
     - an update must not strip networkTopology from a PodGroup that stormtopo constrained."""
-    key = (
-        f"has(object.metadata.labels) && '{STORMSERVICE_LABEL}' in object.metadata.labels ? "
-        f"object.metadata.namespace + '.' + object.metadata.labels['{STORMSERVICE_LABEL}'] : ''"
-    )
+    labels = "object.metadata.labels"
+    key = f"has({labels}) && '{STORMSERVICE_LABEL}' in {labels} ? {labels}['{STORMSERVICE_LABEL}'] : ''"
     pods = _policy(
         PODS_POLICY,
         {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
@@ -100,8 +113,9 @@ def admission_policy(configmap_namespace: str) -> list[dict[str, Any]]:
         ],
     )
     pods[0]["spec"]["paramKind"] = {"apiVersion": "v1", "kind": "ConfigMap"}
-    # No ConfigMap (stormtopo uninstalled): nothing is refused.
-    pods[1]["spec"]["paramRef"] = {"name": OPTED_IN_CONFIGMAP, "namespace": configmap_namespace, "parameterNotFoundAction": "Allow"}
+    # No namespace: the list of the pod's own namespace. None there (nothing opted in, or stormtopo
+    # uninstalled): nothing is refused.
+    pods[1]["spec"]["paramRef"] = {"name": OPTED_IN_CONFIGMAP, "parameterNotFoundAction": "Allow"}
     constrained_before = (
         f"has(oldObject.metadata.annotations) && '{REQUEST_ANNOTATION}' in oldObject.metadata.annotations "
         "&& has(oldObject.spec.networkTopology)"
@@ -162,10 +176,11 @@ def opted_in_configmap(namespace: str) -> dict[str, Any]:
 
 
 def listing_change(listed: Mapping[str, str], key: str, want: str | None) -> dict[str, str | None] | None:
-    """The merge patch of the ConfigMap's data that lists `key` as `want` (None: unlists); None if nothing changes."""
+    """The merge patch of its namespace's ConfigMap's data that lists `key` as `want` (None: unlists);
+    None if nothing changes."""
     if listed.get(key) == want:
         return None
-    return {key: want}
+    return {split_key(key)[1]: want}
 
 
 # -- what the gate may list ----------------------------------------------------------------------

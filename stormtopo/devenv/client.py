@@ -12,7 +12,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from stormtopo.core.vocabulary import AIBRIX, GPU, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+from stormtopo.core.vocabulary import AIBRIX, GPU, MANAGED_BY, OPTED_IN_CONFIGMAP, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api
 
 T = TypeVar("T")
@@ -130,6 +130,22 @@ class DevCluster:
     def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
         items = self.core.list_namespaced_pod(namespace, label_selector=selector).items
         return [self.api_client.sanitize_for_serialization(p) for p in items]
+
+    def opted_in(self) -> dict[str, str]:
+        """What every namespace's opted-in list says, by "<namespace>.<stormservice>" (core/optin.py)."""
+        lists = self.core.list_config_map_for_all_namespaces(field_selector=f"metadata.name={OPTED_IN_CONFIGMAP}").items
+        return {f"{cm.metadata.namespace}.{name}": value for cm in lists for name, value in (cm.data or {}).items()}
+
+    def list_opted_in(self, namespace: str, stormservice: str, scope: str) -> None:
+        """Write a listing as the operator would (a test's stand-in for a stale or forged one)."""
+        patch = {"data": {stormservice: scope}}
+        try:
+            self.core.patch_namespaced_config_map(OPTED_IN_CONFIGMAP, namespace, patch)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            meta = {"name": OPTED_IN_CONFIGMAP, "namespace": namespace, "labels": dict(MANAGED_BY)}
+            self.core.create_namespaced_config_map(namespace, {"metadata": meta, **patch})
 
     def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
         items = self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items

@@ -155,7 +155,7 @@ async def run(config: OperatorConfig) -> None:
     leadership = Leadership(api if config.leader_elect else None, config.leader_election_namespace, config.identity, config.lease_duration)
     metrics.watch(loops, lambda: leadership.is_leader)
     events = EventRecorder(api, leadership.identity)
-    opted_in = OptedInList(api, config.leader_election_namespace)  # the namespace stormtopo runs in
+    opted_in = OptedInList(api)
     explainer = Explainer()  # its own process: see explainer.py
     room = NodeRoom(api, loops)  # every node's free GPUs, by watch, from the first time the leader needs them
     reporter = PlacementReporter(
@@ -295,9 +295,7 @@ async def _register_when_watching(
     if config.register_webhook:
         ref = config.webhook_service
         service = (ref.namespace, ref.name, ref.port) if ref else None
-        configuration = webhook.configuration(
-            ca, url_base=config.webhook_url_base, service=service, namespace=config.leader_election_namespace
-        )
+        configuration = webhook.configuration(ca, url_base=config.webhook_url_base, service=service)
         await asyncio.to_thread(webhook.register, api, configuration)
     # Everything loaded so far (kopf, aiohttp, the modules, the first lists) lives as long as the
     # process: out of the collector's reach, a full collection no longer scans it. Measured during

@@ -1,6 +1,7 @@
-"""The opted-in list: the ConfigMap the admission policy reads to know which StormServices' pods
-must have been admitted by stormtopo (see core/optin.py for why it exists), and what the fail-closed
-gate may add to it (checked against the cluster: core/optin.py, "what the gate may list")."""
+"""The opted-in lists: in each namespace with an opted-in StormService, the ConfigMap the admission policy
+reads to know which of its StormServices' pods must have been admitted by stormtopo (see core/optin.py
+for why they exist), and what the fail-closed gate may add to them (checked against the cluster:
+core/optin.py, "what the gate may list")."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from stormtopo.core.optin import (
     listing_change,
     opted_in_configmap,
     opted_in_key,
+    split_key,
 )
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
 from stormtopo.kube.client import MERGE_PATCH, Api, Conflict, NotFound
@@ -26,47 +28,52 @@ from stormtopo.kube.client import MERGE_PATCH, Api, Conflict, NotFound
 log = logging.getLogger("stormtopo.optin")
 
 
+def list_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/configmaps/{OPTED_IN_CONFIGMAP}"
+
+
+def every_list(api: Api) -> list[dict[str, Any]]:
+    """Every namespace's opted-in list, a page at a time (the chart's RBAC grants list by this name only)."""
+    return api.raw_list("/api/v1/configmaps", fieldSelector=f"metadata.name={OPTED_IN_CONFIGMAP}")
+
+
 class OptedInList:
-    def __init__(self, api: Api, namespace: str) -> None:
+    """What every namespace's list says, by opted_in_key, as this replica last read or wrote it."""
+
+    def __init__(self, api: Api) -> None:
         self.api = api
-        self.namespace = namespace
         self.listed: dict[str, str] = {}  # as last read or written by this replica
         self._absent: set[str] = set()  # keys absent from the index at the last check
 
-    @property
-    def path(self) -> str:
-        return f"/api/v1/namespaces/{self.namespace}/configmaps/{OPTED_IN_CONFIGMAP}"
-
     def refresh(self) -> None:
-        """Read the list (other replicas' webhooks add to it too)."""
-        try:
-            self.listed = dict((self.api.request("GET", self.path) or {}).get("data") or {})
-        except NotFound:
-            self.listed = {}
+        """Read every namespace's list (other replicas' webhooks add to them too)."""
+        self.listed = {
+            opted_in_key(str(cm["metadata"].get("namespace")), str(name)): str(value)
+            for cm in every_list(self.api)
+            for name, value in (cm.get("data") or {}).items()
+        }
 
     async def record(self, namespace: str, stormservice: str, want: str | None, force: bool = False) -> None:
-        """Say in the list what it says of a StormService: its scope, or nothing (None, unlisted).
-        Writes only on a change unless `force` (this replica's copy of the list may be stale)."""
+        """Say in its namespace's list what it says of a StormService: its scope, or nothing (None,
+        unlisted). Writes only on a change unless `force` (this replica's copy may be stale)."""
         if force or listing_change(self.listed, opted_in_key(namespace, stormservice), want) is not None:
             await asyncio.to_thread(self._write, namespace, stormservice, want, force)
 
     def _write(self, namespace: str, stormservice: str, want: str | None, force: bool) -> None:
         key = opted_in_key(namespace, stormservice)
-        change = {key: want} if force else listing_change(self.listed, key, want)
+        change = {split_key(key)[1]: want} if force else listing_change(self.listed, key, want)
         if change is None:
             return
         try:
-            self.api.request("PATCH", self.path, {"data": change}, MERGE_PATCH)
+            self.api.request("PATCH", list_path(namespace), {"data": change}, MERGE_PATCH)
         except NotFound:
             if want is None:
                 return
             try:
-                self.api.request(
-                    "POST", f"/api/v1/namespaces/{self.namespace}/configmaps", {**opted_in_configmap(self.namespace), "data": change}
-                )
+                self.api.request("POST", f"/api/v1/namespaces/{namespace}/configmaps", {**opted_in_configmap(namespace), "data": change})
             except Conflict:
                 # Another replica (or this one's other admission) created it meanwhile: add to theirs.
-                self.api.request("PATCH", self.path, {"data": change}, MERGE_PATCH)
+                self.api.request("PATCH", list_path(namespace), {"data": change}, MERGE_PATCH)
         if want is None:
             self.listed.pop(key, None)
         else:
@@ -160,7 +167,7 @@ class Gate:
 
     def _confirm_from_index(self) -> None:
         for key in list(self.unconfirmed.since):
-            namespace, _, name = key.partition(".")
+            namespace, name = split_key(key)
             if confirmed(self.indexed(namespace, name), self.opted_in.listed.get(key)):
                 self.unconfirmed.drop(key)
 
@@ -170,7 +177,7 @@ class Gate:
         async with self._sweeping:
             self._confirm_from_index()
             for key in self.unconfirmed.due(self.clock()):
-                namespace, _, name = key.partition(".")
+                namespace, name = split_key(key)
                 stored = await self.stored(namespace, name)
                 verdict = expiry_verdict(stored, self.opted_in.listed.get(key))
                 if verdict != "keep":

@@ -2,9 +2,9 @@
 chart's pre-delete hook (and `stormtopo uninstall` without the chart).
 
 In order: the operator stopped (with --stop-deployment, the chart's Deployment scaled to zero and its
-pods waited out: a running leader would gate pods and write HyperNodes again), the opted-in list deleted
-(the chart's admission policy would otherwise refuse the pods of listed StormServices until Helm deletes
-the policy), then what core/uninstall.py plans: gates removed, moves' holds let go, the node tier's
+pods waited out: a running leader would gate pods and write HyperNodes again), every namespace's
+opted-in list deleted (the chart's admission policy would otherwise refuse the pods of listed
+StormServices until Helm deletes the policy), then what core/uninstall.py plans: gates removed, moves' holds let go, the node tier's
 HyperNodes put back. With --delete-webhooks (the operator registered them itself, without the chart)
 its webhook configurations and admission policy go first. Every step is idempotent: run it again after
 a failure and it does what is left."""
@@ -23,10 +23,11 @@ from typing import Any
 from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.uninstall import ClusterPages, plan_uninstall_in_pages
-from stormtopo.core.vocabulary import ADMITTED_LABEL, AIBRIX, OPTED_IN_CONFIGMAP, PODGROUP_CRD, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
+from stormtopo.core.vocabulary import ADMITTED_LABEL, AIBRIX, PODGROUP_CRD, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNodeMembers
 from stormtopo.kube.client import MERGE_PATCH, Api, KubeError, NotFound
 from stormtopo.operator import webhook
+from stormtopo.operator.optin import every_list, list_path
 from stormtopo.operator.writer import HyperNodeWritesRefused, execute, execute_hypernode_writes
 
 log = logging.getLogger("stormtopo.uninstall")
@@ -77,9 +78,11 @@ def stop_deployment(api: Api, namespace: str, name: str, timeout: float = STOP_T
         time.sleep(1.0)
 
 
-def delete_opted_in_list(api: Api, namespace: str) -> None:
-    with contextlib.suppress(NotFound):
-        api.request("DELETE", api.path(("", "v1"), "configmaps", namespace, OPTED_IN_CONFIGMAP))
+def delete_opted_in_lists(api: Api) -> None:
+    """Every namespace's opted-in list, and the one an older stormtopo kept in the namespace it ran in."""
+    for listed in every_list(api):
+        with contextlib.suppress(NotFound):
+            api.request("DELETE", list_path(str(listed["metadata"]["namespace"])))
 
 
 PASSES = 5  # looks at the cluster, each over a fresh snapshot, before the uninstall gives up
@@ -119,15 +122,15 @@ async def undo_all(api: Api, passes: int = PASSES) -> int:
     return done
 
 
-def run(api: Api, namespace: str, stop: str | None = None, delete_webhooks: bool = False) -> int:
+def run(api: Api, stop: str | None = None, delete_webhooks: bool = False) -> int:
     """The whole uninstall; 0 when nothing of stormtopo's that changes scheduling is left."""
     try:
         if stop:
             deployment_namespace, _, name = stop.partition("/")
             stop_deployment(api, deployment_namespace, name)
         if delete_webhooks:
-            webhook.unregister(api, webhook.configuration(b"", url_base="https://unused", namespace=namespace))
-        delete_opted_in_list(api, namespace)
+            webhook.unregister(api, webhook.configuration(b"", url_base="https://unused"))
+        delete_opted_in_lists(api)
         done = asyncio.run(undo_all(api))
     except (KubeError, OSError, TimeoutError, RuntimeError) as exc:
         print(f"stormtopo uninstall: {exc}; run it again to finish: it does only what is left", file=sys.stderr)
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.stop_deployment and "/" not in a.stop_deployment:
         p.error(f"--stop-deployment {a.stop_deployment!r}: accepted: NAMESPACE/NAME")
-    return run(Api(a.kubeconfig), a.namespace, a.stop_deployment, a.delete_webhooks)
+    return run(Api(a.kubeconfig), a.stop_deployment, a.delete_webhooks)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -153,7 +156,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--stop-deployment", metavar="NAMESPACE/NAME", help="scale the operator's Deployment to zero first and wait for its pods to end"
     )
     p.add_argument(
-        "--namespace", default="default", help="the namespace the operator ran in: its Lease and opted-in list (default: default)"
+        "--namespace",
+        default="default",
+        help="the namespace the operator ran in (accepted as before, no longer needed: each namespace's opted-in list is found by name)",
     )
     p.add_argument(
         "--delete-webhooks",

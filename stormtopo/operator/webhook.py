@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint, joined_gang
-from stormtopo.core.optin import admission_policy, opted_in_configmap, requests_topology_condition
+from stormtopo.core.optin import admission_policy, requests_topology_condition
 from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
 from stormtopo.kube.client import Api, NotFound
@@ -176,11 +176,9 @@ def client_config(ca_bundle: bytes, path: str, url_base: str | None, service: tu
     return config
 
 
-def configuration(
-    ca_bundle: bytes, url_base: str | None = None, service: tuple[str, str, int] | None = None, namespace: str = "default"
-) -> list[dict[str, Any]]:
+def configuration(ca_bundle: bytes, url_base: str | None = None, service: tuple[str, str, int] | None = None) -> list[dict[str, Any]]:
     """Every admission object stormtopo registers: the mutating webhooks, the StormService gate, the
-    admission policy with its binding, and the (empty) opted-in list in `namespace`."""
+    admission policies with their bindings (the opted-in lists are written per namespace, as services opt in)."""
 
     def webhook(name: str, path: str, rule: dict[str, Any], label: str, conditions: list[dict[str, str]]) -> dict[str, Any]:
         return {
@@ -235,11 +233,10 @@ def configuration(
             }
         ],
     }
-    return [opted_in_configmap(namespace), mutating, gate, *admission_policy(namespace)]
+    return [mutating, gate, *admission_policy()]
 
 
 _PATHS = {
-    "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
     "MutatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}",
     "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}",
     "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{name}",
@@ -248,8 +245,7 @@ _PATHS = {
 
 
 def register(api: Api, objects: list[dict[str, Any]]) -> None:
-    """Create or update each object by server-side apply (idempotent). The ConfigMap's data is not
-    applied: the opted-in list belongs to the running operator."""
+    """Create or update each object by server-side apply (idempotent)."""
     for obj in objects:
         meta = obj["metadata"]
         path = _PATHS[obj["kind"]].format(namespace=meta.get("namespace", ""), name=meta["name"])

@@ -16,9 +16,9 @@ ADMISSION_FILE = REPO / "deploy" / "helm" / "stormtopo" / "files" / "admission.j
 
 
 def chart_admission_objects() -> dict[str, Any]:
-    """What the operator registers, without what depends on the installation: the ConfigMap (the
-    operator creates it when it first lists a StormService), CA bundles and addresses (kept: the path)."""
-    objects = [o for o in webhook.configuration(b"", url_base="", service=None, namespace="") if o["kind"] != "ConfigMap"]
+    """What the operator registers, without what depends on the installation: CA bundles and addresses
+    (kept: the path)."""
+    objects = webhook.configuration(b"", url_base="", service=None)
     for obj in objects:
         for hook in obj.get("webhooks") or []:
             hook["clientConfig"] = {"path": hook["clientConfig"]["url"]}

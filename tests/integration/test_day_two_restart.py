@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from stormtopo.core.vocabulary import HIGHEST_TIER, MANAGED_BY, MODE, OPTED_IN_CONFIGMAP
+from stormtopo.core.optin import split_key
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv import cluster as dev
 from stormtopo.devenv import processes
 from stormtopo.devenv.client import DevCluster
@@ -36,7 +36,7 @@ from stormtopo.devenv.workloads import stormservice
 from stormtopo.operator.events import IDLE_BEAT
 from tests.conftest import TEST_PERIODS
 
-LEASE_NAMESPACE = "default"  # the operator's default: the Lease and the opted-in ConfigMap live here
+LEASE_NAMESPACE = "default"  # the operator's default: its Lease lives here
 HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
 # A brownout past the 15 s Lease's 10 s renew deadline, with the API server's slow first answers after it.
 BROWNOUT_SECONDS = 25.0
@@ -97,23 +97,7 @@ def _lease(cluster: DevCluster) -> tuple[str, str]:
 
 def _add_stale_key(cluster: DevCluster, key: str) -> None:
     """A key whose StormService does not exist: what a StormService deleted while stormtopo was down leaves."""
-    patch = {"data": {key: "RoleSet"}}
-    try:
-        cluster.core.patch_namespaced_config_map(OPTED_IN_CONFIGMAP, LEASE_NAMESPACE, patch)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        body = {"metadata": {"name": OPTED_IN_CONFIGMAP, "namespace": LEASE_NAMESPACE, "labels": dict(MANAGED_BY)}, **patch}
-        cluster.core.create_namespaced_config_map(LEASE_NAMESPACE, body)
-
-
-def _listed(cluster: DevCluster) -> dict[str, str]:
-    try:
-        return dict(cluster.core.read_namespaced_config_map(OPTED_IN_CONFIGMAP, LEASE_NAMESPACE).data or {})
-    except ApiException as exc:
-        if exc.status == 404:
-            return {}
-        raise
+    cluster.list_opted_in(*split_key(key), "RoleSet")
 
 
 def _reasons(cluster: DevCluster, namespace: str, name: str) -> set[str]:
@@ -157,7 +141,7 @@ def _survives(cluster: DevCluster, cluster_dir: Path, namespace: str, elected: s
     cluster.create(stormservice("typo", namespace, annotations={MODE: "hard", HIGHEST_TIER: "9"}, scheduler_name="nobody"))
     cluster.create(stormservice("after", namespace, annotations=HARD_LEAF, volcano_strategy=False))
 
-    cluster.wait(lambda: stale not in _listed(cluster), 90, f"the stale key {stale} removed by the resync", interval=1.0)
+    cluster.wait(lambda: stale not in cluster.opted_in(), 90, f"the stale key {stale} removed by the resync", interval=1.0)
     unlisted = time.monotonic() - back
     cluster.wait(lambda: "InvalidTopologyRequest" in _reasons(cluster, namespace, "typo"), 90, "the Warning on the invalid request")
     cluster.bound_pods(namespace, "storm-service-name=after", 2, timeout=120)
@@ -262,7 +246,7 @@ def test_healthz_stays_200_on_leader_and_follower_through_an_outage_past_every_l
             placed = time.monotonic() - bound
             # A stale key goes at the second resync that misses it (by design: one miss may be a list racing
             # a create), so two periods.
-            cluster.wait(lambda: stale not in _listed(cluster), 2 * PERIOD + MARGIN, "the stale key removed by the resync", interval=1.0)
+            cluster.wait(lambda: stale not in cluster.opted_in(), 2 * PERIOD + MARGIN, "the stale key removed by the resync", interval=1.0)
             resumed = time.monotonic() - back
             holder, renewed = _lease(cluster)  # kept through the outage: its renew deadline outlasts it
             assert holder == identity

@@ -23,7 +23,7 @@ import yaml
 
 from stormtopo.core.optin import CONFIRM_SECONDS, UNCONFIRMED_LIMIT
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, OPTED_IN_CONFIGMAP
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv import components, webhook_auth
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import stormservice
@@ -32,7 +32,6 @@ from stormtopo.operator.optin import SWEEP_SECONDS
 from tests.conftest import REPO
 
 HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
-OPERATOR_NAMESPACE = "default"  # `dev up` runs the operator with its default namespace: the opted-in list is there
 # 10 forged reviews a second for 25 s, then made-up names for 25 s as fast as one client sends (the issue's
 # 60 s each with STORMTOPO_FLOOD_SECONDS=60, by hand: the same bounds hold, over a longer flood).
 FLOOD_SECONDS = float(os.environ.get("STORMTOPO_FLOOD_SECONDS", "25"))
@@ -134,7 +133,7 @@ class ListWatcher:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def listed(self) -> dict[str, str]:
-        return dict(self.cluster.core.read_namespaced_config_map(OPTED_IN_CONFIGMAP, OPERATOR_NAMESPACE).data or {})
+        return self.cluster.opted_in()
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -21,7 +21,7 @@ from kubernetes import client
 from stormtopo.core.optin import MOVABLE
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
-from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
+from stormtopo.core.vocabulary import HIGHEST_TIER, MANAGED_BY, MODE
 from stormtopo.devenv import components, processes
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.nodes import node_manifests
@@ -499,15 +499,12 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
     # a heals too, and a service named a-roleset-foo (pods a-roleset-foo-roleset-...) does not; a long name
     # heals, whose RoleSets AIBrix names from "<name>-roleset-" cut to 58 characters.
     long = "l" * 52
-    data = {f"{ns}.svc": "RoleSet" + MOVABLE, f"{ns}.plain": "RoleSet", f"{ns}.a": "RoleSet" + MOVABLE, f"{ns}.{long}": "RoleSet" + MOVABLE}
+    data = {"svc": "RoleSet" + MOVABLE, "plain": "RoleSet", "a": "RoleSet" + MOVABLE, long: "RoleSet" + MOVABLE}
     long_pod = (long + "-roleset-")[:58] + "bcdfg-prefill-7d9f-0"
-    listed = {"metadata": {"name": "stormtopo-opted-in", "namespace": NAMESPACE}, "data": data}
-    try:
-        admin.core.create_namespaced_config_map(NAMESPACE, listed)
-    except client.exceptions.ApiException as exc:
-        if exc.status != 409:
-            raise
-        admin.core.patch_namespaced_config_map("stormtopo-opted-in", NAMESPACE, {"data": listed["data"]})
+    # The list of the pods' own namespace (the operator writes one per namespace); another namespace has none.
+    admin.core.create_namespaced_config_map(ns, {"metadata": {"name": "stormtopo-opted-in", "namespace": ns}, "data": data})
+    elsewhere = "evict-other-ns"
+    admin.create_namespace(elsewhere)
 
     def pod(namespace: str, name: str) -> None:
         body = {
@@ -529,6 +526,7 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
     pod(ns, "svc-roleset-abcde-prefill-0")
     pod(ns, "a-roleset-foo-roleset-abcde-prefill-0")  # of a-roleset-foo, which never asked for healing
     pod(ns, long_pod)
+    pod(elsewhere, "svc-roleset-abcde-prefill-0")  # another namespace's svc: its namespace lists nothing
     try:
         # In force, and its params (the opted-in list) read: probed with dry runs, which evict nothing.
         def in_force() -> bool:
@@ -541,6 +539,7 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
         assert _refused(evict(ns, "other-roleset-abcde-prefill-0"))
         assert _refused(evict(ns, "plain-roleset-abcde-prefill-0"))
         assert _refused(evict(ns, "a-roleset-foo-roleset-abcde-prefill-0"))
+        assert _refused(evict(elsewhere, "svc-roleset-abcde-prefill-0"))
         allowed = evict(ns, "svc-roleset-abcde-prefill-0")
         assert allowed.returncode == 0, allowed.stderr
         allowed = evict(ns, long_pod)
@@ -569,6 +568,42 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
         assert admin.core.read_namespaced_pod("system-critical", "kube-system").metadata.deletion_timestamp is None
     finally:
         admin.core.delete_namespaced_pod("system-critical", "kube-system", grace_period_seconds=0)
+        admin.delete_namespace(ns)
+        admin.delete_namespace(elsewhere)
+
+
+def test_service_account_writes_only_opted_in_lists_among_configmaps(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
+    """Issue 42, item 1: the opted-in lists live in each namespace, so the ServiceAccount may create
+    ConfigMaps anywhere (RBAC cannot name what is created): the policy opted-in-lists-only keeps it to
+    ConfigMaps named stormtopo-opted-in with stormtopo's label; it reads and lists ConfigMaps only by that
+    name. Each tried both ways, as the ServiceAccount, with server-side dry runs."""
+    state, admin = chart_cluster
+    install(state, render())
+    sa = service_account_kubeconfig(state, tmp_path)
+    ns = "lists-ns"
+    admin.create_namespace(ns)
+
+    def create(name: str, labels: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "data": {"svc": "RoleSet"},
+        }
+        return kubectl(state, "create", "--dry-run=server", "-f", "-", stdin=json.dumps(body), kubeconfig=sa)
+
+    try:
+        admin.wait(lambda: _refused(create("app-config", dict(MANAGED_BY))), 60, "the policy in force")
+        assert "opted-in-lists-only" in create("app-config", dict(MANAGED_BY)).stderr
+        assert _refused(create("stormtopo-opted-in", {}))  # without stormtopo's label
+        allowed = create("stormtopo-opted-in", dict(MANAGED_BY))
+        assert allowed.returncode == 0, allowed.stderr
+        # Reads: by that name only.
+        every = kubectl(state, "get", "configmaps", "-A", "--field-selector=metadata.name=stormtopo-opted-in", kubeconfig=sa)
+        assert every.returncode == 0, every.stderr
+        assert _refused(kubectl(state, "get", "configmaps", "-A", kubeconfig=sa))
+        assert _refused(kubectl(state, "get", "configmap", "kube-root-ca.crt", "-n", ns, kubeconfig=sa))
+    finally:
         admin.delete_namespace(ns)
 
 

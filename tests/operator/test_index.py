@@ -79,7 +79,7 @@ def test_a_relist_forgets_what_was_deleted_while_the_watch_was_down_but_not_what
 def test_the_opted_in_list_forgets_a_stormservice_only_after_two_checks_without_it() -> None:
     from stormtopo.operator.optin import OptedInList
 
-    listed = OptedInList(api=None, namespace="stormtopo")  # type: ignore[arg-type]  # stale() makes no API calls
+    listed = OptedInList(api=None)  # type: ignore[arg-type]  # stale() makes no API calls
     listed.listed = {"ns.gone": "RoleSet", "ns.here": "RoleSet", "ns.new": "RoleSet"}
     assert listed.stale({"ns.here": None}) == []  # first check: maybe just created by the gate
     assert listed.stale({"ns.here": None, "ns.new": None}) == ["ns.gone"]
@@ -127,15 +127,16 @@ def test_listing_when_another_replica_creates_the_list_first() -> None:
             if method == "PATCH" and calls.count("PATCH") == 1:
                 raise NotFound(404, method, path, "not found")  # not created yet
             if method == "POST":
-                stored.update({"other/svc": "StormService"})  # the other replica's create landed first
+                stored.update({"other": "StormService"})  # the other replica's create landed first
                 raise Conflict(409, method, path, "already exists")
+            assert path == "/api/v1/namespaces/ns/configmaps/stormtopo-opted-in"  # the service's own namespace
             stored.update(body["data"])
             return {"data": dict(stored)}
 
-    listed = OptedInList(cast(Any, Racing()), "stormtopo")
+    listed = OptedInList(cast(Any, Racing()))
     asyncio.run(listed.record("ns", "svc", "StormService"))
     assert calls == ["PATCH", "POST", "PATCH"]
-    assert len(stored) == 2 and listed.listed
+    assert stored == {"other": "StormService", "svc": "StormService"} and listed.listed == {"ns.svc": "StormService"}
 
 
 def test_pods_freed_counts_only_admitted_pods_that_left_a_node() -> None:
@@ -193,7 +194,7 @@ def test_no_opted_in_key_is_judged_stale_before_the_first_complete_list() -> Non
             self.listed = {"ns.not-seen-yet": "RoleSet"}
 
     index = Index(cast(Any, None))
-    listed = Listed(api=cast(Any, None), namespace="stormtopo")
+    listed = Listed(api=cast(Any, None))
     reconciler = Reconciler(index, cast(Any, None), cast(Any, None), listed)
     for _ in range(3):  # three resyncs before the first list is in: nothing judged absent
         asyncio.run(reconciler.refresh_opted_in())

@@ -24,10 +24,13 @@ from stormtopo.core.optin import (
     REFUTED_LIMIT,
     UNCONFIRMED_LIMIT,
     Unconfirmed,
+    admission_policy,
     confirmed,
     expiry_verdict,
     gate_listing,
     listing,
+    opted_in_key,
+    split_key,
 )
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE, SCOPE
 from stormtopo.devenv import processes, webhook_auth
@@ -163,26 +166,46 @@ def test_refuted_versions_are_remembered_within_a_bound() -> None:
 
 # -- the Gate, with a fake API ---------------------------------------------------------------------
 class FakeApi:
-    """The opted-in ConfigMap as the API server would keep it; counts writes (each a ConfigMap revision)."""
+    """Every namespace's opted-in ConfigMap as the API server would keep them; counts writes (each a
+    ConfigMap revision). `data` is what they list together, by opted_in_key (None: no list made yet)."""
 
     def __init__(self) -> None:
-        self.data: dict[str, str] | None = None
+        self.lists: dict[str, dict[str, str]] = {}  # namespace -> its ConfigMap's data
+        self.paths: list[str] = []  # the ConfigMaps written, by path
         self.writes = 0
         self.fail = False
+
+    @property
+    def data(self) -> dict[str, str] | None:
+        if not self.lists:
+            return None
+        return {opted_in_key(ns, name): value for ns, listed in self.lists.items() for name, value in listed.items()}
+
+    @data.setter
+    def data(self, value: Mapping[str, str] | None) -> None:
+        self.lists = {}
+        for key, scope in (value or {}).items():
+            namespace, name = split_key(key)
+            self.lists.setdefault(namespace, {})[name] = scope
+
+    def raw_list(self, path: str, **_: str) -> list[dict[str, Any]]:
+        return [{"metadata": {"name": "stormtopo-opted-in", "namespace": ns}, "data": dict(d)} for ns, d in self.lists.items()]
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "", **_: str) -> Any:
         if self.fail:
             raise ApiError.of(500, method, path, "etcdserver: request timed out")
+        namespace = path.split("/namespaces/")[1].split("/")[0]
+        listed = self.lists.get(namespace)
         if method == "GET":
-            if self.data is None:
+            if listed is None:
                 raise ApiError.of(404, method, path, "not found")
-            return {"data": dict(self.data)}
+            return {"data": dict(listed)}
         if method == "PATCH":
-            if self.data is None:
+            if listed is None:
                 raise ApiError.of(404, method, path, "not found")
-            changed = dict(self.data)
+            changed = dict(listed)
         else:  # POST: create
-            if self.data is not None:
+            if listed is not None:
                 raise ApiError.of(409, method, path, "exists")
             changed = {}
         for key, value in (body or {}).get("data", {}).items():
@@ -190,9 +213,10 @@ class FakeApi:
                 changed.pop(key, None)
             else:
                 changed[key] = value
-        if changed != self.data:
+        if changed != listed:
             self.writes += 1
-        self.data = changed
+        self.lists[namespace] = changed
+        self.paths.append(path)
         return {"data": dict(changed)}
 
 
@@ -228,7 +252,7 @@ class Clock:
 
 def make_gate(limit: int = 4) -> tuple[Gate, FakeApi, Cluster, Clock]:
     api, cluster, clock = FakeApi(), Cluster(), Clock()
-    gate = Gate(OptedInList(api, "stormtopo-system"), cluster.indexed, cluster.read, Unconfirmed(limit=limit, ttl=10.0), clock)  # type: ignore[arg-type]
+    gate = Gate(OptedInList(api), cluster.indexed, cluster.read, Unconfirmed(limit=limit, ttl=10.0), clock)  # type: ignore[arg-type]
     return gate, api, cluster, clock
 
 
@@ -269,6 +293,27 @@ def test_a_genuine_create_is_confirmed_by_its_watch_event_and_frees_its_slot() -
         assert api.data == {"ns.real": "RoleSet", "ns.another": "RoleSet"}
 
     asyncio.run(scenario())
+
+
+def test_each_namespace_keeps_its_own_list_and_the_policy_reads_the_pods_own() -> None:
+    """Issue 42, item 1: a listing is one small patch of its own namespace's list, whatever other
+    namespaces hold; the pods policy's paramRef names no namespace (the API server reads the list of
+    the pod's namespace) and looks the pod's StormService up by its name."""
+
+    async def scenario() -> None:
+        gate, api, _, _ = make_gate(limit=8)
+        for namespace in ("team-a", "team-b"):
+            svc = service("svc", HARD)
+            svc["metadata"]["namespace"] = namespace
+            assert await gate.review(review("CREATE", svc)) is None
+        assert api.lists == {"team-a": {"svc": "RoleSet"}, "team-b": {"svc": "RoleSet"}}
+        assert set(api.paths) == {f"/api/v1/namespaces/{ns}/configmaps" for ns in ("team-a", "team-b")}  # created, each its own
+
+    asyncio.run(scenario())
+    policy, binding = admission_policy()[:2]
+    assert binding["spec"]["paramRef"] == {"name": "stormtopo-opted-in", "parameterNotFoundAction": "Allow"}
+    key = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "key")
+    assert "object.metadata.namespace" not in key and "['storm-service-name']" in key
 
 
 def test_a_forged_create_or_stale_update_of_another_tenants_service_lists_nothing() -> None:
@@ -453,8 +498,8 @@ def test_with_a_client_ca_the_gate_answers_only_callers_with_its_certificate(tmp
     cert, key, server_ca, client_ca = _tls_files(tmp_path)
     api = FakeApi()
     index = FakeIndex(api)
-    gate = Gate(OptedInList(api, "stormtopo-system"), lambda ns, n: None, _absent)  # type: ignore[arg-type]
-    app = webhook.build_app(index, OptedInList(api, "stormtopo-system"), client_ca=str(tmp_path / "client-ca.crt"), gate=gate)  # type: ignore[arg-type]
+    gate = Gate(OptedInList(api), lambda ns, n: None, _absent)  # type: ignore[arg-type]
+    app = webhook.build_app(index, OptedInList(api), client_ca=str(tmp_path / "client-ca.crt"), gate=gate)  # type: ignore[arg-type]
     context = webhook.tls_context(cert, key, client_ca=str(tmp_path / "client-ca.crt"))
     port = processes.free_port()
     loop, runner = _serve(app, context, port)
@@ -505,7 +550,7 @@ def test_the_pod_webhook_passes_the_podgroup_of_the_gang_the_pod_joins(tmp_path:
     api = FakeApi()
     index = FakeIndex(api)
     index.podgroups = {"svc-roleset-1": {"metadata": {"name": "svc-roleset-1"}}, "svc": {"metadata": {"name": "svc"}}}
-    app = webhook.build_app(index, OptedInList(api, "stormtopo-system"), client_ca="")  # type: ignore[arg-type]
+    app = webhook.build_app(index, OptedInList(api), client_ca="")  # type: ignore[arg-type]
     port = processes.free_port()
     loop, runner = _serve(app, webhook.tls_context(cert, key, client_ca=""), port)
     pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {"storm-service-name": "svc", "roleset-name": "svc-roleset-1"}}}
