@@ -45,7 +45,14 @@ from tests.integration.chart import (
 )
 
 # templates/admission-policy.yaml
-CHART_POLICIES = ["own-keys-only", "own-podgroup-fields", "node-tier-only", "evict-opted-in-only", "delete-unbound-only"]
+CHART_POLICIES = [
+    "own-keys-only",
+    "own-podgroup-fields",
+    "node-tier-only",
+    "evict-opted-in-only",
+    "opted-in-lists-only",
+    "delete-unbound-only",
+]
 OPERATOR_POLICIES = [o["metadata"]["name"] for o in webhook.configuration(b"") if o["kind"] == "ValidatingAdmissionPolicy"]
 
 
@@ -70,7 +77,9 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
             *["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * len(OPERATOR_POLICIES),  # the operator's
             "Role",  # leader election
             "RoleBinding",
-            "Role",  # the opted-in list
+            "ClusterRole",  # the opted-in lists, in every namespace, by name
+            "ClusterRoleBinding",
+            "Role",  # the uninstall hook stops the Deployment
             "RoleBinding",
             "PodDisruptionBudget",  # two replicas
             "Secret",
@@ -89,7 +98,9 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
     expected = {f"{SA}-{name}" for name in CHART_POLICIES} | {f"{SA}-{name.removeprefix('stormtopo-')}" for name in OPERATOR_POLICIES}
     assert policies == expected  # one name each, per release
     assert {b["spec"]["policyName"] for b in bindings} == policies
-    assert all(b["spec"]["paramRef"]["namespace"] == NAMESPACE for b in bindings if "paramRef" in b["spec"])
+    # Each reads the opted-in list of the admitted object's own namespace (a paramRef without a namespace).
+    refs = [b["spec"]["paramRef"] for b in bindings if "paramRef" in b["spec"]]
+    assert len(refs) == 2 and all(r["name"] == "stormtopo-opted-in" and "namespace" not in r for r in refs), refs
     deployment = next(d for d in generated if d and d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] >= 2 and "--leader-elect" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
