@@ -217,6 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--services", type=int, default=10_000, help="StormServices that never opted in (default 10,000)")
     p.add_argument("--replicas", type=int, default=3, help="RoleSets of each (default 3: 30,000 RoleSets)")
     p = add(
+        "optin-creates",
+        run_optin_creates,
+        "300 opted-in creates against 300 plain, with nothing opted in and after --background more (issue 42): ratios, refusals.",
+        "optin-creates.json",
+    )
+    p.add_argument("--background", type=int, default=10_000, help="StormServices opted in between the two rounds (default 10,000)")
+    p.add_argument("--namespaces", type=int, default=100, help="namespaces they are spread over (default 100)")
+    p = add(
         "uninstall",
         run_uninstall,
         "the chart's uninstall hook over 1,000 and 10,000 admitted pods: its peak RSS and wall time (one local control plane).",
@@ -490,6 +498,16 @@ def run_loop_stall(args: argparse.Namespace, command: str) -> int:
 
     result = loop_stall.run(args.services, args.replicas)
     path = record.write(args.name or "loop-stall", command, result)
+    print(f"results: {path}")
+    _print_json(result)
+    return 0
+
+
+def run_optin_creates(args: argparse.Namespace, command: str) -> int:
+    from bench import optin_creates
+
+    result = optin_creates.run(args.background, args.namespaces)
+    path = record.write(args.name or "optin-creates", command, result)
     print(f"results: {path}")
     _print_json(result)
     return 0

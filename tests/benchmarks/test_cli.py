@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "admission",
     "preemption",
     "loop-stall",
+    "optin-creates",
     "uninstall",
     "scale-nodes",
     "foreign-pods",

@@ -1,0 +1,102 @@
+"""Opt-in at scale (issue 42, items 1 and 2): what creating a StormService that asks for a topology costs
+beside creating a plain one, with nothing opted in yet and again after many more are opted in.
+
+On one local control plane with the operator (its StormService gate fails closed and writes the opted-in
+list of the service's namespace), CLIENTS threads create ROUND opted-in StormServices and ROUND plain ones
+(`replicas: 0`: nothing for AIBrix to place), each round in a namespace of its own; then `--background`
+more are opted in, spread over `--namespaces` namespaces (the teams of a shared cluster), and the rounds run
+again. Reported: each round's seconds, the opted-in/plain ratio at both sizes, creates refused, and etcd's
+database growth per opted-in create. The anchor of every ratio is the plain round of the same moment.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
+from stormtopo.devenv import cluster
+from stormtopo.devenv.client import DevCluster
+from stormtopo.devenv.workloads import stormservice
+
+CLIENTS = 8
+ROUND = 300
+HARD = {MODE: "hard", HIGHEST_TIER: "1"}
+
+
+def etcd_db_bytes(admin: DevCluster) -> int:
+    port = json.loads((admin.state_dir / "cluster.json").read_text())["ports"]["etcd"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()
+    return next(int(float(line.split()[-1])) for line in metrics.splitlines() if line.startswith("etcd_mvcc_db_total_size_in_bytes "))
+
+
+def create_all(admin: DevCluster, names: list[tuple[str, str]], opted_in: bool) -> tuple[float, int]:
+    """Create each (namespace, name) from CLIENTS threads; (seconds, creates refused)."""
+    refused = [0]
+
+    def create(where: tuple[str, str]) -> None:
+        namespace, name = where
+        body = stormservice(name, namespace, replicas=0, annotations=HARD if opted_in else None)
+        try:
+            admin.create(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                refused[0] += 1
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(create, names))
+    return time.monotonic() - started, refused[0]
+
+
+def rounds(admin: DevCluster, label: str) -> dict[str, Any]:
+    """ROUND opted-in creates, then ROUND plain ones, each in a fresh namespace."""
+    out: dict[str, Any] = {}
+    for kind, opted_in in (("opted_in", True), ("plain", False)):
+        namespace = f"round-{label}-{kind.replace('_', '-')}"
+        admin.create_namespace(namespace)
+        before = etcd_db_bytes(admin)
+        seconds, refused = create_all(admin, [(namespace, f"svc-{i:05d}") for i in range(ROUND)], opted_in)
+        out[kind] = {"seconds": round(seconds, 2), "refused": refused, "etcd_db_growth_bytes": etcd_db_bytes(admin) - before}
+    out["ratio"] = round(out["opted_in"]["seconds"] / out["plain"]["seconds"], 3)
+    out["etcd_growth_per_opted_in_create_bytes"] = round(out["opted_in"]["etcd_db_growth_bytes"] / ROUND)
+    return out
+
+
+def run(background: int = 10_000, namespaces: int = 100) -> dict[str, Any]:
+    state = Path(tempfile.mkdtemp(prefix="stormtopo-bench-optin-"))
+    cluster.up(state, timeout=300)
+    try:
+        admin = DevCluster(state)
+        empty = rounds(admin, "empty")
+        print(f"  nothing opted in: opted-in {empty['opted_in']['seconds']} s, plain {empty['plain']['seconds']} s", flush=True)
+        spread = [f"team-{i:03d}" for i in range(namespaces)]
+        for namespace in spread:
+            admin.create_namespace(namespace)
+        started = time.monotonic()
+        seconds, refused = create_all(admin, [(spread[i % namespaces], f"bg-{i:05d}") for i in range(background)], True)
+        print(f"  {background} more opted in over {namespaces} namespaces in {seconds:.0f} s ({refused} refused)", flush=True)
+        listed = len(admin.opted_in())
+        full = rounds(admin, "full")
+        print(f"  after them: opted-in {full['opted_in']['seconds']} s, plain {full['plain']['seconds']} s", flush=True)
+        return {
+            "round": ROUND,
+            "clients": CLIENTS,
+            "background": {"opted_in": background, "namespaces": namespaces, "seconds": round(seconds, 1), "refused": refused},
+            "listed_after_background": listed,
+            "empty": empty,
+            "full": full,
+            "ratio_empty": empty["ratio"],
+            "ratio_full": full["ratio"],
+            "background_wall_seconds": round(time.monotonic() - started, 1),
+        }
+    finally:
+        cluster.down(state)
