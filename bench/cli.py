@@ -224,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--background", type=int, default=10_000, help="StormServices opted in between the two rounds (default 10,000)")
     p.add_argument("--namespaces", type=int, default=100, help="namespaces they are spread over (default 100)")
+    p.add_argument("--operator-source", help="run the operator of another checkout (its directory), e.g. an older commit's")
     p = add(
         "uninstall",
         run_uninstall,
@@ -506,8 +507,10 @@ def run_loop_stall(args: argparse.Namespace, command: str) -> int:
 def run_optin_creates(args: argparse.Namespace, command: str) -> int:
     from bench import optin_creates
 
-    result = optin_creates.run(args.background, args.namespaces)
-    path = record.write(args.name or "optin-creates", command, result)
+    if args.operator_source:  # the operator processes inherit it; this process keeps its own modules
+        os.environ["PYTHONPATH"] = str(Path(args.operator_source).resolve())
+    result = {**optin_creates.run(args.background, args.namespaces), "operator_source": args.operator_source or ""}
+    path = record.write(args.name or ("optin-creates-before" if args.operator_source else "optin-creates"), command, result)
     print(f"results: {path}")
     _print_json(result)
     return 0

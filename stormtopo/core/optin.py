@@ -24,6 +24,7 @@ This module is the pure part: keys, the policy objects, and the gate's decision.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +55,18 @@ def opted_in_key(namespace: str, stormservice: str) -> str:
     """How stormtopo names a listing in memory: namespaces hold no dots, so the first dot separates the
     two. In the cluster the key is the StormService's name, in its namespace's ConfigMap."""
     return f"{namespace}.{stormservice}"
+
+
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_NAMESPACE = re.compile(f"^{_LABEL}$")
+_NAME = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+
+
+def valid_names(namespace: str, stormservice: str) -> bool:
+    """A namespace the API server would accept (a DNS-1123 label) and a StormService name (a DNS-1123
+    subdomain): what a review names goes into request paths, and a made-up one ("victim/configmaps/...#")
+    must not reach another namespace's list."""
+    return len(namespace) <= 63 and bool(_NAMESPACE.match(namespace)) and len(stormservice) <= 253 and bool(_NAME.match(stormservice))
 
 
 def split_key(key: str) -> tuple[str, str]:

@@ -6,10 +6,12 @@ core/optin.py, "what the gate may list")."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 from stormtopo.core.optin import (
     Unconfirmed,
@@ -21,6 +23,7 @@ from stormtopo.core.optin import (
     opted_in_configmap,
     opted_in_key,
     split_key,
+    valid_names,
 )
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
 from stormtopo.kube.client import MERGE_PATCH, Api, Conflict, NotFound
@@ -29,11 +32,12 @@ log = logging.getLogger("stormtopo.optin")
 
 
 def list_path(namespace: str) -> str:
-    return f"/api/v1/namespaces/{namespace}/configmaps/{OPTED_IN_CONFIGMAP}"
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/configmaps/{OPTED_IN_CONFIGMAP}"
 
 
 def every_list(api: Api) -> list[dict[str, Any]]:
-    """Every namespace's opted-in list, a page at a time (the chart's RBAC grants list by this name only)."""
+    """Every namespace's opted-in list, a page at a time (the chart's RBAC grants list by this name only). Since
+    Kubernetes 1.31 (consistent reads from the watch cache) the API server filters by name in its cache."""
     return api.raw_list("/api/v1/configmaps", fieldSelector=f"metadata.name={OPTED_IN_CONFIGMAP}")
 
 
@@ -70,7 +74,9 @@ class OptedInList:
             if want is None:
                 return
             try:
-                self.api.request("POST", f"/api/v1/namespaces/{namespace}/configmaps", {**opted_in_configmap(namespace), "data": change})
+                self.api.request(
+                    "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/configmaps", {**opted_in_configmap(namespace), "data": change}
+                )
             except Conflict:
                 # Another replica (or this one's other admission) created it meanwhile: add to theirs.
                 self.api.request("PATCH", list_path(namespace), {"data": change}, MERGE_PATCH)
@@ -78,6 +84,14 @@ class OptedInList:
             self.listed.pop(key, None)
         else:
             self.listed[key] = want
+
+    def unlist(self, namespace: str, stormservices: list[str]) -> None:
+        """Take these out of their namespace's list in one merge patch, however many: a list a tenant
+        filled with junk costs one write per resync, not one per key."""
+        with contextlib.suppress(NotFound):  # the list is gone already
+            self.api.request("PATCH", list_path(namespace), {"data": dict.fromkeys(stormservices)}, MERGE_PATCH)
+        for name in stormservices:
+            self.listed.pop(opted_in_key(namespace, name), None)
 
     def stale(self, present: Mapping[str, object]) -> list[str]:
         """Listed keys whose StormService was absent at this and the previous check (`present`: the
@@ -91,6 +105,8 @@ class OptedInList:
 
 Lookup = Callable[[str, str], Awaitable[dict[str, Any] | None]]  # (namespace, name) -> the StormService or None
 SWEEP_SECONDS = 1.0  # how often unconfirmed listings are checked (each is due CONFIRM_SECONDS after it was written)
+ROOM_WAIT = 2.0  # seconds a review waits for the watch to confirm listings when the unconfirmed ones are at their bound
+ROOM_POLL = 0.05
 
 
 class Gate:
@@ -105,12 +121,14 @@ class Gate:
         stored: Lookup,
         unconfirmed: Unconfirmed | None = None,
         clock: Callable[[], float] = time.monotonic,
+        room_wait: float = ROOM_WAIT,
     ) -> None:
         self.opted_in = opted_in
         self.indexed = indexed
         self.stored = stored
         self.unconfirmed = unconfirmed or Unconfirmed()
         self.clock = clock
+        self.room_wait = room_wait
         self._sweeping = asyncio.Lock()
 
     async def review(self, request: Mapping[str, Any]) -> str | None:
@@ -120,11 +138,11 @@ class Gate:
         meta = obj.get("metadata") or {}
         namespace, name = str(request.get("namespace") or meta.get("namespace") or ""), str(meta.get("name") or "")
         operation = str(request.get("operation") or "")
-        if request.get("dryRun") or not name or not namespace:
-            return None
+        if request.get("dryRun") or not valid_names(namespace, name):
+            return None  # a real review names a valid namespace and StormService: a made-up one lists nothing
         key = opted_in_key(namespace, name)
         self._confirm_from_index()
-        if operation == "CREATE" and not self.unconfirmed.has_room(key) and self.indexed(namespace, name) is None:
+        if operation == "CREATE" and not await self._room_for(key) and self.indexed(namespace, name) is None:
             return self._full()  # before any API read: made-up names beyond the bound cost nothing
         current = self.indexed(namespace, name)
         if not self._is_oldobject(request, current):
@@ -133,7 +151,7 @@ class Gate:
         if want is None:
             log.debug("gate lists nothing for %s (%s): %s", key, operation, why)
             return None
-        if not self.unconfirmed.has_room(key):  # re-checked: other reviews may have filled it meanwhile
+        if not await self._room_for(key):  # re-checked: other reviews may have filled it meanwhile
             return self._full()
         new = self.unconfirmed.add(key, self.clock())
         if not new and self.opted_in.listed.get(key) == want:
@@ -157,6 +175,18 @@ class Gate:
             return True
         old = (request.get("oldObject") or {}).get("metadata") or {}
         return bool(old.get("resourceVersion")) and old.get("resourceVersion") == (current.get("metadata") or {}).get("resourceVersion")
+
+    async def _room_for(self, key: str) -> bool:
+        """Room for `key` among the unconfirmed listings, waiting up to ROOM_WAIT for the watch to confirm
+        some: a burst of genuine creates (a GitOps sync) outruns the watch by a moment and is then let in;
+        made-up names stay bounded (each waits, then is refused)."""
+        deadline = time.monotonic() + self.room_wait  # real time: the watch's lag, not the listings' clock
+        while not self.unconfirmed.has_room(key):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(ROOM_POLL)
+            self._confirm_from_index()
+        return True
 
     def _full(self) -> str:
         return (

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.optin import opted_in_key
+from stormtopo.core.optin import opted_in_key, split_key
 from stormtopo.core.reconciliation import plan_stormservice
 from stormtopo.core.writes import ListOptedIn
 from stormtopo.kube.client import Api, KubeError
@@ -63,9 +63,15 @@ class Reconciler:
         if not self.index.caught_up:
             return  # before the first complete list, a StormService not known yet is no stale one
         present = {opted_in_key(*key): None for key in self.index.stormservices}
+        stale: dict[str, list[str]] = {}
         for key in self.opted_in.stale(present):
-            namespace, _, name = key.partition(".")
-            await execute(self.api, [ListOptedIn(namespace, name, None)], opted_in=self.opted_in)
+            namespace, name = split_key(key)
+            stale.setdefault(namespace, []).append(name)
+        for namespace, names in stale.items():  # one write per namespace, however many keys it lists
+            try:
+                await asyncio.to_thread(self.opted_in.unlist, namespace, names)
+            except (KubeError, OSError) as exc:  # retried at the next resync
+                log.warning("could not unlist %d stale StormServices of %s: %s", len(names), namespace, exc)
 
     def forget(self, key: Key) -> None:
         """A StormService was deleted: drop what was said about it."""

@@ -250,9 +250,9 @@ class Clock:
         return self.now
 
 
-def make_gate(limit: int = 4) -> tuple[Gate, FakeApi, Cluster, Clock]:
+def make_gate(limit: int = 4, room_wait: float = 0.0) -> tuple[Gate, FakeApi, Cluster, Clock]:
     api, cluster, clock = FakeApi(), Cluster(), Clock()
-    gate = Gate(OptedInList(api), cluster.indexed, cluster.read, Unconfirmed(limit=limit, ttl=10.0), clock)  # type: ignore[arg-type]
+    gate = Gate(OptedInList(api), cluster.indexed, cluster.read, Unconfirmed(limit=limit, ttl=10.0), clock, room_wait)  # type: ignore[arg-type]
     return gate, api, cluster, clock
 
 
@@ -314,6 +314,57 @@ def test_each_namespace_keeps_its_own_list_and_the_policy_reads_the_pods_own() -
     assert binding["spec"]["paramRef"] == {"name": "stormtopo-opted-in", "parameterNotFoundAction": "Allow"}
     key = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "key")
     assert "object.metadata.namespace" not in key and "['storm-service-name']" in key
+
+
+def test_a_burst_beyond_the_bound_waits_for_the_watch_instead_of_being_refused() -> None:
+    """Issue 42, item 2: a burst is not an attack. With the unconfirmed listings at their bound, a create
+    waits (up to ROOM_WAIT) for the watch to confirm one, and is listed; made-up names are still refused."""
+
+    async def scenario() -> None:
+        gate, api, cluster, _ = make_gate(limit=1, room_wait=2.0)
+        first = service("first", HARD)
+        assert await gate.review(review("CREATE", first)) is None
+
+        async def its_watch_event() -> None:
+            await asyncio.sleep(0.2)
+            cluster.put(first)  # stored and watched: confirms the first listing
+
+        event = asyncio.create_task(its_watch_event())
+        assert await gate.review(review("CREATE", service("second", HARD))) is None  # waited, then listed
+        await event
+        assert api.data == {"ns.first": "RoleSet", "ns.second": "RoleSet"}
+        refused = await gate.review(review("CREATE", service("made-up", HARD)))  # nothing confirms "second"
+        assert refused is not None and "not confirmed yet" in refused
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name"),
+    [("victim/configmaps/stormtopo-opted-in#", "realsvc"), ("ns", "a/../../b"), ("NS", "svc"), ("ns", "svc?x=1"), ("n" * 64, "svc")],
+)
+def test_a_review_naming_no_valid_namespace_or_stormservice_lists_nothing_anywhere(namespace: str, name: str) -> None:
+    """Review of issue 42's change: what a review names goes into request paths, so a made-up namespace
+    such as "victim/configmaps/stormtopo-opted-in#" must not reach another namespace's list."""
+
+    async def scenario() -> None:
+        gate, api, cluster, _ = make_gate()
+        forged = service(name, HARD)
+        forged["metadata"]["namespace"] = namespace
+        assert await gate.review(review("CREATE", forged)) is None
+        assert api.data is None and api.paths == [] and cluster.reads == 0
+
+    asyncio.run(scenario())
+
+
+def test_stale_listings_of_a_namespace_go_in_one_write_however_many() -> None:
+    """A list a tenant filled with junk costs one write per resync, not one per key."""
+    api = FakeApi()
+    api.data = {**{f"ns.junk-{i}": "RoleSet" for i in range(1000)}, "ns.real": "RoleSet"}
+    listed = OptedInList(api)  # type: ignore[arg-type]
+    listed.refresh()
+    listed.unlist("ns", [f"junk-{i}" for i in range(1000)])
+    assert api.data == {"ns.real": "RoleSet"} and api.writes == 1 and listed.listed == {"ns.real": "RoleSet"}
 
 
 def test_a_forged_create_or_stale_update_of_another_tenants_service_lists_nothing() -> None:
