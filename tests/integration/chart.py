@@ -123,6 +123,17 @@ def http_ok(url: str) -> bool:
         return False
 
 
+@contextmanager
+def running_as_installed(state: Path, directory: Path, *sets: str) -> Iterator[InstalledOperator]:
+    """The cluster's operator replaced by one run as the chart runs it (with these values), and put back."""
+    installed = InstalledOperator(state, directory)
+    installed.start(*sets)
+    try:
+        yield installed
+    finally:
+        installed.stop()
+
+
 class InstalledOperator:
     """The operator of a running `stormtopo dev up` cluster replaced by one run as the chart's Deployment
     runs it (issue 34: features that write what they did not create are tested as installed): the chart

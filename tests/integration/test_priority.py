@@ -26,7 +26,7 @@ from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import GPU, HIGHEST_TIER, MODE, ROLESET_LABEL
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import IMAGE, Role, stormservice
-from tests.integration.chart import InstalledOperator
+from tests.integration.chart import InstalledOperator, running_as_installed
 
 HIGH, LOW = "stormtopo-test-inference", "stormtopo-test-batch"
 BATCH = "stormtopo.io/test-batch=true"
@@ -34,12 +34,8 @@ BATCH = "stormtopo.io/test-batch=true"
 
 @pytest.fixture(scope="module", autouse=True)
 def as_installed(cluster_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledOperator]:
-    installed = InstalledOperator(cluster_dir, tmp_path_factory.mktemp("priority-as-installed"))
-    installed.start()
-    try:
+    with running_as_installed(cluster_dir, tmp_path_factory.mktemp("priority-as-installed")) as installed:
         yield installed
-    finally:
-        installed.stop()
 
 
 @pytest.fixture(scope="module")

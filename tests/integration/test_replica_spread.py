@@ -22,17 +22,13 @@ from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REPLICA_SPREAD_TIER
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import filler_pod, stormservice
 from tests.conftest import TEST_PERIODS, stormtopo
-from tests.integration.chart import InstalledOperator
+from tests.integration.chart import InstalledOperator, running_as_installed
 
 
 @pytest.fixture(scope="module", autouse=True)
 def as_installed(cluster: DevCluster, cluster_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledOperator]:
-    installed = InstalledOperator(cluster_dir, tmp_path_factory.mktemp("spread-as-installed"))
-    installed.start()
-    try:
+    with running_as_installed(cluster_dir, tmp_path_factory.mktemp("spread-as-installed")) as installed:
         yield installed
-    finally:
-        installed.stop()
 
 
 def spread(tier: int) -> dict[str, str]:
