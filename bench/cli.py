@@ -256,6 +256,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return runner(args, command)
 
 
+def _use_operator_source(args: argparse.Namespace) -> None:
+    """--operator-source DIR: the operator processes a run starts inherit PYTHONPATH=DIR (another checkout's
+    code, for a before/after pair in one session); this process keeps its own modules."""
+    if args.operator_source:
+        os.environ["PYTHONPATH"] = str(Path(args.operator_source).resolve())
+
+
 def _print_json(value: Any) -> None:
     print(json.dumps(value, default=str), flush=True)
 
@@ -338,8 +345,7 @@ def run_scale_nodes(args: argparse.Namespace, command: str) -> int:
 def run_foreign_pods(args: argparse.Namespace, command: str) -> int:
     from bench import foreign_pods
 
-    if args.operator_source:  # the operator processes inherit it; this process keeps its own modules
-        os.environ["PYTHONPATH"] = str(Path(args.operator_source).resolve())
+    _use_operator_source(args)
     result = foreign_pods.run()
     record.write(args.name or ("foreign-pods-before" if args.operator_source else "foreign-pods"), command, {"foreign_pods": result})
     _print_json(result)
@@ -349,8 +355,7 @@ def run_foreign_pods(args: argparse.Namespace, command: str) -> int:
 def run_idle_lists(args: argparse.Namespace, command: str) -> int:
     from bench import idle_lists
 
-    if args.operator_source:  # the operator processes inherit it; this process keeps its own modules
-        os.environ["PYTHONPATH"] = str(Path(args.operator_source).resolve())
+    _use_operator_source(args)
     result = {**idle_lists.run(args.others), "operator_source": args.operator_source or ""}
     record.write(args.name or ("idle-lists-before" if args.operator_source else "idle-lists"), command, {"idle_lists": result})
     _print_json(result)
@@ -507,8 +512,7 @@ def run_loop_stall(args: argparse.Namespace, command: str) -> int:
 def run_optin_creates(args: argparse.Namespace, command: str) -> int:
     from bench import optin_creates
 
-    if args.operator_source:  # the operator processes inherit it; this process keeps its own modules
-        os.environ["PYTHONPATH"] = str(Path(args.operator_source).resolve())
+    _use_operator_source(args)
     result = {**optin_creates.run(args.background, args.namespaces), "operator_source": args.operator_source or ""}
     path = record.write(args.name or ("optin-creates-before" if args.operator_source else "optin-creates"), command, result)
     print(f"results: {path}")
