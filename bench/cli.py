@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the chart's uninstall hook over 1,000 and 10,000 admitted pods: its peak RSS and wall time (one local control plane).",
         "uninstall.json",
     )
-    p.add_argument("--sizes", default="1000,10000", help="admitted pods, comma-separated (default 1000,10000)")
+    p.add_argument("--sizes", type=_sizes, default="1000,10000", help="admitted pods, comma-separated (default 1000,10000)")
     p.add_argument("--operator-source", help="run the uninstall of another checkout (its directory), e.g. an older commit's")
     p = add(
         "sim-packing",
@@ -254,6 +254,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "bench", *args_list])
     runner: Runner = args.run
     return runner(args, command)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """--sizes 1000,10000: positive counts, comma-separated."""
+    try:
+        sizes = tuple(int(n) for n in text.split(",") if n.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: accepted: positive whole numbers, comma-separated (e.g. 1000,10000)")
+    return sizes
 
 
 def _use_operator_source(args: argparse.Namespace) -> None:
@@ -523,8 +534,7 @@ def run_optin_creates(args: argparse.Namespace, command: str) -> int:
 def run_uninstall(args: argparse.Namespace, command: str) -> int:
     from bench import uninstall
 
-    sizes = tuple(int(n) for n in args.sizes.split(",") if n.strip())
-    result = uninstall.run(sizes, args.operator_source)
+    result = uninstall.run(args.sizes, args.operator_source)
     path = record.write(args.name or ("uninstall-before" if args.operator_source else "uninstall"), command, result)
     print(f"results: {path}")
     _print_json(result)
