@@ -207,7 +207,11 @@ def listing_change(listed: Mapping[str, str], key: str, want: str | None) -> dic
 #   resourceVersion): a made-up or replayed one names a version that is not, or no longer, stored;
 # - a listing the cluster has not confirmed within CONFIRM_SECONDS (the StormService stored with a
 #   request) is taken back, and at most UNCONFIRMED_LIMIT are unconfirmed at a time: made-up names
-#   cannot grow the ConfigMap, nor etcd with its rewrites.
+#   cannot grow the ConfigMap, nor etcd with its rewrites;
+# - a listing is claimed for one uid (a validating review of a create sees the uid the API server gave
+#   the new object, which nobody can predict): once the StormService exists under another uid, the
+#   create it was listed for never happened, and it is taken back at once, not after CONFIRM_SECONDS.
+#   So a review made up for a name a tenant is about to use holds none of that tenant's pods.
 
 CONFIRM_SECONDS = 10.0  # a real create or update is stored, and watched, in well under a second
 UNCONFIRMED_LIMIT = 32  # listings awaiting confirmation, per operator replica
@@ -257,22 +261,41 @@ def confirmed(stored: Mapping[str, Any] | None, listed: str | None = None) -> bo
     return want is not None and (listed is None or want == listed)
 
 
+def uid_of(obj: Mapping[str, Any] | None) -> str:
+    return str(_meta(obj).get("uid") or "")
+
+
+def claimed_uid(operation: str, obj: Mapping[str, Any] | None, stored: Mapping[str, Any] | None) -> str:
+    """The uid a listing is for: the new object's on a CREATE, the stored one's on an UPDATE."""
+    return uid_of(obj) if operation == "CREATE" else uid_of(stored)
+
+
+def contradicted(stormservice: Mapping[str, Any] | None, claimed: str) -> bool:
+    """The StormService exists under another uid than the listing was claimed for: the reviewed create
+    never happened (a made-up review, or one whose create failed). A claim without a uid is contradicted
+    by any StormService of the name (a genuine review always has one)."""
+    return stormservice is not None and (not claimed or uid_of(stormservice) != claimed)
+
+
 @dataclass
 class Unconfirmed:
     """The gate's listings that the cluster has not confirmed yet, with when each was written (pure:
-    the caller passes the clock), and the versions found falsely listed."""
+    the caller passes the clock) and the uid each was claimed for, and the versions found falsely listed."""
 
     limit: int = UNCONFIRMED_LIMIT
     ttl: float = CONFIRM_SECONDS
     since: dict[str, float] = field(default_factory=dict)
+    claims: dict[str, str] = field(default_factory=dict)
     refuted: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
     def has_room(self, key: str) -> bool:
         return key in self.since or len(self.since) < self.limit
 
-    def add(self, key: str, now: float) -> bool:
-        """Reserve a slot for `key` (the caller checked has_room); True if new. A key's clock is never
-        restarted: reviews repeated within ttl cannot keep an unconfirmed listing alive."""
+    def add(self, key: str, now: float, uid: str = "") -> bool:
+        """Reserve a slot for `key`, claimed for `uid` (the caller checked has_room); True if new. A key's
+        clock is never restarted: reviews repeated within ttl cannot keep an unconfirmed listing alive.
+        Its claim is the last review's: a genuine one after a made-up one keeps the genuine uid."""
+        self.claims[key] = uid
         if key in self.since:
             return False
         self.since[key] = now
@@ -280,6 +303,7 @@ class Unconfirmed:
 
     def drop(self, key: str) -> None:
         self.since.pop(key, None)
+        self.claims.pop(key, None)
 
     def due(self, now: float) -> list[str]:
         """Keys unconfirmed for ttl or longer, oldest first: check each against the cluster."""

@@ -15,7 +15,9 @@ from urllib.parse import quote
 
 from stormtopo.core.optin import (
     Unconfirmed,
+    claimed_uid,
     confirmed,
+    contradicted,
     expiry_verdict,
     gate_listing,
     listing,
@@ -27,6 +29,7 @@ from stormtopo.core.optin import (
 )
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
 from stormtopo.kube.client import MERGE_PATCH, Api, Conflict, NotFound
+from stormtopo.operator.loops import UNAVAILABLE_CAP, backoff
 
 log = logging.getLogger("stormtopo.optin")
 
@@ -104,7 +107,9 @@ class OptedInList:
 
 
 Lookup = Callable[[str, str], Awaitable[dict[str, Any] | None]]  # (namespace, name) -> the StormService or None
-SWEEP_SECONDS = 1.0  # how often unconfirmed listings are checked (each is due CONFIRM_SECONDS after it was written)
+# How often unconfirmed listings are checked against the watch (each is due CONFIRM_SECONDS after it was
+# written, or at once when the watch contradicts it): with none unconfirmed a check costs nothing.
+SWEEP_SECONDS = 0.25
 ROOM_WAIT = 2.0  # seconds a review waits for the watch to confirm listings when the unconfirmed ones are at their bound
 ROOM_POLL = 0.05
 
@@ -153,7 +158,7 @@ class Gate:
             return None
         if not await self._room_for(key):  # re-checked: other reviews may have filled it meanwhile
             return self._full()
-        new = self.unconfirmed.add(key, self.clock())
+        new = self.unconfirmed.add(key, self.clock(), claimed_uid(operation, obj, current))
         if not new and self.opted_in.listed.get(key) == want:
             return None  # listed by this replica moments ago: no rewrite of the ConfigMap
         try:
@@ -201,17 +206,26 @@ class Gate:
             if confirmed(self.indexed(namespace, name), self.opted_in.listed.get(key)):
                 self.unconfirmed.drop(key)
 
+    def _contradicted_by_index(self) -> list[str]:
+        """Unconfirmed listings whose StormService the watch shows under another uid than claimed."""
+        claims = self.unconfirmed.claims
+        return [key for key in self.unconfirmed.since if contradicted(self.indexed(*split_key(key)), claims.get(key, ""))]
+
     async def sweep(self) -> None:
-        """Take back each listing unconfirmed for CONFIRM_SECONDS whose StormService, read from the API
-        server, does not exist or asks for nothing."""
+        """Take back each listing unconfirmed for CONFIRM_SECONDS, or contradicted by the StormService's uid,
+        whose StormService, read from the API server, does not exist or asks for nothing."""
         async with self._sweeping:
             self._confirm_from_index()
-            for key in self.unconfirmed.due(self.clock()):
+            due = self.unconfirmed.due(self.clock())
+            early = [key for key in self._contradicted_by_index() if key not in due]
+            for key in due + early:
                 namespace, name = split_key(key)
                 stored = await self.stored(namespace, name)
+                if key in early and not contradicted(stored, self.unconfirmed.claims.get(key, "")):
+                    continue  # the watch lagged a delete and the create this listing is for: not due yet
                 verdict = expiry_verdict(stored, self.opted_in.listed.get(key))
                 if verdict != "keep":
-                    if verdict.endswith("-refuted"):
+                    if verdict.endswith("-refuted") and key not in early:  # a made-up create replays no version
                         self.unconfirmed.refute(key, ((stored or {}).get("metadata") or {}).get("resourceVersion"))
                     # A real opt-in racing this is listed again by the reconciler at its watch event.
                     asked = listing(stored) if verdict == "relist-refuted" else None
@@ -224,12 +238,17 @@ class Gate:
                 self.unconfirmed.drop(key)
 
     async def run(self, interval: float = SWEEP_SECONDS) -> None:
-        """Sweep forever; any failure (the API server restarting) is logged and retried next time."""
+        """Sweep forever; any failure (the API server restarting) is logged and retried after a backoff
+        doubling from `interval` to at most UNAVAILABLE_CAP (not four tracebacks a second through an outage)."""
+        failures = 0
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(backoff(failures, interval, UNAVAILABLE_CAP) if failures else interval)
             try:
                 await self.sweep()
+                failures = 0
             except asyncio.CancelledError:
                 raise
             except Exception:  # a loop that must not end
-                log.exception("checking unconfirmed opted-in listings failed; retrying in %.0f s", interval)
+                failures += 1
+                wait = backoff(failures, interval, UNAVAILABLE_CAP)
+                log.exception("checking unconfirmed opted-in listings failed; retrying in %.2f s", wait)

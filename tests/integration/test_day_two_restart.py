@@ -11,16 +11,10 @@ between them, both ways back to leading; one outage of each kind keeps this modu
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import tempfile
 import time
-import urllib.error
-import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,60 +23,18 @@ from kubernetes import client
 
 from stormtopo.core.optin import split_key
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
-from stormtopo.devenv import cluster as dev
 from stormtopo.devenv import processes
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import stormservice
 from stormtopo.operator.events import IDLE_BEAT
 from tests.conftest import TEST_PERIODS
+from tests.integration.operators import elected, follower, get, metrics_url, operator_process
 
 LEASE_NAMESPACE = "default"  # the operator's default: its Lease lives here
 HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
 # A brownout past the 15 s Lease's 10 s renew deadline, with the API server's slow first answers after it.
 BROWNOUT_SECONDS = 25.0
 LONG_LEASE_SECONDS = 180  # its renew deadline (120 s) outlasts the long outage and the API server's restart
-
-
-def _operator(state: Path) -> processes.Tracked:
-    return next(p for p in processes.tracked(state) if p.name == "operator")
-
-
-def _metrics_url(state: Path, path: str) -> str:
-    port = json.loads((state / "cluster.json").read_text())["ports"]["operator_metrics"]
-    return f"http://127.0.0.1:{port}{path}"
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as resp:
-            return int(resp.status), resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
-    except OSError:
-        return 0, ""
-
-
-@contextlib.contextmanager
-def elected(cluster_dir: Path, lease_seconds: int) -> Iterator[str]:
-    """The cluster's operator, restarted with leader election under a known identity; put back after.
-    Its log is kept in the temporary directory: pytest rotates the cluster's away."""
-    operator = _operator(cluster_dir)
-    argv = json.loads(operator.pidfile.read_text())["argv"]
-    identity = f"day-two-{uuid.uuid4().hex[:6]}"
-    processes.stop(operator)
-    log = cluster_dir / "logs" / "operator.log"
-    start = log.stat().st_size if log.exists() else 0
-    extra = ["--leader-elect", f"--identity={identity}", f"--lease-duration={lease_seconds}"]
-    started = processes.start(cluster_dir, "operator", [*argv, *extra], env={**os.environ, "MALLOC_ARENA_MAX": "2"})
-    try:
-        DevCluster.wait(lambda: _get(_metrics_url(cluster_dir, "/readyz"))[0] == 200, 60, "the leader-elected operator ready")
-        yield identity
-    finally:
-        processes.stop(started)
-        kept = Path(tempfile.gettempdir()) / f"stormtopo-day-two-{identity}.log"
-        kept.write_text(log.read_text(errors="replace")[start:])
-        print(f"\n  operator log kept in {kept}")
-        dev.start_operator(cluster_dir)
 
 
 def _lease(cluster: DevCluster) -> tuple[str, str]:
@@ -151,7 +103,7 @@ def _survives(cluster: DevCluster, cluster_dir: Path, namespace: str, elected: s
     assert holder == elected
     cluster.wait(lambda: _lease(cluster)[0] == elected and _lease(cluster)[1] != renewed, 30, "the Lease renewed again")
 
-    status, body = _get(_metrics_url(cluster_dir, "/healthz"))
+    status, body = get(metrics_url(cluster_dir, "/healthz"))
     assert status == 200, body
     health: dict[str, Any] = json.loads(body)
     assert health["ok"] and {"resync", "relist", "leader-election", "event-poster", "watch-pods"} <= set(health["loops"])
@@ -182,86 +134,71 @@ def test_healthz_stays_200_on_leader_and_follower_through_an_outage_past_every_l
     without a server for the kubelet's back-off); once the API is back, the resync, Events and placements
     resume within one resync period, the leader still holds its Lease and renews it, and the loops'
     failures are in the metrics."""
-    with elected(cluster_dir, LONG_LEASE_SECONDS) as identity:
-        leader_argv = json.loads(_operator(cluster_dir).pidfile.read_text())["argv"]
-        metrics_port = processes.free_port()
-        # A webhook of its own (its own generated CA, not registered): the API server calls the leader's.
-        follower_argv = [a for a in leader_argv if not a.startswith(("--metrics-port=", "--identity=", "--webhook-port="))]
-        follower_argv += [
-            f"--metrics-port={metrics_port}",
-            f"--webhook-port={processes.free_port()}",
-            "--no-register-webhook",
-            f"--identity=follower-{identity}",
-        ]
-        follower = processes.start(cluster_dir, "operator-follower", follower_argv, env={**os.environ, "MALLOC_ARENA_MAX": "2"})
-        urls = {"leader": _metrics_url(cluster_dir, "/healthz"), "follower": f"http://127.0.0.1:{metrics_port}/healthz"}
+    with elected(cluster_dir, LONG_LEASE_SECONDS) as identity, follower(cluster_dir, identity) as second:
+        urls = {"leader": metrics_url(cluster_dir, "/healthz"), "follower": second.url("/healthz")}
+        cluster.wait(lambda: _lease(cluster)[0] == identity, 60, f"{identity} to hold the Lease")
+        log = cluster_dir / "logs" / "operator.log"
+        log_start = log.stat().st_size
+        apiserver = next(p for p in processes.tracked(cluster_dir) if p.name == "kube-apiserver")
+        argv = json.loads(apiserver.pidfile.read_text())["argv"]
+        processes.stop(apiserver, kill=True)
+        started = time.monotonic()
+        looks: dict[str, list[int]] = {"leader": [], "follower": []}
         try:
-            DevCluster.wait(lambda: _get(f"http://127.0.0.1:{metrics_port}/readyz")[0] == 200, 60, "the follower ready")
-            cluster.wait(lambda: _lease(cluster)[0] == identity, 60, f"{identity} to hold the Lease")
-            log = cluster_dir / "logs" / "operator.log"
-            log_start = log.stat().st_size
-            apiserver = next(p for p in processes.tracked(cluster_dir) if p.name == "kube-apiserver")
-            argv = json.loads(apiserver.pidfile.read_text())["argv"]
-            processes.stop(apiserver, kill=True)
-            started = time.monotonic()
-            looks: dict[str, list[int]] = {"leader": [], "follower": []}
-            try:
-                while time.monotonic() - started < LONG_OUTAGE_SECONDS:  # the fault's length, sampled throughout
-                    for who, url in urls.items():
-                        status, body = _get(url)
-                        looks[who].append(status)
-                        assert status == 200, f"{who} /healthz {status} {time.monotonic() - started:.0f} s into the outage: {body}"
-                    time.sleep(2.0)
-            finally:
-                processes.start(cluster_dir, "kube-apiserver", argv)
-            assert follower.alive() and _operator(cluster_dir).alive()
-            cluster.wait(lambda: cluster.api_ready(), 120, "the API server back", interval=0.5)
-            back = time.monotonic()
-
-            stale = f"{namespace}.ghost-long"
-            _add_stale_key(cluster, stale)
-            cluster.create(stormservice("typo", namespace, annotations={MODE: "hard", HIGHEST_TIER: "9"}, scheduler_name="nobody"))
-            cluster.create(stormservice("after", namespace, annotations=HARD_LEAF, volcano_strategy=False))
-
-            def resynced() -> bool:  # the leader's resync completed a pass after the API server came back
-                status, body = _get(urls["leader"])
-                ago = json.loads(body)["loops"]["resync"]["last_success_seconds_ago"] if status == 200 else None
-                return ago is not None and ago < time.monotonic() - back
-
-            # Each within one period (the resync's 30 s) and a margin for this loaded machine: nothing waits
-            # out a restart or the 30 s backoff cap.
-            cluster.wait(resynced, PERIOD + MARGIN, "a resync pass after the API server came back", interval=1.0)
-            resync = time.monotonic() - back
-            cluster.wait(
-                lambda: "InvalidTopologyRequest" in _reasons(cluster, namespace, "typo"),
-                PERIOD + MARGIN,
-                "the Warning on the invalid request",
-            )
-            warned = time.monotonic() - back
-            cluster.bound_pods(namespace, "storm-service-name=after", 2, timeout=120)
-            bound = time.monotonic()
-            cluster.wait(
-                lambda: "ReplicaPlaced" in _reasons(cluster, namespace, "after"), PERIOD + MARGIN, "the new replica reported as placed"
-            )
-            placed = time.monotonic() - bound
-            # A stale key goes at the second resync that misses it (by design: one miss may be a list racing
-            # a create), so two periods.
-            cluster.wait(lambda: stale not in cluster.opted_in(), 2 * PERIOD + MARGIN, "the stale key removed by the resync", interval=1.0)
-            resumed = time.monotonic() - back
-            holder, renewed = _lease(cluster)  # kept through the outage: its renew deadline outlasts it
-            assert holder == identity
-            cluster.wait(lambda: _lease(cluster)[0] == identity and _lease(cluster)[1] != renewed, 30, "the Lease renewed again")
-            status, text = _get(_metrics_url(cluster_dir, "/metrics"))
-            assert status == 200
-            failed = [line for line in text.splitlines() if line.startswith("stormtopo_loop_failures_total{")]
-            assert any(float(line.rsplit(" ", 1)[1]) > 0 for line in failed), failed  # the outage shows as failures
-            assert "stormtopo_loop_last_success_timestamp_seconds{" in text
-            logged = log.read_text(errors="replace")[log_start:]
-            assert "Task exception was never retrieved" not in logged and "died" not in logged
-            print(
-                f"\n  {LONG_OUTAGE_SECONDS:.0f} s outage: {len(looks['leader'])} looks at each /healthz, all 200; after the API came back: "
-                f"resync {resync:.0f} s, Warning {warned:.0f} s, ReplicaPlaced {placed:.0f} s after its pods bound, "
-                f"stale key gone {resumed:.0f} s"
-            )
+            while time.monotonic() - started < LONG_OUTAGE_SECONDS:  # the fault's length, sampled throughout
+                for who, url in urls.items():
+                    status, body = get(url)
+                    looks[who].append(status)
+                    assert status == 200, f"{who} /healthz {status} {time.monotonic() - started:.0f} s into the outage: {body}"
+                time.sleep(2.0)
         finally:
-            processes.stop(follower)
+            processes.start(cluster_dir, "kube-apiserver", argv)
+        assert second.process.alive() and operator_process(cluster_dir).alive()
+        cluster.wait(lambda: cluster.api_ready(), 120, "the API server back", interval=0.5)
+        back = time.monotonic()
+
+        stale = f"{namespace}.ghost-long"
+        _add_stale_key(cluster, stale)
+        cluster.create(stormservice("typo", namespace, annotations={MODE: "hard", HIGHEST_TIER: "9"}, scheduler_name="nobody"))
+        cluster.create(stormservice("after", namespace, annotations=HARD_LEAF, volcano_strategy=False))
+
+        def resynced() -> bool:  # the leader's resync completed a pass after the API server came back
+            status, body = get(urls["leader"])
+            ago = json.loads(body)["loops"]["resync"]["last_success_seconds_ago"] if status == 200 else None
+            return ago is not None and ago < time.monotonic() - back
+
+        # Each within one period (the resync's 30 s) and a margin for this loaded machine: nothing waits
+        # out a restart or the 30 s backoff cap.
+        cluster.wait(resynced, PERIOD + MARGIN, "a resync pass after the API server came back", interval=1.0)
+        resync = time.monotonic() - back
+        cluster.wait(
+            lambda: "InvalidTopologyRequest" in _reasons(cluster, namespace, "typo"),
+            PERIOD + MARGIN,
+            "the Warning on the invalid request",
+        )
+        warned = time.monotonic() - back
+        cluster.bound_pods(namespace, "storm-service-name=after", 2, timeout=120)
+        bound = time.monotonic()
+        cluster.wait(
+            lambda: "ReplicaPlaced" in _reasons(cluster, namespace, "after"), PERIOD + MARGIN, "the new replica reported as placed"
+        )
+        placed = time.monotonic() - bound
+        # A stale key goes at the second resync that misses it (by design: one miss may be a list racing
+        # a create), so two periods.
+        cluster.wait(lambda: stale not in cluster.opted_in(), 2 * PERIOD + MARGIN, "the stale key removed by the resync", interval=1.0)
+        resumed = time.monotonic() - back
+        holder, renewed = _lease(cluster)  # kept through the outage: its renew deadline outlasts it
+        assert holder == identity
+        cluster.wait(lambda: _lease(cluster)[0] == identity and _lease(cluster)[1] != renewed, 30, "the Lease renewed again")
+        status, text = get(metrics_url(cluster_dir, "/metrics"))
+        assert status == 200
+        failed = [line for line in text.splitlines() if line.startswith("stormtopo_loop_failures_total{")]
+        assert any(float(line.rsplit(" ", 1)[1]) > 0 for line in failed), failed  # the outage shows as failures
+        assert "stormtopo_loop_last_success_timestamp_seconds{" in text
+        logged = log.read_text(errors="replace")[log_start:]
+        assert "Task exception was never retrieved" not in logged and "died" not in logged
+        print(
+            f"\n  {LONG_OUTAGE_SECONDS:.0f} s outage: {len(looks['leader'])} looks at each /healthz, all 200; after the API came back: "
+            f"resync {resync:.0f} s, Warning {warned:.0f} s, ReplicaPlaced {placed:.0f} s after its pods bound, "
+            f"stale key gone {resumed:.0f} s"
+        )

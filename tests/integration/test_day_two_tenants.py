@@ -30,6 +30,7 @@ from stormtopo.devenv.workloads import stormservice
 from stormtopo.operator import webhook
 from stormtopo.operator.optin import SWEEP_SECONDS
 from tests.conftest import REPO
+from tests.integration.operators import elected, follower
 
 HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
 # 10 forged reviews a second for 25 s, then made-up names for 25 s as fast as one client sends (the issue's
@@ -274,6 +275,60 @@ def test_forged_reviews_cannot_change_what_another_tenant_depends_on(cluster: De
     bound = cluster.bound_pods(namespace, "storm-service-name=genuine", 2, timeout=90)
     domain = topology.lowest_common_switch(node_names(bound))
     assert domain is not None and domain.tier == 1, domain
+
+
+@pytest.mark.timeout(300)
+def test_a_review_made_up_for_a_name_holds_none_of_its_tenants_pods(cluster: DevCluster, namespace: str) -> None:
+    """Proves (issue 43, item 4): reviews made up for a name a tenant is about to use (a create asking
+    for a hard leaf, 10 a second) sent to a follower's webhook (a replica whose copy of the lists the
+    leader's reconciler does not share; no client auth) are listed, but once the tenant creates a plain
+    StormService of that name its pods are created about as fast as those of one nobody named: the
+    follower's watch shows the name under another uid than the made-up create's, and it takes the
+    listing back at its next sweep, not 10 s later (before: held 10 s, then AIBrix's back-off)."""
+    # The leader's resync also takes back what no StormService asks: made slower than a listing's 10 s, so
+    # what this measures is the follower's own taking back.
+    with elected(cluster.state_dir, 30, "--resync-seconds=60") as identity, follower(cluster.state_dir, identity) as second:
+        _made_up_name_then_created(cluster, namespace, Attacker(second.webhook_port, "anyone, at a follower"))
+
+
+def _made_up_name_then_created(cluster: DevCluster, namespace: str, attacker: Attacker) -> None:
+    key = f"{namespace}.newbie"
+
+    def pods_created_in(name: str) -> float:
+        started = time.monotonic()
+        cluster.create(stormservice(name, namespace))
+        cluster.wait(lambda: len(cluster.pods(namespace, f"storm-service-name={name}")) >= 2, 120, f"the pods of {name}")
+        return time.monotonic() - started
+
+    unnamed = pods_created_in("control")  # the same in this run, with nobody making up its name
+    stop = threading.Event()
+
+    def made_up_creates() -> None:
+        while not stop.is_set():
+            attacker.send(forged("CREATE", namespace, "newbie"))
+            stop.wait(1 / NAMED_RATE)
+
+    sender = threading.Thread(target=made_up_creates, daemon=True)
+    sender.start()
+    try:
+        cluster.wait(lambda: key in cluster.opted_in(), 30, "the made-up create listed")
+        named = pods_created_in("newbie")
+        cluster.wait(lambda: key not in cluster.opted_in(), 3 * SWEEP_SECONDS + 5, "the made-up listing taken back")
+        time.sleep(2)  # the flood goes on: a create of a name that exists lists nothing
+        relisted = key in cluster.opted_in()
+    finally:
+        stop.set()
+        sender.join(10)
+    pods = cluster.pods(namespace, "storm-service-name=newbie")
+    print(
+        f"\n  pods created {unnamed:.1f} s after the create of a name nobody made up, {named:.1f} s after that of the "
+        f"made-up name; reviews (sent, allowed, refused, failed): {(attacker.sent, attacker.allowed, attacker.refused, attacker.failed)}"
+    )
+    assert attacker.allowed > 0, "the made-up reviews never reached the gate"
+    assert not relisted, "a made-up create of a name that exists was listed"
+    assert not any("stormtopo.io/admitted" in (p["metadata"].get("labels") or {}) for p in pods)  # untouched
+    # Before: held until the listing fell due (10 s) plus AIBrix's backoff. Now: a sweep, at most one retry.
+    assert named <= unnamed + 4 * SWEEP_SECONDS + 1.0, (named, unnamed)
 
 
 # -- stormtopo's own identity and PodGroups (a lesser finding of issue 20) -------------------------

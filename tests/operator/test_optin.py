@@ -380,6 +380,46 @@ def test_a_forged_create_or_stale_update_of_another_tenants_service_lists_nothin
     asyncio.run(scenario())
 
 
+def test_a_create_made_up_for_a_name_a_tenant_then_uses_is_taken_back_at_its_watch_event() -> None:
+    """Issue 43, item 4: a review made up for a name before its tenant creates it (a plain StormService)
+    is listed; once the watch shows that name under another uid than the review's, the next sweep takes
+    it back at once, not CONFIRM_SECONDS later, and refutes no version (the tenant may opt in later)."""
+
+    async def scenario() -> None:
+        gate, api, cluster, clock = make_gate()
+        for uid in ("made-up", ""):  # the review names a uid of its own, or none
+            assert await gate.review(review("CREATE", service("newbie", HARD, uid=uid))) is None
+            assert api.data == {"ns.newbie": "RoleSet"}
+            await gate.sweep()
+            assert api.data == {"ns.newbie": "RoleSet"}  # nothing of the name exists yet: kept until due
+            cluster.put(service("newbie", version="3", uid="u-tenant"))  # the tenant's create, never opted in
+            clock.now += 0.5
+            await gate.sweep()
+            assert not api.data and gate.unconfirmed.since == {} and gate.unconfirmed.claims == {}
+            assert "ns.newbie" not in gate.unconfirmed.refuted
+            cluster.index.clear()
+            cluster.stored.clear()
+
+    asyncio.run(scenario())
+
+
+def test_a_genuine_create_is_not_taken_back_while_the_watch_lags_a_recreate() -> None:
+    """The watch may show a StormService of the name created and deleted before the new one (another
+    uid, no request) after the new one's genuine review was listed: the API server's answer decides,
+    and keeps it."""
+
+    async def scenario() -> None:
+        gate, api, cluster, clock = make_gate()
+        assert await gate.review(review("CREATE", service("svc", HARD, uid="u-new"))) is None
+        cluster.put(service("svc", version="3", uid="u-old"))  # the old one's ADDED event, late
+        cluster.put(service("svc", HARD, version="9", uid="u-new"), indexed=False)
+        clock.now += 0.5
+        await gate.sweep()
+        assert api.data == {"ns.svc": "RoleSet"} and "ns.svc" in gate.unconfirmed.since
+
+    asyncio.run(scenario())
+
+
 def test_a_review_without_annotations_never_unlists() -> None:
     async def scenario() -> None:
         gate, api, cluster, _ = make_gate()
