@@ -12,11 +12,13 @@ from rich.console import Console
 from stormtopo.commands.report import NotFound, cluster_view, print_report
 from stormtopo.core.explanation import allowed_tier, explain
 from stormtopo.core.placement import placement_record
+from stormtopo.core.priority import replica_priority
 from stormtopo.core.replica import ReplicaSnapshot, gang_name, replica_state
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.spread import replicas_per_domain, spread_tier
 from stormtopo.core.vocabulary import AIBRIX, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
-from stormtopo.kube.client import Api
+from stormtopo.kube.client import Api, Forbidden, Unauthorized
+from stormtopo.operator.room import NodeRoom
 
 __all__ = ["NotFound", "explain_stormservice", "render", "run"]
 
@@ -33,7 +35,9 @@ def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
     stormservice = api.get(AIBRIX, "stormservices", namespace, name)
     if stormservice is None:
         raise NotFound(f"StormService {namespace}/{name} not found")
-    free = api.free_gpus()
+    room = NodeRoom.read(api)  # the operator's reading: each node's free GPUs and the pods that hold them
+    free, holders = room.free_now(taking_new_pods=False), room.holders_now()
+    values = priority_values(api)
     topology, tiers = cluster_view(api)
     request = request_of(stormservice, tiers)
     report: dict[str, Any] = {"namespace": namespace, "stormservice": name}
@@ -63,13 +67,35 @@ def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
         else:
             tier = allowed_tier(request, topology) if request else None
             if tier is not None:
-                explanation = explain(topology, free, state.wanted, tier)
+                priority = gang_priority(podgroup, roleset, values)
+                explanation = explain(topology, free, state.wanted, tier, holders if priority is not None else None, priority)
                 entry["pending"] = {"fits": explanation.fits, "explanation": explanation.render()}
         report["replicas"].append(entry)
     tier = spread_tier(request, topology)
     if tier is not None:
         report["spread"] = {"tier": tier, "domains": replicas_per_domain(topology, tier, bound)}
     return report
+
+
+def priority_values(api: Api) -> dict[str, int] | None:
+    """Every PriorityClass's value; None where this user may not list them (then nothing is said of
+    preemption)."""
+    try:
+        classes = api.list_objects(("scheduling.k8s.io", "v1"), "priorityclasses")
+    except (Forbidden, Unauthorized):
+        return None
+    return {str(c["metadata"]["name"]): int(c.get("value") or 0) for c in classes}
+
+
+def gang_priority(podgroup: Mapping[str, Any] | None, roleset: Mapping[str, Any], values: Mapping[str, int] | None) -> int | None:
+    """The priority Volcano ranks the gang by: its PodGroup's class (what stormtopo writes there, or
+    AIBrix), else the class stormtopo would write (core/priority.py)."""
+    if values is None:
+        return None
+    named = ((podgroup or {}).get("spec") or {}).get("priorityClassName")
+    if isinstance(named, str) and named:
+        return values.get(named, 0)
+    return replica_priority(roleset.get("spec") or {}, values)
 
 
 def render(report: Mapping[str, Any]) -> list[str]:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from stormtopo.core.packing import DomainFit, best_tier, domains_at_tier
+from stormtopo.core.preemption import Holder, Preemption, plan_preemption
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
 
@@ -26,6 +27,7 @@ class Explanation:
     highest_tier: int
     tiers: tuple[TierVerdict, ...]  # allowed tiers, lowest first, up to the first that fits
     wider_tier: int | None  # the lowest tier beyond the limit that would hold the gang
+    preemption: Preemption | None = None  # what it could preempt within its tier (when the pods it could preempt were read)
 
     @property
     def need(self) -> int:
@@ -58,10 +60,21 @@ class Explanation:
             lines.append(f"it would fit within tier {self.wider_tier}; or free capacity in one tier-{self.highest_tier} domain")
         else:
             lines.append("no domain of the cluster has room now; it fits once enough GPUs in one domain are freed")
+        if self.preemption is not None:
+            lines.append(self.preemption.render())
         return "; ".join(lines)
 
 
-def explain(topology: Topology, free: Mapping[str, int], pods: Sequence[int], highest_tier: int) -> Explanation:
+def explain(
+    topology: Topology,
+    free: Mapping[str, int],
+    pods: Sequence[int],
+    highest_tier: int,
+    holders: Mapping[str, Sequence[Holder]] | None = None,
+    priority: int | None = None,
+) -> Explanation:
+    """Why the gang does not fit now; with `holders` (the pods holding each node's GPUs) and the gang's
+    `priority`, also what it could preempt within its tier."""
     verdicts = []
     for tier in range(1, min(highest_tier, topology.tiers) + 1):
         domains = domains_at_tier(topology, free, pods, tier)
@@ -74,7 +87,11 @@ def explain(topology: Topology, free: Mapping[str, int], pods: Sequence[int], hi
     if explanation.fits:
         return explanation
     wider = best_tier(topology, free, pods)
-    return Explanation(tuple(pods), highest_tier, tuple(verdicts), wider if wider is not None and wider > highest_tier else None)
+    beyond = wider if wider is not None and wider > highest_tier else None
+    preemption = None
+    if holders is not None and priority is not None:
+        preemption = plan_preemption(topology, free, holders, pods, priority, highest_tier)
+    return Explanation(tuple(pods), highest_tier, tuple(verdicts), beyond, preemption)
 
 
 def allowed_tier(request: TopologyRequest, topology: Topology) -> int | None:
@@ -100,14 +117,20 @@ def is_explainable(request: TopologyRequest, pods: Sequence[int], pods_created: 
 
 
 def plan_pending(
-    request: TopologyRequest, pods: Sequence[int], pods_created: int, topology: Topology, free: Mapping[str, int]
+    request: TopologyRequest,
+    pods: Sequence[int],
+    pods_created: int,
+    topology: Topology,
+    free: Mapping[str, int],
+    holders: Mapping[str, Sequence[Holder]] | None = None,
+    priority: int | None = None,
 ) -> Pending | None:
     """Why a hard replica is Pending; None when there is nothing to explain yet (or ever: soft
     requests never hold a gang back, and Volcano calls a gang unschedulable while AIBrix is still
-    creating its pods)."""
+    creating its pods). With `holders` and the gang's `priority`, also what it could preempt."""
     if not is_explainable(request, pods, pods_created):
         return None
     tier = allowed_tier(request, topology)
     if tier is None:
         return None
-    return Pending(tier, explain(topology, free, pods, tier))
+    return Pending(tier, explain(topology, free, pods, tier, holders, priority))

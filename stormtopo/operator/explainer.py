@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from stormtopo.core.explanation import Pending, plan_pending
+from stormtopo.core.preemption import Holder
 from stormtopo.core.request import TopologyRequest
 from stormtopo.core.topology.tree import Topology
 from stormtopo.operator import metrics
@@ -46,11 +47,17 @@ def _start_worker(parent: int) -> None:
 
 
 def explain_in_worker(
-    request: TopologyRequest, pods: Sequence[int], created: int, topology: Topology, free: dict[str, int]
+    request: TopologyRequest,
+    pods: Sequence[int],
+    created: int,
+    topology: Topology,
+    free: dict[str, int],
+    holders: dict[str, list[Holder]] | None = None,
+    priority: int | None = None,
 ) -> Pending | None:
     """Runs in the worker: plan over the operator's own tree (the one its placement checks use, built
-    from every node) and the free GPUs it read."""
-    return plan_pending(request, pods, created, topology, free)
+    from every node), the free GPUs it read and the pods holding them."""
+    return plan_pending(request, pods, created, topology, free, holders, priority)
 
 
 def outcome(pending: Pending) -> str:
@@ -78,12 +85,20 @@ class Explainer:
         return self._pool
 
     async def explain(
-        self, request: TopologyRequest, pods: Sequence[int], created: int, topology: Topology, free: dict[str, int]
+        self,
+        request: TopologyRequest,
+        pods: Sequence[int],
+        created: int,
+        topology: Topology,
+        free: dict[str, int],
+        holders: dict[str, list[Holder]] | None = None,
+        priority: int | None = None,
     ) -> Pending | None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            work = loop.run_in_executor(self._executor(), explain_in_worker, request, list(pods), created, topology, free)
+            args = (request, list(pods), created, topology, free, holders, priority)
+            work = loop.run_in_executor(self._executor(), explain_in_worker, *args)
             pending = await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
             metrics.EXPLANATION_SECONDS.observe(time.monotonic() - started)
             if pending is not None:

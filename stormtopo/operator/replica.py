@@ -200,7 +200,8 @@ class PlacementReporter:
             return  # forgotten meanwhile, or no longer this replica's to say
         explain, topology = ask
         free = await self.room.free_gpus(taking_new_pods=False)
-        pending = await self.explainer.explain(explain.request, explain.pods, explain.created, topology, free)
+        holders = self.room.holders_now()
+        pending = await self.explainer.explain(explain.request, explain.pods, explain.created, topology, free, holders, explain.priority)
         snapshot = self.index.replica_snapshot(key, time.monotonic())
         memory = self._memory.get(key, ReplicaMemory())
         if snapshot is None or snapshot.request is None or not self.leading():

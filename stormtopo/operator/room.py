@@ -24,6 +24,7 @@ from typing import Any
 from stormtopo.core.gang import gpu_count
 from stormtopo.core.node_fit import NodeFacts, milli, pod_requests
 from stormtopo.core.packing import takes_new_pods
+from stormtopo.core.preemption import Holder, rank_of
 from stormtopo.core.vocabulary import GPU
 from stormtopo.kube.client import Api
 from stormtopo.kube.watch import WatchStreams
@@ -83,6 +84,8 @@ class NodeRoom:
     _pods: dict[Key, tuple[str, int]] = field(default_factory=dict)  # bound pods holding GPUs: (node, GPUs)
     _nodes: dict[str, tuple[int, bool]] = field(default_factory=dict)  # (allocatable GPUs, takes new pods)
     _used: dict[str, int] = field(default_factory=dict)  # GPUs held per node, the sum of _pods
+    _ranks: dict[Key, tuple[int, bool]] = field(default_factory=dict)  # of pods in _pods: (priority, preemptable)
+    _rank_kinds: dict[tuple[int, bool], tuple[int, bool]] = field(default_factory=dict)
     # Every bound pod's node and other requests; per node its labels, taints, allocatable, and what pods request.
     _holds: dict[Key, tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=dict)
     _shared: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = field(default_factory=dict)
@@ -176,14 +179,28 @@ class NodeRoom:
         await self._ready()
         return {node: gpus for node, (gpus, _) in self._nodes.items()}
 
+    def holders_now(self) -> dict[str, list[Holder]]:
+        """Per node, the pods holding its GPUs as preemption ranks them (core/preemption.py)."""
+        out: dict[str, list[Holder]] = {}
+        for key, (node, gpus) in self._pods.items():
+            priority, preemptable = self._ranks.get(key, (0, False))
+            out.setdefault(node, []).append(Holder(gpus, priority, preemptable))
+        return out
+
     def _on_pod(self, event: str | None, pod: dict[str, Any]) -> None:
         key = key_of(pod)
         gone = event == "DELETED"
         gpus_changed = self._set_pod(key, None if gone else pod_gpus(pod, self.resource))
+        if key in self._pods:
+            rank = rank_of(pod)
+            self._ranks[key] = self._rank_kinds.setdefault(rank, rank)  # a few kinds in a cluster: shared
+        else:
+            self._ranks.pop(key, None)
         if self._set_requests(key, None if gone else pod) or gpus_changed:
             self.changes += 1
 
     def _pod_gone(self, key: Key) -> None:
+        self._ranks.pop(key, None)
         if self._set_pod(key, None) | self._set_requests(key, None):
             self.changes += 1
 

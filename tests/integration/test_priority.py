@@ -26,6 +26,7 @@ from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import GPU, HIGHEST_TIER, MODE, ROLESET_LABEL
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import IMAGE, Role, stormservice
+from tests.conftest import stormtopo
 from tests.integration.chart import InstalledOperator, running_as_installed
 
 HIGH, LOW = "stormtopo-test-inference", "stormtopo-test-batch"
@@ -51,8 +52,8 @@ def priority_classes(cluster: DevCluster) -> Iterator[None]:
             api.delete_priority_class(name)
 
 
-def batch_pod(name: str, namespace: str) -> dict[str, Any]:
-    """A low-priority Volcano job of one pod and 4 GPUs (Volcano makes its PodGroup, with the pod's class)."""
+def batch_pod(name: str, namespace: str, priority_class: str = LOW) -> dict[str, Any]:
+    """A Volcano job of one pod and 4 GPUs, low-priority by default (Volcano makes its PodGroup, with the pod's class)."""
     resources = {"requests": {GPU: "4"}, "limits": {GPU: "4"}}
     return {
         "apiVersion": "v1",
@@ -60,16 +61,16 @@ def batch_pod(name: str, namespace: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": namespace, "labels": {"stormtopo.io/test-batch": "true"}},
         "spec": {
             "schedulerName": "volcano",
-            "priorityClassName": LOW,
+            "priorityClassName": priority_class,
             "containers": [{"name": "batch", "image": IMAGE, "resources": resources}],
         },
     }
 
 
-def fill_with_batch(cluster: DevCluster, namespace: str, nodes: int) -> dict[str, tuple[str, str]]:
+def fill_with_batch(cluster: DevCluster, namespace: str, nodes: int, priority_class: str = LOW) -> dict[str, tuple[str, str]]:
     """Every GPU held by batch pods, two a node (4 + 4 GPUs fill a node of 8): pod -> (uid, node)."""
     for i in range(2 * nodes):
-        cluster.create(batch_pod(f"batch-{i:02d}", namespace))
+        cluster.create(batch_pod(f"batch-{i:02d}", namespace, priority_class))
     bound = cluster.bound_pods(namespace, BATCH, 2 * nodes, timeout=120)
     return {p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"]["nodeName"]) for p in bound}
 
@@ -100,6 +101,31 @@ def test_a_high_priority_hard_replica_preempts_exactly_one_leafs_batch_pods(
     expected = {name for name, (_, node) in before.items() if node in leaf_nodes}
     assert gone == expected, f"preempted {sorted(gone)}; the leaf {domain.name} held {sorted(expected)}"
     assert len(gone) == 4
+
+
+def test_a_replica_that_no_preemption_can_place_says_why_in_its_warning_and_in_explain(
+    cluster: DevCluster, topology: Topology, namespace: str, priority_classes: None
+) -> None:
+    """Issue 41, item 4: every GPU held by batch pods of the replica's own priority, which gangpreempt never
+    takes. The replica stays Pending; its TopologyUnsatisfiable Warning and `stormtopo explain` say that no
+    domain qualifies for preemption and why: in the best leaf, all 16 GPUs are held by pods of its
+    priority or higher. Nothing is preempted."""
+    nodes = len(topology.nodes)
+    before = fill_with_batch(cluster, namespace, nodes, priority_class=HIGH)
+    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
+    cluster.create(stormservice("equal", namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+    why = "no domain qualifies for preemption: in the best, tier-1 s0, 16 GPUs are held by pods of priority 1000000 or higher"
+
+    def warning() -> str | None:
+        said = [e["message"] for e in cluster.events(namespace, "equal") if e["reason"] == "TopologyUnsatisfiable"]
+        return next((m for m in said if "preempt" in m), None)
+
+    message = cluster.wait(warning, 120, "the Warning saying why the replica cannot preempt")
+    assert why in message and "0 by pods it does not preempt; 16 GPUs short" in message, message
+    out = stormtopo("explain", f"{namespace}/equal", "--kubeconfig", str(cluster.kubeconfig)).stdout
+    assert why in out, out
+    assert not preempted(cluster, namespace, BATCH, before)
+    print(f"\n  {message}")
 
 
 def test_without_the_annotations_volcanos_preempt_still_takes_room_for_it(

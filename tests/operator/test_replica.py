@@ -62,6 +62,9 @@ def test_an_explanation_that_answers_after_the_replica_was_placed_says_nothing()
         async def free_gpus(self, taking_new_pods: bool = True) -> dict[str, int]:
             return {}
 
+        def holders_now(self) -> dict[str, list[object]]:
+            return {}
+
     reporter = PlacementReporter(
         index, cast(Any, None), lambda _obj, _kind, reason, _msg: said.append(reason), cast(Any, Worker()), cast(Any, Room())
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from stormtopo.core.preemption import Holder
 from stormtopo.core.vocabulary import GPU
 from stormtopo.kube.client import Api
 from stormtopo.operator.loops import Loops
@@ -106,3 +107,18 @@ def test_lists_once_then_follows_the_watch(tmp_path: Path) -> None:
             await runner.cleanup()
 
     asyncio.run(scenario())
+
+
+def test_the_reading_keeps_how_preemption_ranks_each_gpu_pod_and_forgets_it_with_the_pod() -> None:
+    room = NodeRoom(Api.__new__(Api), Loops())
+    batch = _pod("batch", "n0", 4) | {"spec": {**_pod("batch", "n0", 4)["spec"], "schedulerName": "volcano", "priority": 100}}
+    kept = {**batch, "metadata": {**batch["metadata"], "name": "kept", "annotations": {"volcano.sh/preemptable": "false"}}}
+    other = {**_pod("other", "n0", 2), "spec": {**_pod("other", "n0", 2)["spec"], "priority": 5}}  # the default scheduler's
+    cpu_only = _pod("cpu", "n0", 0)
+    for pod in (batch, kept, other, cpu_only):
+        room._on_pod("ADDED", pod)
+    held = sorted(room.holders_now()["n0"], key=lambda h: (h.gpus, h.preemptable))
+    assert held == [Holder(2, 5, False), Holder(4, 100, False), Holder(4, 100, True)]
+    room._on_pod("DELETED", batch)
+    room._pod_gone(("t", "kept"))
+    assert room.holders_now() == {"n0": [Holder(2, 5, False)]} and len(room._ranks) == 1

@@ -1,0 +1,167 @@
+"""What a Pending gang could preempt, as data: the domain Volcano's gangpreempt would take it in, and how
+many pods of which priority, or why no domain qualifies.
+
+Volcano v1.15.1's `preempt` skips every job with a network topology; `gangpreempt` (opt-in, docs/install.md)
+looks for victims per HyperNode domain: bound pods of jobs of the same queue whose priority is lower than
+the gang's, that are not marked `volcano.sh/preemptable: "false"`. Volcano says none of this when it does
+not preempt. This module reads the same rule over what the operator or the CLI read of the cluster: each
+node's free GPUs and the pods that hold its GPUs. Two approximations, said where it is rendered: a pod's
+own priority stands for its job's (Volcano ranks by the PodGroup's class; for Volcano's own jobs and for
+stormtopo's PodGroups the two agree), and queues are not read (gangreclaim takes across queues).
+
+The victims counted are the fewest this rule finds in the domain (lowest priority first, largest first);
+Volcano may take more (BENCHMARKS.md, "Preemption").
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stormtopo.core.packing import fits
+from stormtopo.core.topology.tree import Topology
+from stormtopo.core.vocabulary import VOLCANO_SCHEDULER
+
+PREEMPTABLE = "volcano.sh/preemptable"  # on a pod, annotation first, then label; Volcano's default: true
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # strconv.ParseBool's true; anything else is false
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A bound pod that holds GPUs on a node, as preemption sees it."""
+
+    gpus: int
+    priority: int
+    preemptable: bool  # scheduled by Volcano, and not marked volcano.sh/preemptable: "false"
+
+
+@dataclass(frozen=True)
+class DomainVictims:
+    domain: str
+    tier: int
+    by_priority: tuple[tuple[int, int], ...]  # (priority, pods), lowest priority first
+    gpus: int  # GPUs the victims hold
+
+    @property
+    def pods(self) -> int:
+        return sum(n for _, n in self.by_priority)
+
+
+@dataclass(frozen=True)
+class Protected:
+    """Of the best domain (the most GPUs free once every candidate is gone), what stays out of reach."""
+
+    domain: str
+    tier: int
+    short: int  # GPUs still missing with every candidate gone (0: enough, but spread too thin over nodes)
+    higher: int  # GPUs held by pods of equal or higher priority
+    not_preemptable: int  # GPUs held by pods Volcano does not preempt (marked, or not scheduled by Volcano)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    priority: int
+    victims: DomainVictims | None  # the domain it would take, with the fewest victims
+    protected: Protected | None  # when no domain qualifies
+
+    def render(self) -> str:
+        if self.victims is not None:
+            v = self.victims
+            pods = ", ".join(f"{n} of priority {p}" for p, n in v.by_priority)
+            return (
+                f"at priority {self.priority}, Volcano's gangpreempt could take tier-{v.tier} {v.domain} by preempting "
+                f"{v.pods} pod(s) holding {v.gpus} GPUs ({pods})"
+            )
+        if self.protected is None:
+            return f"at priority {self.priority}, no domain of its tier has nodes to preempt on"
+        p = self.protected
+        held = f"{p.higher} GPUs are held by pods of priority {self.priority} or higher, {p.not_preemptable} by pods it does not preempt"
+        gap = f"{p.short} GPUs short" if p.short else "the GPUs it could free are spread too thin across its nodes"
+        return f"at priority {self.priority}, no domain qualifies for preemption: in the best, tier-{p.tier} {p.domain}, {held}; {gap}"
+
+
+def rank_of(pod: Mapping[str, Any]) -> tuple[int, bool]:
+    """(priority, preemptable) of a bound pod as gangpreempt judges it: its priority as admitted (from its
+    class), and whether Volcano may take it: scheduled by Volcano (other schedulers' pods belong to no job
+    of its), not marked false (an unreadable mark counts as false, as in Volcano's GetPodPreemptable)."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    priority = spec.get("priority")
+    ranked = priority if isinstance(priority, int) else 0
+    if spec.get("schedulerName") != VOLCANO_SCHEDULER:
+        return ranked, False
+    for marks in (meta.get("annotations") or {}, meta.get("labels") or {}):
+        if PREEMPTABLE in marks:
+            return ranked, str(marks[PREEMPTABLE]) in _GO_TRUE
+    return ranked, True
+
+
+def is_candidate(holder: Holder, priority: int) -> bool:
+    return holder.preemptable and holder.priority < priority
+
+
+def plan_preemption(
+    topology: Topology,
+    free: Mapping[str, int],
+    holders: Mapping[str, Sequence[Holder]],
+    pods: Sequence[int],
+    priority: int,
+    tier: int,
+) -> Preemption:
+    """The domain of `tier` or below (the lowest tier first: a hard gang stays within its tier) where the
+    gang fits once candidates are preempted, with the fewest victims; else what protects the best one."""
+    best: Protected | None = None
+    best_room = -1
+    for level in range(1, min(tier, topology.tiers) + 1):
+        found: list[DomainVictims] = []
+        for switch in sorted(topology.switches.values(), key=lambda s: s.name):
+            if switch.tier != level:
+                continue
+            nodes = sorted(topology.nodes_under(switch.name))
+            victims = _fewest_victims(nodes, free, holders, pods, priority)
+            if victims is not None:
+                found.append(DomainVictims(switch.name, level, *victims))
+                continue
+            room = sum(max(0, free.get(n, 0)) + _gpus(holders, n, lambda h: is_candidate(h, priority)) for n in nodes)
+            if room > best_room:
+                best_room = room
+                best = Protected(
+                    switch.name,
+                    level,
+                    max(0, sum(pods) - room),
+                    sum(_gpus(holders, n, lambda h: h.preemptable and h.priority >= priority) for n in nodes),
+                    sum(_gpus(holders, n, lambda h: not h.preemptable) for n in nodes),
+                )
+        if found:
+            return Preemption(priority, min(found, key=lambda v: (v.pods, v.gpus, v.domain)), None)
+    return Preemption(priority, None, best)
+
+
+def _gpus(holders: Mapping[str, Sequence[Holder]], node: str, which: Callable[[Holder], bool]) -> int:
+    return sum(h.gpus for h in holders.get(node, ()) if which(h))
+
+
+def _fewest_victims(
+    nodes: Sequence[str], free: Mapping[str, int], holders: Mapping[str, Sequence[Holder]], pods: Sequence[int], priority: int
+) -> tuple[tuple[tuple[int, int], ...], int] | None:
+    """Victims in these nodes that make room for the gang, taken lowest priority first and largest first
+    until it fits; None if it does not fit even with every candidate gone."""
+    room = {n: max(0, free.get(n, 0)) for n in nodes}
+    candidates = sorted(
+        ((h.priority, -h.gpus, n, h.gpus) for n in nodes for h in holders.get(n, ()) if is_candidate(h, priority)),
+    )
+    everything = dict(room)
+    for _, _, node, gpus in candidates:
+        everything[node] += gpus
+    if not fits(list(everything.values()), pods):
+        return None
+    taken: Counter[int] = Counter()
+    freed = 0
+    for level, _, node, gpus in candidates:
+        if fits(list(room.values()), pods):
+            break
+        room[node] += gpus
+        taken[level] += 1
+        freed += gpus
+    return tuple(sorted(taken.items())), freed
