@@ -12,7 +12,7 @@ from rich.console import Console
 from stormtopo.commands.report import NotFound, cluster_view, print_report
 from stormtopo.core.explanation import allowed_tier, explain
 from stormtopo.core.placement import placement_record
-from stormtopo.core.priority import replica_priority
+from stormtopo.core.priority import known_replica_priority
 from stormtopo.core.replica import ReplicaSnapshot, gang_name, replica_state
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.spread import replicas_per_domain, spread_tier
@@ -95,7 +95,7 @@ def gang_priority(podgroup: Mapping[str, Any] | None, roleset: Mapping[str, Any]
     named = ((podgroup or {}).get("spec") or {}).get("priorityClassName")
     if isinstance(named, str) and named:
         return values.get(named, 0)
-    return replica_priority(roleset.get("spec") or {}, values)
+    return known_replica_priority(roleset.get("spec") or {}, values)
 
 
 def render(report: Mapping[str, Any]) -> list[str]:

@@ -40,6 +40,15 @@ def replica_priority(roleset_spec: Mapping[str, Any], values: Mapping[str, int])
     return values.get(name, 0) if name is not None else 0
 
 
+def known_replica_priority(roleset_spec: Mapping[str, Any], values: Mapping[str, int]) -> int | None:
+    """replica_priority, or None while its class is named but its value not read yet (a class created a
+    moment ago): better to say nothing of preemption than to rank the gang at 0."""
+    name = replica_priority_class(roleset_spec, values)
+    if name is not None and name not in values:
+        return None
+    return replica_priority(roleset_spec, values)
+
+
 def replica_priority_class(roleset_spec: Mapping[str, Any], values: Mapping[str, int]) -> str | None:
     """The class a replica's PodGroup carries: AIBrix's strategy's, else the roles' (the highest by
     value where they differ; a class whose value is unknown ranks below every known one, then by

@@ -19,7 +19,7 @@ from stormtopo.core.gang import followers, gang_of, replica_pods
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, plan_placed, plan_release, recorded_placement
 from stormtopo.core.podgroup import service_group_name
-from stormtopo.core.priority import replica_priority
+from stormtopo.core.priority import known_replica_priority
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
 from stormtopo.core.spread import SPREAD_GIVE_UP, Replica, kept_out_left_behind, plan_spread, shared_domain, spread_tier
 from stormtopo.core.topology.tree import Topology
@@ -105,7 +105,7 @@ class Explain:
     request: TopologyRequest
     pods: tuple[int, ...]  # GPUs of each pod of the gang
     created: int
-    priority: int = 0  # the gang's, as Volcano ranks it (its PodGroup's class): what it may preempt
+    priority: int | None = None  # the gang's, as Volcano ranks it (its PodGroup's class); None: not known yet
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,7 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
     if is_unschedulable(snapshot.podgroup) and snapshot.now >= memory.next_check and is_explainable(request, state.wanted, state.created):
         # Checked again in EXPLAIN_INTERVAL at the latest: the explanation may stretch that.
         checked = replace(plan.memory, next_check=snapshot.now + EXPLAIN_INTERVAL)
-        priority = replica_priority(snapshot.roleset.get("spec") or {}, dict(snapshot.tiers.priority_values))
+        priority = known_replica_priority(snapshot.roleset.get("spec") or {}, dict(snapshot.tiers.priority_values))
         return replace(plan, memory=checked, explain=Explain(request, state.wanted, state.created, priority))
     return plan
 
