@@ -5,9 +5,10 @@ Volcano v1.15.1's `preempt` skips every job with a network topology; `gangpreemp
 looks for victims per HyperNode domain: bound pods of jobs of the same queue whose priority is lower than
 the gang's, that are not marked `volcano.sh/preemptable: "false"`. Volcano says none of this when it does
 not preempt. This module reads the same rule over what the operator or the CLI read of the cluster: each
-node's free GPUs and the pods that hold its GPUs. Two approximations, said where it is rendered: a pod's
+node's free GPUs and the pods that hold its GPUs. Three approximations, said in docs/install.md: a pod's
 own priority stands for its job's (Volcano ranks by the PodGroup's class; for Volcano's own jobs and for
-stormtopo's PodGroups the two agree), and queues are not read (gangreclaim takes across queues).
+stormtopo's PodGroups the two agree), queues are not read (gangreclaim takes across queues), and pods
+are counted one by one (Volcano takes a gang at its minimum whole).
 
 The victims counted are the fewest this rule finds in the domain (lowest priority first, largest first);
 Volcano may take more (BENCHMARKS.md, "Preemption").
