@@ -217,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--services", type=int, default=10_000, help="StormServices that never opted in (default 10,000)")
     p.add_argument("--replicas", type=int, default=3, help="RoleSets of each (default 3: 30,000 RoleSets)")
     p = add(
+        "memory",
+        run_memory,
+        "the operator's memory at 10,000 StormServices, 100,000 admitted pods and 4,096 nodes, follower and leader (simulated).",
+        "memory.json",
+    )
+    p.add_argument("--services", type=int, default=10_000, help="opted-in StormServices (default 10,000)")
+    p.add_argument("--replicas", type=int, default=5, help="RoleSets of each, two admitted pods each (default 5: 100,000 pods)")
+    p.add_argument("--nodes", type=int, default=4_096, help="nodes (default 4,096)")
+    p.add_argument("--operator-source", help="measure the operator of another checkout (its directory), e.g. an older commit's")
+    p = add(
         "optin-creates",
         run_optin_creates,
         "300 opted-in creates against 300 plain, with nothing opted in and after --background more (issue 42): ratios, refusals.",
@@ -515,6 +525,18 @@ def run_loop_stall(args: argparse.Namespace, command: str) -> int:
 
     result = loop_stall.run(args.services, args.replicas)
     path = record.write(args.name or "loop-stall", command, result)
+    print(f"results: {path}")
+    _print_json(result)
+    return 0
+
+
+def run_memory(args: argparse.Namespace, command: str) -> int:
+
+    from bench import memory
+
+    source = Path(args.operator_source).resolve() if args.operator_source else memory.REPO
+    result = {**memory.run(args.services, args.replicas, args.nodes, source), "operator_source": args.operator_source or ""}
+    path = record.write(args.name or ("memory-before" if args.operator_source else "memory"), command, result)
     print(f"results: {path}")
     _print_json(result)
     return 0

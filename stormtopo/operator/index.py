@@ -7,7 +7,10 @@ moments before its watch event arrives) it reads through to the API server.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import sys
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -45,19 +48,46 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # a whole cop
 def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What the index keeps of an object: its metadata without managedFields, of StormService and
     RoleSet specs only what the gang is made of, and of a status only a PodGroup's phase and
-    conditions. Full objects would dominate the operator's memory at a thousand StormServices."""
+    conditions. Full objects would dominate the operator's memory at a thousand StormServices. Every
+    key and short string is interned: each object the API server sends has its own copies of the
+    same label keys, namespaces, role and node names (BENCHMARKS.md, "Memory")."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
     if LAST_APPLIED in (meta.get("annotations") or {}):
         meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != LAST_APPLIED}
     out = {k: v for k, v in obj.items() if k not in ("status", "metadata", "spec")}
     out["metadata"] = meta
     if obj.get("kind") == "Pod":
-        return _slim_pod(obj, meta)
+        pod: dict[str, Any] = _interned(_slim_pod(obj, meta))
+        if set(pod["spec"]) == {"nodeName"}:  # a bound pod: one spec object per node, shared
+            pod["spec"] = _BOUND_TO.setdefault(pod["spec"]["nodeName"], _Shared(pod["spec"]))
+        return pod
     if obj.get("kind") == "PodGroup" and obj.get("status"):
         out["status"] = {k: v for k, v in obj["status"].items() if k in ("phase", "conditions")}
     if "spec" in obj:
         out["spec"] = _slim_spec(obj["spec"] or {}) if obj.get("kind") in ("StormService", "RoleSet") else obj["spec"]
-    return out
+    shared: dict[str, Any] = _interned(out)
+    return shared
+
+
+class _Shared(dict[str, Any]):
+    """A dict that can be shared weakly: gone once no kept object refers to it."""
+
+    __slots__ = ("__weakref__",)
+
+
+_BOUND_TO: weakref.WeakValueDictionary[str, _Shared] = weakref.WeakValueDictionary()  # node -> {"nodeName": node}
+INTERNED_LENGTH = 64  # longer strings (a last-applied copy, a message) are rarely repeated
+
+
+def _interned(value: Any) -> Any:
+    """A copy of a JSON value with its keys and short strings interned (one object per distinct string)."""
+    if isinstance(value, str):
+        return sys.intern(value) if len(value) <= INTERNED_LENGTH else value
+    if isinstance(value, dict):
+        return {sys.intern(k) if isinstance(k, str) else k: _interned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interned(v) for v in value]
+    return value
 
 
 def slim_listed_pods(items: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]:
@@ -68,7 +98,17 @@ def slim_listed_pods(items: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any]
 
 def _slim_pod(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     """Of a pod, where it is bound and when: what a placement check and its metric read."""
-    scheduled = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
+    # The PodScheduled condition: its time (the placement metric); while not scheduled, why (a stranded
+    # replica, a released pod that cannot be placed). Nothing else of a bound pod's conditions.
+    scheduled = [
+        {
+            k: c[k]
+            for k in ("type", "status", "reason", "lastTransitionTime", *(("message",) if c.get("status") != "True" else ()))
+            if k in c
+        }
+        for c in (pod.get("status") or {}).get("conditions") or []
+        if c.get("type") == "PodScheduled"
+    ]
     spec = pod.get("spec") or {}
     # An unbound pod's version and node affinity too (pods waiting are few): a held pod's release narrows
     # its affinity, and a spread replica Volcano cannot place is held again at the version read.
@@ -125,6 +165,45 @@ def key_of(obj: Mapping[str, Any]) -> Key:
     return meta.get("namespace", ""), meta["name"]
 
 
+SHARED_SPECS = ("StormService", "RoleSet")  # a service's RoleSets carry one spec: the index keeps it once
+
+
+@dataclass
+class SharedSpecs:
+    """One copy of each distinct slimmed spec, shared by every StormService and RoleSet that carries it (the
+    RoleSets of one service, services made from one template), counted so that the last to go takes it.
+    The index's objects are read only: a shared spec is never changed in place."""
+
+    _by_text: dict[str, tuple[dict[str, Any], int]] = field(default_factory=dict)
+
+    @staticmethod
+    def _text(spec: Mapping[str, Any]) -> str:
+        return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+
+    def share(self, obj: dict[str, Any]) -> dict[str, Any]:
+        spec = obj.get("spec")
+        if not isinstance(spec, dict):
+            return obj
+        text = self._text(spec)
+        shared, count = self._by_text.get(text, (spec, 0))
+        self._by_text[text] = (shared, count + 1)
+        return {**obj, "spec": shared}
+
+    def release(self, obj: Mapping[str, Any] | None) -> None:
+        spec = (obj or {}).get("spec")
+        if not isinstance(spec, dict):
+            return
+        text = self._text(spec)
+        shared, count = self._by_text.get(text, (spec, 0))
+        if count <= 1:
+            self._by_text.pop(text, None)
+        else:
+            self._by_text[text] = (shared, count - 1)
+
+    def __len__(self) -> int:
+        return len(self._by_text)
+
+
 @dataclass
 class Index:
     api: Api
@@ -139,6 +218,7 @@ class Index:
     _rolesets_by_service: dict[Key, set[str]] = field(default_factory=dict)
     _seen: dict[tuple[str, Key], int] = field(default_factory=dict)  # (kind, key) -> when last observed
     _clock: int = 0
+    _specs: SharedSpecs = field(default_factory=SharedSpecs)  # the StormServices' and RoleSets' specs, one copy each
     # Admitted pods that held a node and are gone: healing reads free GPUs afresh when this moves,
     # rather than wait out a cached reading while a new arrival takes the room.
     pods_freed: int = 0
@@ -196,10 +276,12 @@ class Index:
                 self.on_pods_moved()
         if kind == "RoleSet":
             _member(self._rolesets_by_service, service_key_of(obj), key[1], not deleted)
+        if kind in SHARED_SPECS:
+            self._specs.release(store.get(key))
         if deleted:
             store.pop(key, None)
         else:
-            store[key] = slim(obj)
+            store[key] = self._specs.share(slim(obj)) if kind in SHARED_SPECS else slim(obj)
 
     @property
     def hypernode_changes(self) -> int:

@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "preemption",
     "loop-stall",
     "optin-creates",
+    "memory",
     "uninstall",
     "scale-nodes",
     "foreign-pods",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from stormtopo.operator.index import LAST_APPLIED, service_key_of, slim
 
 
@@ -202,3 +205,60 @@ def test_no_opted_in_key_is_judged_stale_before_the_first_complete_list() -> Non
     index.caught_up = True
     asyncio.run(reconciler.refresh_opted_in())
     assert listed._absent == {"ns.not-seen-yet"}  # now it counts, once (a second check unlists it)
+
+
+def test_the_rolesets_of_a_service_share_one_copy_of_its_spec_and_the_last_to_go_takes_it() -> None:
+    """Issue 42, item 5: the index keeps each distinct StormService and RoleSet spec once (BENCHMARKS.md, "Memory")."""
+    from stormtopo.devenv.workloads import stormservice
+    from stormtopo.operator.index import Index
+
+    index = Index(None)  # type: ignore[arg-type]
+    svc = stormservice("svc", "ns")
+    rolesets = [
+        {"kind": "RoleSet", "metadata": {"name": f"svc-roleset-{i}", "namespace": "ns", "labels": {"storm-service-name": "svc"}}}
+        | {"spec": json.loads(json.dumps(svc["spec"]["template"]["spec"]))}  # each its own copy, as the API sends them
+        for i in range(3)
+    ]
+    for roleset in rolesets:
+        index.observe("RoleSet", "ADDED", roleset)
+    kept = [index.rolesets[("ns", f"svc-roleset-{i}")]["spec"] for i in range(3)]
+    assert kept[0] is kept[1] is kept[2] and len(index._specs) == 1
+    assert kept[0] == slim(rolesets[0])["spec"]  # the same content as before sharing
+    changed = json.loads(json.dumps(rolesets[0]))
+    changed["spec"]["roles"][0]["replicas"] = 2
+    index.observe("RoleSet", "MODIFIED", changed)
+    assert len(index._specs) == 2 and index.rolesets[("ns", "svc-roleset-0")]["spec"]["roles"][0]["replicas"] == 2
+    assert index.rolesets[("ns", "svc-roleset-1")]["spec"]["roles"][0]["replicas"] == 1  # the others keep theirs
+    for i in range(3):
+        index.observe("RoleSet", "DELETED", rolesets[i])
+    assert len(index._specs) == 0  # nothing kept for objects that are gone
+
+
+def test_a_slim_pod_keeps_its_content_with_its_strings_interned_and_its_bound_spec_shared() -> None:
+    def pod(name: str) -> dict[str, Any]:
+        return json.loads(
+            json.dumps(
+                {
+                    "kind": "Pod",
+                    "metadata": {"name": name, "namespace": "ns", "labels": {"role-name": "decode"}, "managedFields": [{}]},
+                    "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]},
+                    "status": {
+                        "phase": "Running",
+                        "conditions": [
+                            {"type": "Ready", "status": "True"},
+                            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "t", "lastProbeTime": None},
+                        ],
+                    },
+                }
+            )
+        )
+
+    a, b = slim(pod("a")), slim(pod("b"))
+    assert a["metadata"] == {"name": "a", "namespace": "ns", "labels": {"role-name": "decode"}}
+    assert a["status"] == {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": "t"}]}
+    assert a["spec"] == {"nodeName": "node-1"} and a["spec"] is b["spec"]
+    assert a["metadata"]["labels"]["role-name"] is b["metadata"]["labels"]["role-name"]
+    unscheduled = pod("c")
+    unscheduled["spec"].pop("nodeName")
+    unscheduled["status"]["conditions"][1] |= {"status": "False", "reason": "Unschedulable", "message": "0/8 nodes"}
+    assert slim(unscheduled)["status"]["conditions"][0]["message"] == "0/8 nodes"  # why it waits, while it waits
