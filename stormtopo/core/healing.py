@@ -36,8 +36,8 @@ from stormtopo.core.heal_request import tier_to_heal
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.heal_target import _room, domain_left, room_for
 from stormtopo.core.jsonpatch import set_spec_fields
-from stormtopo.core.lending import _WIDE_REPLICA, not_lending
-from stormtopo.core.moves import HOLD, recorded_moves, recorded_seconds
+from stormtopo.core.lending import not_lending
+from stormtopo.core.moves import HOLD, MOVE_RECORD_VERSION, recorded_moves, recorded_seconds
 from stormtopo.core.moves import MOVE_DEADLINE as MOVE_DEADLINE  # the hold's deadline too (core/moves.py); the shell's import
 from stormtopo.core.podgroup import desired_fields
 from stormtopo.core.request import Mode, TopologyRequest
@@ -88,6 +88,7 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
     if moving is not None and moving.target is not None:
         replica = next(r for r in snapshot.replicas if r.name == moving.replica)
         record = {
+            "v": MOVE_RECORD_VERSION,
             "at": _timestamp(snapshot.now),
             "from": moving.span,
             "to": moving.target.switch.name,
@@ -98,7 +99,7 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
             "misses": _misses(moves.get(moving.replica) or {}),  # moves in a row that did not land, before this one
         }
         if moving.why is Why.MAKE_ROOM and snapshot.make_room is not None:
-            record["for"] = snapshot.make_room.wide
+            record["for"] = snapshot.make_room.wide.record()
             record["left"] = domain_left(snapshot.topology, replica.nodes(), tier)
         says.append((moving, Say("Normal", "ReplicaMoving", _moving(moving, request, tier, replica, snapshot.make_room))))
         writes.append(_record(snapshot, moving.replica, record))
@@ -229,8 +230,8 @@ def _making_room(
     lender keeps max(1, replicas - 1) ready replicas (lender_budget), it is ready, and Volcano would
     place it in another domain of its tier, read again now."""
     meta = snapshot.stormservice["metadata"]
-    wide = _WIDE_REPLICA.fullmatch(snapshot.make_room.wide) if snapshot.make_room is not None else None
-    own = wide is not None and (wide.group(1), wide.group(2)) == (str(meta.get("namespace", "")), str(meta["name"]))
+    wide = snapshot.make_room.wide if snapshot.make_room is not None else None
+    own = wide is not None and (wide.namespace, wide.stormservice) == (str(meta.get("namespace", "")), str(meta["name"]))
     why = "a service makes no room for its own replicas" if own else not_lending(snapshot.stormservice)
     if why:
         return Verdict(replica.name, where, Why.MAKE_ROOM, None, why, Block.NO_ROOM)

@@ -55,21 +55,47 @@ def not_lending(stormservice: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
+class WideReplica:
+    """The wide replica a move to make room is for: data in the move's record ("for"), prose in Events."""
+
+    namespace: str
+    stormservice: str
+    replica: str
+
+    def __str__(self) -> str:
+        return f"StormService {self.namespace}/{self.stormservice} replica {self.replica}"
+
+    def record(self) -> dict[str, str]:
+        return {"namespace": self.namespace, "stormService": self.stormservice, "replica": self.replica}
+
+
+@dataclass(frozen=True)
 class MakeRoom:
     """The shell's order (from core/room.py's search over every opted-in service): move `replica` of
     this service, within its tier, so that `wide` fits in `frees`."""
 
     replica: str
-    wide: str  # "namespace/stormservice replica name"
+    wide: WideReplica
     frees: str  # the HyperNode it makes room in
 
 
-def wide_replica(namespace: str, stormservice: str, replica: str) -> str:
-    """How a move to make room names the wide replica it is for (MakeRoom.wide, the record's "for")."""
-    return f"StormService {namespace}/{stormservice} replica {replica}"
+def wide_replica(namespace: str, stormservice: str, replica: str) -> WideReplica:
+    return WideReplica(namespace, stormservice, replica)
 
 
-_WIDE_REPLICA = re.compile(r"StormService ([^/\s]+)/(\S+) replica (\S+)")
+# How the release before named it, as a sentence: read for one release, so that room made by a leader of
+# that release still counts once this one leads.
+_SAID_FOR = re.compile(r"StormService ([^/\s]+)/(\S+) replica (\S+)")
+
+
+def recorded_for(move: Mapping[str, Any]) -> WideReplica | None:
+    """The wide replica a make-room record is for; None if it names none readably."""
+    named = move.get("for")
+    if isinstance(named, Mapping):
+        fields = (named.get("namespace"), named.get("stormService"), named.get("replica"))
+        return WideReplica(*fields) if all(isinstance(f, str) and f for f in fields) else None  # type: ignore[arg-type]
+    found = _SAID_FOR.fullmatch(named) if isinstance(named, str) else None
+    return WideReplica(*found.groups()) if found is not None else None
 
 
 def room_made_for(stormservices: Iterable[Mapping[str, Any]], now: float) -> dict[tuple[str, str, str], float]:
@@ -84,10 +110,10 @@ def room_made_for(stormservices: Iterable[Mapping[str, Any]], now: float) -> dic
         if not lends_room(stormservice):
             continue  # only a lender's moves make room: a record on any other service is not one
         for move, at in trusted_moves(stormservice, now):
-            found = _WIDE_REPLICA.fullmatch(str(move.get("for") or ""))
-            if move.get("reason") != Why.MAKE_ROOM or found is None:
+            wide = recorded_for(move)
+            if move.get("reason") != Why.MAKE_ROOM or wide is None:
                 continue
-            key = (found.group(1), found.group(2), found.group(3))
+            key = (wide.namespace, wide.stormservice, wide.replica)
             out[key] = max(at, out.get(key, at))
     return out
 

@@ -29,6 +29,9 @@ from stormtopo.core.request import Mode, Scope, TierLimit, TopologyRequest
 from stormtopo.core.switches import switch_problem, switched_on
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, MOVES_ANNOTATION, REQUEST_ANNOTATION, SCOPE
 
+# A move record's version ("v"): 2 names the wide replica it makes room for as data ({"namespace",
+# "stormService", "replica"}); records without one (the release before) named it in a sentence, still read.
+MOVE_RECORD_VERSION = 2
 HOLD = 120.0  # seconds: a moving gang still not bound this long after its move is let go (the healer settles it)
 CLOCK_SKEW = 60.0  # seconds a move's recorded start may be ahead of the reader's clock (replicas' clocks differ)
 MOVE_DEADLINE = 600.0  # seconds: a move not settled by then no longer holds its gang, nor the service's other replicas back

@@ -13,7 +13,7 @@ from stormtopo.core.heal_plan import HealMemory
 from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.healing import plan_healing
-from stormtopo.core.lending import MakeRoom, resident, room_made_for, wide_replica
+from stormtopo.core.lending import MakeRoom, recorded_for, resident, room_made_for, wide_replica
 from stormtopo.core.packing import domains_at_tier
 from stormtopo.core.room import Resident, room_by_moving, take
 from stormtopo.core.verdict import Block, Why
@@ -154,7 +154,7 @@ def small_replica(prefill: str, decode: str, name: str = "small-0", ready: bool 
 SIBLING = small_replica("node6", "node6", name="small-1")  # the lender's other replica, ready, in s3
 
 
-ORDER = MakeRoom("small-0", "StormService ns/svc replica svc-a", "s0")
+ORDER = MakeRoom("small-0", wide_replica("ns", "svc", "svc-a"), "s0")
 
 
 def plan_for(svc: dict[str, Any], free_gpus: dict[str, int], order: MakeRoom | None = ORDER, *others: Replica) -> Any:
@@ -170,7 +170,9 @@ def test_ordered_to_make_room_a_replica_within_its_tier_moves_whole_and_says_for
     assert plan.moving.target is not None and plan.moving.target.switch.name == "s2"
     assert sorted(w.name for w in plan.writes if isinstance(w, EvictPod)) == ["small-0-decode-0", "small-0-prefill-0"]
     (record,) = [w.record for w in plan.writes if isinstance(w, RecordMove)]
-    assert record["reason"] == "make-room" and record["for"] == ORDER.wide
+    assert record["reason"] == "make-room" and record["for"] == ORDER.wide.record()
+    assert record["for"] == {"namespace": "ns", "stormService": "svc", "replica": "svc-a"}
+    assert record["v"] == 2
     (moving,) = [w.say.message for w in plan.writes if isinstance(w, PostEvent) and w.say.reason == "ReplicaMoving"]
     assert "makes room in s0 for StormService ns/svc replica svc-a" in moving
 
@@ -273,6 +275,28 @@ def test_a_service_never_makes_room_for_its_own_wide_replica() -> None:
     own = MakeRoom("small-0", wide_replica("other", "small", "small-1"), "s0")
     plan = plan_for(small_service(), ROOM, own)
     assert plan.moving is None and plan.verdicts[0].blocked == "a service makes no room for its own replicas"
+
+
+def test_a_make_room_record_written_by_the_release_before_is_understood() -> None:
+    """Issue 44, item 2: records are data with a version ("v": 2, "for" an object); the release before
+    wrote "for" as a sentence and no version, and a leader of this release still counts the room it made."""
+    before = {
+        "at": stamp(NOW - 30),
+        "from": "s0, tier 1",
+        "to": "s1",
+        "toTier": 1,
+        "reason": "make-room",
+        "pods": ["u1"],
+        "for": "StormService ns/svc replica svc-a",
+        "left": "s0",
+    }
+    lender = small_service({"small-0": before})
+    assert room_made_for([lender], NOW) == {("ns", "svc", "svc-a"): NOW - 30}
+    assert recorded_for(before) == wide_replica("ns", "svc", "svc-a")
+    assert recorded_for({"for": {"namespace": "ns", "stormService": "svc", "replica": "svc-a"}}) == wide_replica("ns", "svc", "svc-a")
+    for unreadable in ("svc-a", {"namespace": "ns", "replica": "svc-a"}, {"namespace": 1, "stormService": "s", "replica": "r"}, None):
+        assert recorded_for({"for": unreadable}) is None
+    assert str(wide_replica("ns", "svc", "svc-a")) == "StormService ns/svc replica svc-a"  # the prose of Events
 
 
 def test_room_made_for_a_wide_replica_is_read_back_from_the_lenders_record() -> None:

@@ -524,7 +524,10 @@ def test_the_sweep_survives_a_failing_api_server() -> None:
         await asyncio.sleep(0.05)
         assert not running.done() and "ns.a" in gate.unconfirmed.since  # kept: retried next time
         api.fail = False
-        await asyncio.sleep(0.05)
+        for _ in range(200):  # the retry comes after a backoff doubling from the interval: wait for it
+            if api.data == {}:
+                break
+            await asyncio.sleep(0.01)
         assert api.data == {} and gate.unconfirmed.since == {}
         running.cancel()
 
