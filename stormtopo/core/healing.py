@@ -37,7 +37,7 @@ from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.heal_target import _room, domain_left, room_for
 from stormtopo.core.jsonpatch import set_spec_fields
 from stormtopo.core.lending import not_lending
-from stormtopo.core.moves import HOLD, MOVE_RECORD_VERSION, recorded_moves, recorded_seconds
+from stormtopo.core.moves import HOLD, MOVE_RECORD_VERSION, recorded_moves, recorded_seconds, request_topology
 from stormtopo.core.moves import MOVE_DEADLINE as MOVE_DEADLINE  # the hold's deadline too (core/moves.py); the shell's import
 from stormtopo.core.podgroup import desired_fields
 from stormtopo.core.request import Mode, TopologyRequest
@@ -97,6 +97,8 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
             "pods": sorted(str(p["metadata"].get("uid", "")) for p in replica.live()),
             "cooldown": _cooldown(moves.get(moving.replica) or {}, snapshot.cooldown),
             "misses": _misses(moves.get(moving.replica) or {}),  # moves in a row that did not land, before this one
+            # What its PodGroup asks once the hold ends, should the service's request turn invalid meanwhile.
+            "request": request_topology(request),
         }
         if moving.why is Why.MAKE_ROOM and snapshot.make_room is not None:
             record["for"] = snapshot.make_room.wide.record()

@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from stormtopo.core.request import Mode, Scope, TierLimit, TopologyRequest
+from stormtopo.core.request import Mode, Scope, TierLimit, TopologyRequest, network_topology_of
 from stormtopo.core.switches import switch_problem, switched_on
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, MOVES_ANNOTATION, REQUEST_ANNOTATION, SCOPE
 
@@ -126,12 +126,41 @@ def released_topology(
         return None
     if topology.get("mode") != Mode.HARD.value or topology.get("highestTierAllowed") != tier or "highestTierName" in topology:
         return None
-    recorded = ((podgroup or {}).get("metadata") or {}).get("annotations") or {}
-    request = recorded_request(recorded.get(REQUEST_ANNOTATION), defaults)
-    if request is None:
-        return None
-    wanted = request.network_topology()
+    asked = recorded_topology(move.get("request"))
+    if asked is not None:
+        wanted: dict[str, object] = {**dict(defaults), **asked}
+    else:  # a move recorded by the release before: the request as the PodGroup's own record says it
+        recorded = ((podgroup or {}).get("metadata") or {}).get("annotations") or {}
+        request = recorded_request(recorded.get(REQUEST_ANNOTATION), defaults)
+        if request is None:
+            return None
+        wanted = request.network_topology()
     return wanted if wanted != dict(topology) else None
+
+
+def request_topology(request: TopologyRequest) -> dict[str, object]:
+    """What a move records of the replica's request: its mode and tier as the PodGroup asks them."""
+    return network_topology_of(request.mode, request.limit)
+
+
+def recorded_topology(recorded: object) -> dict[str, object] | None:
+    """A move's record of its replica's request, if it is one request_topology writes: a mode, and a tier
+    number (1 or more) or a tier name (soft may have neither), nothing else. A record its owner edited into
+    anything else is not read."""
+    if not isinstance(recorded, Mapping) or recorded.get("mode") not in (Mode.HARD.value, Mode.SOFT.value):
+        return None
+    if set(recorded) - {"mode", "highestTierAllowed", "highestTierName"}:
+        return None
+    tier, name = recorded.get("highestTierAllowed"), recorded.get("highestTierName")
+    if tier is not None and name is not None:
+        return None
+    if tier is None and name is None:
+        return {"mode": Mode.SOFT.value} if recorded["mode"] == Mode.SOFT.value else None
+    if tier is not None and not (isinstance(tier, int) and not isinstance(tier, bool) and tier >= 1):
+        return None
+    if name is not None and not (isinstance(name, str) and name):
+        return None
+    return dict(recorded)
 
 
 _DESCRIBED = re.compile(r"(hard|soft) within (?:tier ([0-9]+)|tier ('.*'|\".*\")|any tier)(?:, scope RoleSet)?")
@@ -139,7 +168,8 @@ _DESCRIBED = re.compile(r"(hard|soft) within (?:tier ([0-9]+)|tier ('.*'|\".*\")
 
 def recorded_request(described: object, defaults: tuple[tuple[str, object], ...] = ()) -> TopologyRequest | None:
     """A replica's request read back from what TopologyRequest.describe() wrote on its PodGroup
-    ("soft within tier 2, scope RoleSet"; before scopes, without the scope); None if it is not one."""
+    ("soft within tier 2, scope RoleSet"; before scopes, without the scope); None if it is not one.
+    Read only for a move the release before began (its record holds no "request"): one release, then gone."""
     found = _DESCRIBED.fullmatch(described.strip()) if isinstance(described, str) else None
     if found is None:
         return None

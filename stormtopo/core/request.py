@@ -72,12 +72,12 @@ class TopologyRequest:
 
     def network_topology(self) -> dict[str, object]:
         """The PodGroup spec.networkTopology for the outer gang, as the API server will store it."""
-        return {**dict(self.defaults), **_network_topology(self.mode, self.limit)}
+        return {**dict(self.defaults), **network_topology_of(self.mode, self.limit)}
 
     def replica_network_topology(self) -> dict[str, object] | None:
         if self.replica_limit is None:
             return None
-        return _network_topology(self.mode, self.replica_limit)
+        return network_topology_of(self.mode, self.replica_limit)
 
     def describe(self) -> str:
         text = f"{self.mode.value} within {self.limit.describe()}, scope {self.scope.value}"
@@ -88,7 +88,8 @@ class TopologyRequest:
         return text
 
 
-def _network_topology(mode: Mode, limit: TierLimit) -> dict[str, object]:
+def network_topology_of(mode: Mode, limit: TierLimit) -> dict[str, object]:
+    """A PodGroup's spec.networkTopology for this mode and limit, before the API server's defaults."""
     out: dict[str, object] = {"mode": mode.value}
     if limit.tier is not None:
         out["highestTierAllowed"] = limit.tier

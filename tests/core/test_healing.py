@@ -365,6 +365,7 @@ def test_while_it_moves_its_podgroup_is_held_hard_within_the_targets_tier_then_l
     assert plan.writes.index(held) < min(plan.writes.index(w) for w in plan.writes if isinstance(w, EvictPod))
     record = next(w for w in plan.writes if isinstance(w, RecordMove)).record
     assert record["toTier"] == 1 and sorted(record["pods"]) == sorted(p["metadata"]["uid"] for p in WIDE.pods)  # type: ignore[arg-type]
+    assert record["v"] == 2 and record["request"] == {"mode": "soft", "highestTierAllowed": 1}  # data: what its PodGroup asks after
     # Settled: the PodGroup is let go back to soft.
     svc = service(SOFT1)
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": dict(record)})

@@ -507,6 +507,22 @@ def test_an_invalid_request_lets_the_hold_go_to_the_last_valid_request_and_keeps
     assert planned_topology(bad, {**held_podgroup(), "spec": {**held_podgroup()["spec"], "networkTopology": dict(AS_ASKED)}}) is None
 
 
+def test_the_request_a_move_records_is_data_and_read_before_the_podgroups_sentence() -> None:
+    """Issue 44, item 2: this release's move records what its replica asked as data ("request"); the hold
+    is let go to it without reading the PodGroup's sentence back. The moves above (no "request": the
+    release before) still go by the sentence; a "request" edited into anything else is not read."""
+    bad = {MODE: "soft", HIGHEST_TIER: "7", "stormtopo.io/heal": "true"}
+    recorded = moving(bad, request={"mode": "soft", "highestTierAllowed": 2})
+    assert planned_topology(recorded, held_podgroup("something else")) == AS_ASKED
+    by_name = moving(bad, request={"mode": "hard", "highestTierName": "leaf"})
+    assert planned_topology(by_name, held_podgroup("something else")) == {"mode": "hard", "highestTierName": "leaf"}
+    for junk in ({"mode": "hard"}, {"mode": "soft", "highestTierAllowed": 0}, {"mode": "soft", "highestTierAllowed": True},
+                 {"mode": "hard", "highestTierAllowed": 1, "highestTierName": "leaf"}, {"mode": "x"}, "soft within tier 2",
+                 {"mode": "soft", "highestTierAllowed": 2, "extra": 1}):  # fmt: skip
+        assert planned_topology(moving(bad, request=junk), held_podgroup()) == AS_ASKED  # the sentence, as before
+        assert planned_topology(moving(bad, request=junk), held_podgroup("something else")) is None
+
+
 def test_the_hold_ends_at_the_moves_deadline() -> None:
     from stormtopo.core.moves import MOVE_DEADLINE
 
