@@ -10,6 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -44,6 +45,20 @@ def every_list(api: Api) -> list[dict[str, Any]]:
     return api.raw_list("/api/v1/configmaps", fieldSelector=f"metadata.name={OPTED_IN_CONFIGMAP}")
 
 
+@dataclass
+class _Batch:
+    """Changes to one namespace's list that go in one merge patch, and when it is written."""
+
+    done: asyncio.Future[None]
+    changes: dict[str, str | None] = field(default_factory=dict)
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    """Its failure is its callers' to raise; one whose callers were all cancelled is not logged as lost."""
+    if not done.cancelled():
+        done.exception()
+
+
 class OptedInList:
     """What every namespace's list says, by opted_in_key, as this replica last read or wrote it."""
 
@@ -51,6 +66,8 @@ class OptedInList:
         self.api = api
         self.listed: dict[str, str] = {}  # as last read or written by this replica
         self._absent: set[str] = set()  # keys absent from the index at the last check
+        self._open: dict[str, _Batch] = {}  # per namespace, the changes gathered for its next write
+        self._writers: dict[str, asyncio.Task[None]] = {}  # per namespace, the task writing its list
 
     def refresh(self) -> None:
         """Read every namespace's list (other replicas' webhooks add to them too)."""
@@ -62,31 +79,53 @@ class OptedInList:
 
     async def record(self, namespace: str, stormservice: str, want: str | None, force: bool = False) -> None:
         """Say in its namespace's list what it says of a StormService: its scope, or nothing (None,
-        unlisted). Writes only on a change unless `force` (this replica's copy may be stale)."""
-        if force or listing_change(self.listed, opted_in_key(namespace, stormservice), want) is not None:
-            await asyncio.to_thread(self._write, namespace, stormservice, want, force)
+        unlisted). Writes only on a change unless `force` (this replica's copy may be stale).
 
-    def _write(self, namespace: str, stormservice: str, want: str | None, force: bool) -> None:
-        key = opted_in_key(namespace, stormservice)
-        change = {split_key(key)[1]: want} if force else listing_change(self.listed, key, want)
-        if change is None:
+        One write of a namespace's list at a time: what is recorded while one is under way goes in the
+        next, together. A burst of creates in one namespace (a GitOps sync) then costs a few patches of
+        its list, not one each queued on one etcd key; each caller returns once its change is written."""
+        if not force and listing_change(self.listed, opted_in_key(namespace, stormservice), want) is None:
             return
+        batch = self._open.get(namespace)
+        if batch is None:
+            batch = self._open[namespace] = _Batch(asyncio.get_running_loop().create_future())
+            batch.done.add_done_callback(_retrieved)
+            if namespace not in self._writers:
+                self._writers[namespace] = asyncio.create_task(self._drain(namespace))
+        batch.changes[stormservice] = want
+        await asyncio.shield(batch.done)
+
+    async def _drain(self, namespace: str) -> None:
+        """The namespace's writer: the open batch, then the one gathered meanwhile, until none is left."""
         try:
-            self.api.request("PATCH", list_path(namespace), {"data": change}, MERGE_PATCH)
+            while (batch := self._open.pop(namespace, None)) is not None:
+                try:
+                    await asyncio.to_thread(self._write, namespace, batch.changes)
+                except Exception as exc:  # each caller refuses (the gate) or retries (the reconciler)
+                    batch.done.set_exception(exc)
+                else:
+                    batch.done.set_result(None)
+        finally:
+            self._writers.pop(namespace, None)
+
+    def _write(self, namespace: str, changes: Mapping[str, str | None]) -> None:
+        try:
+            self.api.request("PATCH", list_path(namespace), {"data": dict(changes)}, MERGE_PATCH)
         except NotFound:
+            listed = {name: want for name, want in changes.items() if want is not None}
+            if listed:
+                try:
+                    body = {**opted_in_configmap(namespace), "data": listed}
+                    self.api.request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/configmaps", body)
+                except Conflict:
+                    # Another replica (or this one's other admission) created it meanwhile: add to theirs.
+                    self.api.request("PATCH", list_path(namespace), {"data": dict(changes)}, MERGE_PATCH)
+        for name, want in changes.items():
+            key = opted_in_key(namespace, name)
             if want is None:
-                return
-            try:
-                self.api.request(
-                    "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/configmaps", {**opted_in_configmap(namespace), "data": change}
-                )
-            except Conflict:
-                # Another replica (or this one's other admission) created it meanwhile: add to theirs.
-                self.api.request("PATCH", list_path(namespace), {"data": change}, MERGE_PATCH)
-        if want is None:
-            self.listed.pop(key, None)
-        else:
-            self.listed[key] = want
+                self.listed.pop(key, None)
+            else:
+                self.listed[key] = want
 
     def unlist(self, namespace: str, stormservices: list[str]) -> None:
         """Take these out of their namespace's list in one merge patch, however many: a list a tenant
@@ -150,8 +189,11 @@ class Gate:
         if operation == "CREATE" and not await self._room_for(key) and self.indexed(namespace, name) is None:
             return self._full()  # before any API read: made-up names beyond the bound cost nothing
         current = self.indexed(namespace, name)
-        if not self._is_oldobject(request, current):
-            current = await self.stored(namespace, name)  # the index may lag a create or an update
+        if operation != "CREATE" and not self._is_oldobject(request, current):
+            current = await self.stored(namespace, name)  # the index may lag an update
+        # A CREATE of a name the index does not hold is listed without reading the API server: should a
+        # StormService of that name exist after all (the watch lagging), it exists under another uid than
+        # the review's, and the sweep takes the listing back at once (contradicted).
         want, why = gate_listing(operation, obj, request.get("oldObject"), current, self.unconfirmed.refuted.get(key))
         if want is None:
             log.debug("gate lists nothing for %s (%s): %s", key, operation, why)
@@ -172,12 +214,9 @@ class Gate:
 
     @staticmethod
     def _is_oldobject(request: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
-        """The index holds exactly the version an UPDATE review names, or (CREATE) holds the name at all:
-        either way no API read is needed to judge it."""
+        """The index holds exactly the version an UPDATE review names: no API read is needed to judge it."""
         if current is None:
             return False
-        if request.get("operation") != "UPDATE":
-            return True
         old = (request.get("oldObject") or {}).get("metadata") or {}
         return bool(old.get("resourceVersion")) and old.get("resourceVersion") == (current.get("metadata") or {}).get("resourceVersion")
 
