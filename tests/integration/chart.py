@@ -85,9 +85,9 @@ def install(state: Path, rendered: str) -> None:
     assert applied.returncode == 0, applied.stderr
 
 
-def service_account_kubeconfig(state: Path, directory: Path) -> Path:
+def service_account_kubeconfig(state: Path, directory: Path, sa: str = SA, namespace: str = NAMESPACE) -> Path:
     """A kubeconfig that authenticates as the chart's ServiceAccount, with a token from TokenRequest."""
-    token = kubectl(state, "create", "token", SA, "-n", NAMESPACE, "--duration=1h").stdout.strip()
+    token = kubectl(state, "create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
     assert token
     config = yaml.safe_load((state / "kubeconfig").read_text())
     config["users"][0]["user"] = {"token": token}
@@ -121,6 +121,33 @@ def http_ok(url: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+def run_as_deployment(state: Path, directory: Path, rendered: str, certs: Path, sa: str = SA, namespace: str = NAMESPACE) -> None:
+    """`python -m stormtopo.operator` with the rendered Deployment's arguments, under its ServiceAccount's
+    token, on the cluster's webhook and metrics ports (kwok's nodes run no container), until ready."""
+    ports = json.loads((state / "cluster.json").read_text())["ports"]
+    deployment = of_kind(rendered, "Deployment")
+    replaced = {
+        "--cert-dir": str(certs),
+        "--webhook-port": str(ports["operator_webhook"]),
+        "--metrics-port": str(ports["operator_metrics"]),
+        "--metrics-host": "127.0.0.1",
+    }
+    args = [
+        f"{a.split('=')[0]}={replaced[a.split('=')[0]]}" if a.split("=")[0] in replaced else a
+        for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    ]
+    kubeconfig = service_account_kubeconfig(state, directory, sa, namespace)
+    # The chart's flags, then the test suite's shorter periods (dev.operator_args(); the last flag wins).
+    argv = [sys.executable, "-m", "stormtopo.operator", f"--kubeconfig={kubeconfig}", "--webhook-host=127.0.0.1"]
+    argv += [*args, *dev.operator_args()]
+    operator = processes.start(state, "operator", argv, env=dev.operator_env(state))
+    DevCluster.wait(
+        lambda: operator.alive() and http_ok(f"http://127.0.0.1:{ports['operator_metrics']}/readyz"),
+        90,
+        "the operator as installed ready",
+    )
 
 
 @contextmanager
@@ -168,26 +195,7 @@ class InstalledOperator:
         kept = [d for d in yaml.safe_load_all(without_hooks(rendered)) if d and d["kind"] not in ("Deployment", "PodDisruptionBudget")]
         install(self.state, yaml.safe_dump_all(kept))
         self.rendered, self.sets = yaml.safe_dump_all(kept), sets
-        deployment = of_kind(rendered, "Deployment")
-        replaced = {
-            "--cert-dir": str(certs),
-            "--webhook-port": str(ports["operator_webhook"]),
-            "--metrics-port": str(ports["operator_metrics"]),
-            "--metrics-host": "127.0.0.1",
-        }
-        args = [
-            f"{a.split('=')[0]}={replaced[a.split('=')[0]]}" if a.split("=")[0] in replaced else a
-            for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-        ]
-        sa = service_account_kubeconfig(self.state, self.directory)
-        # The chart's flags, then the test suite's shorter periods (dev.operator_args(); the last flag wins).
-        argv = [sys.executable, "-m", "stormtopo.operator", f"--kubeconfig={sa}", "--webhook-host=127.0.0.1", *args, *dev.operator_args()]
-        operator = processes.start(self.state, "operator", argv, env=dev.operator_env(self.state))
-        DevCluster.wait(
-            lambda: operator.alive() and http_ok(f"http://127.0.0.1:{ports['operator_metrics']}/readyz"),
-            90,
-            "the operator as installed ready",
-        )
+        run_as_deployment(self.state, self.directory, rendered, certs)
 
     def stop(self) -> None:
         """The chart's webhook configurations deleted and the cluster's own operator started again."""
