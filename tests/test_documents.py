@@ -194,3 +194,41 @@ def test_the_link_check_finds_a_missing_file_and_a_missing_anchor(tmp_path: Path
 )
 def test_github_slug(heading: str, slug: str) -> None:
     assert github_slug(heading) == slug
+
+
+# -- references, not notebooks (issue 45, item 4) ------------------------------------------------------------
+USER_PAGES = [REPO / "README.md", REPO / "RELIABILITY.md", REPO / "COMPATIBILITY.md", *sorted((REPO / "docs").glob("*.md"))]
+DATED_PAGES = [REPO / "RELIABILITY.md", *sorted((REPO / "docs").glob("*.md"))]  # BENCHMARKS.md, COMPATIBILITY.md's runs: run records
+_ISSUE = re.compile(r"\bissues? [0-9]+|\(issue\b", re.IGNORECASE)
+_DATE = re.compile(r"\b20[0-9]{2}-[01][0-9]-[0-3][0-9]\b")
+_COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+
+
+def _findings(paths: list[Path], pattern: re.Pattern[str], what: str) -> list[str]:
+    out = []
+    for path in paths:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if (found := pattern.search(line)) is not None and "fromisoformat" not in line and "strftime" not in line:
+                out.append(f"{path.relative_to(REPO)}:{number}: {what} {found.group(0)!r}")
+    return out
+
+
+def test_user_pages_and_product_code_name_no_issue_of_ours() -> None:
+    """The project's issue numbers mean nothing to a user: what a page or a comment says stands on its own."""
+    code = sorted((REPO / "stormtopo").rglob("*.py"))
+    assert _findings([*USER_PAGES, *code], _ISSUE, "an issue number") == []
+
+
+def test_reference_pages_carry_no_dated_asides_nor_commits() -> None:
+    """History is in git: reference pages say what is, not when it changed (benchmark run records keep their dates)."""
+    assert _findings(DATED_PAGES, _DATE, "a date") == []
+    assert _findings(USER_PAGES, _COMMIT, "a commit") == []
+
+
+@pytest.mark.parametrize(
+    ("line", "pattern"),
+    [("healing (issue 34, item 4) moves", _ISSUE), ("Issue 20 found", _ISSUE), ("before 2026-12-03 it", _DATE), ("at 2b57836", _COMMIT)],
+)
+def test_the_notebook_checks_find_what_they_look_for(line: str, pattern: re.Pattern[str]) -> None:
+    assert pattern.search(line) is not None
+    assert _COMMIT.search("seed 3458436573") is None and _COMMIT.search("a deadbeef cafe") is None  # a seed, words

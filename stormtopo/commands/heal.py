@@ -90,9 +90,9 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
 
 
 def refusing_policy(policies: Sequence[Mapping[str, Any]]) -> str | None:
-    """Whether an installed chart's policy would refuse the move's first write: the chart's own-keys-only
-    policy before issue 34 let stormtopo write stormtopo.io/placement on a StormService, not its move
-    record, and healing then moved nothing under the chart."""
+    """Whether an installed chart's policy would refuse the move's first write: an older chart's own-keys-only
+    policy let stormtopo write stormtopo.io/placement on a StormService, not its move record, and healing
+    then moved nothing under that chart."""
     for policy in policies:
         name = str(policy["metadata"]["name"])
         text = json.dumps((policy.get("spec") or {}).get("validations") or [])

@@ -13,7 +13,7 @@ from typing import Any
 COOLDOWN = 900.0  # seconds: a replica is not moved again within this of its last move
 COOLDOWN_MAX = 4 * 3600.0  # the cool-down doubles after each move that did not land within the tier, up to this
 # Moves in a row that did not land within the tier, after which a replica is not moved again (one Event says
-# so): what keeps a replica from landing is not what its move can change (issue 34, item 4). A rollout's
+# so): what keeps a replica from landing is not what its move can change. A rollout's
 # new replicas start afresh.
 GIVE_UP_AFTER = 3
 BACKOFF = 30.0  # seconds after a refused eviction before the replica is tried again; doubled per refusal

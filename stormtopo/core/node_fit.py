@@ -1,4 +1,4 @@
-"""Whether a replica's pods could run on a node at all, beyond its GPUs (issue 34, item 4): the node's
+"""Whether a replica's pods could run on a node at all, beyond its GPUs: the node's
 taints against the pods' tolerations, the pods' nodeSelector and required node affinity against the
 node's labels and name, and every other resource the pods request (CPU, memory, RDMA devices ...)
 against what the node has left. Healing and making room count a node as room for a replica only if

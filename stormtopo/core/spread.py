@@ -1,4 +1,4 @@
-"""Spread a StormService's replicas over the domains of one tier, each replica still packed (issue 35, item 1).
+"""Spread a StormService's replicas over the domains of one tier, each replica still packed.
 
 With `stormtopo.io/replica-spread-tier: "1"`, one leaf switch failing takes down one replica, not all
 of them: replicas go to different HyperNodes of the spread tier while one holds the whole replica within

@@ -1,6 +1,6 @@
 """Stranded replicas: a hard replica with a pod Pending past --heal-stranded-after (STRANDED_AFTER) in a
 domain that cannot hold it, its other pods running, as Volcano keeps a gang with a running pod in its
-HyperNode (issue 35). Here, since when a replica's pods have waited (pending_since); whether another
+HyperNode. Here, since when a replica's pods have waited (pending_since); whether another
 domain within its tier holds it whole, and what is done about it, is healing's (core/healing.py,
 Why.STRANDED and plan_stranded).
 """

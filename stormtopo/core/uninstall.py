@@ -1,4 +1,4 @@
-"""Leaving the cluster as it was (issue 32, item 3): what stormtopo wrote that changes scheduling, and the
+"""Leaving the cluster as it was: what stormtopo wrote that changes scheduling, and the
 writes that take it back when stormtopo is uninstalled or stopped for good.
 
 - pods held at stormtopo's scheduling gate: the gate removed (they are scheduled as without stormtopo);

@@ -19,7 +19,7 @@ class Why(StrEnum):
     VIOLATION = "hard-violation"
     MAKE_ROOM = "make-room"  # within its tier, it moves to another domain so that a wide replica fits (core/room.py)
     # A hard replica with a pod Pending past --heal-stranded-after in a domain that cannot hold it, while another
-    # domain within its tier holds it whole: Volcano keeps a gang with a running pod in its HyperNode (issue 35).
+    # domain within its tier holds it whole: Volcano keeps a gang with a running pod in its HyperNode.
     STRANDED = "stranded"
 
 

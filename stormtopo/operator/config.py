@@ -50,7 +50,7 @@ class OperatorConfig:
     heal_make_room: bool = False  # move replicas of opted-in services out of the way of wide ones (core/room.py)
     heal_max_moving: int = MAX_MOVING  # replicas moving at once in the whole cluster
     heal_stranded_after: float = STRANDED_AFTER  # seconds a hard replica's pod waits beside running ones before it is stranded
-    node_tier: bool = False  # keep a short list of tier-0 HyperNodes current (issue 21; docs/node-tier.md)
+    node_tier: bool = False  # keep a short list of tier-0 HyperNodes current (docs/node-tier.md)
     node_tier_keep_runs: bool = False  # the node tier keeps runs of empty nodes for whole-node replicas
     node_tier_leaf: tuple[str, ...] = ()  # leaves another writer keeps that the node tier may change anyway
     # Periods: production defaults; shorter ones let tests (and impatient clusters) see the same behaviour sooner.

@@ -4,7 +4,7 @@ Every background task the operator starts is owned by one `Loops` registry. A lo
 logged (with its traceback once per change of reason, not at every retry), waits a capped exponential
 backoff (reset by a success) and goes on; only cancellation ends it.
 
-Liveness means stuck, nothing else (issue 32): `/healthz` fails only when a loop of stormtopo's own
+Liveness means stuck, nothing else: `/healthz` fails only when a loop of stormtopo's own
 cannot run: its task ended, one iteration has not returned for HANG_SECONDS (a deadlock, an await that
 never returns), or no iteration started for much longer than its period. A failed iteration is
 progress: the API server down, Volcano's webhook refusing a write, a policy saying no are outside

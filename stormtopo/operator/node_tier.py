@@ -1,8 +1,8 @@
-"""Keeping the node tier's short list current (--node-tier, issue 21): every pass, the leader takes the
+"""Keeping the node tier's short list current (--node-tier): every pass, the leader takes the
 GPUs in use per node (the free-room reading, room.py, which follows pods and nodes by watch) and the
 HyperNodes, and writes what core/topology/node_tier.py plans, so that the tier-0 HyperNodes follow pods
 as they come and go. A steady state plans nothing and writes nothing, and reads nothing from the API
-server: the readings are current to the last event (issue 33, item 5: no list of every pod at rest).
+server: the readings are current to the last event (no list of every pod at rest).
 
 Once a pod of an opted-in service is bound or gone (the index sees it within milliseconds), the loop is
 woken (at most twice a second while replicas are being placed, NODE_TIER_MIN_GAP); a change of another

@@ -115,7 +115,7 @@ class PlacementReporter:
 
     async def read_nodes(self, older_than: float) -> None:
         """The labels the tree and releases use of every node, from the free-room reading (a watch of
-        the nodes: no list of its own, issue 33 item 5). One read at a time: the placement workers that
+        the nodes: no list of its own). One read at a time: the placement workers that
         find it stale together wait for the one reading."""
         async with self._reading_nodes:
             if time.monotonic() - self.index.nodes_read_at <= older_than:

@@ -1,5 +1,5 @@
 """The one reading of free room: every node's GPUs and what bound pods use of them, kept current from
-the API server's events (issue 33, item 5; issue 34, item 7).
+the API server's events.
 
 The node tier, healing, making room and the explanations of pending gangs all need every node's free
 GPUs. Each used to list every pod and node of the cluster for it, every few seconds, forever. This

@@ -1,4 +1,4 @@
-"""Leaving the cluster as it was (issue 32, item 3): `python -m stormtopo.operator.uninstall`, the
+"""Leaving the cluster as it was: `python -m stormtopo.operator.uninstall`, the
 chart's pre-delete hook (and `stormtopo uninstall` without the chart).
 
 In order: the operator stopped (with --stop-deployment, the chart's Deployment scaled to zero and its

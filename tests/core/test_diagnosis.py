@@ -355,7 +355,7 @@ def test_image_tags() -> None:
 
 def test_the_tested_releases_are_compatibility_mds_pairs() -> None:
     text = (REPO / "COMPATIBILITY.md").read_text()
-    table = text.split("## Release pairs on the real control plane", 1)[1].split("\n## ", 1)[0]
+    table = text.split("## Runs on the real control plane", 1)[1].split("\n## ", 1)[0]
     rows = [line.split("|")[1:3] for line in table.splitlines() if re.match(r"\| v\d", line)]
     assert {a.strip() for a, _ in rows} == set(TESTED_AIBRIX)
     assert {v.strip() for _, v in rows} == set(TESTED_VOLCANO)

@@ -1,5 +1,5 @@
 """The node tier: tier-0 HyperNodes of one node each, for a short list of nodes, so that Volcano tries single
-nodes before the leaf (issue 21; BENCHMARKS.md "Node first at scale: the simulator").
+nodes before the leaf (BENCHMARKS.md "Node first at scale: the simulator").
 
 Volcano v1.15.1 tries a hard gang's eligible HyperNodes lowest tier first and keeps the fullest that holds it,
 so a tier-0 HyperNode per node puts a replica on one node wherever one holds it. A HyperNode for every node
@@ -156,7 +156,7 @@ def node_tier_manifests(hypernodes: Iterable[Mapping[str, Any]], listed: Iterabl
                         "apiVersion": hn.get("apiVersion", HYPERNODE_API),
                         "kind": "HyperNode",
                         # stormtopo's own labels only: a copied volcano.sh/network-topology-source would make
-                        # Volcano's discovery delete it as one of its own it did not discover (issue 33).
+                        # Volcano's discovery delete it as one of its own it did not discover.
                         "metadata": {"name": name, "labels": {**MANAGED_BY, NODE_TIER_LABEL: "true"}},
                         "spec": {"tier": NODE_TIER, "members": [member]},
                     }
