@@ -94,7 +94,7 @@ def gang_priority(podgroup: Mapping[str, Any] | None, roleset: Mapping[str, Any]
         return None
     named = ((podgroup or {}).get("spec") or {}).get("priorityClassName")
     if isinstance(named, str) and named:
-        return values.get(named, 0)
+        return values.get(named)  # a class that does not exist (any more): nothing is said of preemption
     return known_replica_priority(roleset.get("spec") or {}, values)
 
 

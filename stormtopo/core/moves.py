@@ -126,15 +126,17 @@ def released_topology(
         return None
     if topology.get("mode") != Mode.HARD.value or topology.get("highestTierAllowed") != tier or "highestTierName" in topology:
         return None
+    # The PodGroup's own record first: it follows every valid change of the request, also one made while
+    # the replica moved. The move's record of the request as it began, where that cannot be read.
+    recorded = ((podgroup or {}).get("metadata") or {}).get("annotations") or {}
+    request = recorded_request(recorded.get(REQUEST_ANNOTATION), defaults)
     asked = recorded_topology(move.get("request"))
-    if asked is not None:
-        wanted: dict[str, object] = {**dict(defaults), **asked}
-    else:  # a move recorded by the release before: the request as the PodGroup's own record says it
-        recorded = ((podgroup or {}).get("metadata") or {}).get("annotations") or {}
-        request = recorded_request(recorded.get(REQUEST_ANNOTATION), defaults)
-        if request is None:
-            return None
-        wanted = request.network_topology()
+    if request is not None:
+        wanted: dict[str, object] = request.network_topology()
+    elif asked is not None:
+        wanted = {**dict(defaults), **asked}
+    else:
+        return None
     return wanted if wanted != dict(topology) else None
 
 
@@ -168,8 +170,7 @@ _DESCRIBED = re.compile(r"(hard|soft) within (?:tier ([0-9]+)|tier ('.*'|\".*\")
 
 def recorded_request(described: object, defaults: tuple[tuple[str, object], ...] = ()) -> TopologyRequest | None:
     """A replica's request read back from what TopologyRequest.describe() wrote on its PodGroup
-    ("soft within tier 2, scope RoleSet"; before scopes, without the scope); None if it is not one.
-    Read only for a move the release before began (its record holds no "request"): one release, then gone."""
+    ("soft within tier 2, scope RoleSet"; before scopes, without the scope); None if it is not one."""
     found = _DESCRIBED.fullmatch(described.strip()) if isinstance(described, str) else None
     if found is None:
         return None

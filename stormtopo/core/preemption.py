@@ -146,23 +146,33 @@ def _gpus(holders: Mapping[str, Sequence[Holder]], node: str, which: Callable[[H
 def _fewest_victims(
     nodes: Sequence[str], free: Mapping[str, int], holders: Mapping[str, Sequence[Holder]], pods: Sequence[int], priority: int
 ) -> tuple[tuple[tuple[int, int], ...], int] | None:
-    """Victims in these nodes that make room for the gang, taken lowest priority first and largest first
-    until it fits; None if it does not fit even with every candidate gone."""
+    """Victims in these nodes that make room for the gang; None if it does not fit even with every
+    candidate gone. Each pod, largest first, goes to the node where it costs the fewest victims (then the
+    tightest fit), a node's victims taken lowest priority first, largest first: the victims are those of
+    the nodes the gang would use, not the cheapest pods of the whole domain. Pods x nodes steps."""
     room = {n: max(0, free.get(n, 0)) for n in nodes}
-    candidates = sorted(
-        ((h.priority, -h.gpus, n, h.gpus) for n in nodes for h in holders.get(n, ()) if is_candidate(h, priority)),
-    )
-    everything = dict(room)
-    for _, _, node, gpus in candidates:
-        everything[node] += gpus
-    if not fits(list(everything.values()), pods):
+    ladders = {n: sorted((h.priority, -h.gpus) for h in holders.get(n, ()) if is_candidate(h, priority)) for n in nodes}
+    if not fits([room[n] + sum(-g for _, g in ladders[n]) for n in nodes], pods):
         return None
     taken: Counter[int] = Counter()
+    used = dict.fromkeys(nodes, 0)  # victims taken on each node so far (the first of its ladder)
     freed = 0
-    for level, _, node, gpus in candidates:
-        if fits(list(room.values()), pods):
-            break
-        room[node] += gpus
-        taken[level] += 1
-        freed += gpus
+    for pod in sorted((p for p in pods if p > 0), reverse=True):
+        best: tuple[tuple[int, int], str] | None = None
+        for node in nodes:
+            have, k, ladder = room[node], 0, ladders[node]
+            while have < pod and used[node] + k < len(ladder):
+                have -= ladder[used[node] + k][1]
+                k += 1
+            if have >= pod and (best is None or (k, have - pod) < best[0]):
+                best = ((k, have - pod), node)
+        if best is None:
+            return None  # the greedy order found no packing where one exists: say nothing rather than guess
+        (k, _), node = best
+        for level, negative in ladders[node][used[node] : used[node] + k]:
+            taken[level] += 1
+            freed -= negative
+            room[node] -= negative
+        used[node] += k
+        room[node] -= pod
     return tuple(sorted(taken.items())), freed

@@ -22,7 +22,6 @@ from stormtopo.core.optin import (
     expiry_verdict,
     gate_listing,
     listing,
-    listing_change,
     opted_in_configmap,
     opted_in_key,
     split_key,
@@ -68,6 +67,7 @@ class OptedInList:
         self._absent: set[str] = set()  # keys absent from the index at the last check
         self._open: dict[str, _Batch] = {}  # per namespace, the changes gathered for its next write
         self._writers: dict[str, asyncio.Task[None]] = {}  # per namespace, the task writing its list
+        self._writing: dict[str, _Batch] = {}  # per namespace, the batch being written now
 
     def refresh(self) -> None:
         """Read every namespace's list (other replicas' webhooks add to them too)."""
@@ -84,7 +84,7 @@ class OptedInList:
         One write of a namespace's list at a time: what is recorded while one is under way goes in the
         next, together. A burst of creates in one namespace (a GitOps sync) then costs a few patches of
         its list, not one each queued on one etcd key; each caller returns once its change is written."""
-        if not force and listing_change(self.listed, opted_in_key(namespace, stormservice), want) is None:
+        if not force and self.current(opted_in_key(namespace, stormservice)) == want:
             return
         batch = self._open.get(namespace)
         if batch is None:
@@ -95,16 +95,28 @@ class OptedInList:
         batch.changes[stormservice] = want
         await asyncio.shield(batch.done)
 
+    def current(self, key: str) -> str | None:
+        """What the list says of `key` once the writes under way and gathered are done: a change still to
+        be written must not be skipped as "already so" by what was last written."""
+        namespace, name = split_key(key)
+        for batch in (self._open.get(namespace), self._writing.get(namespace)):
+            if batch is not None and name in batch.changes:
+                return batch.changes[name]
+        return self.listed.get(key)
+
     async def _drain(self, namespace: str) -> None:
         """The namespace's writer: the open batch, then the one gathered meanwhile, until none is left."""
         try:
             while (batch := self._open.pop(namespace, None)) is not None:
+                self._writing[namespace] = batch
                 try:
                     await asyncio.to_thread(self._write, namespace, batch.changes)
                 except Exception as exc:  # each caller refuses (the gate) or retries (the reconciler)
                     batch.done.set_exception(exc)
                 else:
                     batch.done.set_result(None)
+                finally:
+                    self._writing.pop(namespace, None)
         finally:
             self._writers.pop(namespace, None)
 
@@ -166,6 +178,7 @@ class Gate:
         unconfirmed: Unconfirmed | None = None,
         clock: Callable[[], float] = time.monotonic,
         room_wait: float = ROOM_WAIT,
+        caught_up: Callable[[], bool] = lambda: True,
     ) -> None:
         self.opted_in = opted_in
         self.indexed = indexed
@@ -173,6 +186,7 @@ class Gate:
         self.unconfirmed = unconfirmed or Unconfirmed()
         self.clock = clock
         self.room_wait = room_wait
+        self.caught_up = caught_up  # the index has read every StormService once: its silence means "no such name"
         self._sweeping = asyncio.Lock()
 
     async def review(self, request: Mapping[str, Any]) -> str | None:
@@ -189,11 +203,12 @@ class Gate:
         if operation == "CREATE" and not await self._room_for(key) and self.indexed(namespace, name) is None:
             return self._full()  # before any API read: made-up names beyond the bound cost nothing
         current = self.indexed(namespace, name)
-        if operation != "CREATE" and not self._is_oldobject(request, current):
-            current = await self.stored(namespace, name)  # the index may lag an update
-        # A CREATE of a name the index does not hold is listed without reading the API server: should a
-        # StormService of that name exist after all (the watch lagging), it exists under another uid than
-        # the review's, and the sweep takes the listing back at once (contradicted).
+        if not self._is_oldobject(request, current) and (operation != "CREATE" or not self.caught_up()):
+            current = await self.stored(namespace, name)  # the index may lag an update, or not have read everything yet
+        # Once the index has caught up, a CREATE of a name it does not hold is listed without reading the API
+        # server: should a StormService of that name exist after all (the watch lagging), it exists under
+        # another uid than the review's, and the sweep takes the listing back at once (contradicted). Before,
+        # a made-up create of an existing service would hold its pods until the listing fell due.
         want, why = gate_listing(operation, obj, request.get("oldObject"), current, self.unconfirmed.refuted.get(key))
         if want is None:
             log.debug("gate lists nothing for %s (%s): %s", key, operation, why)
@@ -201,7 +216,7 @@ class Gate:
         if not await self._room_for(key):  # re-checked: other reviews may have filled it meanwhile
             return self._full()
         new = self.unconfirmed.add(key, self.clock(), claimed_uid(operation, obj, current))
-        if not new and self.opted_in.listed.get(key) == want:
+        if not new and self.opted_in.current(key) == want:
             return None  # listed by this replica moments ago: no rewrite of the ConfigMap
         try:
             # force: this replica's copy of the list may be stale (another replica's reconciler unlisted it)
@@ -214,9 +229,12 @@ class Gate:
 
     @staticmethod
     def _is_oldobject(request: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
-        """The index holds exactly the version an UPDATE review names: no API read is needed to judge it."""
+        """The index holds exactly the version an UPDATE review names, or (CREATE) holds the name at all:
+        either way no API read is needed to judge it."""
         if current is None:
             return False
+        if request.get("operation") != "UPDATE":
+            return True
         old = (request.get("oldObject") or {}).get("metadata") or {}
         return bool(old.get("resourceVersion")) and old.get("resourceVersion") == (current.get("metadata") or {}).get("resourceVersion")
 
@@ -259,7 +277,10 @@ class Gate:
             early = [key for key in self._contradicted_by_index() if key not in due]
             for key in due + early:
                 namespace, name = split_key(key)
+                token = (self.unconfirmed.since.get(key), self.unconfirmed.claims.get(key))
                 stored = await self.stored(namespace, name)
+                if token[0] is None or (self.unconfirmed.since.get(key), self.unconfirmed.claims.get(key)) != token:
+                    continue  # confirmed, or claimed again, while it was read: this read judges nothing now
                 if key in early and not contradicted(stored, self.unconfirmed.claims.get(key, "")):
                     continue  # the watch lagged a delete and the create this listing is for: not due yet
                 verdict = expiry_verdict(stored, self.opted_in.listed.get(key))

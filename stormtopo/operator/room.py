@@ -92,6 +92,7 @@ class NodeRoom:
     _facts: dict[str, tuple[Mapping[str, str], tuple[Mapping[str, str], ...], Mapping[str, int]]] = field(default_factory=dict)
     _requested: dict[str, dict[str, int]] = field(default_factory=dict)
     _facts_at: tuple[int, dict[str, NodeFacts]] | None = None  # facts_now's last answer, at `changes`
+    _holders_at: tuple[int, dict[str, list[Holder]]] | None = None  # holders_now's last answer, at `changes`
     changes: int = 0  # counts every change of the reading: a plan over an unchanged reading need not be made again
     _streams: WatchStreams | None = None
     _listed: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -180,22 +181,31 @@ class NodeRoom:
         return {node: gpus for node, (gpus, _) in self._nodes.items()}
 
     def holders_now(self) -> dict[str, list[Holder]]:
-        """Per node, the pods holding its GPUs as preemption ranks them (core/preemption.py)."""
+        """Per node, the pods holding its GPUs as preemption ranks them (core/preemption.py). Built once per
+        change of the reading (every bound GPU pod of the cluster: a tenth of a second at 16,384 nodes), read only."""
+        if self._holders_at is not None and self._holders_at[0] == self.changes:
+            return self._holders_at[1]
         out: dict[str, list[Holder]] = {}
+        kinds: dict[tuple[int, int, bool], Holder] = {}  # a few kinds of pod in a cluster: one object each
         for key, (node, gpus) in self._pods.items():
             priority, preemptable = self._ranks.get(key, (0, False))
-            out.setdefault(node, []).append(Holder(gpus, priority, preemptable))
+            holder = kinds.setdefault((gpus, priority, preemptable), Holder(gpus, priority, preemptable))
+            out.setdefault(node, []).append(holder)
+        self._holders_at = (self.changes, out)
         return out
 
     def _on_pod(self, event: str | None, pod: dict[str, Any]) -> None:
         key = key_of(pod)
         gone = event == "DELETED"
         gpus_changed = self._set_pod(key, None if gone else pod_gpus(pod, self.resource))
-        if key in self._pods:
-            rank = rank_of(pod)
-            self._ranks[key] = self._rank_kinds.setdefault(rank, rank)  # a few kinds in a cluster: shared
-        else:
-            self._ranks.pop(key, None)
+        rank = rank_of(pod) if key in self._pods else None
+        rank = self._rank_kinds.setdefault(rank, rank) if rank is not None else None  # a few kinds in a cluster: shared
+        if self._ranks.get(key) != rank:
+            self.changes += 1  # a pod marked not preemptable, or given another class, changes what preemption may take
+            if rank is None:
+                self._ranks.pop(key, None)
+            else:
+                self._ranks[key] = rank
         if self._set_requests(key, None if gone else pod) or gpus_changed:
             self.changes += 1
 

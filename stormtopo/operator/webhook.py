@@ -67,7 +67,9 @@ def build_app(index: Index, opted_in: OptedInList, client_ca: str | None = None,
     async def read_stored(namespace: str, name: str) -> dict[str, Any] | None:
         return await asyncio.to_thread(index.api.get, AIBRIX, "stormservices", namespace, name)
 
-    gate = gate or Gate(opted_in, lambda namespace, name: index.stormservices.get((namespace, name)), read_stored)
+    gate = gate or Gate(
+        opted_in, lambda namespace, name: index.stormservices.get((namespace, name)), read_stored, caught_up=lambda: index.caught_up
+    )
 
     async def handle(request: web.Request, kind: str, admit: Callable[..., Awaitable[Decision]]) -> web.Response:
         started = time.perf_counter()

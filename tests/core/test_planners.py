@@ -507,13 +507,15 @@ def test_an_invalid_request_lets_the_hold_go_to_the_last_valid_request_and_keeps
     assert planned_topology(bad, {**held_podgroup(), "spec": {**held_podgroup()["spec"], "networkTopology": dict(AS_ASKED)}}) is None
 
 
-def test_the_request_a_move_records_is_data_and_read_before_the_podgroups_sentence() -> None:
-    """Issue 44, item 2: this release's move records what its replica asked as data ("request"); the hold
-    is let go to it without reading the PodGroup's sentence back. The moves above (no "request": the
-    release before) still go by the sentence; a "request" edited into anything else is not read."""
+def test_the_request_a_move_records_is_data_read_where_the_podgroups_record_cannot_be() -> None:
+    """Issue 44, item 2: a move records what its replica asked as data ("request"). The PodGroup's own
+    record goes first (it follows a valid change of the request made while the replica moved); the move's
+    where that cannot be read; a "request" edited into anything else is not read."""
     bad = {MODE: "soft", HIGHEST_TIER: "7", "stormtopo.io/heal": "true"}
     recorded = moving(bad, request={"mode": "soft", "highestTierAllowed": 2})
     assert planned_topology(recorded, held_podgroup("something else")) == AS_ASKED
+    changed_since = moving(bad, request={"mode": "hard", "highestTierAllowed": 1})  # asked hard 1 when it began, soft 2 since
+    assert planned_topology(changed_since, held_podgroup()) == AS_ASKED
     by_name = moving(bad, request={"mode": "hard", "highestTierName": "leaf"})
     assert planned_topology(by_name, held_podgroup("something else")) == {"mode": "hard", "highestTierName": "leaf"}
     for junk in ({"mode": "hard"}, {"mode": "soft", "highestTierAllowed": 0}, {"mode": "soft", "highestTierAllowed": True},

@@ -403,6 +403,84 @@ def test_a_create_made_up_for_a_name_a_tenant_then_uses_is_taken_back_at_its_wat
     asyncio.run(scenario())
 
 
+def test_before_the_index_has_caught_up_a_create_reads_the_api_server() -> None:
+    """A restarting replica serves reviews before its first list is done: there the index's silence
+    means nothing, and a made-up create of an existing plain service must not list it."""
+
+    async def scenario() -> None:
+        gate, api, cluster, _ = make_gate()
+        caught_up = False
+        gate.caught_up = lambda: caught_up
+        cluster.put(service("plain", version="3", uid="u-plain"), indexed=False)  # stored; not read yet
+        assert await gate.review(review("CREATE", service("plain", HARD, uid="made-up"))) is None
+        assert api.data is None and cluster.reads == 1
+        caught_up = True
+        assert await gate.review(review("CREATE", service("new", HARD, uid="u-new"))) is None
+        assert api.data == {"ns.new": "RoleSet"} and cluster.reads == 1  # caught up: no read for a create
+
+    asyncio.run(scenario())
+
+
+def test_a_sweep_whose_read_was_overtaken_judges_nothing() -> None:
+    """The listing is confirmed (or claimed again) while the sweep reads the API server: what it read
+    then says nothing of the listing now, and it is left alone."""
+
+    async def scenario() -> None:
+        gate, api, cluster, clock = make_gate()
+        assert await gate.review(review("CREATE", service("svc", HARD, uid="made-up"))) is None
+        cluster.put(service("svc", version="3", uid="u-tenant"))  # another uid: contradicted
+        real_read = cluster.read
+
+        async def read_while_it_opts_in(namespace: str, name: str) -> dict[str, Any] | None:
+            found = await real_read(namespace, name)
+            gate.stored = real_read
+            opted = service("svc", HARD, version="4", uid="u-tenant")
+            assert await gate.review(review("UPDATE", opted, service("svc", version="3", uid="u-tenant"))) is None
+            cluster.put(opted)  # stored, and its event confirms the listing at the next review
+            assert await gate.review(review("CREATE", service("other", HARD, uid="u-other"))) is None
+            assert "ns.svc" not in gate.unconfirmed.since
+            return found
+
+        gate.stored = read_while_it_opts_in
+        clock.now += 0.5
+        await gate.sweep()
+        assert (api.data or {}).get("ns.svc") == "RoleSet"  # the genuine opt-in stays listed
+
+    asyncio.run(scenario())
+
+
+def test_a_change_still_being_written_is_not_skipped_as_already_so() -> None:
+    """An unlisting under way, then the service asks again: written, though the last completed write
+    still says it is listed."""
+    import threading
+
+    class HeldApi(FakeApi):
+        def __init__(self) -> None:
+            super().__init__()
+            self.release = threading.Event()
+
+        def request(self, method: str, path: str, body: Any = None, content_type: str = "", **kw: str) -> Any:
+            self.release.wait(5)
+            return super().request(method, path, body, content_type, **kw)
+
+    async def scenario() -> None:
+        api = HeldApi()
+        api.data = {"ns.x": "RoleSet"}
+        listed = OptedInList(api)  # type: ignore[arg-type]
+        api.release.set()
+        listed.refresh()
+        api.release.clear()
+        unlisting = asyncio.create_task(listed.record("ns", "x", None))
+        await asyncio.sleep(0.05)
+        again = asyncio.create_task(listed.record("ns", "x", "RoleSet"))
+        await asyncio.sleep(0.05)
+        api.release.set()
+        await asyncio.gather(unlisting, again)
+        assert api.data == {"ns.x": "RoleSet"} and listed.current("ns.x") == "RoleSet"
+
+    asyncio.run(scenario())
+
+
 def test_a_genuine_create_is_not_taken_back_while_the_watch_lags_a_recreate() -> None:
     """The watch may show a StormService of the name created and deleted before the new one (another
     uid, no request) after the new one's genuine review was listed: the API server's answer decides,
