@@ -200,8 +200,10 @@ class NodeRoom:
         gpus_changed = self._set_pod(key, None if gone else pod_gpus(pod, self.resource))
         rank = rank_of(pod) if key in self._pods else None
         rank = self._rank_kinds.setdefault(rank, rank) if rank is not None else None  # a few kinds in a cluster: shared
-        if self._ranks.get(key) != rank:
-            self.changes += 1  # a pod marked not preemptable, or given another class, changes what preemption may take
+        was = self._ranks.get(key)
+        if was != rank:
+            if was is not None and rank is not None:
+                self.changes += 1  # a pod marked not preemptable, or given another class: what preemption may take
             if rank is None:
                 self._ranks.pop(key, None)
             else:
