@@ -232,3 +232,32 @@ def test_reference_pages_carry_no_dated_asides_nor_commits() -> None:
 def test_the_notebook_checks_find_what_they_look_for(line: str, pattern: re.Pattern[str]) -> None:
     assert pattern.search(line) is not None
     assert _COMMIT.search("seed 3458436573") is None and _COMMIT.search("a deadbeef cafe") is None  # a seed, words
+
+
+# -- the Events table is the code's (issue 45, item 4: a contradiction class, tested) ------------------------
+def _event_reasons_in_code() -> set[str]:
+    """Every reason the code posts: in each call whose arguments hold "Normal" or "Warning", the argument
+    right after it, a string or a choice between strings."""
+    import ast
+
+    found: set[str] = set()
+    for path in (REPO / "stormtopo").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            args = node.args
+            for i, arg in enumerate(args[:-1]):
+                if isinstance(arg, ast.Constant) and arg.value in ("Normal", "Warning"):
+                    after = args[i + 1]
+                    choices = [after.body, after.orelse] if isinstance(after, ast.IfExp) else [after]
+                    found |= {c.value for c in choices if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return found
+
+
+def test_the_events_table_lists_exactly_the_reasons_the_code_posts() -> None:
+    text = (REPO / "docs" / "how-it-works.md").read_text()
+    table = text.split("\n## Events\n", 1)[1].split("\n## ", 1)[0]
+    rows = [row.split("|")[1] for row in table.splitlines() if row.startswith("| `")]
+    documented = {reason for cell in rows for reason in re.findall(r"`([A-Za-z]+)`", cell)}
+    assert len(_event_reasons_in_code()) >= 15  # the scan finds them (a scan that finds none would pass anything)
+    assert _event_reasons_in_code() == documented
