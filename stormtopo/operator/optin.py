@@ -6,7 +6,6 @@ core/optin.py, "what the gate may list")."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -86,14 +85,27 @@ class OptedInList:
         its list, not one each queued on one etcd key; each caller returns once its change is written."""
         if not force and self.current(opted_in_key(namespace, stormservice)) == want:
             return
+        batch = self._batch(namespace)
+        batch.changes[stormservice] = want
+        await asyncio.shield(batch.done)
+
+    async def unlist(self, namespace: str, stormservices: list[str]) -> None:
+        """Take these out of their namespace's list in one write, however many (a list a tenant filled with
+        junk costs one write per resync, not one per key), by the same writer as every other change of that
+        list: an unlisting never lands after a listing recorded later."""
+        batch = self._batch(namespace)
+        batch.changes.update(dict.fromkeys(stormservices))
+        await asyncio.shield(batch.done)
+
+    def _batch(self, namespace: str) -> _Batch:
+        """The namespace's batch still open for changes, and its writer."""
         batch = self._open.get(namespace)
         if batch is None:
             batch = self._open[namespace] = _Batch(asyncio.get_running_loop().create_future())
             batch.done.add_done_callback(_retrieved)
             if namespace not in self._writers:
                 self._writers[namespace] = asyncio.create_task(self._drain(namespace))
-        batch.changes[stormservice] = want
-        await asyncio.shield(batch.done)
+        return batch
 
     def current(self, key: str) -> str | None:
         """What the list says of `key` once the writes under way and gathered are done: a change still to
@@ -138,14 +150,6 @@ class OptedInList:
                 self.listed.pop(key, None)
             else:
                 self.listed[key] = want
-
-    def unlist(self, namespace: str, stormservices: list[str]) -> None:
-        """Take these out of their namespace's list in one merge patch, however many: a list a tenant
-        filled with junk costs one write per resync, not one per key."""
-        with contextlib.suppress(NotFound):  # the list is gone already
-            self.api.request("PATCH", list_path(namespace), {"data": dict.fromkeys(stormservices)}, MERGE_PATCH)
-        for name in stormservices:
-            self.listed.pop(opted_in_key(namespace, name), None)
 
     def stale(self, present: Mapping[str, object]) -> list[str]:
         """Listed keys whose StormService was absent at this and the previous check (`present`: the

@@ -69,7 +69,7 @@ class Reconciler:
             stale.setdefault(namespace, []).append(name)
         for namespace, names in stale.items():  # one write per namespace, however many keys it lists
             try:
-                await asyncio.to_thread(self.opted_in.unlist, namespace, names)
+                await self.opted_in.unlist(namespace, names)
             except (KubeError, OSError) as exc:  # retried at the next resync
                 log.warning("could not unlist %d stale StormServices of %s: %s", len(names), namespace, exc)
 

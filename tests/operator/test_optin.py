@@ -363,8 +363,10 @@ def test_stale_listings_of_a_namespace_go_in_one_write_however_many() -> None:
     api.data = {**{f"ns.junk-{i}": "RoleSet" for i in range(1000)}, "ns.real": "RoleSet"}
     listed = OptedInList(api)  # type: ignore[arg-type]
     listed.refresh()
-    listed.unlist("ns", [f"junk-{i}" for i in range(1000)])
+    asyncio.run(listed.unlist("ns", [f"junk-{i}" for i in range(1000)]))
     assert api.data == {"ns.real": "RoleSet"} and api.writes == 1 and listed.listed == {"ns.real": "RoleSet"}
+    asyncio.run(listed.unlist("gone", ["x"]))  # no list in that namespace: nothing to take out, nothing written
+    assert api.writes == 1
 
 
 def test_a_forged_create_or_stale_update_of_another_tenants_service_lists_nothing() -> None:
