@@ -15,13 +15,12 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from stormtopo.core.explanation import Pending, plan_pending
 from stormtopo.core.preemption import Holder
-from stormtopo.core.request import TopologyRequest
+from stormtopo.core.replica import Explain
 from stormtopo.core.topology.tree import Topology
 from stormtopo.operator import metrics
 
@@ -44,20 +43,6 @@ def _start_worker(parent: int) -> None:
         os._exit(0)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
-
-
-def explain_in_worker(
-    request: TopologyRequest,
-    pods: Sequence[int],
-    created: int,
-    topology: Topology,
-    free: dict[str, int],
-    holders: dict[str, list[Holder]] | None = None,
-    priority: int | None = None,
-) -> Pending | None:
-    """Runs in the worker: plan over the operator's own tree (the one its placement checks use, built
-    from every node), the free GPUs it read and the pods holding them."""
-    return plan_pending(request, pods, created, topology, free, holders, priority)
 
 
 def outcome(pending: Pending) -> str:
@@ -84,21 +69,14 @@ class Explainer:
             )
         return self._pool
 
-    async def explain(
-        self,
-        request: TopologyRequest,
-        pods: Sequence[int],
-        created: int,
-        topology: Topology,
-        free: dict[str, int],
-        holders: dict[str, list[Holder]] | None = None,
-        priority: int | None = None,
-    ) -> Pending | None:
+    async def explain(self, ask: Explain, topology: Topology, free: dict[str, int], holders: dict[str, list[Holder]]) -> Pending | None:
+        """Plan the explanation in the worker, over the operator's own tree (the one its placement checks use,
+        built from every node), the free GPUs it read and the pods holding them."""
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            args = (request, list(pods), created, topology, free, holders, priority)
-            work = loop.run_in_executor(self._executor(), explain_in_worker, *args)
+            args = (ask.request, list(ask.pods), ask.created, topology, free, holders, ask.priority)
+            work = loop.run_in_executor(self._executor(), plan_pending, *args)
             pending = await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
             metrics.EXPLANATION_SECONDS.observe(time.monotonic() - started)
             if pending is not None:

@@ -201,7 +201,7 @@ class PlacementReporter:
         explain, topology = ask
         free = await self.room.free_gpus(taking_new_pods=False)
         holders = self.room.holders_now()
-        pending = await self.explainer.explain(explain.request, explain.pods, explain.created, topology, free, holders, explain.priority)
+        pending = await self.explainer.explain(explain, topology, free, holders)
         snapshot = self.index.replica_snapshot(key, time.monotonic())
         memory = self._memory.get(key, ReplicaMemory())
         if snapshot is None or snapshot.request is None or not self.leading():
