@@ -78,6 +78,16 @@ def test_every_loop_goes_on_after_a_brownout_that_cost_the_lease(cluster: DevClu
         _survives(cluster, cluster_dir, namespace, identity)
 
 
+def _work_to_resume(cluster: DevCluster, namespace: str, ghost: str) -> str:
+    """What a fault's recovery is judged by, made right after the API server is back: a stale listing (its
+    key returned), a new invalid request and a new hard replica."""
+    stale = f"{namespace}.{ghost}"
+    _add_stale_key(cluster, stale)
+    cluster.create(stormservice("typo", namespace, annotations={MODE: "hard", HIGHEST_TIER: "9"}, scheduler_name="nobody"))
+    cluster.create(stormservice("after", namespace, annotations=HARD_LEAF, volcano_strategy=False))
+    return stale
+
+
 def _survives(cluster: DevCluster, cluster_dir: Path, namespace: str, elected: str) -> None:
     cluster.wait(lambda: _lease(cluster)[0] == elected, 60, f"{elected} to hold the Lease")
     log = cluster_dir / "logs" / "operator.log"
@@ -88,10 +98,7 @@ def _survives(cluster: DevCluster, cluster_dir: Path, namespace: str, elected: s
     cluster.wait(lambda: cluster.api_ready(), 120, "the API server back after the brownout", interval=0.5)
     back = time.monotonic()
 
-    stale = f"{namespace}.ghost-brownout"
-    _add_stale_key(cluster, stale)
-    cluster.create(stormservice("typo", namespace, annotations={MODE: "hard", HIGHEST_TIER: "9"}, scheduler_name="nobody"))
-    cluster.create(stormservice("after", namespace, annotations=HARD_LEAF, volcano_strategy=False))
+    stale = _work_to_resume(cluster, namespace, "ghost-brownout")
 
     cluster.wait(lambda: stale not in cluster.opted_in(), 90, f"the stale key {stale} removed by the resync", interval=1.0)
     unlisted = time.monotonic() - back
@@ -157,10 +164,7 @@ def test_healthz_stays_200_on_leader_and_follower_through_an_outage_past_every_l
         cluster.wait(lambda: cluster.api_ready(), 120, "the API server back", interval=0.5)
         back = time.monotonic()
 
-        stale = f"{namespace}.ghost-long"
-        _add_stale_key(cluster, stale)
-        cluster.create(stormservice("typo", namespace, annotations={MODE: "hard", HIGHEST_TIER: "9"}, scheduler_name="nobody"))
-        cluster.create(stormservice("after", namespace, annotations=HARD_LEAF, volcano_strategy=False))
+        stale = _work_to_resume(cluster, namespace, "ghost-long")
 
         def resynced() -> bool:  # the leader's resync completed a pass after the API server came back
             status, body = get(urls["leader"])
