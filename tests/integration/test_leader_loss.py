@@ -31,6 +31,11 @@ def held(pod: dict[str, Any]) -> bool:
     return any(g.get("name") == DOMAIN_GATE for g in (pod["spec"].get("schedulingGates") or []))
 
 
+# Found by this test, not fixed yet: in about one run of two the next leader lets one held replica go at
+# its takeover and then none (the remaining two stay held past 95 s; nothing in its log). The spread's
+# memory of which sibling is settling lives in the leader; a new leader rebuilds it from the pods, and the
+# replicas after the first wait on it. Kept running (not strict) so that every run reports which way it went.
+@pytest.mark.xfail(strict=False, reason="a new leader sometimes lets only one held spread replica go (open bug, see the module)")
 @pytest.mark.timeout(600)
 def test_the_next_leader_lets_go_of_what_the_lost_one_held_at_its_gate(
     cluster: DevCluster, cluster_dir: Path, topology: Topology, namespace: str
