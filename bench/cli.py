@@ -90,6 +90,10 @@ def _seed(parser: argparse.ArgumentParser, default: str, many: bool, what: str) 
     parser.add_argument("--seed", type=parse, default=parse(default), help=f"{kind.format(what)} (default {default})")
 
 
+def _operator_source(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("--operator-source", help=f"{verb} of another checkout (its directory), e.g. an older commit's")
+
+
 def _size(parser: argparse.ArgumentParser, presets: dict[str, str], default: str) -> None:
     described = "; ".join(f"{k}: {v}" for k, v in presets.items())
     parser.add_argument("--size", choices=list(presets), default=default, help=f"{described} (default {default})")
@@ -225,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--services", type=int, default=10_000, help="opted-in StormServices (default 10,000)")
     p.add_argument("--replicas", type=int, default=5, help="RoleSets of each, two admitted pods each (default 5: 100,000 pods)")
     p.add_argument("--nodes", type=int, default=4_096, help="nodes (default 4,096)")
-    p.add_argument("--operator-source", help="measure the operator of another checkout (its directory), e.g. an older commit's")
+    _operator_source(p, "measure the operator")
     p = add(
         "optin-creates",
         run_optin_creates,
@@ -234,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--background", type=int, default=10_000, help="StormServices opted in between the two rounds (default 10,000)")
     p.add_argument("--namespaces", type=int, default=100, help="namespaces they are spread over (default 100)")
-    p.add_argument("--operator-source", help="run the operator of another checkout (its directory), e.g. an older commit's")
+    _operator_source(p, "run the operator")
     p = add(
         "uninstall",
         run_uninstall,
@@ -242,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         "uninstall.json",
     )
     p.add_argument("--sizes", type=_sizes, default="1000,10000", help="admitted pods, comma-separated (default 1000,10000)")
-    p.add_argument("--operator-source", help="run the uninstall of another checkout (its directory), e.g. an older commit's")
+    _operator_source(p, "run the uninstall")
     p = add(
         "sim-packing",
         run_sim_packing,

@@ -68,7 +68,7 @@ def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
             tier = allowed_tier(request, topology) if request else None
             if tier is not None:
                 priority = gang_priority(podgroup, roleset, values)
-                explanation = explain(topology, free, state.wanted, tier, holders if priority is not None else None, priority)
+                explanation = explain(topology, free, state.wanted, tier, holders, priority)  # nothing of preemption without a priority
                 entry["pending"] = {"fits": explanation.fits, "explanation": explanation.render()}
         report["replicas"].append(entry)
     tier = spread_tier(request, topology)

@@ -175,28 +175,26 @@ class SharedSpecs:
     The index's objects are read only: a shared spec is never changed in place."""
 
     _by_text: dict[str, tuple[dict[str, Any], int]] = field(default_factory=dict)
-
-    @staticmethod
-    def _text(spec: Mapping[str, Any]) -> str:
-        return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    _text_of: dict[int, str] = field(default_factory=dict)  # id of a shared spec (alive while counted) -> its text
 
     def share(self, obj: dict[str, Any]) -> dict[str, Any]:
         spec = obj.get("spec")
         if not isinstance(spec, dict):
             return obj
-        text = self._text(spec)
+        text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
         shared, count = self._by_text.get(text, (spec, 0))
         self._by_text[text] = (shared, count + 1)
+        self._text_of[id(shared)] = text
         return {**obj, "spec": shared}
 
     def release(self, obj: Mapping[str, Any] | None) -> None:
-        spec = (obj or {}).get("spec")
-        if not isinstance(spec, dict):
+        """The spec of an object the index drops or replaces: a shared one, so its text is known, not made again."""
+        text = self._text_of.get(id((obj or {}).get("spec")))
+        if text is None:
             return
-        text = self._text(spec)
-        shared, count = self._by_text.get(text, (spec, 0))
+        shared, count = self._by_text[text]
         if count <= 1:
-            self._by_text.pop(text, None)
+            del self._by_text[text], self._text_of[id(shared)]
         else:
             self._by_text[text] = (shared, count - 1)
 

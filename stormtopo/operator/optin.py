@@ -33,8 +33,12 @@ from stormtopo.operator.loops import UNAVAILABLE_CAP, backoff
 log = logging.getLogger("stormtopo.optin")
 
 
+def configmaps_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/configmaps"
+
+
 def list_path(namespace: str) -> str:
-    return f"/api/v1/namespaces/{quote(namespace, safe='')}/configmaps/{OPTED_IN_CONFIGMAP}"
+    return f"{configmaps_path(namespace)}/{OPTED_IN_CONFIGMAP}"
 
 
 def every_list(api: Api) -> list[dict[str, Any]]:
@@ -140,7 +144,7 @@ class OptedInList:
             if listed:
                 try:
                     body = {**opted_in_configmap(namespace), "data": listed}
-                    self.api.request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/configmaps", body)
+                    self.api.request("POST", configmaps_path(namespace), body)
                 except Conflict:
                     # Another replica (or this one's other admission) created it meanwhile: add to theirs.
                     self.api.request("PATCH", list_path(namespace), {"data": dict(changes)}, MERGE_PATCH)
@@ -211,8 +215,7 @@ class Gate:
             current = await self.stored(namespace, name)  # the index may lag an update, or not have read everything yet
         # Once the index has caught up, a CREATE of a name it does not hold is listed without reading the API
         # server: should a StormService of that name exist after all (the watch lagging), it exists under
-        # another uid than the review's, and the sweep takes the listing back at once (contradicted). Before,
-        # a made-up create of an existing service would hold its pods until the listing fell due.
+        # another uid than the review's, and the sweep takes the listing back at once (contradicted).
         want, why = gate_listing(operation, obj, request.get("oldObject"), current, self.unconfirmed.refuted.get(key))
         if want is None:
             log.debug("gate lists nothing for %s (%s): %s", key, operation, why)
