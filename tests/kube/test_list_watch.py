@@ -245,6 +245,6 @@ def test_a_forbidden_watch_lists_again_rather_than_stay_at_its_last_list(tmp_pat
             await loops.stop()
             await streams.close()
             await runner.cleanup()
-        assert len(lists) >= 2 and loop.failures >= 1 and "403" in loop.last_error
+        assert len(lists) >= 2 and loop.failures_total >= 1 and "403" in loop.last_error
 
     asyncio.run(scenario())
