@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench import cli, record, sim, suite
-from tests.benchmarks.test_sim import _record
+from tests.benchmarks.sim_results import sim_record
 
 SUBCOMMANDS = {
     "quick",
@@ -166,7 +166,7 @@ def test_a_result_starts_with_its_command_commit_machine_and_versions(tmp_path: 
 def test_sim_writes_its_rows_stamped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The simulator's subcommand end to end, the Go test replaced by two records."""
     monkeypatch.setattr(record, "RESULTS", tmp_path)
-    monkeypatch.setattr(sim, "run", lambda *args: [_record("leaf", 0.1, 2, 1), _record("node-bucket", 0.02, 4, 1)])
+    monkeypatch.setattr(sim, "run", lambda *args: [sim_record("leaf", 0.1, 2, 1), sim_record("node-bucket", 0.02, 4, 1)])
     assert cli.main(["--sim"]) == 0  # the flag form of before
     written = json.loads((tmp_path / "sim.json").read_text())
     assert written["command"] == "python -m bench sim"

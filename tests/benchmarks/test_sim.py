@@ -9,6 +9,7 @@ from bench import sim
 from bench.fabric import fragmentation
 from bench.packing import arrivals
 from stormtopo.devenv import cluster
+from tests.benchmarks.sim_results import sim_record
 
 
 def test_the_spec_carries_the_shipped_conf_the_packing_stream_and_the_fragmentation(tmp_path: Path) -> None:
@@ -25,36 +26,8 @@ def test_the_spec_carries_the_shipped_conf_the_packing_stream_and_the_fragmentat
     assert empty["layouts"] == ["leaf", "node-bucket"] and empty["batch"] == 1
 
 
-def _record(layout: str, seconds: float, one_node: int, used_leaves: int) -> dict[str, Any]:
-    gangs = [
-        {"allocate_s": seconds, "one_node": i < one_node, "one_leaf": True, "placed": True, "fits_node": True, "hypernodes": 5}
-        for i in range(4)
-    ]
-    return {
-        "case": "64-empty",
-        "nodes": 64,
-        "start": "empty",
-        "layout": layout,
-        "setting": "shipped",
-        "gangs": gangs,
-        "normal_allocate_s": [seconds / 2],
-        "normal_placed": 1,
-        "normal_opened_nodes": 0,
-        "used_nodes": 4,
-        "used_leaves": used_leaves,
-        "optimum": {
-            "one_node_greedy": 4,
-            "used_nodes_greedy": 4,
-            "used_nodes_lower": 4,
-            "used_leaves_greedy": 1,
-            "used_leaves_lower": 1,
-            "exact": True,
-        },
-    }
-
-
 def test_rows_are_ratios_against_leaf_only_in_the_same_case() -> None:
-    rows = sim.summarise([_record("leaf", 0.1, 2, 1), _record("node-all", 0.4, 4, 2)])
+    rows = sim.summarise([sim_record("leaf", 0.1, 2, 1), sim_record("node-all", 0.4, 4, 2)])
     leaf, node_all = rows
     assert (leaf["node_level"], leaf["packing"], leaf["allocate_vs_leaf"]) == (0.5, 1.0, 1.0)
     assert (node_all["node_level"], node_all["packing"], node_all["allocate_vs_leaf"], node_all["plain_vs_leaf"]) == (1.0, 0.5, 4.0, 4.0)

@@ -6,7 +6,7 @@ from stormtopo.commands.heal import render, rooms_made
 from stormtopo.core.heal_plan import HealMemory
 from stormtopo.core.healing import plan_healing
 from stormtopo.core.room import Resident
-from tests.core.test_healing import BUSY, SOFT1, WIDE, service, snap
+from tests.core.healing_cases import BUSY, SOFT1, WIDE, service, snap
 
 # node0 holds a small replica of another service: s0 holds the wide replica only once it leaves; node4
 # has room for that small replica in s2, which Volcano then surely prefers (tests/core/test_room.py).

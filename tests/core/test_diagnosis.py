@@ -38,8 +38,8 @@ from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REPLICA_HIGHEST_TIER, 
 from stormtopo.devenv.cluster import SCHEDULER_CONF
 from stormtopo.devenv.workloads import stormservice
 from stormtopo.operator.webhook import configuration
-from tests.core.test_capabilities import schema
-from tests.core.test_podgroup import roleset
+from tests.builders import aibrix_roleset
+from tests.core.volcano_crds import podgroup_schema
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = parse_topology((REPO / "examples" / "topology" / "aibrix-1730.yaml").read_text())
@@ -75,7 +75,7 @@ def podgroup(name: str, topology: dict[str, Any] | None = None, **spec: Any) -> 
 
 
 def sample(topology: dict[str, Any] | None = None, annotations: dict[str, str] | None = None) -> ServiceSample:
-    replica = roleset()
+    replica = aibrix_roleset()
     return ServiceSample(
         stormservice("svc", "ns", annotations=HARD1 if annotations is None else annotations),
         (replica,),
@@ -92,7 +92,7 @@ def healthy(**changes: Any) -> Snapshot:
         scheduler_config=Source("file volcano-scheduler.conf", SCHEDULER_CONF),
         hypernodes=HYPERNODES,
         nodes=NODES,
-        podgroup_schema=schema("v1.15.1"),
+        podgroup_schema=podgroup_schema("v1.15.1"),
         images=IMAGES,
         admission=REGISTERED,
         expected_admission=EXPECTED,
@@ -341,7 +341,7 @@ def test_controllers_of_different_releases_are_a_warning() -> None:
 
 
 def test_a_podgroup_crd_without_network_topology_is_an_error() -> None:
-    old = schema("v1.15.1")
+    old = podgroup_schema("v1.15.1")
     del old["properties"]["spec"]["properties"]["networkTopology"]
     finding = check_versions(healthy(podgroup_schema=old))[0]
     assert finding.level is Level.ERROR and "PodGroup CRD has no spec.networkTopology" in finding.found
@@ -448,7 +448,7 @@ def test_an_invalid_request_is_a_warning() -> None:
 def test_a_service_scoped_podgroup_is_compared_with_its_replica_tier() -> None:
     annotations = {MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "1"}
     service = stormservice("svc", "ns", annotations=annotations)
-    replica = roleset()
+    replica = aibrix_roleset()
     assert podgroup_names(service, [replica]) == ["svc"]
     assert podgroup_names(stormservice("svc", "ns", annotations=HARD1), [replica]) == ["svc-roleset-abcde"]
     outer = {"mode": "hard", "highestTierAllowed": 2}

@@ -25,16 +25,10 @@ from stormtopo.core.healing import plan_healing
 from stormtopo.core.lending import MakeRoom, wide_replica
 from stormtopo.core.room import Resident
 from stormtopo.core.verdict import Verdict, Why
-from stormtopo.core.vocabulary import MOVES_ANNOTATION, PLACEMENT_ANNOTATION
-from tests.core.test_healing import NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, service, snap, stamp
+from stormtopo.core.vocabulary import MOVES_ANNOTATION
+from tests.core.healing_cases import NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, service, snap, stamp, wide_service
 
 KEY = ("ns", "svc")
-
-
-def wide_service() -> dict[str, Any]:
-    svc = service(SOFT1)
-    svc["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s4", "tier": 2}})
-    return svc
 
 
 def a_pass(**fields: Any) -> HealPass:

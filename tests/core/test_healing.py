@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.cooldown import BACKOFF, NO_ROOM_RECHECK
 from stormtopo.core.disruption import replica_budget
 from stormtopo.core.heal_plan import HealMemory
@@ -19,71 +17,13 @@ from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_request import may_need_healing
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.healing import plan_healing, plan_refused
-from stormtopo.core.topology.fabric import parse_topology
-from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.verdict import Block, Why
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import EvictPod, PatchPodGroup, PostEvent, RecordMove
-from stormtopo.devenv.workloads import Role, stormservice
+from tests.builders import pdb, pod
+from tests.core.healing_cases import BUSY, NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, replica, service, snap, stamp
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml"
-TOPOLOGY = parse_topology(EXAMPLE.read_text())
-TIERS = cluster_tiers(hypernode_manifests(TOPOLOGY), None)
-BIG = (Role("prefill", gpus=8), Role("decode", gpus=8))  # a whole leaf: 16 GPUs
-SOFT1 = {MODE: "soft", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"}
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"}
-NOW = 1_800_000_000.0  # 2027-01-15
-
-
-def stamp(seconds: float) -> str:
-    import datetime
-
-    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def service(annotations: dict[str, str], replicas: int = 1, **extra: str) -> dict[str, Any]:
-    svc = stormservice("svc", "ns", BIG, replicas=replicas, annotations={**annotations, **extra})
-    svc["spec"]["updateStrategy"] = {"type": "RollingUpdate"}
-    return svc
-
-
-def replica(name: str, prefill: str | None, decode: str | None, created: float = NOW - 3600, ready: bool = True) -> Replica:
-    spec = stormservice("svc", "ns", BIG)["spec"]["template"]["spec"]
-    roleset = {"metadata": {"name": name, "namespace": "ns", "labels": {"storm-service-name": "svc"}}, "spec": spec}
-    pods = []
-    for role, node in (("prefill", prefill), ("decode", decode)):
-        if node is None:
-            continue
-        conditions = [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": stamp(created + 5)}]
-        pods.append(
-            {
-                "metadata": {
-                    "name": f"{name}-{role}-0",
-                    "uid": f"{name}-{role}-{created:.0f}",
-                    "namespace": "ns",
-                    "creationTimestamp": stamp(created),
-                    "labels": {"storm-service-name": "svc", "roleset-name": name, "role-name": role, "app": "svc"},
-                },
-                "spec": {"nodeName": node},
-                "status": {"phase": "Running", "conditions": conditions},
-            }
-        )
-    return Replica(roleset, tuple(pods))
-
-
-def free(busy: dict[str, int]) -> dict[str, int]:
-    """Free GPUs per node with the given GPUs in use (fillers and replicas alike)."""
-    return {n: 8 - busy.get(n, 0) for n in TOPOLOGY.nodes}
-
-
-# A soft replica that found no leaf with room: prefill on node1 (s0), decode on node3 (s1); fillers on
-# node2, node4..node7. node0 has just freed up: s0 holds the whole replica once it leaves node1.
-WIDE = replica("svc-a", "node1", "node3")
-BUSY = {"node1": 8, "node3": 8, "node2": 8, "node4": 8, "node5": 8, "node6": 8, "node7": 8}
-
-
-def snap(svc: dict[str, Any], *replicas: Replica, busy: dict[str, int] = BUSY, budgets: tuple[dict[str, Any], ...] = ()) -> HealSnapshot:
-    return HealSnapshot(svc, replicas, TIERS, TOPOLOGY, free(busy), budgets, NOW)
 
 
 def evictions(plan: Any) -> list[str]:
@@ -214,10 +154,6 @@ def test_a_hard_replica_in_violation_moves_back_within_its_tier() -> None:
     plan = plan_healing(snap(service(HARD1), WIDE), HealMemory())
     assert plan.moving is not None and plan.moving.why is Why.VIOLATION
     assert "violates its hard request" in said(plan, "ReplicaMoving")[0]
-
-
-def pdb(name: str, allowed: int, selector: dict[str, Any]) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ns"}, "spec": {"selector": selector}, "status": {"disruptionsAllowed": allowed}}
 
 
 def test_a_disruption_budget_that_forbids_the_eviction_stops_the_move_and_says_so_once() -> None:
@@ -548,21 +484,18 @@ def test_no_move_while_aibrix_rolls_the_service_out() -> None:
 def _stranded(created: float) -> Replica:
     """Prefill running on node0 (s0); its decode re-created (its node gone) and Pending since `created`."""
     running = replica("svc-a", "node0", None)
-    pending = {
-        "metadata": {
-            "name": "svc-a-decode-0",
-            "uid": f"svc-a-decode-{created:.0f}",
-            "namespace": "ns",
-            "creationTimestamp": stamp(created),
-            "labels": {"storm-service-name": "svc", "roleset-name": "svc-a", "role-name": "decode", "app": "svc"},
-        },
-        "spec": {},
-        # Volcano found it unschedulable (its gang kept in s0) as soon as it was created.
-        "status": {
-            "phase": "Pending",
-            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": stamp(created)}],
-        },
-    }
+    # Volcano found it unschedulable (its gang kept in s0) as soon as it was created.
+    unschedulable = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": stamp(created)}]
+    pending = pod(
+        "svc-a-decode-0",
+        "decode",
+        replica="svc-a",
+        labels={"app": "svc"},
+        status={"phase": "Pending", "conditions": unschedulable},
+        uid=f"svc-a-decode-{created:.0f}",
+        created=stamp(created),
+        kind=None,
+    )
     return Replica(running.roleset, (*running.pods, pending))
 
 

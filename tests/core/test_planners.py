@@ -18,7 +18,8 @@ from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REQUEST_ANNOTATION, SCOPE
 from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPodGroup
 from stormtopo.devenv.workloads import stormservice
-from tests.core.test_podgroup import roleset
+from tests import builders
+from tests.builders import aibrix_roleset
 
 EXAMPLE = parse_topology((Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml").read_text())
 TIERS = ClusterTiers(frozenset({1, 2, 3}))
@@ -26,15 +27,7 @@ HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
 
 
 def service(annotations: dict[str, str] | None = None, strategy: bool = True) -> dict[str, Any]:
-    ss = stormservice("svc", "ns", annotations=annotations, volcano_strategy=strategy)
-    ss["metadata"]["uid"] = "svc-uid"
-    return ss
-
-
-def replica(strategy: bool = True) -> dict[str, Any]:
-    r = roleset()
-    r["spec"] = service(HARD1, strategy)["spec"]["template"]["spec"]
-    return r
+    return builders.service(annotations, volcano_strategy=strategy, uid="svc-uid")
 
 
 def request(annotations: dict[str, str]) -> TopologyRequest:
@@ -58,18 +51,18 @@ def constrained_podgroup() -> dict[str, Any]:
 
 
 def test_a_replica_without_a_strategy_gets_a_podgroup_and_one_with_a_strategy_waits_for_aibrixs() -> None:
-    without = plan_stormservice(ServiceSnapshot(service(HARD1, strategy=False), (replica(False),), {}, TIERS))
+    without = plan_stormservice(ServiceSnapshot(service(HARD1, strategy=False), (aibrix_roleset(volcano_strategy=False),), {}, TIERS))
     assert [type(w) for w in without.writes] == [CreatePodGroup]
     assert without.say is not None and without.say.reason == "TopologyRequest"
-    with_strategy = plan_stormservice(ServiceSnapshot(service(HARD1), (replica(),), {}, TIERS))
+    with_strategy = plan_stormservice(ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {}, TIERS))
     assert with_strategy.writes == ()
 
 
 def test_a_podgroup_that_matches_plans_nothing_and_what_was_said_is_not_said_again() -> None:
-    first = plan_stormservice(ServiceSnapshot(service(HARD1), (replica(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
+    first = plan_stormservice(ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
     assert first.writes == ()
     again = plan_stormservice(
-        ServiceSnapshot(service(HARD1), (replica(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS), first.verdict
+        ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS), first.verdict
     )
     assert again.say is None and again.verdict == first.verdict
 
@@ -77,7 +70,7 @@ def test_a_podgroup_that_matches_plans_nothing_and_what_was_said_is_not_said_aga
 def test_a_stripped_podgroup_is_patched_back() -> None:
     stripped = constrained_podgroup()
     del stripped["spec"]["networkTopology"]
-    plan = plan_stormservice(ServiceSnapshot(service(HARD1), (replica(),), {"svc-roleset-abcde": stripped}, TIERS))
+    plan = plan_stormservice(ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {"svc-roleset-abcde": stripped}, TIERS))
     assert plan.writes == (
         PatchPodGroup(
             "ns", "svc-roleset-abcde", [{"op": "add", "path": "/spec/networkTopology", "value": {"mode": "hard", "highestTierAllowed": 1}}]
@@ -86,7 +79,7 @@ def test_a_stripped_podgroup_is_patched_back() -> None:
 
 
 def test_opting_out_withdraws_the_constraint() -> None:
-    plan = plan_stormservice(ServiceSnapshot(service(None), (replica(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
+    plan = plan_stormservice(ServiceSnapshot(service(None), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
     # Two writes, the annotation first: the admission policy refuses stripping a PodGroup that carries it.
     assert plan.writes == (
         PatchPodGroup("ns", "svc-roleset-abcde", [{"op": "remove", "path": "/metadata/annotations/stormtopo.io~1request"}]),
@@ -97,16 +90,16 @@ def test_opting_out_withdraws_the_constraint() -> None:
 
 def test_an_invalid_request_writes_nothing_and_says_the_last_valid_one_stays() -> None:
     bad = {MODE: "hard", HIGHEST_TIER: "7"}
-    plan = plan_stormservice(ServiceSnapshot(service(bad), (replica(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
+    plan = plan_stormservice(ServiceSnapshot(service(bad), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
     assert plan.writes == () and plan.invalid
     assert plan.say is not None and plan.say.type == "Warning"
     assert "the last valid request stays applied" in plan.say.message and "'7' is deeper than any HyperNode" in plan.say.message
-    fresh = plan_stormservice(ServiceSnapshot(service(bad), (replica(),), {}, TIERS))
+    fresh = plan_stormservice(ServiceSnapshot(service(bad), (aibrix_roleset(),), {}, TIERS))
     assert fresh.say is not None and "nothing changed" in fresh.say.message
 
 
 def test_scope_stormservice_creates_the_services_podgroup_owned_by_it() -> None:
-    plan = plan_stormservice(ServiceSnapshot(service({**HARD1, SCOPE: "StormService"}), (replica(),), {}, TIERS))
+    plan = plan_stormservice(ServiceSnapshot(service({**HARD1, SCOPE: "StormService"}), (aibrix_roleset(),), {}, TIERS))
     (create,) = plan.writes
     assert isinstance(create, CreatePodGroup)
     assert create.body["metadata"]["name"] == "svc" and create.body["metadata"]["ownerReferences"][0]["kind"] == "StormService"
@@ -118,7 +111,9 @@ def test_scope_stormservice_creates_the_services_podgroup_owned_by_it() -> None:
 def test_aibrixs_update_keeps_the_last_valid_constraint_while_the_request_is_invalid() -> None:
     old = constrained_podgroup()
     aibrix_update = {"metadata": {"name": "svc-roleset-abcde", "namespace": "ns"}, "spec": {"minMember": 2, "queue": "default"}}
-    decision = admit_podgroup(aibrix_update, replica(), service({MODE: "hard", HIGHEST_TIER: "typo"}), TIERS, last_valid=old, old=old)
+    decision = admit_podgroup(
+        aibrix_update, aibrix_roleset(), service({MODE: "hard", HIGHEST_TIER: "typo"}), TIERS, last_valid=old, old=old
+    )
     ops = {op["path"]: op["value"] for op in decision.patch}
     assert ops["/spec/networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
     assert ops["/spec/minTaskMember"] == {"prefill": 1, "decode": 1}
@@ -138,9 +133,9 @@ def test_aibrixs_rewrite_of_a_pending_replica_keeps_volcanos_status_and_foreign_
         "spec": {"minMember": 2, "queue": "default"},
         "status": {},
     }
-    moved = admit_podgroup({**rewrite, "spec": {"minMember": 2, "queue": "other"}}, replica(), service(HARD1), TIERS, stored, stored)
+    moved = admit_podgroup({**rewrite, "spec": {"minMember": 2, "queue": "other"}}, aibrix_roleset(), service(HARD1), TIERS, stored, stored)
     assert "/status" not in {op["path"] for op in moved.patch}  # a new queue is admitted anew: no status kept
-    decision = admit_podgroup(rewrite, replica(), service(HARD1), TIERS, last_valid=stored, old=stored)
+    decision = admit_podgroup(rewrite, aibrix_roleset(), service(HARD1), TIERS, last_valid=stored, old=stored)
     ops = {op["path"]: op["value"] for op in decision.patch}
     assert ops["/status"] == stored["status"]
     assert ops["/metadata/labels/team"] == "a"
@@ -150,7 +145,9 @@ def test_aibrixs_rewrite_of_a_pending_replica_keeps_volcanos_status_and_foreign_
 
 def test_a_new_replica_takes_only_the_topology_of_a_sibling_while_the_request_is_invalid() -> None:
     new = {"metadata": {"name": "svc-roleset-fghij", "namespace": "ns"}, "spec": {"minMember": 4, "queue": "default"}}
-    decision = admit_podgroup(new, replica(), service({MODE: "hard", HIGHEST_TIER: "typo"}), TIERS, last_valid=constrained_podgroup())
+    decision = admit_podgroup(
+        new, aibrix_roleset(), service({MODE: "hard", HIGHEST_TIER: "typo"}), TIERS, last_valid=constrained_podgroup()
+    )
     paths = {op["path"] for op in decision.patch}
     assert "/spec/networkTopology" in paths and "/spec/minMember" not in paths
 
@@ -257,10 +254,7 @@ def test_node_labels_are_needed_only_when_a_hypernode_selects_nodes_by_label() -
 def router_replica() -> dict[str, Any]:
     from stormtopo.devenv.workloads import Role
 
-    roles = (Role("prefill", gpus=2), Role("router", replicas=2, requests=False))
-    r = roleset()
-    r["spec"] = stormservice("svc", "ns", roles, annotations=HARD1)["spec"]["template"]["spec"]
-    return r
+    return aibrix_roleset((Role("prefill", gpus=2), Role("router", replicas=2, requests=False)))
 
 
 def test_roles_without_requests_follow_the_gang_under_a_hard_request() -> None:
@@ -344,9 +338,9 @@ def test_pods_prefer_the_node_of_their_replicas_other_pods_added_to_what_they_pr
     from stormtopo.core.admission import admit_pod, prefer_replica_peers
 
     bare = {"metadata": {"labels": {"role-name": "decode", "storm-service-name": "svc"}}, "spec": {}}
-    assert not [op for op in admit_pod(bare, replica(), service(HARD1), TIERS).patch if op["path"].startswith("/spec/affinity")]
+    assert not [op for op in admit_pod(bare, aibrix_roleset(), service(HARD1), TIERS).patch if op["path"].startswith("/spec/affinity")]
     asked = service({**HARD1, "stormtopo.io/prefer-same-node": "true"})
-    (op,) = [op for op in admit_pod(bare, replica(), asked, TIERS).patch if op["path"].startswith("/spec/affinity")]
+    (op,) = [op for op in admit_pod(bare, aibrix_roleset(), asked, TIERS).patch if op["path"].startswith("/spec/affinity")]
     term = op["value"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert term == {
         "weight": 100,
@@ -371,7 +365,7 @@ def test_pods_prefer_the_node_of_their_replicas_other_pods_added_to_what_they_pr
 
 def test_switching_to_scope_stormservice_withdraws_the_replicas_own_constraint() -> None:
     snapshot = ServiceSnapshot(
-        service({**HARD1, SCOPE: "StormService"}), (replica(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS
+        service({**HARD1, SCOPE: "StormService"}), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS
     )
     writes = plan_stormservice(snapshot).writes
     assert isinstance(writes[0], CreatePodGroup)
@@ -393,13 +387,13 @@ def test_the_listing_and_the_event_are_writes_carried_out_first() -> None:
     from stormtopo.core.writes import ListOptedIn, PostEvent
 
     ss = service(HARD1, strategy=False)
-    plan = plan_stormservice(ServiceSnapshot(ss, (replica(False),), {}, TIERS))
+    plan = plan_stormservice(ServiceSnapshot(ss, (aibrix_roleset(volcano_strategy=False),), {}, TIERS))
     first, listed, create = plan.all_writes(ss)
     assert isinstance(first, PostEvent) and first.say.reason == "TopologyRequest"
     assert listed == ListOptedIn("ns", "svc", "RoleSet") and isinstance(create, CreatePodGroup)
-    invalid = plan_stormservice(ServiceSnapshot(service({MODE: "hard", HIGHEST_TIER: "7"}), (replica(),), {}, TIERS))
+    invalid = plan_stormservice(ServiceSnapshot(service({MODE: "hard", HIGHEST_TIER: "7"}), (aibrix_roleset(),), {}, TIERS))
     assert invalid.listing == ListOptedIn("ns", "svc", "RoleSet")  # still listed: its last valid constraint is kept
-    plain = plan_stormservice(ServiceSnapshot(service(None), (replica(),), {}, TIERS))
+    plain = plan_stormservice(ServiceSnapshot(service(None), (aibrix_roleset(),), {}, TIERS))
     assert plain.all_writes(service(None)) == (ListOptedIn("ns", "svc", None),)
 
 
@@ -407,14 +401,16 @@ def test_a_heal_annotation_that_is_not_understood_is_said_and_healing_stays_off(
     from stormtopo.core.heal_request import wants_healing
 
     typo = service({**HARD1, "stormtopo.io/heal": "yes"})
-    plan = plan_stormservice(ServiceSnapshot(typo, (replica(),), {}, TIERS))
+    plan = plan_stormservice(ServiceSnapshot(typo, (aibrix_roleset(),), {}, TIERS))
     assert plan.say is not None and plan.say.reason == "InvalidHealAnnotation" and plan.say.type == "Warning"
     assert "stormtopo.io/heal: 'yes' is not understood" in plan.say.message and 'accepted: "true" or "false"' in plan.say.message
-    assert not wants_healing(typo) and plan.writes == plan_stormservice(ServiceSnapshot(service(HARD1), (replica(),), {}, TIERS)).writes
+    assert (
+        not wants_healing(typo) and plan.writes == plan_stormservice(ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {}, TIERS)).writes
+    )
     scoped = service({**HARD1, SCOPE: "StormService", "stormtopo.io/heal": "true"})
-    said = plan_stormservice(ServiceSnapshot(scoped, (replica(),), {}, TIERS)).say
+    said = plan_stormservice(ServiceSnapshot(scoped, (aibrix_roleset(),), {}, TIERS)).say
     assert said is not None and "applies to scope RoleSet only" in said.message
-    ok = plan_stormservice(ServiceSnapshot(service({**HARD1, "stormtopo.io/heal": "true"}), (replica(),), {}, TIERS)).say
+    ok = plan_stormservice(ServiceSnapshot(service({**HARD1, "stormtopo.io/heal": "true"}), (aibrix_roleset(),), {}, TIERS)).say
     assert ok is not None and ok.reason == "TopologyRequest"
 
 
@@ -447,7 +443,7 @@ def held_podgroup(recorded: str = "soft within tier 2, scope RoleSet") -> dict[s
 
 def planned_topology(ss: dict[str, Any], podgroup: dict[str, Any], now: float | None = NOW) -> object:
     """The networkTopology the reconciler writes on the replica's PodGroup; None if it writes none."""
-    plan = plan_stormservice(ServiceSnapshot(ss, (replica(),), {"svc-roleset-abcde": podgroup}, TIERS), now=now)
+    plan = plan_stormservice(ServiceSnapshot(ss, (aibrix_roleset(),), {"svc-roleset-abcde": podgroup}, TIERS), now=now)
     ops = [op for w in plan.writes if isinstance(w, PatchPodGroup) for op in w.ops if op["path"] == "/spec/networkTopology"]
     assert len(ops) <= 1, plan.writes
     return ops[0].get("value", "removed") if ops else None
@@ -472,13 +468,13 @@ def test_heal_false_ends_the_hold() -> None:
 def test_a_heal_annotation_not_understood_ends_the_hold() -> None:
     typo = moving({**SOFT2_HEAL, "stormtopo.io/heal": "ture"})
     assert planned_topology(typo, held_podgroup()) == AS_ASKED
-    plan = plan_stormservice(ServiceSnapshot(typo, (replica(),), {"svc-roleset-abcde": held_podgroup()}, TIERS), now=NOW)
+    plan = plan_stormservice(ServiceSnapshot(typo, (aibrix_roleset(),), {"svc-roleset-abcde": held_podgroup()}, TIERS), now=NOW)
     assert plan.say is not None and plan.say.reason == "InvalidHealAnnotation"  # and said
 
 
 def test_switching_to_scope_stormservice_ends_the_hold() -> None:
     scoped = moving({**SOFT2_HEAL, SCOPE: "StormService"})
-    plan = plan_stormservice(ServiceSnapshot(scoped, (replica(),), {"svc-roleset-abcde": held_podgroup()}, TIERS), now=NOW)
+    plan = plan_stormservice(ServiceSnapshot(scoped, (aibrix_roleset(),), {"svc-roleset-abcde": held_podgroup()}, TIERS), now=NOW)
     # The replica's PodGroup carries no constraint now (the service's own PodGroup does): no hold left.
     assert PatchPodGroup("ns", "svc-roleset-abcde", [{"op": "remove", "path": "/spec/networkTopology"}]) in plan.writes
     assert not [op for w in plan.writes if isinstance(w, PatchPodGroup) for op in w.ops if op.get("value") == HELD]
@@ -490,9 +486,9 @@ def test_switching_to_scope_stormservice_ends_the_hold() -> None:
 def test_an_invalid_request_lets_the_hold_go_to_the_last_valid_request_and_keeps_the_rest() -> None:
     bad = moving({MODE: "soft", HIGHEST_TIER: "7", "stormtopo.io/heal": "true"})
     sibling = {**constrained_podgroup(), "metadata": {**constrained_podgroup()["metadata"], "name": "svc-roleset-fghij"}}
-    other = {**replica(), "metadata": {**replica()["metadata"], "name": "svc-roleset-fghij"}}
+    other = {**aibrix_roleset(), "metadata": {**aibrix_roleset()["metadata"], "name": "svc-roleset-fghij"}}
     groups = {"svc-roleset-abcde": held_podgroup(), "svc-roleset-fghij": sibling}
-    plan = plan_stormservice(ServiceSnapshot(bad, (replica(), other), groups, TIERS), now=NOW)
+    plan = plan_stormservice(ServiceSnapshot(bad, (aibrix_roleset(), other), groups, TIERS), now=NOW)
     assert plan.invalid and plan.say is not None and "the last valid request stays applied" in plan.say.message
     # Only the held PodGroup is written, only its networkTopology, back to what it records of its last valid request.
     assert plan.writes == (
@@ -538,7 +534,7 @@ def test_the_webhook_lets_go_of_a_service_that_no_longer_asks_for_healing() -> N
     rewrite = {"metadata": {"name": "svc-roleset-abcde", "namespace": "ns"}, "spec": {"minMember": 2, "queue": "default"}}
 
     def admitted(ss: dict[str, Any]) -> object:
-        return {op["path"]: op["value"] for op in admit_podgroup(rewrite, replica(), ss, TIERS).patch}["/spec/networkTopology"]
+        return {op["path"]: op["value"] for op in admit_podgroup(rewrite, aibrix_roleset(), ss, TIERS).patch}["/spec/networkTopology"]
 
     assert admitted(moving(SOFT2_HEAL)) == HELD
     assert admitted(moving({MODE: "soft", HIGHEST_TIER: "2"})) == AS_ASKED
@@ -551,7 +547,7 @@ def test_a_lend_room_or_prefer_same_node_typo_is_said_and_stays_off() -> None:
     from stormtopo.core.switches import switched_on
 
     typo = service({**HARD1, "stormtopo.io/lend-room": "yes", "stormtopo.io/prefer-same-node": "on"})
-    plan = plan_stormservice(ServiceSnapshot(typo, (replica(),), {}, TIERS))
+    plan = plan_stormservice(ServiceSnapshot(typo, (aibrix_roleset(),), {}, TIERS))
     assert plan.say is not None and plan.say.reason == "InvalidAnnotation" and plan.say.type == "Warning"
     assert "stormtopo.io/lend-room: 'yes' is not understood, it lends no room" in plan.say.message
     assert "stormtopo.io/prefer-same-node: 'on' is not understood" in plan.say.message
@@ -559,5 +555,5 @@ def test_a_lend_room_or_prefer_same_node_typo_is_said_and_stays_off() -> None:
     # The same rule everywhere: "True" is on for each (prefer-same-node was case-sensitive before).
     upper = service({**HARD1, "stormtopo.io/prefer-same-node": " True "})
     assert switched_on(upper, "stormtopo.io/prefer-same-node")
-    said = plan_stormservice(ServiceSnapshot(upper, (replica(),), {}, TIERS)).say
+    said = plan_stormservice(ServiceSnapshot(upper, (aibrix_roleset(),), {}, TIERS)).say
     assert said is not None and said.reason == "TopologyRequest"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from stormtopo.core.admission import admit_pod, admit_podgroup
 from stormtopo.core.gang import gang_of
 from stormtopo.core.jsonpatch import set_spec_fields as spec_patch
@@ -11,23 +9,14 @@ from stormtopo.core.podgroup import owned_podgroup
 from stormtopo.core.request import ClusterTiers, parse_request
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv.workloads import Role, stormservice
+from tests.builders import aibrix_roleset
 
 CLUSTER = ClusterTiers(frozenset({1, 2, 3}))
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
 
 
-def roleset(roles: tuple[Role, ...] = (Role("prefill"), Role("decode"))) -> dict[str, Any]:
-    ss = stormservice("svc", "ns", roles, annotations=HARD1)
-    return {
-        "apiVersion": "orchestration.aibrix.ai/v1alpha1",
-        "kind": "RoleSet",
-        "metadata": {"name": "svc-roleset-abcde", "namespace": "ns", "uid": "u-1", "labels": {"storm-service-name": "svc"}},
-        "spec": ss["spec"]["template"]["spec"],
-    }
-
-
 def test_gang_counts_every_pod_of_every_role() -> None:
-    spec = roleset((Role("prefill", replicas=2, pod_group_size=4), Role("decode", replicas=3)))["spec"]
+    spec = aibrix_roleset((Role("prefill", replicas=2, pod_group_size=4), Role("decode", replicas=3)))["spec"]
     gang = gang_of(spec)
     assert gang.min_member == 2 * 4 + 3
     assert dict(gang.min_task_member) == {"prefill": 8, "decode": 3}
@@ -36,7 +25,7 @@ def test_gang_counts_every_pod_of_every_role() -> None:
 def test_podgroup_admission_adds_constraint_and_gang_and_survives_aibrix_spec_replacement() -> None:
     ss = stormservice("svc", "ns", annotations=HARD1)
     aibrix_spec = {"minMember": 2, "queue": "default", "minResources": {}}
-    decision = admit_podgroup({"metadata": {"name": "svc-roleset-abcde"}, "spec": aibrix_spec}, roleset(), ss, CLUSTER)
+    decision = admit_podgroup({"metadata": {"name": "svc-roleset-abcde"}, "spec": aibrix_spec}, aibrix_roleset(), ss, CLUSTER)
     ops = {op["path"]: op for op in decision.patch}
     assert ops["/spec/networkTopology"]["value"] == {"mode": "hard", "highestTierAllowed": 1}
     assert ops["/spec/minTaskMember"]["value"] == {"prefill": 1, "decode": 1}
@@ -46,9 +35,9 @@ def test_podgroup_admission_adds_constraint_and_gang_and_survives_aibrix_spec_re
 
 def test_podgroup_of_a_service_without_annotations_or_with_bad_ones_is_left_alone() -> None:
     pg = {"metadata": {"name": "x"}, "spec": {"minMember": 2}}
-    assert admit_podgroup(pg, roleset(), stormservice("svc", "ns"), CLUSTER).patch == []
+    assert admit_podgroup(pg, aibrix_roleset(), stormservice("svc", "ns"), CLUSTER).patch == []
     bad = stormservice("svc", "ns", annotations={MODE: "hard", HIGHEST_TIER: "abc"})
-    assert admit_podgroup(pg, roleset(), bad, CLUSTER).patch == []
+    assert admit_podgroup(pg, aibrix_roleset(), bad, CLUSTER).patch == []
 
 
 def test_pod_admission_sets_task_group_and_scheduler() -> None:
@@ -56,7 +45,7 @@ def test_pod_admission_sets_task_group_and_scheduler() -> None:
         "metadata": {"labels": {"role-name": "decode", "roleset-name": "svc-roleset-abcde"}},
         "spec": {"schedulerName": "default-scheduler"},
     }
-    decision = admit_pod(pod, roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER)
+    decision = admit_pod(pod, aibrix_roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER)
     assert decision.allowed
     value = decision.patch[0]["value"]
     assert value == {"scheduling.k8s.io/group-name": "svc-roleset-abcde", "volcano.sh/task-spec": "decode"}
@@ -69,7 +58,7 @@ def test_a_multi_node_instance_pod_joins_its_replicas_gang_instead_of_its_podset
     # PodSet's own PodGroup; the replica is one gang only if its pods join the replica's PodGroup.
     annotations = {"scheduling.k8s.io/group-name": "svc-roleset-abcde-prefill-7d9f-0"}
     pod = {"metadata": {"labels": {"role-name": "prefill", "storm-service-name": "svc"}, "annotations": annotations}, "spec": {}}
-    decision = admit_pod(pod, roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER, named_group_service="svc")
+    decision = admit_pod(pod, aibrix_roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER, named_group_service="svc")
     assert decision.allowed
     assert {"op": "add", "path": "/metadata/annotations/scheduling.k8s.io~1group-name", "value": "svc-roleset-abcde"} in decision.patch
 
@@ -77,14 +66,14 @@ def test_a_multi_node_instance_pod_joins_its_replicas_gang_instead_of_its_podset
 def test_a_pod_naming_another_stormservices_podgroup_is_denied() -> None:
     annotations = {"scheduling.k8s.io/group-name": "theirs-roleset-x"}
     pod = {"metadata": {"labels": {"role-name": "decode", "storm-service-name": "svc"}, "annotations": annotations}, "spec": {}}
-    decision = admit_pod(pod, roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER, named_group_service="theirs")
+    decision = admit_pod(pod, aibrix_roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER, named_group_service="theirs")
     assert not decision.allowed and "'theirs-roleset-x'" in decision.message and "'theirs'" in decision.message
 
 
 def test_owned_podgroup_is_owned_by_the_roleset() -> None:
     request = parse_request(HARD1, CLUSTER)
     assert request is not None
-    pg = owned_podgroup(roleset(), request)
+    pg = owned_podgroup(aibrix_roleset(), request)
     assert pg["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     assert pg["spec"]["minMember"] == 2 and pg["spec"]["networkTopology"]["highestTierAllowed"] == 1
 
@@ -112,9 +101,9 @@ def test_stormservice_scope_makes_one_gang_of_all_replicas_with_replica_subgroup
     assert "minTaskMember" not in pg["spec"]
     # Pods of every replica join the service's group; AIBrix's per-replica groups are left as they are.
     pod = {"metadata": {"labels": {"role-name": "decode"}, "annotations": {"scheduling.k8s.io/group-name": "svc-roleset-abcde"}}}
-    decision = admit_pod(pod, roleset(), ss, CLUSTER)
+    decision = admit_pod(pod, aibrix_roleset(), ss, CLUSTER)
     assert decision.allowed and decision.patch[0]["value"] == "svc"
-    assert admit_podgroup({"metadata": {}, "spec": {"minMember": 2}}, roleset(), ss, CLUSTER).patch == []
+    assert admit_podgroup({"metadata": {}, "spec": {"minMember": 2}}, aibrix_roleset(), ss, CLUSTER).patch == []
 
 
 def test_pod_of_one_stormservice_cannot_join_anothers_group_even_without_a_request() -> None:
@@ -128,7 +117,7 @@ def test_a_moving_replicas_podgroup_is_held_hard_within_the_targets_tier_by_the_
     import json
 
     soft = stormservice("svc", "ns", annotations={MODE: "soft", HIGHEST_TIER: "2", "stormtopo.io/heal": "true"})
-    rs = roleset()
+    rs = aibrix_roleset()
     podgroup = {"metadata": {"name": rs["metadata"]["name"], "namespace": "ns"}, "spec": {"minMember": 2}}
     as_asked = admit_podgroup(podgroup, rs, soft, CLUSTER).patch
     assert {"op": "add", "path": "/spec/networkTopology", "value": {"mode": "soft", "highestTierAllowed": 2}} in as_asked
@@ -149,7 +138,7 @@ def test_the_webhook_lets_a_hold_go_at_the_moves_deadline_as_the_reconciler_does
     from stormtopo.core.moves import MOVE_DEADLINE
 
     soft = stormservice("svc", "ns", annotations={MODE: "soft", HIGHEST_TIER: "2", "stormtopo.io/heal": "true"})
-    rs = roleset()
+    rs = aibrix_roleset()
     podgroup = {"metadata": {"name": rs["metadata"]["name"], "namespace": "ns"}, "spec": {"minMember": 2}}
     began = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
     soft["metadata"]["annotations"]["stormtopo.io/moves"] = json.dumps({rs["metadata"]["name"]: {"toTier": 1, "at": began.isoformat()}})

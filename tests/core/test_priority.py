@@ -11,6 +11,7 @@ from stormtopo.core.reconciliation import ServiceSnapshot, plan_stormservice
 from stormtopo.core.request import ClusterTiers, parse_request
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, SCOPE
 from stormtopo.devenv.workloads import Role, stormservice
+from tests.builders import aibrix_roleset
 
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
 VALUES = {"inference-high": 1_000_000, "batch-low": 100, "zz-unknown-later": 5}
@@ -37,16 +38,11 @@ def test_the_roles_class_the_highest_where_they_differ_and_aibrixs_own_setting_f
     assert replica_priority_class(spec("inference-high", strategy="batch-low"), VALUES) == "batch-low"
 
 
-def roleset(roleset_spec: dict[str, Any]) -> dict[str, Any]:
-    meta = {"name": "svc-roleset-abcde", "namespace": "ns", "uid": "u-1", "labels": {"storm-service-name": "svc"}}
-    return {"apiVersion": "orchestration.aibrix.ai/v1alpha1", "kind": "RoleSet", "metadata": meta, "spec": roleset_spec}
-
-
 def test_the_webhook_gives_aibrixs_podgroup_the_class_and_keeps_it_through_its_rewrites() -> None:
     ss = stormservice(
         "svc", "ns", (Role("prefill", priority_class="batch-low"), Role("decode", priority_class="inference-high")), annotations=HARD1
     )
-    rs = roleset(ss["spec"]["template"]["spec"])
+    rs = aibrix_roleset(spec=ss["spec"]["template"]["spec"])
     aibrix_spec = {"minMember": 2, "queue": "default", "minResources": {}}  # AIBrix's whole spec, no class
     decision = admit_podgroup({"metadata": {"name": rs["metadata"]["name"]}, "spec": aibrix_spec}, rs, ss, CLUSTER)
     ops = {op["path"]: op for op in decision.patch}
@@ -64,7 +60,7 @@ def test_podgroups_stormtopo_creates_carry_the_class_and_the_reconciler_adds_it_
         "svc", "ns", (Role("prefill", priority_class="inference-high"), Role("decode")), annotations=HARD1, volcano_strategy=False
     )
     ss["metadata"]["uid"] = "svc-uid"
-    rs = roleset(ss["spec"]["template"]["spec"])
+    rs = aibrix_roleset(spec=ss["spec"]["template"]["spec"])
     request = parse_request(HARD1, CLUSTER)
     assert not isinstance(request, Exception) and request is not None
     assert owned_podgroup(rs, request)["spec"]["priorityClassName"] == "inference-high"

@@ -5,52 +5,33 @@ and back-off. Snapshots are built by the operator's index, as the shell builds t
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from stormtopo.core.admission import admit_pod
 from stormtopo.core.explanation import Explanation, Pending
 from stormtopo.core.reconciliation import ServiceSnapshot, plan_stormservice
 from stormtopo.core.replica import EXPLAIN_INTERVAL, ReplicaMemory, ReplicaSnapshot, plan_explained, plan_replica
 from stormtopo.core.request import ClusterTiers
-from stormtopo.core.topology.fabric import parse_topology
-from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, PLACEMENT_ANNOTATION, REQUEST_ANNOTATION, SCOPE
 from stormtopo.core.writes import AdoptPod, LabelPod, PatchPod, PatchPodGroup, RecordPlacement
-from stormtopo.devenv.workloads import Role, stormservice
+from stormtopo.devenv.workloads import PD_1P1D as PD
+from stormtopo.devenv.workloads import Role
 from stormtopo.operator.index import Index
+from tests import builders
+from tests.builders import pod
+from tests.example_index import index_of
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml"
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
 ROUTED = (Role("prefill"), Role("decode"), Role("router", requests=False))
 KEY = ("ns", "svc-rs")
 
 
 def service(annotations: dict[str, str] | None = HARD1, roles: tuple[Role, ...] = ROUTED) -> dict[str, Any]:
-    return stormservice("svc", "ns", roles, annotations=annotations)
+    return builders.service(annotations, roles)
 
 
 def roleset(roles: tuple[Role, ...] = ROUTED) -> dict[str, Any]:
-    spec = service(HARD1, roles)["spec"]["template"]["spec"]
-    return {"kind": "RoleSet", "metadata": {"name": "svc-rs", "namespace": "ns", "labels": {"storm-service-name": "svc"}}, "spec": spec}
-
-
-def pod(name: str, role: str, node: str | None = None, held: bool = False, service_name: str = "svc", **status: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {"nodeName": node} if node else {}
-    if held:
-        spec["schedulingGates"] = [{"name": "stormtopo.io/domain"}]
-    labels = {"storm-service-name": service_name, "roleset-name": "svc-rs", "role-name": role, "stormtopo.io/admitted": "true"}
-    return {"kind": "Pod", "metadata": {"name": name, "namespace": "ns", "labels": labels}, "spec": spec, "status": status}
-
-
-def index_of(*objects: dict[str, Any], hypernodes: list[dict[str, Any]] | None = None, nodes: list[str] | None = None) -> Index:
-    index = Index(cast(Any, None))
-    for hypernode in hypernodes if hypernodes is not None else hypernode_manifests(parse_topology(EXAMPLE.read_text())):
-        index.observe("HyperNode", "ADDED", hypernode)
-    index.set_nodes({n: {"kubernetes.io/hostname": n} for n in nodes or [f"node{i}" for i in range(8)]}, 0.0)
-    for obj in objects:
-        index.observe(str(obj["kind"]), "ADDED", obj)
-    return index
+    return builders.roleset(roles=roles)
 
 
 def snapshot(index: Index, now: float = 100.0) -> ReplicaSnapshot:
@@ -159,7 +140,7 @@ def test_a_placed_replica_with_pods_from_before_the_opt_in_reads_and_adopts_them
 
 
 def test_a_pod_of_another_service_with_this_rolesets_name_is_no_anchor() -> None:
-    stranger = pod("x", "prefill", "node0", service_name="other")
+    stranger = pod("x", "prefill", "node0", service="other")
     index = index_of(service(), roleset(), stranger, pod("d", "decode", "node4"), pod("r", "router", held=True))
     unbound = plan_replica(replace(snapshot(index), all_pods=True), ReplicaMemory())
     assert not [w for w in unbound.writes if isinstance(w, PatchPod)]  # its own prefill is not bound
@@ -177,7 +158,9 @@ def test_a_released_router_that_cannot_fit_its_domain_is_said_once() -> None:
     unschedulable = {
         "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes: Too many pods"}]
     }
-    index = index_of(service(), roleset(), pod("p", "prefill", "node4"), pod("d", "decode", "node5"), pod("r", "router", **unschedulable))
+    index = index_of(
+        service(), roleset(), pod("p", "prefill", "node4"), pod("d", "decode", "node5"), pod("r", "router", status=unschedulable)
+    )
     plan = plan_replica(snapshot(index), ReplicaMemory())
     (warning,) = [s for s in plan.says if s.reason == "ReleasedPodUnschedulable"]
     assert "pod r" in warning.message and "Too many pods" in warning.message
@@ -185,9 +168,6 @@ def test_a_released_router_that_cannot_fit_its_domain_is_said_once() -> None:
 
 
 # -- placed and violated --------------------------------------------------------------------------
-
-
-PD = (Role("prefill"), Role("decode"))
 
 
 def test_a_complete_replica_is_said_recorded_and_labelled_once() -> None:

@@ -19,8 +19,10 @@ from stormtopo.core.room import Resident, room_by_moving, take
 from stormtopo.core.verdict import Block, Why
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, LEND_ROOM_ANNOTATION, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import EvictPod, PostEvent, RecordMove
-from stormtopo.devenv.workloads import Role, stormservice
-from tests.core.test_healing import NOW, SOFT1, TIERS, TOPOLOGY, stamp
+from stormtopo.devenv.workloads import Role
+from tests import builders
+from tests.builders import pod, roleset, running
+from tests.core.healing_cases import NOW, SOFT1, TIERS, TOPOLOGY, stamp
 
 # The wide replica: 8 + 8 GPUs, prefill on node1 (s0), decode on node3 (s1).
 WIDE_PODS, WIDE_HELD = (8, 8), {"node1": 8, "node3": 8}
@@ -122,33 +124,32 @@ LEND = {LEND_ROOM_ANNOTATION: "true"}
 
 def small_service(moves: dict[str, Any] | None = None, replicas: int = 2, lends: bool = True) -> dict[str, Any]:
     """The smaller service: by default a lender of two replicas (small-0 is the one ordered to move)."""
-    svc = stormservice("small", "other", ONE_EACH, replicas=replicas, annotations={**SOFT1, **(LEND if lends else {})})
-    svc["spec"]["updateStrategy"] = {"type": "RollingUpdate"}
+    annotations = {**SOFT1, **(LEND if lends else {})}
+    svc = builders.service(annotations, ONE_EACH, name="small", namespace="other", replicas=replicas, update_strategy="RollingUpdate")
     if moves:
         svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps(moves)
     return svc
 
 
 def small_replica(prefill: str, decode: str, name: str = "small-0", ready: bool = True) -> Replica:
-    spec = small_service()["spec"]["template"]["spec"]
-    meta: dict[str, Any] = {"name": name, "namespace": "other", "uid": f"{name}-uid", "labels": {"storm-service-name": "small"}}
-    conditions = [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": stamp(NOW - 3500)}]
     pods = tuple(
-        {
-            "metadata": {
-                "name": f"{name}-{role}-0",
-                "uid": f"{name}-{role}",
-                "namespace": "other",
-                "creationTimestamp": stamp(NOW - 3600),
-                "labels": {"storm-service-name": "small", "roleset-name": name, "role-name": role},
-                "ownerReferences": [{"uid": f"{name}-uid"}],
-            },
-            "spec": {"nodeName": node},
-            "status": {"phase": "Running", "conditions": conditions},
-        }
+        pod(
+            f"{name}-{role}-0",
+            role,
+            node,
+            replica=name,
+            service="small",
+            namespace="other",
+            labels={},
+            status=running(ready, stamp(NOW - 3500)),
+            uid=f"{name}-{role}",
+            created=stamp(NOW - 3600),
+            owner_uid=f"{name}-uid",
+            kind=None,
+        )
         for role, node in (("prefill", prefill), ("decode", decode))
     )
-    return Replica({"metadata": meta, "spec": spec}, pods)
+    return Replica(roleset(name, ONE_EACH, service="small", namespace="other", uid=f"{name}-uid", kind=None), pods)
 
 
 SIBLING = small_replica("node6", "node6", name="small-1")  # the lender's other replica, ready, in s3

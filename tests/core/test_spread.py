@@ -6,8 +6,7 @@ on the feature request's tree: leaves s0..s3 of two 8-GPU nodes each, spines s4 
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -30,13 +29,13 @@ from stormtopo.core.vocabulary import (
     SPREAD_KEPT_OUT_LABEL,
 )
 from stormtopo.core.writes import DeleteUnboundPod, PatchPod, PostEvent
-from stormtopo.devenv.workloads import PD_1P1D, Role, stormservice
+from stormtopo.devenv.workloads import Role
 from stormtopo.operator.index import Index
+from tests.builders import pod
+from tests.conftest import TOPOLOGY_FILE
+from tests.core.spread_cases import ALL_FREE, LEAF_SPREAD, index_of, replica, roleset, service
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml"
 CLUSTER = ClusterTiers(frozenset({1, 2, 3}), frozenset({"leaf", "spine", "core"}), tier_of_name=(("core", 3), ("leaf", 1), ("spine", 2)))
-LEAF_SPREAD = {MODE: "hard", HIGHEST_TIER: "1", REPLICA_SPREAD_TIER: "1"}
-ALL_FREE = {f"node{i}": 8 for i in range(8)}
 NOW = 1000.0
 ROUTED = (Role("prefill"), Role("decode"), Role("router", requests=False))
 
@@ -81,7 +80,7 @@ def test_a_bad_spread_tier_names_the_annotation_the_value_and_what_is_accepted(a
 
 
 def test_the_clusters_tier_names_come_with_their_tiers() -> None:
-    tiers = cluster_tiers(hypernode_manifests(parse_topology(EXAMPLE.read_text())), None)
+    tiers = cluster_tiers(hypernode_manifests(parse_topology(TOPOLOGY_FILE.read_text())), None)
     assert dict(tiers.tier_of_name) == {"leaf": 1, "spine": 2, "core": 3}
 
 
@@ -102,51 +101,12 @@ def test_a_pod_bound_at_creation_is_never_held_at_the_gate() -> None:
     """A role pinned by nodeName: the API server refuses a pod with both nodeName and a scheduling gate
     ("cannot be set until all schedulingGates have been cleared"), and there is nothing to hold."""
     for asked, role in ((LEAF_SPREAD, "prefill"), ({MODE: "hard", HIGHEST_TIER: "1"}, "router")):
-        decision = admit_pod(pod("p", role, node="node3"), roleset("svc-a", ROUTED), service(asked, ROUTED), CLUSTER)
+        decision = admit_pod(pod("p", role, node="node3", replica="svc-a"), roleset("svc-a", ROUTED), service(asked, ROUTED), CLUSTER)
         assert decision.allowed and decision.patch
         assert not any(op["path"].startswith("/spec/schedulingGates") for op in decision.patch), decision.patch
 
 
 # -- letting replicas go -------------------------------------------------------------------------------
-
-
-def service(annotations: dict[str, str] | None = None, roles: tuple[Role, ...] = PD_1P1D) -> dict[str, Any]:
-    return stormservice("svc", "ns", roles, annotations=LEAF_SPREAD if annotations is None else annotations)
-
-
-def roleset(name: str, roles: tuple[Role, ...] = PD_1P1D, revision: str = "r1") -> dict[str, Any]:
-    spec = service(roles=roles)["spec"]["template"]["spec"]
-    labels = {"storm-service-name": "svc", "storm-service-revision": revision}
-    return {"kind": "RoleSet", "metadata": {"name": name, "namespace": "ns", "labels": labels}, "spec": spec}
-
-
-def pod(name: str, role: str, node: str | None = None, held: bool = False, replica: str = "svc-a", **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {**spec, "nodeName": node} if node else dict(spec)
-    if held:
-        body["schedulingGates"] = [{"name": DOMAIN_GATE}]
-    labels = {"storm-service-name": "svc", "roleset-name": replica, "role-name": role, "stormtopo.io/admitted": "true"}
-    return {"kind": "Pod", "metadata": {"name": name, "namespace": "ns", "labels": labels}, "spec": body, "status": {}}
-
-
-def replica(name: str, nodes: tuple[str, str] | None = None, held: bool = False, revision: str = "r1") -> list[dict[str, Any]]:
-    """A 1P1D replica's RoleSet and pods: bound to `nodes`, or held at the gate, or let go and unbound."""
-    prefill, decode = nodes or (None, None)
-    return [
-        roleset(name, revision=revision),
-        pod(f"{name}-p", "prefill", prefill, held, name),
-        pod(f"{name}-d", "decode", decode, held, name),
-    ]
-
-
-def index_of(*objects: dict[str, Any], annotations: dict[str, str] | None = None, roles: tuple[Role, ...] = PD_1P1D) -> Index:
-    index = Index(cast(Any, None))
-    for hypernode in hypernode_manifests(parse_topology(EXAMPLE.read_text())):
-        index.observe("HyperNode", "ADDED", hypernode)
-    index.set_nodes({f"node{i}": {"kubernetes.io/hostname": f"node{i}"} for i in range(8)}, 0.0)
-    index.observe("StormService", "ADDED", service(annotations, roles))
-    for obj in objects:
-        index.observe(str(obj["kind"]), "ADDED", obj)
-    return index
 
 
 def plan_for(
@@ -328,8 +288,8 @@ def test_a_pods_own_required_terms_are_each_narrowed() -> None:
     ]
     own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
     index = index_of(
-        roleset("svc-a"), pod("svc-a-p", "prefill", held=True, replica="svc-a", affinity=own),
-        pod("svc-a-d", "decode", held=True, replica="svc-a", affinity=own), *replica("svc-b", ("node0", "node1")),
+        roleset("svc-a"), pod("svc-a-p", "prefill", held=True, replica="svc-a", spec={"affinity": own}),
+        pod("svc-a-d", "decode", held=True, replica="svc-a", spec={"affinity": own}), *replica("svc-b", ("node0", "node1")),
     )  # fmt: skip
     ops = [op for op in let_go(plan_for(index))["svc-a-p"][2:] if op["path"].startswith("/spec/")]
     base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
@@ -363,7 +323,7 @@ def test_a_placed_replica_wakes_the_siblings_held_for_the_spread_and_a_held_one_
 
 
 def test_explain_lists_the_replicas_in_every_domain_of_the_spread_tier() -> None:
-    topology = parse_topology(EXAMPLE.read_text())
+    topology = parse_topology(TOPOLOGY_FILE.read_text())
     domains = replicas_per_domain(topology, 1, {"svc-a": ["node0", "node1"], "svc-b": ["node4"], "svc-c": []})
     assert domains == {"s0": ["svc-a"], "s1": [], "s2": ["svc-b"], "s3": []}
     report = {"namespace": "ns", "stormservice": "svc", "request": "hard", "replicas": [], "spread": {"tier": 1, "domains": domains}}

@@ -14,16 +14,10 @@ from stormtopo.core.uninstall import ClusterPages, ClusterSnapshot, plan_uninsta
 from stormtopo.core.vocabulary import DOMAIN_GATE, HEAL_ANNOTATION, HIGHEST_TIER, MODE, MOVES_ANNOTATION
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, PatchPod, PatchPodGroup, SetHyperNodeMembers, Write
 from stormtopo.devenv.workloads import stormservice
+from tests.builders import roleset
 
 CLUSTER = ClusterTiers(frozenset({1, 2}))
 FABRIC = parse_topology("switches:\n  spine:\n    leaf-a: [a0, a1]\n    leaf-b: [b0, b1]\n")
-
-
-def roleset(name: str, service: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "ns", "labels": {"storm-service-name": "svc"}},
-        "spec": service["spec"]["template"]["spec"],
-    }
 
 
 def held(name: str) -> dict[str, Any]:
@@ -41,7 +35,7 @@ def snapshot(
         hypernodes=tuple(hypernodes or hypernode_manifests(FABRIC)),
         pods=(held("router-0"), {"metadata": {"name": "free", "namespace": "ns"}, "spec": {}}),
         stormservices=(service,),
-        rolesets=(roleset("svc-rs-0", service),),
+        rolesets=(roleset("svc-rs-0", spec=service["spec"]["template"]["spec"], kind=None),),
         podgroups=(podgroup,),
         tiers=CLUSTER,
     )

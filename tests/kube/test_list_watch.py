@@ -14,19 +14,9 @@ from stormtopo.kube.client import Api
 from stormtopo.kube.watch import WatchStreams
 from stormtopo.operator.loops import Loops
 from stormtopo.operator.watch import ListWatch
+from tests.kube.kubeconfig import kubeconfig_for
 
 SELECTOR = "stormtopo.io/admitted"
-
-
-def kubeconfig_for(tmp_path: Path, server: str) -> Path:
-    """A kubeconfig naming `server`, with a token: what Api and WatchStreams read."""
-    kubeconfig = tmp_path / "kubeconfig"
-    cluster = {"name": "k", "cluster": {"server": server}}
-    context = {"name": "c", "context": {"cluster": "k", "user": "u"}}
-    kubeconfig.write_text(
-        json.dumps({"current-context": "c", "contexts": [context], "clusters": [cluster], "users": [{"name": "u", "user": {"token": "t"}}]})
-    )
-    return kubeconfig
 
 
 def _pod(name: str, rv: str) -> dict[str, Any]:
@@ -133,17 +123,7 @@ def test_a_refused_connection_is_retried_with_a_backoff(tmp_path: Path) -> None:
     """No API server at all: the stream fails with ApiUnavailable, the supervisor keeps it going."""
 
     async def scenario() -> None:
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "current-context": "c",
-                    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-                    "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:9"}}],  # discard port: refused
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                }
-            )
-        )
+        kubeconfig = kubeconfig_for(tmp_path, "http://127.0.0.1:9")  # discard port: refused
         api = Api(str(kubeconfig))
         streams = WatchStreams(api)
         watcher = ListWatch(api, streams, "Pod", "v1", "/api/v1/pods", SELECTOR, lambda kind, obj: None, lambda key: None)

@@ -18,7 +18,8 @@ from stormtopo.core.lending import WideReplica
 from stormtopo.core.vocabulary import MOVES_ANNOTATION
 from stormtopo.kube.errors import ApiError
 from stormtopo.operator.healing import Healer
-from tests.core.test_healing import NOW, SOFT1, WIDE, pdb, service, snap
+from tests.builders import pdb
+from tests.core.healing_cases import NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, service, snap, stamp, wide_service
 
 
 class RecordingApi:
@@ -162,7 +163,6 @@ def lender_record(replica: str, wide: str | WideReplica, at: float, done: bool =
     import json
 
     from stormtopo.core.vocabulary import LEND_ROOM_ANNOTATION, MOVES_ANNOTATION
-    from tests.core.test_healing import stamp
 
     svc = service({**SOFT1, LEND_ROOM_ANNOTATION: "true"}, replicas=2)  # only a lender's record says room was made
     # A sentence: as the release before wrote it (still read); the healer's own records hold data.
@@ -185,7 +185,6 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
     from stormtopo.core.heal_plan import HealPlan
     from stormtopo.core.room import Resident
     from stormtopo.operator.healing import Healed
-    from tests.core.test_healing import TIERS, TOPOLOGY, free
 
     class Index:
         stormservices = services
@@ -289,13 +288,9 @@ class _Index:
         self.pods_freed = 0
 
     def topology(self) -> Any:
-        from tests.core.test_healing import TOPOLOGY
-
         return TOPOLOGY
 
     def cluster_tiers(self) -> Any:
-        from tests.core.test_healing import TIERS
-
         return TIERS
 
     def rolesets_of(self, namespace: str, stormservice: str) -> list[dict[str, Any]]:
@@ -328,13 +323,9 @@ def probed(stormservices: dict[Any, dict[str, Any]]) -> tuple[_Index, Healer, li
 
 
 def test_a_pod_gone_from_its_node_ends_the_quiet_of_services_with_nowhere_to_go() -> None:
-    import json
     import time
 
-    from stormtopo.core.vocabulary import PLACEMENT_ANNOTATION
-
-    wide = service(SOFT1)
-    wide["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s4", "tier": 2}})
+    wide = wide_service()
 
     index, healer, looked = probed({("ns", "svc"): wide})
     asyncio.run(healer.check())
@@ -357,10 +348,8 @@ def test_a_service_room_is_being_made_for_is_read_every_pass_from_the_lenders_re
     import time
 
     from stormtopo.core.healing import MOVE_DEADLINE
-    from stormtopo.core.vocabulary import PLACEMENT_ANNOTATION
 
-    wide = service(SOFT1)
-    wide["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s4", "tier": 2}})
+    wide = wide_service()
 
     index, healer, looked = probed({("ns", "svc"): wide, ("other", "small"): lender_record("small-0", WIDE_SVC_A, time.time() - 60)})
     healer._memory = healer._memory.healed(("ns", "svc"), HealMemory(quiet_until=time.time() + 3600))  # nowhere to go, for now

@@ -49,9 +49,11 @@ def test_pods_read_from_a_list_keep_their_status_so_a_failed_anchor_is_not_live(
 def test_an_explanation_that_answers_after_the_replica_was_placed_says_nothing() -> None:
     from stormtopo.core.explanation import Explanation, Pending
     from stormtopo.core.replica import Explain
-    from tests.core.test_replica import PD, index_of, pod, roleset, service
+    from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
+    from tests.builders import pod, roleset, service
+    from tests.example_index import index_of
 
-    index = index_of(service(roles=PD), roleset(PD), pod("p", "prefill", "node4"), pod("d", "decode", "node5"))
+    index = index_of(service({MODE: "hard", HIGHEST_TIER: "1"}), roleset(), pod("p", "prefill", "node4"), pod("d", "decode", "node5"))
     said: list[str] = []
 
     class Worker:  # the explanation worker process, answering late: the replica was bound meanwhile

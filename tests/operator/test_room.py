@@ -16,7 +16,7 @@ from stormtopo.core.vocabulary import GPU
 from stormtopo.kube.client import Api
 from stormtopo.operator.loops import Loops
 from stormtopo.operator.room import BOUND, NodeRoom, pod_gpus
-from tests.kube.test_list_watch import kubeconfig_for
+from tests.kube.kubeconfig import kubeconfig_for
 
 
 def _pod(name: str, node: str, gpus: int, phase: str = "Running") -> dict[str, Any]:

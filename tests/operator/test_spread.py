@@ -13,7 +13,7 @@ from stormtopo.kube.client import Conflict
 from stormtopo.operator.index import Index
 from stormtopo.operator.replica import PlacementReporter
 from stormtopo.operator.writer import execute
-from tests.core.test_spread import ALL_FREE, index_of, replica
+from tests.core.spread_cases import ALL_FREE, index_of, replica
 
 
 class Api:

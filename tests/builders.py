@@ -1,0 +1,131 @@
+"""The AIBrix and Kubernetes objects the unit tests hand the planners and the operator's index, as plain
+manifests: a StormService, a RoleSet (one replica), a replica's pod, a PodDisruptionBudget.
+
+Every default is StormService svc in namespace ns, of one prefill and one decode role, asking for no
+topology. The StormService is devenv/workloads.py's, as the integration tests and the demo create it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stormtopo.core.vocabulary import (
+    ADMITTED_LABEL,
+    DOMAIN_GATE,
+    REVISION_LABEL,
+    ROLE_LABEL,
+    ROLESET_LABEL,
+    STORMSERVICE_API,
+    STORMSERVICE_LABEL,
+)
+from stormtopo.devenv.workloads import PD_1P1D, Role, stormservice
+
+ADMITTED = {ADMITTED_LABEL: "true"}  # the label the webhook puts on the pods it admitted
+
+
+def service(
+    annotations: Mapping[str, str] | None = None,
+    roles: Sequence[Role] = PD_1P1D,
+    *,
+    name: str = "svc",
+    namespace: str = "ns",
+    replicas: int = 1,
+    volcano_strategy: bool = True,
+    uid: str | None = None,
+    update_strategy: str | None = None,
+) -> dict[str, Any]:
+    """A StormService asking for what `annotations` say; `update_strategy` replaces AIBrix's InPlaceUpdate."""
+    svc = stormservice(name, namespace, roles, replicas=replicas, annotations=annotations, volcano_strategy=volcano_strategy)
+    if uid is not None:
+        svc["metadata"]["uid"] = uid
+    if update_strategy is not None:
+        svc["spec"]["updateStrategy"] = {"type": update_strategy}
+    return svc
+
+
+def roleset(
+    name: str = "svc-rs",
+    roles: Sequence[Role] = PD_1P1D,
+    *,
+    spec: dict[str, Any] | None = None,
+    service: str = "svc",
+    namespace: str = "ns",
+    uid: str | None = None,
+    revision: str | None = None,
+    volcano_strategy: bool = True,
+    api_version: str | None = None,
+    kind: str | None = "RoleSet",
+) -> dict[str, Any]:
+    """A replica of StormService `service`: its `spec` (the very object given), or the one AIBrix copies
+    from the service's template for `roles`; with `api_version` and `kind` where given (None: left out)."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if uid is not None:
+        meta["uid"] = uid
+    meta["labels"] = {STORMSERVICE_LABEL: service}
+    if revision is not None:
+        meta["labels"][REVISION_LABEL] = revision
+    obj: dict[str, Any] = {}
+    if api_version is not None:
+        obj["apiVersion"] = api_version
+    if kind is not None:
+        obj["kind"] = kind
+    obj["metadata"] = meta
+    if spec is None:
+        spec = stormservice(service, namespace, roles, volcano_strategy=volcano_strategy)["spec"]["template"]["spec"]
+    obj["spec"] = spec
+    return obj
+
+
+def aibrix_roleset(roles: Sequence[Role] = PD_1P1D, *, spec: dict[str, Any] | None = None, volcano_strategy: bool = True) -> dict[str, Any]:
+    """Replica svc-roleset-abcde of svc as the API server serves it, named as AIBrix names them, with its
+    apiVersion and uid (u-1): what an admission review, the reconciler and the doctor read."""
+    return roleset("svc-roleset-abcde", roles, spec=spec, uid="u-1", volcano_strategy=volcano_strategy, api_version=STORMSERVICE_API)
+
+
+def pod(
+    name: str,
+    role: str,
+    node: str | None = None,
+    held: bool = False,
+    *,
+    replica: str = "svc-rs",
+    service: str = "svc",
+    namespace: str = "ns",
+    labels: Mapping[str, str] = ADMITTED,
+    spec: Mapping[str, Any] | None = None,
+    status: Mapping[str, Any] | None = None,
+    uid: str | None = None,
+    created: str | None = None,
+    owner_uid: str | None = None,
+    kind: str | None = "Pod",
+) -> dict[str, Any]:
+    """A pod of `role` in `replica`: bound to `node`, or `held` at stormtopo's gate, or neither. `labels`
+    come after AIBrix's own (by default the webhook's admitted label), `spec` before the node's name;
+    `kind=None` leaves the kind out."""
+    meta: dict[str, Any] = {"name": name}
+    if uid is not None:
+        meta["uid"] = uid
+    meta["namespace"] = namespace
+    if created is not None:
+        meta["creationTimestamp"] = created
+    meta["labels"] = {STORMSERVICE_LABEL: service, ROLESET_LABEL: replica, ROLE_LABEL: role, **labels}
+    if owner_uid is not None:
+        meta["ownerReferences"] = [{"uid": owner_uid}]
+    body = dict(spec or {})
+    if node:
+        body["nodeName"] = node
+    if held:
+        body["schedulingGates"] = [{"name": DOMAIN_GATE}]
+    obj: dict[str, Any] = {} if kind is None else {"kind": kind}
+    obj.update({"metadata": meta, "spec": body, "status": dict(status or {})})
+    return obj
+
+
+def running(ready: bool, since: str) -> dict[str, Any]:
+    """A running pod's status: Ready (or not) since `since`."""
+    return {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": since}]}
+
+
+def pdb(name: str, allowed: int, selector: dict[str, Any]) -> dict[str, Any]:
+    """A PodDisruptionBudget over the pods `selector` selects that allows `allowed` disruptions now."""
+    return {"metadata": {"name": name, "namespace": "ns"}, "spec": {"selector": selector}, "status": {"disruptionsAllowed": allowed}}
