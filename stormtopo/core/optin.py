@@ -307,7 +307,11 @@ class Unconfirmed:
 
     def due(self, now: float) -> list[str]:
         """Keys unconfirmed for ttl or longer, oldest first: check each against the cluster."""
-        return sorted((k for k, t in self.since.items() if now - t >= self.ttl), key=self.since.__getitem__)
+        return self.older_than(self.ttl, now)
+
+    def older_than(self, age: float, now: float, limit: int | None = None) -> list[str]:
+        """Keys unconfirmed for `age` or longer, oldest first (at most `limit`)."""
+        return sorted((k for k, t in self.since.items() if now - t >= age), key=self.since.__getitem__)[:limit]
 
     def refute(self, key: str, version: str | None) -> None:
         """`key` was listed but its StormService, at `version`, asks for nothing: never again for it."""

@@ -171,6 +171,11 @@ Lookup = Callable[[str, str], Awaitable[dict[str, Any] | None]]  # (namespace, n
 SWEEP_SECONDS = 0.25
 ROOM_WAIT = 2.0  # seconds a review waits for the watch to confirm listings when the unconfirmed ones are at their bound
 ROOM_POLL = 0.05
+# While a review waits for room, each sweep reads from the API server the oldest listings the watch has
+# not confirmed for WATCH_LAG (a replica just started, or a loaded API server, can lag by seconds), at
+# most READS_FOR_ROOM of them: a made-up name reads as not found and keeps its slot until it falls due.
+WATCH_LAG = 0.5
+READS_FOR_ROOM = 8
 
 
 class Gate:
@@ -196,6 +201,7 @@ class Gate:
         self.room_wait = room_wait
         self.caught_up = caught_up  # the index has read every StormService once: its silence means "no such name"
         self._sweeping = asyncio.Lock()
+        self._waiting = 0  # reviews waiting for room among the unconfirmed listings
 
     async def review(self, request: Mapping[str, Any]) -> str | None:
         """List what an AdmissionReview's request may list; a refusal message, or None to allow.
@@ -250,12 +256,16 @@ class Gate:
         some: a burst of genuine creates (a GitOps sync) outruns the watch by a moment and is then let in;
         made-up names stay bounded (each waits, then is refused)."""
         deadline = time.monotonic() + self.room_wait  # real time: the watch's lag, not the listings' clock
-        while not self.unconfirmed.has_room(key):
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(ROOM_POLL)
-            self._confirm_from_index()
-        return True
+        self._waiting += 1  # the sweep reads the oldest listings meanwhile, in case the watch lags
+        try:
+            while not self.unconfirmed.has_room(key):
+                if time.monotonic() >= deadline:
+                    return False
+                await asyncio.sleep(ROOM_POLL)
+                self._confirm_from_index()
+            return True
+        finally:
+            self._waiting -= 1
 
     def _full(self) -> str:
         return (
@@ -275,11 +285,25 @@ class Gate:
         claims = self.unconfirmed.claims
         return [key for key in self.unconfirmed.since if contradicted(self.indexed(*split_key(key)), claims.get(key, ""))]
 
+    async def _confirm_by_reading(self) -> None:
+        """Confirm, from the API server, the oldest listings the watch has not confirmed yet: each stored
+        with the uid it was claimed for and asking for what was listed."""
+        for key in self.unconfirmed.older_than(WATCH_LAG, self.clock(), READS_FOR_ROOM):
+            token = (self.unconfirmed.since.get(key), self.unconfirmed.claims.get(key))
+            stored = await self.stored(*split_key(key))
+            if token[0] is None or (self.unconfirmed.since.get(key), self.unconfirmed.claims.get(key)) != token:
+                continue  # confirmed, or claimed again, while it was read
+            if confirmed(stored, self.opted_in.listed.get(key)) and not contradicted(stored, token[1] or ""):
+                self.unconfirmed.drop(key)
+
     async def sweep(self) -> None:
         """Take back each listing unconfirmed for CONFIRM_SECONDS, or contradicted by the StormService's uid,
-        whose StormService, read from the API server, does not exist or asks for nothing."""
+        whose StormService, read from the API server, does not exist or asks for nothing; while a review
+        waits for room, confirm the oldest by reading them."""
         async with self._sweeping:
             self._confirm_from_index()
+            if self._waiting:
+                await self._confirm_by_reading()
             due = self.unconfirmed.due(self.clock())
             early = [key for key in self._contradicted_by_index() if key not in due]
             for key in due + early:

@@ -339,6 +339,43 @@ def test_a_burst_beyond_the_bound_waits_for_the_watch_instead_of_being_refused()
     asyncio.run(scenario())
 
 
+def test_a_burst_that_outruns_a_lagging_watch_is_confirmed_by_reading_the_oldest_listings() -> None:
+    """A replica just started (or a loaded API server) can lag seconds behind a bulk apply: found on the
+    real control plane, a rolling restart during a bulk apply of 200 had creates refused. While a review
+    waits for room, the sweep reads the oldest listings from the API server and confirms those stored as
+    claimed; a made-up name reads as not found and keeps its slot, so the bound still holds."""
+
+    async def scenario() -> None:
+        gate, api, cluster, clock = make_gate(limit=2, room_wait=2.0)
+        for name in ("first", "second"):
+            created = service(name, HARD)
+            assert await gate.review(review("CREATE", created)) is None
+            cluster.put(created, indexed=False)  # stored; its watch event not delivered yet
+        await gate.sweep()
+        assert cluster.reads == 0  # nobody waits for room: nothing is read before the listings fall due
+        clock.now += 1.0
+        sweeping = asyncio.create_task(gate.run(interval=0.05))
+        try:
+            assert await gate.review(review("CREATE", service("third", HARD))) is None  # waited, then listed
+        finally:
+            sweeping.cancel()
+        assert api.data == {"ns.first": "RoleSet", "ns.second": "RoleSet", "ns.third": "RoleSet"}
+        assert set(gate.unconfirmed.since) == {"ns.third"}
+
+        gate, api, cluster, clock = make_gate(limit=1, room_wait=0.3)
+        assert await gate.review(review("CREATE", service("made-up", HARD))) is None  # never stored
+        clock.now += 1.0
+        sweeping = asyncio.create_task(gate.run(interval=0.05))
+        try:
+            refused = await gate.review(review("CREATE", service("genuine", HARD)))
+        finally:
+            sweeping.cancel()
+        assert refused is not None and "not confirmed yet" in refused
+        assert set(gate.unconfirmed.since) == {"ns.made-up"} and 1 <= cluster.reads <= 8
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(
     ("namespace", "name"),
     [("victim/configmaps/stormtopo-opted-in#", "realsvc"), ("ns", "a/../../b"), ("NS", "svc"), ("ns", "svc?x=1"), ("n" * 64, "svc")],
@@ -798,3 +835,24 @@ def test_dev_up_hands_the_operator_the_client_ca(tmp_path: Path) -> None:
     config = webhook_auth.write(tmp_path / "pki")
     assert operator_env(tmp_path)[webhook.CLIENT_CA_ENV] == str(tmp_path / "pki" / webhook_auth.CLIENT_CA)
     assert "WebhookAdmissionConfiguration" in config.read_text()
+
+
+def test_while_draining_every_answer_closes_its_connection() -> None:
+    """A stopping replica answers, and closes each connection after its answer: the API server's next
+    review opens a new connection, to a replica that stays (docs/failures.md, Leader lost)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    async def scenario() -> None:
+        api = FakeApi()
+        draining = False
+        gate = Gate(OptedInList(api), lambda ns, n: None, _absent)  # type: ignore[arg-type]
+        app = webhook.build_app(FakeIndex(api), OptedInList(api), client_ca="", gate=gate, draining=lambda: draining)  # type: ignore[arg-type]
+        async with TestClient(TestServer(app)) as client:
+            body = {"request": review("CREATE", service("new", HARD), dryRun=True)}
+            answered = await client.post(webhook.STORMSERVICES_PATH, json=body)
+            assert (await answered.json())["response"]["allowed"] and answered.headers.get("Connection", "").lower() != "close"
+            draining = True
+            answered = await client.post(webhook.STORMSERVICES_PATH, json=body)
+            assert (await answered.json())["response"]["allowed"] and answered.headers.get("Connection", "").lower() == "close"
+
+    asyncio.run(scenario())
