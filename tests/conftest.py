@@ -24,7 +24,7 @@ TOPOLOGY_FILE = REPO / "examples" / "topology" / "aibrix-1730.yaml"
 # The operators the tests start (dev up's, the chart's as installed, restarts) run with shorter periods than
 # production's (operator/config.py): the same behaviour, seen sooner. A test that needs another period
 # passes its own flag after these (the last one wins). STORMTOPO_OPERATOR_ARGS set outside keeps its value.
-TEST_PERIODS = {"resync-seconds": 5.0, "heal-interval": 2.0, "spread-give-up": 30.0, "volcano-recheck-seconds": 5.0}
+TEST_PERIODS = {"resync-seconds": 5.0, "heal-interval": 2.0, "spread-give-up": 30.0, "volcano-recheck-seconds": 5.0, "drain-seconds": 1.0}
 os.environ.setdefault("STORMTOPO_OPERATOR_ARGS", " ".join(f"--{flag}={value:g}" for flag, value in TEST_PERIODS.items()))
 
 # `make test` runs two pytest-xdist workers, each with its own session cluster: each keeps to its own slice

@@ -7,9 +7,11 @@ import gc
 import hashlib
 import logging
 import os
+import signal
 import ssl
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import kopf
@@ -196,23 +198,63 @@ async def run(config: OperatorConfig) -> None:
         # Turned off (or never on): what an earlier run's node tier wrote is put back, once, by the leader.
         node_tier_off = NodeTier(index, api, room, leading=lambda: leadership.is_leader, enabled=False, report=events)
         loops.every("node-tier", NODE_TIER_OFF_INTERVAL, node_tier_off.check)
-    ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops)
+    draining = asyncio.Event()
+    ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops, draining.is_set)
     ready = asyncio.Event()
     probes_runner = await _serve_probes(config, loops, ready)
     kopf_ready = asyncio.Event()
-    registration = asyncio.create_task(_register_when_watching(config, api, ca, kopf_ready, ready, index))
+    stop = asyncio.Event()
+    drain = Drain(config.drain_seconds, draining, ready, webhook_runner, stop)
+    registration = asyncio.create_task(_register_when_watching(config, api, ca, kopf_ready, ready, index, drain))
     try:
-        await kopf.operator(registry=registry, clusterwide=True, standalone=True, ready_flag=kopf_ready)
+        await kopf.operator(registry=registry, clusterwide=True, standalone=True, ready_flag=kopf_ready, stop_flag=stop)
     finally:
-        # SIGTERM (kopf stops) or cancellation: stop leading and hand the Lease over at once.
+        # SIGTERM (after the drain) or cancellation: stop leading and hand the Lease over at once.
+        draining.set()
+        registration.cancel()
+        ready.clear()
         await leadership.release()
         explainer.close()
-        registration.cancel()
         await loops.stop()
         await operator.close()
         await room.close()
-        await webhook_runner.cleanup()
+        await _close_webhook(webhook_runner)
         await probes_runner.cleanup()
+
+
+class Drain:
+    """SIGTERM, as Kubernetes stops a pod: not ready (its endpoint leaves the webhook Service), the webhook
+    answering for `seconds` more and closing each connection after its answer, then closed; only then is
+    kopf stopped. kopf's own stop cancels every task of the loop after 5 s, the webhook's connections
+    included: a review in flight would end in EOF, which the API server does not retry (and the gate
+    fails closed). Installed once kopf has put its own handler in place, so that this one replaces it."""
+
+    def __init__(self, seconds: float, draining: asyncio.Event, ready: asyncio.Event, webhook: web.AppRunner, stop: asyncio.Event) -> None:
+        self.seconds = seconds
+        self.draining = draining
+        self.ready = ready
+        self.webhook = webhook
+        self.stop = stop
+        self.task: asyncio.Task[None] | None = None
+
+    def install(self) -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.begin)
+
+    def begin(self) -> None:
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self.run())
+
+    async def run(self) -> None:
+        self.draining.set()
+        self.ready.clear()
+        log.info("SIGTERM: answering admission reviews for %.0f s more, each connection closed after its answer", self.seconds)
+        try:
+            await asyncio.sleep(self.seconds)
+            await _close_webhook(self.webhook)
+        except Exception:  # whatever happens, the operator must stop
+            log.exception("closing the webhook failed; stopping all the same")
+        finally:
+            self.stop.set()
 
 
 async def _start_volcano_detection(index: Index, loops: Loops, interval: float) -> None:
@@ -224,17 +266,36 @@ async def _start_volcano_detection(index: Index, loops: Loops, interval: float) 
     loops.every("volcano-detection", interval, VolcanoWatch(index, primed).check)
 
 
-async def _serve_webhook(config: OperatorConfig, index: Index, opted_in: OptedInList, loops: Loops) -> tuple[bytes, web.AppRunner]:
+async def _serve_webhook(
+    config: OperatorConfig, index: Index, opted_in: OptedInList, loops: Loops, draining: Callable[[], bool]
+) -> tuple[bytes, web.AppRunner]:
     """The admission webhook over TLS, its certificate reloaded as it changes; returns the CA bundle."""
     cert, key, ca = _certificates(config)
     tls = webhook.tls_context(cert, key)
     reloader = CertificateReloader(tls, cert, key)
     loops.every("certificate-reloader", reloader.interval, reloader.check)
-    runner = web.AppRunner(webhook.build_app(index, opted_in), access_log=None)
+    runner = web.AppRunner(webhook.build_app(index, opted_in, draining=draining), access_log=None)
     await runner.setup()
     # reuse_port: replicas on one host can share the webhook port, as endpoints behind one Service do.
     await web.TCPSite(runner, config.webhook_host, config.webhook_port, ssl_context=tls, reuse_port=True).start()
     return ca, runner
+
+
+CLOSE_WAIT = 1.0  # seconds the webhook's open connections get to deliver their review and be answered
+
+
+async def _close_webhook(runner: web.AppRunner) -> None:
+    """Stop listening first, then let every connection still open (each closes after its answer while
+    draining) deliver its review and be answered, for up to CLOSE_WAIT: closing a connection the API
+    server has just opened would fail its review (EOF), which the API server does not retry."""
+    if runner.server is None:
+        return  # closed already (the drain)
+    for site in list(runner.sites):
+        await site.stop()
+    deadline = time.monotonic() + CLOSE_WAIT
+    while runner.server is not None and runner.server.connections and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await runner.cleanup()
 
 
 async def _serve_probes(config: OperatorConfig, loops: Loops, ready: asyncio.Event) -> web.AppRunner:
@@ -286,11 +347,12 @@ async def catch_up(index: Index, api: Api) -> None:
 
 
 async def _register_when_watching(
-    config: OperatorConfig, api: Api, ca: bytes, kopf_ready: asyncio.Event, ready: asyncio.Event, index: Index
+    config: OperatorConfig, api: Api, ca: bytes, kopf_ready: asyncio.Event, ready: asyncio.Event, index: Index, drain: Drain
 ) -> None:
     """Once kopf watches and the index has caught up: register the admission objects (unless Helm
     manages them), then say ready."""
     await kopf_ready.wait()
+    drain.install()  # kopf's handler is in place by now: SIGTERM drains the webhook before kopf stops
     await catch_up(index, api)
     if config.register_webhook:
         ref = config.webhook_service
@@ -301,7 +363,8 @@ async def _register_when_watching(
     # process: out of the collector's reach, a full collection no longer scans it. Measured during
     # bench --admission: full collections of 20-141 ms, each stalling every admission in flight.
     gc.freeze()
-    ready.set()
+    if drain.task is None:  # not ready again once SIGTERM has come
+        ready.set()
     log.info("stormtopo operator ready; webhook on %s:%s", config.webhook_host, config.webhook_port)
 
 

@@ -15,6 +15,11 @@ from stormtopo.operator.loops import HANG_SECONDS
 HEAL_INTERVAL = 10.0  # seconds between two healing passes
 RESYNC_SECONDS = 30.0  # the leader re-queues every StormService and RoleSet from the index
 VOLCANO_RECHECK_SECONDS = 30.0  # how soon Volcano's CRDs installed or upgraded after start are noticed
+# A stopping replica answers reviews this long after SIGTERM: Kubernetes takes its endpoint out of the
+# webhook Service meanwhile (the kubelet's SIGTERM and the endpoint's removal race), and the API server's
+# kept-alive connections to it are closed after an answer, never under a review in flight (the API server
+# retries no admission call, and a gate that fails closed refuses the create). Under the pod's grace period.
+DRAIN_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class OperatorConfig:
     hang_seconds: float = HANG_SECONDS
     spread_give_up: float = SPREAD_GIVE_UP
     volcano_recheck_seconds: float = VOLCANO_RECHECK_SECONDS
+    drain_seconds: float = DRAIN_SECONDS
 
     @property
     def webhook_url_base(self) -> str:
@@ -168,6 +174,13 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         type=_positive(float),
         default=d.volcano_recheck_seconds,
         help="seconds between two looks for Volcano's CRDs installed or upgraded after start",
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=_positive(float),
+        default=d.drain_seconds,
+        help="seconds a stopping replica still answers admission reviews, not ready and closing each connection after its"
+        " answer, so that the API server's next review goes to a replica that stays",
     )
     a = vars(p.parse_args(argv))
     if a["node_tier_keep_runs"] and not a["node_tier"]:

@@ -59,9 +59,17 @@ def client_ca_file() -> str | None:
     return os.environ.get(CLIENT_CA_ENV) or None
 
 
-def build_app(index: Index, opted_in: OptedInList, client_ca: str | None = None, gate: Gate | None = None) -> web.Application:
+def build_app(
+    index: Index,
+    opted_in: OptedInList,
+    client_ca: str | None = None,
+    gate: Gate | None = None,
+    draining: Callable[[], bool] = lambda: False,
+) -> web.Application:
     """The webhook routes. `client_ca` (default: CLIENT_CA_ENV): the gate requires a verified client
-    certificate, which tls_context asks every caller for when the same variable is set."""
+    certificate, which tls_context asks every caller for when the same variable is set. While `draining`
+    (the replica stops), every answer closes its connection: the API server's next review opens a new one,
+    to a replica that stays, instead of meeting this one's close under a review in flight."""
     client_ca = client_ca if client_ca is not None else client_ca_file()
 
     async def read_stored(namespace: str, name: str) -> dict[str, Any] | None:
@@ -136,7 +144,14 @@ def build_app(index: Index, opted_in: OptedInList, client_ca: str | None = None,
         with contextlib.suppress(asyncio.CancelledError):
             await app[_SWEEPER]
 
-    app = web.Application()
+    @web.middleware
+    async def close_while_draining(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await handler(request)
+        if draining():
+            response.force_close()
+        return response
+
+    app = web.Application(middlewares=[close_while_draining])
     app.on_startup.append(start_sweeping)
     app.on_cleanup.append(stop_sweeping)
     app.router.add_post(PODS_PATH, pods)
@@ -146,6 +161,7 @@ def build_app(index: Index, opted_in: OptedInList, client_ca: str | None = None,
 
 
 _SWEEPER = web.AppKey("sweeper", asyncio.Task[None])
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _peer_certificate(request: web.Request) -> bool:

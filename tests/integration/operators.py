@@ -74,18 +74,21 @@ class Follower:
 
 
 @contextlib.contextmanager
-def follower(cluster_dir: Path, identity: str, shared_webhook: bool = False) -> Iterator[Follower]:
+def follower(cluster_dir: Path, identity: str, shared_webhook: bool = False, replica: str = "") -> Iterator[Follower]:
     """A second replica of the leader-elected operator (`elected`), ready, with metrics of its own. Its
     webhook is its own (its own generated CA, not registered: the API server calls only the leader's), or
     with `shared_webhook` the leader's port and certificate (the leader started with --cert-dir): as the
-    chart's replicas behind one Service, the API server reaches whichever is there (SO_REUSEPORT)."""
+    chart's replicas behind one Service, the API server reaches whichever is there (SO_REUSEPORT).
+    `replica` names one of several followers (its process and its Lease identity)."""
     leader_argv = json.loads(operator_process(cluster_dir).pidfile.read_text())["argv"]
     metrics_port = processes.free_port()
     webhook_port = next((a.split("=", 1)[1] for a in leader_argv if a.startswith("--webhook-port=")), "") if shared_webhook else ""
     webhook_port = webhook_port or str(processes.free_port())
     argv = [a for a in leader_argv if not a.startswith(("--metrics-port=", "--identity=", "--webhook-port="))]
-    argv += [f"--metrics-port={metrics_port}", f"--webhook-port={webhook_port}", "--no-register-webhook", f"--identity=follower-{identity}"]
-    started = processes.start(cluster_dir, "operator-follower", argv, env={**os.environ, "MALLOC_ARENA_MAX": "2"})
+    suffix = f"-{replica}" if replica else ""
+    argv += [f"--metrics-port={metrics_port}", f"--webhook-port={webhook_port}", "--no-register-webhook"]
+    argv.append(f"--identity=follower-{identity}{suffix}")
+    started = processes.start(cluster_dir, f"operator-follower{suffix}", argv, env={**os.environ, "MALLOC_ARENA_MAX": "2"})
     try:
         ready = Follower(started, metrics_port, int(webhook_port))
         DevCluster.wait(lambda: get(ready.url("/readyz"))[0] == 200, 60, "the follower ready")
