@@ -571,3 +571,19 @@ def test_without_healing_a_stranded_replica_is_said_once_with_where_it_would_fit
     assert isinstance(event, PostEvent) and event.say.reason == "ReplicaStranded" and event.say.type == "Warning"
     assert "s1 (tier 1) holds the whole replica now" in event.say.message and "stormtopo.io/heal" in event.say.message
     assert plan_stranded(snapshot, memory)[0] == []  # once
+
+
+def test_a_replica_volcano_is_preempting_is_not_healed_meanwhile() -> None:
+    """A replica whose pods Volcano is evicting for a higher-priority gang (a deletion under way, the
+    DisruptionTarget condition Kubernetes sets on a preempted pod) is not moved: no eviction of its
+    other pod, no move begun; once its pods are gone AIBrix makes new ones, placed by the normal path."""
+    preempted = replica("svc-a", "node1", "node3")
+    victim = dict(preempted.pods[0])
+    victim["metadata"] = {**victim["metadata"], "deletionTimestamp": stamp(NOW - 1)}
+    victim["status"] = {
+        **victim["status"],
+        "conditions": [*victim["status"]["conditions"], {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+    }
+    plan = plan_healing(snap(service(SOFT1), replace(preempted, pods=(victim, *preempted.pods[1:]))), HealMemory())
+    assert plan.moving is None and evictions(plan) == [] and not said(plan, "ReplicaMoving")
+    assert evictions(plan_healing(snap(service(SOFT1), preempted), HealMemory())) != []  # the same replica, not preempted, moves
