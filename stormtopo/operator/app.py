@@ -11,7 +11,7 @@ import signal
 import ssl
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import kopf
@@ -204,7 +204,7 @@ async def run(config: OperatorConfig) -> None:
     probes_runner = await _serve_probes(config, loops, ready)
     kopf_ready = asyncio.Event()
     stop = asyncio.Event()
-    drain = Drain(config.drain_seconds, draining, ready, webhook_runner, stop)
+    drain = Drain(config.drain_seconds, draining, ready, webhook_runner, stop, leadership.release)
     registration = asyncio.create_task(_register_when_watching(config, api, ca, kopf_ready, ready, index, drain))
     try:
         await kopf.operator(registry=registry, clusterwide=True, standalone=True, ready_flag=kopf_ready, stop_flag=stop)
@@ -223,14 +223,24 @@ async def run(config: OperatorConfig) -> None:
 
 
 class Drain:
-    """SIGTERM, as Kubernetes stops a pod: not ready (its endpoint leaves the webhook Service), the webhook
-    answering for `seconds` more and closing each connection after its answer, then closed; only then is
-    kopf stopped. kopf's own stop cancels every task of the loop after 5 s, the webhook's connections
-    included: a review in flight would end in EOF, which the API server does not retry (and the gate
-    fails closed). Installed once kopf has put its own handler in place, so that this one replaces it."""
+    """SIGTERM, as Kubernetes stops a pod: the Lease handed over at once (`step_down`) and not ready (its
+    endpoint leaves the webhook Service), the webhook answering for `seconds` more and closing each
+    connection after its answer, then closed; only then is kopf stopped. kopf's own stop cancels every
+    task of the loop after 5 s, the webhook's connections included: a review in flight would end in EOF,
+    which the API server does not retry (and the gate fails closed). Installed once kopf has put its own
+    handler in place, so that this one replaces it."""
 
-    def __init__(self, seconds: float, draining: asyncio.Event, ready: asyncio.Event, webhook: web.AppRunner, stop: asyncio.Event) -> None:
+    def __init__(
+        self,
+        seconds: float,
+        draining: asyncio.Event,
+        ready: asyncio.Event,
+        webhook: web.AppRunner,
+        stop: asyncio.Event,
+        step_down: Callable[[], Awaitable[None]],
+    ) -> None:
         self.seconds = seconds
+        self.step_down = step_down
         self.draining = draining
         self.ready = ready
         self.webhook = webhook
@@ -249,6 +259,7 @@ class Drain:
         self.ready.clear()
         log.info("SIGTERM: answering admission reviews for %.0f s more, each connection closed after its answer", self.seconds)
         try:
+            await self.step_down()
             await asyncio.sleep(self.seconds)
             await _close_webhook(self.webhook)
         except Exception:  # whatever happens, the operator must stop

@@ -75,6 +75,7 @@ class Leadership:
         self._observed: Observation | None = None
         self._catching_up: asyncio.Task[None] | None = None  # on_elected, running beside the renewals
         self._failing = ""  # why the last attempts failed (logged with its traceback once per reason)
+        self._stepped_down = False  # released on the way out: never acquired again by this process
         # Threads of the Lease's own: a burst of API work (a resync's writes, a flood of admissions'
         # read-throughs) fills the default pool, and a renewal queued behind it would miss its deadline.
         # Two: one renewal may hang until its HTTP timeout while the next one goes on.
@@ -98,6 +99,9 @@ class Leadership:
         try:
             while True:
                 try:
+                    if self._stepped_down:  # stopping (draining): the Lease is a follower's to take
+                        await asyncio.sleep(self.retry_period)
+                        continue
                     answered = await self._attempt()
                     if loop is not None:
                         loop.succeeded() if answered else loop.alive()
@@ -116,7 +120,7 @@ class Leadership:
         answered = False
         try:
             held = await asyncio.wait_for(self._in_lease_thread(self._try_acquire_or_renew), timeout=max(0.1, budget))
-            self._renewed_at = started if held else None
+            self._renewed_at = started if held and not self._stepped_down else None
             answered = True
             if self._failing:
                 log.info("lease %s/%s: the API server answers again", self.namespace, LEASE_NAME)
@@ -158,7 +162,8 @@ class Leadership:
 
     async def release(self) -> None:
         """Give the Lease up (shutdown): stop leading first, then clear the holder so a follower need not
-        wait a lease duration. Best effort, within the renew deadline."""
+        wait a lease duration. Best effort, within the renew deadline. Never acquired again after."""
+        self._stepped_down = True
         if self._catching_up is not None:
             self._catching_up.cancel()
         if self.api is None or self._renewed_at is None:

@@ -163,3 +163,26 @@ def test_renewals_do_not_queue_behind_api_work_in_the_default_thread_pool() -> N
         return took
 
     assert asyncio.run(scenario()) < 5.0
+
+
+def test_a_leader_that_steps_down_while_it_drains_never_takes_the_lease_back() -> None:
+    """SIGTERM: the Lease is released at once and the election goes on running while the webhook drains;
+    it must not acquire the (now free) Lease again, or no follower could take over until the process ends."""
+
+    async def scenario() -> None:
+        store = FakeLeases()
+        leader = Leadership(store, "ns", "a", duration=3)  # type: ignore[arg-type]
+        running = asyncio.create_task(leader.run())
+        deadline = time.monotonic() + 5
+        while not leader.is_leader:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await leader.release()
+        assert not leader.is_leader and store.lease is not None and store.lease["spec"]["holderIdentity"] == ""
+        await asyncio.sleep(3 * leader.retry_period)  # retry periods of the still-running election
+        assert not leader.is_leader and store.lease["spec"]["holderIdentity"] == ""
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+    asyncio.run(scenario())
