@@ -499,7 +499,8 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
     ServiceAccount evict only pods of StormServices listed as healing: a kube-system pod, a pod of a
     StormService that never opted in, or of one that asks for a topology but not for healing, or of one
     whose name only begins with a healing one's RoleSet prefix, is refused; a replica's pod of a healing
-    one is evicted, a long-named one's too (AIBrix cuts its RoleSets' prefix to 58 characters). Deleting a pod:
+    one is evicted, a long-named one's too (AIBrix cuts its RoleSets' prefix to 58 characters), each only by
+    its uid (an eviction naming no uid is refused). Deleting a pod:
     only one stormtopo let go for a spread (labelled so) that no node runs."""
     state, admin = chart_cluster
     install(state, render())
@@ -524,10 +525,14 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
         }
         admin.core.create_namespaced_pod(namespace, body)
 
-    def evict(namespace: str, name: str, dry_run: bool = False) -> subprocess.CompletedProcess[str]:
+    def evict(namespace: str, name: str, dry_run: bool = False, by_uid: bool = True) -> subprocess.CompletedProcess[str]:
+        """Evict as stormtopo does: by the pod's uid (`by_uid`), or by its name alone."""
         eviction: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
-        if dry_run:
-            eviction["deleteOptions"] = {"dryRun": ["All"]}
+        options: dict[str, Any] = {"dryRun": ["All"]} if dry_run else {}
+        if by_uid:
+            options["preconditions"] = {"uid": admin.core.read_namespaced_pod(name, namespace).metadata.uid}
+        if options:
+            eviction["deleteOptions"] = options
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
         return kubectl(state, "create", "--raw", path, "-f", "-", stdin=json.dumps(eviction), kubeconfig=sa)
 
@@ -551,6 +556,8 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
         assert _refused(evict(ns, "plain-roleset-abcde-prefill-0"))
         assert _refused(evict(ns, "a-roleset-foo-roleset-abcde-prefill-0"))
         assert _refused(evict(elsewhere, "svc-roleset-abcde-prefill-0"))
+        by_name = evict(ns, "svc-roleset-abcde-prefill-0", by_uid=False)  # a healing service's pod, by name alone
+        assert _refused(by_name) and "only by the uid" in by_name.stderr, by_name.stderr
         allowed = evict(ns, "svc-roleset-abcde-prefill-0")
         assert allowed.returncode == 0, allowed.stderr
         allowed = evict(ns, long_pod)
