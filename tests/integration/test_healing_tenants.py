@@ -25,7 +25,7 @@ from stormtopo.core.vocabulary import HEAL_ANNOTATION, LEND_ROOM_ANNOTATION
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.nodes import node_manifests
 from stormtopo.devenv.workloads import Role, filler_pod, stormservice
-from tests.integration.test_healing import (  # noqa: F401 (as_installed: the fixture every test here uses)
+from tests.integration.healing_cluster import (  # noqa: F401 (as_installed: the fixture every test here uses)
     BIG,
     HARD_LEAF,
     HEAL,
