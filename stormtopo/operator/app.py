@@ -204,7 +204,11 @@ async def run(config: OperatorConfig) -> None:
     probes_runner = await _serve_probes(config, loops, ready)
     kopf_ready = asyncio.Event()
     stop = asyncio.Event()
-    drain = Drain(config.drain_seconds, draining, ready, webhook_runner, stop, leadership.release)
+    async def stop_work() -> None:
+        await loops.stop()
+        await operator.close()
+
+    drain = Drain(config.drain_seconds, draining, ready, webhook_runner, stop, leadership.release, stop_work)
     registration = asyncio.create_task(_register_when_watching(config, api, ca, kopf_ready, ready, index, drain))
     try:
         await kopf.operator(registry=registry, clusterwide=True, standalone=True, ready_flag=kopf_ready, stop_flag=stop)
@@ -238,9 +242,11 @@ class Drain:
         webhook: web.AppRunner,
         stop: asyncio.Event,
         step_down: Callable[[], Awaitable[None]],
+        stop_work: Callable[[], Awaitable[None]],
     ) -> None:
         self.seconds = seconds
         self.step_down = step_down
+        self.stop_work = stop_work
         self.draining = draining
         self.ready = ready
         self.webhook = webhook
@@ -266,6 +272,9 @@ class Drain:
             log.exception("closing the webhook failed; stopping all the same")
         finally:
             self.stop.set()
+            # kopf waits up to 5 s for every task of the loop to end before it cancels them: ours (the
+            # loops, the work queues' workers) never end by themselves, so they are stopped now.
+            await self.stop_work()
 
 
 async def _start_volcano_detection(index: Index, loops: Loops, interval: float) -> None:

@@ -183,6 +183,8 @@ class Operator:
             self.loops.supervise(name, watch.PERIOD, stream.run)
 
     async def close(self) -> None:
+        await self.stormservices.stop()
+        await self.placements.stop()
         if self.streams is not None:
             await self.streams.close()
 

@@ -62,6 +62,13 @@ class WorkQueue(Generic[K]):
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work(), name=f"{self.name} worker {i}") for i in range(self._workers)]
 
+    async def stop(self) -> None:
+        """Cancel the workers and wait until they have ended (a key being handled is left to the resync)."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def drained(self) -> None:
         """Wait until nothing is waiting or being handled (for tests)."""
         while len(self):

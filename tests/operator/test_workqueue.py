@@ -131,3 +131,26 @@ def test_a_wedged_worker_makes_the_queue_stuck_in_healthz() -> None:
     assert healthy_now and healthy_after
     problem = report["queue-test"]["problem"]  # type: ignore[index]
     assert isinstance(problem, str) and "wedged" in problem and "61 s" in problem
+
+
+def test_stop_ends_every_worker_even_one_mid_handling() -> None:
+    """On the way out the workers are stopped, not left for kopf, which waits 5 s for every task of the
+    loop before it cancels them (a replica's stop, and so a rolling update, 5 s longer)."""
+    started = asyncio.Event()
+
+    async def handle(key: str) -> None:
+        started.set()
+        await asyncio.sleep(3600)  # a handler that would never return by itself
+
+    async def scenario() -> None:
+        queue: WorkQueue[str] = WorkQueue("test", handle, workers=3)
+        queue.start()
+        queue.add("a")
+        await asyncio.wait_for(started.wait(), 5)
+        workers = [t for t in asyncio.all_tasks() if "test worker" in t.get_name()]
+        assert len(workers) == 3
+        await asyncio.wait_for(queue.stop(), 1)
+        assert all(t.done() for t in workers)
+        assert queue.stuck(0.0) is None  # stopped, not reported as workers that ended
+
+    asyncio.run(scenario())
