@@ -164,7 +164,7 @@ async def run(config: OperatorConfig) -> None:
         index, api, events, explainer, room, leading=lambda: leadership.is_leader, spread_give_up=config.spread_give_up
     )
     operator = handlers.register(
-        registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops, config.resync_seconds
+        registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops, config.resync_seconds, config.relist_seconds
     )
     loops.supervise("event-poster", IDLE_BEAT, events.run)
     healer = healing.Healer(
@@ -204,6 +204,7 @@ async def run(config: OperatorConfig) -> None:
     probes_runner = await _serve_probes(config, loops, ready)
     kopf_ready = asyncio.Event()
     stop = asyncio.Event()
+
     async def stop_work() -> None:
         await loops.stop()
         await operator.close()

@@ -15,6 +15,9 @@ from stormtopo.operator.loops import HANG_SECONDS
 HEAL_INTERVAL = 10.0  # seconds between two healing passes
 RESYNC_SECONDS = 30.0  # the leader re-queues every StormService and RoleSet from the index
 VOLCANO_RECHECK_SECONDS = 30.0  # how soon Volcano's CRDs installed or upgraded after start are noticed
+# Every replica re-lists: what a watch down for long missed is forgotten (deletions) or delivered
+# (StormServices and RoleSets kopf did not deliver).
+RELIST_SECONDS = 300.0
 # A stopping replica answers reviews this long after SIGTERM: Kubernetes takes its endpoint out of the
 # webhook Service meanwhile (the kubelet's SIGTERM and the endpoint's removal race), and the API server's
 # kept-alive connections to it are closed after an answer, never under a review in flight (the API server
@@ -64,6 +67,7 @@ class OperatorConfig:
     spread_give_up: float = SPREAD_GIVE_UP
     volcano_recheck_seconds: float = VOLCANO_RECHECK_SECONDS
     drain_seconds: float = DRAIN_SECONDS
+    relist_seconds: float = RELIST_SECONDS
 
     @property
     def webhook_url_base(self) -> str:
@@ -174,6 +178,12 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         type=_positive(float),
         default=d.volcano_recheck_seconds,
         help="seconds between two looks for Volcano's CRDs installed or upgraded after start",
+    )
+    p.add_argument(
+        "--relist-seconds",
+        type=_positive(float),
+        default=d.relist_seconds,
+        help="seconds between two re-lists, which deliver what a watch down for long missed",
     )
     p.add_argument(
         "--drain-seconds",

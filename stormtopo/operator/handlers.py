@@ -29,9 +29,9 @@ from stormtopo.core.vocabulary import (
 )
 from stormtopo.kube.client import Api, KubeError
 from stormtopo.kube.watch import WatchStreams
-from stormtopo.operator import watch
-from stormtopo.operator.config import RESYNC_SECONDS
-from stormtopo.operator.index import Index, Key, key_of, service_key_of
+from stormtopo.operator import metrics, watch
+from stormtopo.operator.config import RELIST_SECONDS, RESYNC_SECONDS
+from stormtopo.operator.index import DELIVERED_BY_RELIST, Index, Key, key_of, service_key_of
 from stormtopo.operator.leader import Leadership
 from stormtopo.operator.loops import Loops
 from stormtopo.operator.reconciliation import Reconciler
@@ -40,7 +40,6 @@ from stormtopo.operator.workqueue import WorkQueue
 
 log = logging.getLogger("stormtopo.handlers")
 RESYNC_CHUNK = 512  # keys queued by the resync between two yields to the event loop
-RELIST_SECONDS = 300.0  # every replica re-lists, to forget objects deleted while a watch was down
 # What the index holds, and where the API lists it.
 _LISTS = {
     "StormService": (AIBRIX, "stormservices"),
@@ -67,6 +66,8 @@ class Operator:
 
     loops: Loops = field(default_factory=Loops)
     resync_seconds: float = RESYNC_SECONDS
+    relist_seconds: float = RELIST_SECONDS
+    watch_missed: dict[str, int] = field(default_factory=dict)  # kind -> objects the re-lists delivered that the watch had not
 
     def __post_init__(self) -> None:
         self.stormservices: WorkQueue[Key] = WorkQueue("stormservices", self._reconcile, workers=4)
@@ -117,19 +118,46 @@ class Operator:
             self.reporter.forget(key)
 
     async def relist(self, api: Api) -> None:
-        """Drop what a re-list no longer has: a watch that was down never delivered those deletions."""
+        """Drop what a re-list no longer has: a watch that was down never delivered those deletions. Of
+        StormServices and RoleSets (kopf's watches), also deliver what it has that the watch did not: a
+        watch refused (403) or failing (5xx) for long while lists work leaves no replica unreconciled."""
         for kind, (group_version, plural) in _LISTS.items():
             mark = self.index.mark()
             listed: set[Key] = set()
             try:
                 for selector in _SELECTORS.get(kind, ("",)):
-                    listed |= await asyncio.to_thread(_keys, api, api.path(group_version, plural), selector)
+                    path = api.path(group_version, plural)
+                    if kind in DELIVERED_BY_RELIST:
+                        listed |= await self._deliver_missed(api, kind, path, mark)
+                    else:
+                        listed |= await asyncio.to_thread(_keys, api, path, selector)
             except (KubeError, OSError) as exc:
-                log.warning("re-list of %s failed, retried in %.0f s: %s", plural, RELIST_SECONDS, exc)
+                log.warning("re-list of %s failed, retried in %.0f s: %s", plural, self.relist_seconds, exc)
                 continue
             for key in self.index.prune(kind, listed, mark):
                 log.info("forgot %s %s/%s: deleted while a watch was down", kind, *key)
                 self.forget(kind, key)
+            if kind in DELIVERED_BY_RELIST:
+                self.index.relisted(kind, mark)
+
+    async def _deliver_missed(self, api: Api, kind: str, path: str, mark: int) -> set[Key]:
+        """The keys a list of `kind` has, a page at a time; each object the watch missed is followed as
+        if its event had come (recorded, and queued if this replica leads)."""
+        listed: set[Key] = set()
+        missed = 0
+        pages = api.pages(path)
+        while (page := await asyncio.to_thread(next, pages, None)) is not None:
+            for obj in page:
+                listed.add(key_of(obj))
+                if self.index.missed(kind, obj, mark):
+                    self.follow(kind, {"type": "MODIFIED"}, {"kind": kind, **obj})
+                    missed += 1
+            await asyncio.sleep(0)  # the webhooks and probes share this loop
+        if missed:
+            metrics.WATCH_MISSED.labels(kind).inc(missed)
+            self.watch_missed[kind] = self.watch_missed.get(kind, 0) + missed
+            log.warning("the %s watch had not delivered %d that the re-list found; delivered now", kind, missed)
+        return listed
 
     def watches(self) -> list[watch.ListWatch]:
         """The server-selected list+watch streams of pods and PodGroups, feeding what kopf's handlers fed."""
@@ -174,7 +202,10 @@ class Operator:
         self.reporter.wake = self.placements.add  # a replica's placement lets a sibling held for the spread go
         self.leadership.on_elected = self.resync  # a new leader catches up at once
         self.loops.every("resync", self.resync_seconds, self.resync, lambda: self.leadership.is_leader)
-        self.loops.every("relist", RELIST_SECONDS, lambda: self.relist(self.index.api))
+        self.loops.every("relist", self.relist_seconds, lambda: self.relist(self.index.api))
+        # kopf's watches of StormServices and RoleSets, as the re-lists see them: what they missed is
+        # delivered (never a reason to restart: a watch the API server refuses is not stormtopo's fault).
+        self.loops.note("kopf-watches", lambda: {"missed, delivered by the re-list": dict(sorted(self.watch_missed.items()))})
         if self.leadership.api is not None:  # election on (--leader-elect)
             self.loops.supervise("leader-election", self.leadership.retry_period, self.leadership.run)
         self.streams = WatchStreams(self.index.api)
@@ -202,12 +233,13 @@ def register(
     leadership: Leadership,
     loops: Loops | None = None,
     resync_seconds: float = RESYNC_SECONDS,
+    relist_seconds: float = RELIST_SECONDS,
 ) -> Operator:
     """A handler only records the object and queues a key: the work happens in the queues' few workers,
     so kopf's per-object workers end at once and never pile up event bodies during a burst. Handlers
     are coroutines that never await: kopf would run plain functions on threads, and the index and
     queues belong to the event loop."""
-    operator = Operator(index, reconciler, reporter, leadership, loops or Loops(), resync_seconds)
+    operator = Operator(index, reconciler, reporter, leadership, loops or Loops(), resync_seconds, relist_seconds)
 
     @kopf.on.event(*AIBRIX, "stormservices", registry=registry)
     async def stormservice_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

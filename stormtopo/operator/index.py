@@ -202,6 +202,10 @@ class SharedSpecs:
         return len(self._by_text)
 
 
+# The kinds kopf watches whose missed events the re-list delivers (operator/handlers.py relist).
+DELIVERED_BY_RELIST = ("StormService", "RoleSet")
+
+
 @dataclass
 class Index:
     api: Api
@@ -232,6 +236,8 @@ class Index:
     # /readyz waits for it, and nothing is judged absent (the stale opted-in keys) before it.
     caught_up: bool = False
     _deleted_early: set[tuple[str, Key]] = field(default_factory=set)  # deletions seen before caught up: a list must not revive them
+    # StormServices and RoleSets deleted since the last re-list began (kind, key) -> when: a re-list must not revive them.
+    _deleted_since: dict[tuple[str, Key], int] = field(default_factory=dict)
     _priorities_refused: bool = False
     # Node name -> the labels the tree and a release read (hostname, labelMatch keys), read (not watched)
     # by the placement shell when a placement check needs them: regexMatch and labelMatch HyperNodes
@@ -250,6 +256,8 @@ class Index:
             self._seen.pop((kind, key_of(obj)), None)
             if not self.caught_up:
                 self._deleted_early.add((kind, key_of(obj)))
+            if kind in DELIVERED_BY_RELIST:
+                self._deleted_since[(kind, key_of(obj))] = self._clock
         else:
             self._seen[(kind, key_of(obj))] = self._clock
         if kind == "HyperNode":
@@ -302,6 +310,24 @@ class Index:
     def mark(self) -> int:
         """A point in the event stream: what is observed after it is newer than a list started now."""
         return self._clock
+
+    def missed(self, kind: str, obj: Mapping[str, Any], mark: int) -> bool:
+        """An object of a list started at `mark` that the watch never delivered: not held, or held at another
+        version, and nothing observed of it since the list began (a newer event or a deletion wins over
+        the list). kopf's watch of StormServices or RoleSets can be down for long (a 403, 5xx) while
+        lists work: what it missed is delivered by the re-list."""
+        key = (kind, key_of(obj))
+        if self._seen.get(key, 0) > mark or self._deleted_since.get(key, -1) > mark:
+            return False
+        held = self._store(kind).get(key[1])
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        return held is None or ((held.get("metadata") or {}).get("resourceVersion") != version)
+
+    def relisted(self, kind: str, mark: int) -> None:
+        """A re-list of `kind` begun at `mark` is done: deletions before it are no longer needed."""
+        for key, when in list(self._deleted_since.items()):
+            if key[0] == kind and when <= mark:
+                del self._deleted_since[key]
 
     def prune(self, kind: str, listed: set[Key], mark: int) -> list[Key]:
         """Forget objects of `kind` that a list (started at `mark`) no longer has: deleted while a watch

@@ -198,10 +198,15 @@ class Loops:
         self.hang = hang
         self.loops: dict[str, Loop] = {}
         self.probes: dict[str, Callable[[float], str | None]] = {}  # what else /healthz asks: the work queues
+        self.notes: dict[str, Callable[[], dict[str, Any]]] = {}  # what else /healthz shows, never a problem
 
     def probe(self, name: str, stuck: Callable[[float], str | None]) -> None:
         """Report `stuck(hang)` in /healthz beside the loops (a work queue whose worker is wedged)."""
         self.probes[name] = stuck
+
+    def note(self, name: str, report: Callable[[], dict[str, Any]]) -> None:
+        """Show `report()` in /healthz beside the loops, as information (what kopf's watches missed)."""
+        self.notes[name] = report
 
     def _record(self, name: str, period: float) -> Loop:
         if name in self.loops:
@@ -258,6 +263,7 @@ class Loops:
         now = self.clock()
         reports = {name: loop.report(now) for name, loop in sorted(self.loops.items())}
         reports |= {name: {"problem": stuck(self.hang)} for name, stuck in sorted(self.probes.items())}
+        reports |= {name: {"problem": None, **report()} for name, report in sorted(self.notes.items())}
         return all(r["problem"] is None for r in reports.values()), reports
 
     async def stop(self) -> None:

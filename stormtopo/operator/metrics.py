@@ -43,6 +43,11 @@ OBSERVED = Counter(
     "Watch events and listed objects the index recorded, by kind: what the operator's CPU follows",
     ["kind"],
 )
+WATCH_MISSED = Counter(
+    "stormtopo_watch_missed_total",
+    "StormServices and RoleSets a re-list found that their watch had not delivered (a watch down while lists work)",
+    ["kind"],
+)
 HEALING_PASSES = Counter("stormtopo_healing_passes_total", "Healing passes over the StormServices (by the leader)")
 REPLICA_MOVES = Counter("stormtopo_replica_moves_total", "Replicas moved into one domain by healing, by why", ["reason"])
 EVICTIONS = Counter("stormtopo_evictions_total", "Pods evicted through the Eviction API to move their replica")

@@ -6,6 +6,7 @@ from typing import Any, cast
 
 import kopf
 
+from stormtopo.core.vocabulary import STORMSERVICE_LABEL
 from stormtopo.operator import handlers
 from stormtopo.operator.leader import Leadership
 
@@ -41,3 +42,65 @@ def test_the_operator_uses_it() -> None:
     settings = kopf.OperatorSettings()
     handlers._configure(settings)
     assert isinstance(settings.persistence.diffbase_storage, handlers.NoDiffBase)
+
+
+def _stormservice(name: str, version: str) -> dict[str, Any]:
+    return {"kind": "StormService", "metadata": {"name": name, "namespace": "ns", "resourceVersion": version}}
+
+
+def test_the_index_knows_what_a_list_has_that_the_watch_missed_and_not_what_came_since() -> None:
+    from stormtopo.operator.index import Index
+
+    index = Index(api=cast(Any, None))
+    index.observe("StormService", None, _stormservice("held", "1"))
+    index.observe("StormService", None, _stormservice("changed", "1"))
+    index.observe("StormService", None, _stormservice("deleted-since", "1"))
+    mark = index.mark()  # the re-list begins
+    index.observe("StormService", "MODIFIED", _stormservice("newer-since", "9"))
+    index.observe("StormService", "DELETED", _stormservice("deleted-since", "1"))
+    assert not index.missed("StormService", _stormservice("held", "1"), mark)
+    assert index.missed("StormService", _stormservice("changed", "2"), mark)  # its MODIFIED never came
+    assert index.missed("StormService", _stormservice("new", "5"), mark)  # its ADDED never came
+    assert not index.missed("StormService", _stormservice("newer-since", "8"), mark)  # an event since wins
+    assert not index.missed("StormService", _stormservice("deleted-since", "1"), mark)  # a deletion since wins
+    index.relisted("StormService", mark)
+    assert index.missed("StormService", _stormservice("deleted-since", "1"), index.mark())  # listed by a later list: there again
+
+
+def test_a_relist_delivers_the_stormservices_and_rolesets_a_blind_watch_missed() -> None:
+    """kopf's StormService watch refused (a 403) or failing (5xx) for long while lists work: the re-list
+    follows what it has that the watch did not deliver, as the event would have (recorded and queued),
+    counts it, and shows it in /healthz; what the watch did deliver is not followed again."""
+    import asyncio
+
+    from stormtopo.operator.index import Index
+    from stormtopo.operator.loops import Loops
+
+    lists: dict[str, list[dict[str, Any]]] = {
+        "stormservices": [_stormservice("seen", "1"), _stormservice("missed", "4")],
+        "rolesets": [
+            {"metadata": {"name": "missed-roleset-a", "namespace": "ns", "resourceVersion": "5", "labels": {STORMSERVICE_LABEL: "missed"}}}
+        ],
+    }
+
+    class Api:
+        @staticmethod
+        def path(group_version: tuple[str, str], plural: str) -> str:
+            return plural
+
+        def pages(self, path: str, **_: Any) -> Any:
+            return iter([lists.get(path, [])])
+
+    index = Index(api=cast(Any, Api()))
+    index.observe("StormService", None, _stormservice("seen", "1"))
+    loops = Loops()
+    operator = handlers.Operator(index, cast(Any, None), cast(Any, None), Leadership(None, "default", "test", 15), loops)
+    loops.note("kopf-watches", lambda: {"missed, delivered by the re-list": dict(operator.watch_missed)})
+    asyncio.run(operator.relist(cast(Any, Api())))
+    assert ("ns", "missed") in index.stormservices and ("ns", "missed-roleset-a") in index.rolesets
+    assert operator.watch_missed == {"StormService": 1, "RoleSet": 1}
+    assert len(operator.stormservices) == 1  # queued: the one that was missed (its RoleSet queues the same service)
+    healthy, report = loops.health()
+    assert healthy and report["kopf-watches"]["missed, delivered by the re-list"] == {"RoleSet": 1, "StormService": 1}
+    asyncio.run(operator.relist(cast(Any, Api())))  # delivered once: the next re-list finds nothing missed
+    assert operator.watch_missed == {"StormService": 1, "RoleSet": 1}
