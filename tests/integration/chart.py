@@ -173,6 +173,7 @@ class InstalledOperator:
         self.state = state
         self.directory = directory
         self.rendered = ""
+        self.deployment = ""  # the whole chart as rendered, its Deployment included (what restart runs)
         self.sets: tuple[str, ...] = ()
 
     def start(self, *sets: str) -> None:
@@ -194,8 +195,14 @@ class InstalledOperator:
         rendered = render(*provided_certificates(certs), f"webhook.url={url}", *sets)
         kept = [d for d in yaml.safe_load_all(without_hooks(rendered)) if d and d["kind"] not in ("Deployment", "PodDisruptionBudget")]
         install(self.state, yaml.safe_dump_all(kept))
-        self.rendered, self.sets = yaml.safe_dump_all(kept), sets
+        self.rendered, self.sets, self.deployment = yaml.safe_dump_all(kept), sets, rendered
         run_as_deployment(self.state, self.directory, rendered, certs)
+
+    def restart(self) -> None:
+        """The operator process alone started again, nothing applied (what a test changed in the cluster stays)."""
+        self._keep_log()
+        dev.stop_component(self.state, "operator")
+        run_as_deployment(self.state, self.directory, self.deployment, self.directory / "tls")
 
     def stop(self) -> None:
         """The chart's webhook configurations deleted and the cluster's own operator started again."""
