@@ -205,11 +205,20 @@ async def run(config: OperatorConfig) -> None:
     kopf_ready = asyncio.Event()
     stop = asyncio.Event()
 
+    async def step_down() -> None:
+        # What only the leader does ends before the Lease is handed over: a healing pass, a node-tier
+        # render or a reconcile still running would decide beside the next leader for the whole drain.
+        await loops.stop(LEADING_LOOPS)
+        await operator.stop_queues()
+        await leadership.release()
+
     async def stop_work() -> None:
         await loops.stop()
         await operator.close()
+        if probes_runner.server is not None:  # a scrape's kept-alive connection is a task kopf would wait 5 s for
+            await probes_runner.cleanup()
 
-    drain = Drain(config.drain_seconds, draining, ready, webhook_runner, stop, leadership.release, stop_work)
+    drain = Drain(config.drain_seconds, draining, ready, webhook_runner, stop, step_down, stop_work)
     registration = asyncio.create_task(_register_when_watching(config, api, ca, kopf_ready, ready, index, drain))
     try:
         await kopf.operator(registry=registry, clusterwide=True, standalone=True, ready_flag=kopf_ready, stop_flag=stop)
@@ -224,7 +233,8 @@ async def run(config: OperatorConfig) -> None:
         await operator.close()
         await room.close()
         await _close_webhook(webhook_runner)
-        await probes_runner.cleanup()
+        if probes_runner.server is not None:
+            await probes_runner.cleanup()
 
 
 class Drain:
@@ -295,7 +305,9 @@ async def _serve_webhook(
     tls = webhook.tls_context(cert, key)
     reloader = CertificateReloader(tls, cert, key)
     loops.every("certificate-reloader", reloader.interval, reloader.check)
-    runner = web.AppRunner(webhook.build_app(index, opted_in, draining=draining), access_log=None)
+    # shutdown_timeout: a review still in flight once the drain is over is not waited for past CLOSE_WAIT
+    # (aiohttp's default, 60 s, would outlast the pod's grace period and skip every step after it).
+    runner = web.AppRunner(webhook.build_app(index, opted_in, draining=draining), access_log=None, shutdown_timeout=CLOSE_WAIT)
     await runner.setup()
     # reuse_port: replicas on one host can share the webhook port, as endpoints behind one Service do.
     await web.TCPSite(runner, config.webhook_host, config.webhook_port, ssl_context=tls, reuse_port=True).start()
@@ -303,6 +315,7 @@ async def _serve_webhook(
 
 
 CLOSE_WAIT = 1.0  # seconds the webhook's open connections get to deliver their review and be answered
+LEADING_LOOPS = ("healing", "node-tier", "resync")  # what only the leader does, stopped before its Lease goes
 
 
 async def _close_webhook(runner: web.AppRunner) -> None:

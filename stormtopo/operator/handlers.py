@@ -213,9 +213,12 @@ class Operator:
         for name, stream in zip(names, self.watches(), strict=True):
             self.loops.supervise(name, watch.PERIOD, stream.run)
 
-    async def close(self) -> None:
+    async def stop_queues(self) -> None:
         await self.stormservices.stop()
         await self.placements.stop()
+
+    async def close(self) -> None:
+        await self.stop_queues()
         if self.streams is not None:
             await self.streams.close()
 

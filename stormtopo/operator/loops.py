@@ -19,7 +19,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,9 +266,9 @@ class Loops:
         reports |= {name: {"problem": None, **report()} for name, report in sorted(self.notes.items())}
         return all(r["problem"] is None for r in reports.values()), reports
 
-    async def stop(self) -> None:
-        """Cancel every loop and wait until they have ended."""
-        tasks = [loop.task for loop in self.loops.values() if loop.task is not None]
+    async def stop(self, names: Collection[str] | None = None) -> None:
+        """Cancel every loop (or those named) and wait until they have ended."""
+        tasks = [loop.task for name, loop in self.loops.items() if loop.task is not None and (names is None or name in names)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -176,6 +176,9 @@ ROOM_POLL = 0.05
 # most READS_FOR_ROOM of them: a made-up name reads as not found and keeps its slot until it falls due.
 WATCH_LAG = 0.5
 READS_FOR_ROOM = 8
+# A listing read and not found stored (a made-up name, or a create refused after this webhook admitted it)
+# is read again only after this long: the next oldest are read meanwhile, and the reads stay bounded.
+READ_AGAIN = 1.0
 
 
 class Gate:
@@ -202,6 +205,7 @@ class Gate:
         self.caught_up = caught_up  # the index has read every StormService once: its silence means "no such name"
         self._sweeping = asyncio.Lock()
         self._waiting = 0  # reviews waiting for room among the unconfirmed listings
+        self._read_at: dict[str, float] = {}  # unconfirmed key -> when it was last read for room
 
     async def review(self, request: Mapping[str, Any]) -> str | None:
         """List what an AdmissionReview's request may list; a refusal message, or None to allow.
@@ -288,7 +292,11 @@ class Gate:
     async def _confirm_by_reading(self) -> None:
         """Confirm, from the API server, the oldest listings the watch has not confirmed yet: each stored
         with the uid it was claimed for and asking for what was listed."""
-        for key in self.unconfirmed.older_than(WATCH_LAG, self.clock(), READS_FOR_ROOM):
+        now = self.clock()
+        self._read_at = {k: t for k, t in self._read_at.items() if k in self.unconfirmed.since}  # at most the bound
+        due = [k for k in self.unconfirmed.older_than(WATCH_LAG, now) if now - self._read_at.get(k, float("-inf")) >= READ_AGAIN]
+        for key in due[:READS_FOR_ROOM]:
+            self._read_at[key] = now
             token = (self.unconfirmed.since.get(key), self.unconfirmed.claims.get(key))
             stored = await self.stored(*split_key(key))
             if token[0] is None or (self.unconfirmed.since.get(key), self.unconfirmed.claims.get(key)) != token:
