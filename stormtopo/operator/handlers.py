@@ -68,6 +68,7 @@ class Operator:
     resync_seconds: float = RESYNC_SECONDS
     relist_seconds: float = RELIST_SECONDS
     watch_missed: dict[str, int] = field(default_factory=dict)  # kind -> objects the re-lists delivered that the watch had not
+    _missed_before: dict[str, bool] = field(default_factory=dict)  # kind -> whether the last re-list delivered any
 
     def __post_init__(self) -> None:
         self.stormservices: WorkQueue[Key] = WorkQueue("stormservices", self._reconcile, workers=4)
@@ -156,7 +157,11 @@ class Operator:
         if missed:
             metrics.WATCH_MISSED.labels(kind).inc(missed)
             self.watch_missed[kind] = self.watch_missed.get(kind, 0) + missed
-            log.warning("the %s watch had not delivered %d that the re-list found; delivered now", kind, missed)
+            # One re-list may meet events still in flight; two in a row that find some, a watch that is down.
+            again = self._missed_before.get(kind, False)
+            level = logging.WARNING if again else logging.INFO
+            log.log(level, "the %s watch had not delivered %d that the re-list found%s; delivered now", kind, missed, " again" if again else "")
+        self._missed_before[kind] = bool(missed)
         return listed
 
     def watches(self) -> list[watch.ListWatch]:

@@ -121,6 +121,8 @@ class Leadership:
         try:
             held = await asyncio.wait_for(self._in_lease_thread(self._try_acquire_or_renew), timeout=max(0.1, budget))
             self._renewed_at = started if held and not self._stepped_down else None
+            if held and self._stepped_down:  # acquired by an attempt under way as it stepped down: give it back
+                await self._in_lease_thread(self._release)
             answered = True
             if self._failing:
                 log.info("lease %s/%s: the API server answers again", self.namespace, LEASE_NAME)
@@ -177,11 +179,17 @@ class Leadership:
 
     def _release(self) -> None:
         assert self.api is not None
-        lease = self.api.get_lease(self.namespace, LEASE_NAME)
-        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
-            return
-        lease["spec"].update(holderIdentity="", leaseDurationSeconds=1, renewTime=micro_time())
-        self.api.replace_lease(lease)
+        for attempt in range(2):  # a renewal under way may write between the read and the write: read again once
+            lease = self.api.get_lease(self.namespace, LEASE_NAME)
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            lease["spec"].update(holderIdentity="", leaseDurationSeconds=1, renewTime=micro_time())
+            try:
+                self.api.replace_lease(lease)
+                return
+            except Conflict:
+                if attempt:
+                    raise
 
     def _try_acquire_or_renew(self) -> bool:
         assert self.api is not None
@@ -200,6 +208,8 @@ class Leadership:
                     "leaseTransitions": 0,
                 },
             }
+            if self._stepped_down:  # stopping: never acquire (checked here, in the lease thread, just before the write)
+                return False
             try:
                 self.api.create_lease(body)
                 return True
@@ -213,6 +223,8 @@ class Leadership:
             spec["acquireTime"] = stamp
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         spec.update(holderIdentity=self.identity, renewTime=stamp, leaseDurationSeconds=self.duration)
+        if self._stepped_down:
+            return False
         try:
             self.api.replace_lease(lease)  # carries resourceVersion
             return True

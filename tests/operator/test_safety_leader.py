@@ -186,3 +186,39 @@ def test_a_leader_that_steps_down_while_it_drains_never_takes_the_lease_back() -
             await running
 
     asyncio.run(scenario())
+
+
+def test_a_renewal_that_writes_between_the_releases_read_and_write_does_not_keep_the_lease() -> None:
+    """A renewal already past its checks when SIGTERM comes writes the Lease between release()'s read and
+    its write: the release's write conflicts, and it reads again and frees the Lease (a follower need not
+    wait a duration); an attempt that has not written yet never acquires after the step-down."""
+
+    async def scenario() -> None:
+        store = FakeLeases()
+        leader = Leadership(store, "ns", "a", duration=15)  # type: ignore[arg-type]
+        await leader._attempt()
+        assert leader.is_leader
+        read, go, reads = threading.Event(), threading.Event(), []
+        plain_get = store.get_lease
+
+        def get_lease(namespace: str, name: str) -> dict[str, Any] | None:
+            lease = plain_get(namespace, name)
+            reads.append(lease)
+            if len(reads) == 1:
+                read.set()
+                go.wait(5)
+            return lease
+
+        store.get_lease = get_lease  # type: ignore[method-assign]
+        releasing = asyncio.create_task(leader.release())
+        await asyncio.to_thread(read.wait, 5)
+        renewed = plain_get("ns", LEASE_NAME)  # the renewal under way writes now
+        assert renewed is not None
+        store.replace_lease(renewed)
+        go.set()
+        await releasing
+        assert store.lease is not None and store.lease["spec"]["holderIdentity"] == "" and len(reads) == 2
+        assert await asyncio.to_thread(leader._try_acquire_or_renew) is False  # stepped down: never acquires again
+        assert store.lease["spec"]["holderIdentity"] == ""
+
+    asyncio.run(scenario())
