@@ -160,7 +160,7 @@ class Operator:
             # One re-list may meet events still in flight; two in a row that find some, a watch that is down.
             again = self._missed_before.get(kind, False)
             level = logging.WARNING if again else logging.INFO
-            log.log(level, "the %s watch had not delivered %d that the re-list found%s; delivered now", kind, missed, " again" if again else "")
+            log.log(level, "the %s watch had not delivered %d that the re-list found%s; delivered now", kind, missed, " again" * again)
         self._missed_before[kind] = bool(missed)
         return listed
 
