@@ -270,6 +270,12 @@ def claimed_uid(operation: str, obj: Mapping[str, Any] | None, stored: Mapping[s
     return uid_of(obj) if operation == "CREATE" else uid_of(stored)
 
 
+def still_at(stormservice: Mapping[str, Any] | None, version: str) -> bool:
+    """The StormService is still at the version an UPDATE review named as its old one: the update it
+    reviewed has not happened (after a moment: a made-up or replayed review, or one refused after)."""
+    return bool(version) and stormservice is not None and _meta(stormservice).get("resourceVersion") == version
+
+
 def contradicted(stormservice: Mapping[str, Any] | None, claimed: str) -> bool:
     """The StormService exists under another uid than the listing was claimed for: the reviewed create
     never happened (a made-up review, or one whose create failed). A claim without a uid is contradicted
@@ -286,16 +292,19 @@ class Unconfirmed:
     ttl: float = CONFIRM_SECONDS
     since: dict[str, float] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)  # an UPDATE listing: the version its review named as old
     refuted: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
     def has_room(self, key: str) -> bool:
         return key in self.since or len(self.since) < self.limit
 
-    def add(self, key: str, now: float, uid: str = "") -> bool:
-        """Reserve a slot for `key`, claimed for `uid` (the caller checked has_room); True if new. A key's
-        clock is never restarted: reviews repeated within ttl cannot keep an unconfirmed listing alive.
-        Its claim is the last review's: a genuine one after a made-up one keeps the genuine uid."""
+    def add(self, key: str, now: float, uid: str = "", version: str = "") -> bool:
+        """Reserve a slot for `key`, claimed for `uid` (and, an UPDATE, from `version`; the caller checked
+        has_room); True if new. A key's clock is never restarted: reviews repeated within ttl cannot keep
+        an unconfirmed listing alive. Its claim is the last review's: a genuine one after a made-up one
+        keeps the genuine uid."""
         self.claims[key] = uid
+        self.versions[key] = version
         if key in self.since:
             return False
         self.since[key] = now
@@ -304,6 +313,7 @@ class Unconfirmed:
     def drop(self, key: str) -> None:
         self.since.pop(key, None)
         self.claims.pop(key, None)
+        self.versions.pop(key, None)
 
     def due(self, now: float) -> list[str]:
         """Keys unconfirmed for ttl or longer, oldest first: check each against the cluster."""

@@ -24,6 +24,7 @@ from stormtopo.core.optin import (
     opted_in_configmap,
     opted_in_key,
     split_key,
+    still_at,
     valid_names,
 )
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
@@ -179,6 +180,9 @@ READS_FOR_ROOM = 8
 # A listing read and not found stored (a made-up name, or a create refused after this webhook admitted it)
 # is read again only after this long: the next oldest are read meanwhile, and the reads stay bounded.
 READ_AGAIN = 1.0
+# An UPDATE listing whose StormService the watch still shows at the version the review named as old, this
+# long after: the update has not happened (a forged or replayed review); read, and taken back at once.
+UPDATE_LAG = 2.0
 
 
 class Gate:
@@ -232,7 +236,9 @@ class Gate:
             return None
         if not await self._room_for(key):  # re-checked: other reviews may have filled it meanwhile
             return self._full()
-        new = self.unconfirmed.add(key, self.clock(), claimed_uid(operation, obj, current))
+        old_meta = (request.get("oldObject") or {}).get("metadata") or {}
+        version = str(old_meta.get("resourceVersion") or "") if operation == "UPDATE" else ""  # what an UPDATE was listed from
+        new = self.unconfirmed.add(key, self.clock(), claimed_uid(operation, obj, current), version)
         if not new and self.opted_in.current(key) == want:
             return None  # listed by this replica moments ago: no rewrite of the ConfigMap
         try:
@@ -304,6 +310,16 @@ class Gate:
             if confirmed(stored, self.opted_in.listed.get(key)) and not contradicted(stored, token[1] or ""):
                 self.unconfirmed.drop(key)
 
+    def _unchanged_by_index(self) -> list[str]:
+        """UPDATE listings whose StormService the watch still shows, UPDATE_LAG after, at the version their
+        review named as old: the update they were listed for has not happened."""
+        versions = self.unconfirmed.versions
+        return [
+            key
+            for key in self.unconfirmed.older_than(UPDATE_LAG, self.clock())
+            if still_at(self.indexed(*split_key(key)), versions.get(key, ""))
+        ]
+
     async def sweep(self) -> None:
         """Take back each listing unconfirmed for CONFIRM_SECONDS, or contradicted by the StormService's uid,
         whose StormService, read from the API server, does not exist or asks for nothing; while a review
@@ -314,14 +330,18 @@ class Gate:
                 await self._confirm_by_reading()
             due = self.unconfirmed.due(self.clock())
             early = [key for key in self._contradicted_by_index() if key not in due]
-            for key in due + early:
+            unchanged = [key for key in self._unchanged_by_index() if key not in due and key not in early]
+            for key in due + early + unchanged:
                 namespace, name = split_key(key)
                 token = (self.unconfirmed.since.get(key), self.unconfirmed.claims.get(key))
+                version = self.unconfirmed.versions.get(key, "")
                 stored = await self.stored(namespace, name)
                 if token[0] is None or (self.unconfirmed.since.get(key), self.unconfirmed.claims.get(key)) != token:
                     continue  # confirmed, or claimed again, while it was read: this read judges nothing now
                 if key in early and not contradicted(stored, self.unconfirmed.claims.get(key, "")):
                     continue  # the watch lagged a delete and the create this listing is for: not due yet
+                if key in unchanged and not still_at(stored, version):
+                    continue  # the update happened and the watch lags: confirmed or due as any other
                 verdict = expiry_verdict(stored, self.opted_in.listed.get(key))
                 if verdict != "keep":
                     if verdict.endswith("-refuted") and key not in early:  # a made-up create replays no version

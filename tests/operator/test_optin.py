@@ -37,7 +37,7 @@ from stormtopo.devenv import processes, webhook_auth
 from stormtopo.devenv.cluster import operator_env
 from stormtopo.kube.client import ApiError
 from stormtopo.operator import webhook
-from stormtopo.operator.optin import Gate, OptedInList
+from stormtopo.operator.optin import UPDATE_LAG, Gate, OptedInList
 
 HARD = {MODE: "hard", HIGHEST_TIER: "1"}
 
@@ -580,7 +580,9 @@ def test_an_update_of_the_stored_version_is_listed_also_when_the_index_lags() ->
 
 def test_a_replayed_update_is_taken_back_and_never_listed_again() -> None:
     """Someone who can read another tenant's StormService forges an update with its current version:
-    listed until CONFIRM_SECONDS, then taken back, and that version is never listed again."""
+    listed until the watch has shown, UPDATE_LAG after, that no update came (the service still at the
+    version the review named as old), then taken back, and that version is never listed again. A genuine
+    update whose watch event lags is not taken back: the stored service has moved on."""
 
     async def scenario() -> None:
         gate, api, cluster, clock = make_gate()
@@ -591,14 +593,25 @@ def test_a_replayed_update_is_taken_back_and_never_listed_again() -> None:
         assert api.data == {"ns.plain": "RoleSet"}
         writes = api.writes
         assert await gate.review(forged) is None and api.writes == writes  # repeated: no ConfigMap rewrite
-        clock.now += 10.0
+        clock.now += UPDATE_LAG - 0.5
         await gate.sweep()
-        assert api.data == {}
+        assert api.data == {"ns.plain": "RoleSet"}  # a moment: the update may be on its way
+        clock.now += 0.5
+        await gate.sweep()
+        assert api.data == {}  # UPDATE_LAG, not CONFIRM_SECONDS
         assert await gate.review(forged) is None
         assert api.data == {}
         cluster.put(service("plain", HARD, version="10"))  # a real opt-in later: a new version, listed
         assert await gate.review(review("UPDATE", service("plain", HARD, version="10"), service("plain", version="10"))) is None
         assert api.data == {"ns.plain": "RoleSet"}
+
+        gate, api, cluster, clock = make_gate()
+        cluster.put(service("slow", version="3"))
+        assert await gate.review(review("UPDATE", service("slow", HARD, version="3"), service("slow", version="3"))) is None
+        cluster.put(service("slow", HARD, version="4"), indexed=False)  # stored; its watch event late
+        clock.now += UPDATE_LAG + 1.0
+        await gate.sweep()
+        assert api.data == {"ns.slow": "RoleSet"}  # the update happened: kept
 
     asyncio.run(scenario())
 
