@@ -341,7 +341,8 @@ class Gate:
                 if key in early and not contradicted(stored, self.unconfirmed.claims.get(key, "")):
                     continue  # the watch lagged a delete and the create this listing is for: not due yet
                 if key in unchanged and not still_at(stored, version):
-                    continue  # the update happened and the watch lags: confirmed or due as any other
+                    self.unconfirmed.versions[key] = ""  # the update happened, the watch lags: not read again for it
+                    continue
                 verdict = expiry_verdict(stored, self.opted_in.listed.get(key))
                 if verdict != "keep":
                     if verdict.endswith("-refuted") and key not in early:  # a made-up create replays no version

@@ -612,6 +612,9 @@ def test_a_replayed_update_is_taken_back_and_never_listed_again() -> None:
         clock.now += UPDATE_LAG + 1.0
         await gate.sweep()
         assert api.data == {"ns.slow": "RoleSet"}  # the update happened: kept
+        reads = cluster.reads
+        await gate.sweep()
+        assert cluster.reads == reads  # and not read again while its watch event is late
 
     asyncio.run(scenario())
 
