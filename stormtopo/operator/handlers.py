@@ -120,8 +120,9 @@ class Operator:
 
     async def relist(self, api: Api) -> None:
         """Drop what a re-list no longer has: a watch that was down never delivered those deletions. Of
-        StormServices and RoleSets (kopf's watches), also deliver what it has that the watch did not: a
-        watch refused (403) or failing (5xx) for long while lists work leaves no replica unreconciled."""
+        StormServices, RoleSets and HyperNodes (kopf's watches), also deliver what it has that the watch did not: a
+        watch refused (403) or failing (5xx) for long while lists work leaves no replica unreconciled; of
+        HyperNodes too, so the tree is not stale."""
         for kind, (group_version, plural) in _LISTS.items():
             mark = self.index.mark()
             listed: set[Key] = set()

@@ -203,7 +203,7 @@ class SharedSpecs:
 
 
 # The kinds kopf watches whose missed events the re-list delivers (operator/handlers.py relist).
-DELIVERED_BY_RELIST = ("StormService", "RoleSet")
+DELIVERED_BY_RELIST = ("StormService", "RoleSet", "HyperNode")
 
 
 @dataclass
@@ -236,7 +236,7 @@ class Index:
     # /readyz waits for it, and nothing is judged absent (the stale opted-in keys) before it.
     caught_up: bool = False
     _deleted_early: set[tuple[str, Key]] = field(default_factory=set)  # deletions seen before caught up: a list must not revive them
-    # StormServices and RoleSets deleted since the last re-list began (kind, key) -> when: a re-list must not revive them.
+    # Objects of kopf's kinds deleted since the last re-list began (kind, key) -> when: a re-list must not revive them.
     _deleted_since: dict[tuple[str, Key], int] = field(default_factory=dict)
     _priorities_refused: bool = False
     # Node name -> the labels the tree and a release read (hostname, labelMatch keys), read (not watched)
@@ -319,7 +319,7 @@ class Index:
         key = (kind, key_of(obj))
         if self._seen.get(key, 0) > mark or self._deleted_since.get(key, -1) > mark:
             return False
-        held = self._store(kind).get(key[1])
+        held = self._store(kind).get(key[1][1] if kind == "HyperNode" else key[1])  # HyperNodes: by name
         version = (obj.get("metadata") or {}).get("resourceVersion")
         return held is None or ((held.get("metadata") or {}).get("resourceVersion") != version)
 

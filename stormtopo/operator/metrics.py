@@ -45,7 +45,7 @@ OBSERVED = Counter(
 )
 WATCH_MISSED = Counter(
     "stormtopo_watch_missed_total",
-    "StormServices and RoleSets a re-list found that their watch had not delivered (a watch down while lists work)",
+    "StormServices, RoleSets and HyperNodes a re-list found that their watch had not delivered (a watch down while lists work)",
     ["kind"],
 )
 HEALING_PASSES = Counter("stormtopo_healing_passes_total", "Healing passes over the StormServices (by the leader)")

@@ -81,6 +81,7 @@ def test_a_relist_delivers_the_stormservices_and_rolesets_a_blind_watch_missed()
         "rolesets": [
             {"metadata": {"name": "missed-roleset-a", "namespace": "ns", "resourceVersion": "5", "labels": {STORMSERVICE_LABEL: "missed"}}}
         ],
+        "hypernodes": [{"metadata": {"name": "s0", "resourceVersion": "2"}}, {"metadata": {"name": "s9", "resourceVersion": "3"}}],
     }
 
     class Api:
@@ -93,14 +94,15 @@ def test_a_relist_delivers_the_stormservices_and_rolesets_a_blind_watch_missed()
 
     index = Index(api=cast(Any, Api()))
     index.observe("StormService", None, _stormservice("seen", "1"))
+    index.observe("HyperNode", None, {"kind": "HyperNode", "metadata": {"name": "s0", "resourceVersion": "2"}})
     loops = Loops()
     operator = handlers.Operator(index, cast(Any, None), cast(Any, None), Leadership(None, "default", "test", 15), loops)
     loops.note("kopf-watches", lambda: {"missed, delivered by the re-list": dict(operator.watch_missed)})
     asyncio.run(operator.relist(cast(Any, Api())))
-    assert ("ns", "missed") in index.stormservices and ("ns", "missed-roleset-a") in index.rolesets
-    assert operator.watch_missed == {"StormService": 1, "RoleSet": 1}
+    assert ("ns", "missed") in index.stormservices and ("ns", "missed-roleset-a") in index.rolesets and "s9" in index.hypernodes
+    assert operator.watch_missed == {"StormService": 1, "RoleSet": 1, "HyperNode": 1}
     assert len(operator.stormservices) == 1  # queued: the one that was missed (its RoleSet queues the same service)
     healthy, report = loops.health()
-    assert healthy and report["kopf-watches"]["missed, delivered by the re-list"] == {"RoleSet": 1, "StormService": 1}
+    assert healthy and report["kopf-watches"]["missed, delivered by the re-list"] == {"HyperNode": 1, "RoleSet": 1, "StormService": 1}
     asyncio.run(operator.relist(cast(Any, Api())))  # delivered once: the next re-list finds nothing missed
-    assert operator.watch_missed == {"StormService": 1, "RoleSet": 1}
+    assert operator.watch_missed == {"StormService": 1, "RoleSet": 1, "HyperNode": 1}
