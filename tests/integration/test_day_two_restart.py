@@ -31,6 +31,7 @@ from stormtopo.devenv.cluster import OPERATOR_ARGS_ENV
 from stormtopo.devenv.workloads import stormservice
 from stormtopo.operator.events import IDLE_BEAT
 from tests.conftest import TEST_PERIODS
+from tests.integration.apiproxy import watch_blackhole
 from tests.integration.chart import InstalledOperator, kubectl
 from tests.integration.operators import elected, follower, get, metrics_url, operator_process
 
@@ -244,3 +245,31 @@ def test_a_stormservice_watch_refused_for_good_is_not_blind(
     finally:
         installed.start()  # the chart's RBAC as it was
         installed.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_stormservice_watch_that_never_answers_is_not_blind(
+    cluster: DevCluster, cluster_dir: Path, namespace: str, tmp_path: Path
+) -> None:
+    """kopf's StormService watch accepted and never answered (a proxy in front of kube-apiserver holds it;
+    every other request passes): after its first list kopf delivers no StormService event. A live replica
+    whose service then opts in has nothing else that would tell the operator (its RoleSet and pods do not
+    change): the re-list (every --relist-seconds) delivers the new version, and the replica's PodGroup gets
+    its constraint. /healthz stays 200 and counts what the watch missed."""
+    name = "unheard"
+    cluster.create(stormservice(name, namespace))
+    cluster.bound_pods(namespace, f"storm-service-name={name}", 2)
+    proxy = watch_blackhole(cluster_dir, "stormservices", tmp_path / "proxy")
+    with proxy as kubeconfig, elected(cluster_dir, 15, f"--kubeconfig={kubeconfig}", "--relist-seconds=3"):
+        cluster.patch_stormservice(namespace, name, {"metadata": {"annotations": {MODE: "hard", HIGHEST_TIER: "1"}}})
+
+        def constrained() -> bool:
+            groups = cluster.podgroups(namespace)
+            return len(groups) == 1 and groups[0]["spec"].get("networkTopology", {}).get("highestTierAllowed") == 1
+
+        cluster.wait(constrained, 60, "the live replica's PodGroup constrained to tier 1")
+        status, body = get(metrics_url(cluster_dir, "/healthz"))
+        assert status == 200, body
+        missed = json.loads(body)["loops"]["kopf-watches"]["missed, delivered by the re-list"]
+        assert missed.get("StormService", 0) >= 1, body
+    print(f"\n  StormService watch held unanswered: the opt-in of a live service applied; the re-list delivered {missed}")
