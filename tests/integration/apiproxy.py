@@ -24,8 +24,12 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 
 
 @contextlib.contextmanager
-def watch_blackhole(state: Path, plural: str, directory: Path) -> Iterator[Path]:
-    """Serve the proxy on a free local port while the block runs; yields a kubeconfig that goes through it."""
+def watch_blackhole(
+    state: Path, plural: str, directory: Path, status: int | None = None, blocking: threading.Event | None = None
+) -> Iterator[Path]:
+    """Serve the proxy on a free local port while the block runs; yields a kubeconfig that goes through it.
+    With `status` the watches are answered with it at once (a 503: an outage of that watch) instead of
+    held; with `blocking`, only while it is set."""
     config = yaml.safe_load((state / "kubeconfig").read_text())
     upstream = config["clusters"][0]["cluster"]["server"]
     ca = certificates.new_ca("apiproxy-ca")  # not the serving name: a leaf named as its issuer reads as self-signed
@@ -39,7 +43,11 @@ def watch_blackhole(state: Path, plural: str, directory: Path) -> Iterator[Path]
     stopping: list[asyncio.Event] = []
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        if request.query.get("watch") in ("true", "1") and request.path.rstrip("/").endswith(f"/{plural}"):
+        watching = request.query.get("watch") in ("true", "1") and request.path.rstrip("/").endswith(f"/{plural}")
+        if watching and (blocking is None or blocking.is_set()) and status is not None:
+            failure = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "the API proxy refuses", "code": status}
+            return web.json_response(failure, status=status)
+        if watching and (blocking is None or blocking.is_set()):
             held = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
             await held.prepare(request)
             await stopping[0].wait()  # never a byte of an event
