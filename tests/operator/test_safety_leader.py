@@ -73,15 +73,20 @@ class FakeLeases:
         self.lease["metadata"]["resourceVersion"] = str(self.version)
 
 
+async def leading(leader: Leadership, within: float = 5.0) -> None:
+    """Wait until `leader` holds the Lease (its election running), failing after `within` seconds."""
+    deadline = time.monotonic() + within
+    while not leader.is_leader:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+
+
 def test_a_leader_whose_renewal_hangs_stops_leading_within_the_renew_deadline_and_releases_on_shutdown() -> None:
     async def scenario() -> None:
         store = FakeLeases()
         leader = Leadership(store, "ns", "a", duration=3)  # type: ignore[arg-type]
         running = asyncio.create_task(leader.run())
-        deadline = time.monotonic() + 5
-        while not leader.is_leader:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await leading(leader)
         assert store.lease is not None and store.lease["metadata"]["name"] == LEASE_NAME
 
         store.hang.set()  # the API server stops answering; the renewal never returns
@@ -173,10 +178,7 @@ def test_a_leader_that_steps_down_while_it_drains_never_takes_the_lease_back() -
         store = FakeLeases()
         leader = Leadership(store, "ns", "a", duration=3)  # type: ignore[arg-type]
         running = asyncio.create_task(leader.run())
-        deadline = time.monotonic() + 5
-        while not leader.is_leader:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await leading(leader)
         await leader.release()
         assert not leader.is_leader and store.lease is not None and store.lease["spec"]["holderIdentity"] == ""
         await asyncio.sleep(3 * leader.retry_period)  # retry periods of the still-running election
