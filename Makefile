@@ -94,9 +94,10 @@ bench-heal: binaries
 
 # The soaks of RELIABILITY.md, about 45 minutes on 2 cores: 20 SIGKILLs each of kube-apiserver, etcd,
 # vc-scheduler, AIBrix and the operator's leader during churn (STORMTOPO_SOAK_SEED=N repeats a run), then
-# kopf's StormService watch answered 503 for 25 minutes (STORMTOPO_SOAK_OUTAGE_SECONDS shortens it).
+# kopf's StormService watch answered 503 for 25 minutes (STORMTOPO_SOAK_OUTAGE_SECONDS shortens it), then
+# kube-apiserver stopped 4 minutes in a healing pass (STORMTOPO_SOAK_BROWNOUT_SECONDS shortens it).
 soak: binaries
-	STORMTOPO_SOAK=1 $(BIN)/pytest -q -s tests/integration/test_soak.py tests/integration/test_soak_watch_outage.py
+	STORMTOPO_SOAK=1 $(BIN)/pytest -q -s tests/integration/test_soak.py tests/integration/test_soak_watch_outage.py tests/integration/test_soak_brownout.py
 
 # The compatibility scenario (seed, scale 3 to 4, nested, multi-node role, bad input) on every AIBrix x Volcano
 # pair the module proxy serves, and the newest pair on every other served Kubernetes release, one cluster at a

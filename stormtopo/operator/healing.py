@@ -118,6 +118,8 @@ class Healer:
         )
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
         for key, stormservice in list(services.items()):
+            if not self.leading():  # lost during the pass (each read may wait 30 s on a slow API server):
+                return  # another replica may lead now, and decides from its own reading
             reading = self._reading(key, stormservice)
             look, self._memory = plan_look(heal_pass, self._memory, reading, tiers, topology)
             if look is Look.READ_ROOM:  # (asking starts the reading: only once a service needs it)

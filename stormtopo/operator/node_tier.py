@@ -116,6 +116,8 @@ class NodeTier:
             node_labels=dict(self.index.nodes) if self.index.nodes else None,
             named_leaves=self.named_leaves,
         )
+        if writes and not self.leading():  # lost while the room was read (each read may wait on a slow API server)
+            return
         if writes:
             log.info("node tier: %d HyperNode writes", len(writes))
             await self._execute(writes)

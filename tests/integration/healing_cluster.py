@@ -16,12 +16,16 @@ from typing import Any
 
 import pytest
 
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, MODE
 from stormtopo.devenv.client import DevCluster, node_names
+from stormtopo.devenv.nodes import node_manifests
 from stormtopo.devenv.workloads import Role, filler_pod
 from tests.integration.chart import InstalledOperator
 
+HYPERNODES = ("topology.volcano.sh", "v1alpha1", "hypernodes")
 INSTALLED: dict[Path, InstalledOperator] = {}  # the operator as installed, per cluster, while a healing module runs
 
 
@@ -153,3 +157,56 @@ def making_room(cluster_dir: Path) -> Iterator[None]:
         yield
     finally:
         installed.start()
+
+
+def move_records(stormservice: dict[str, Any]) -> dict[str, Any]:
+    """The service's move records (stormtopo.io/moves), by replica."""
+    raw = (stormservice["metadata"].get("annotations") or {}).get("stormtopo.io/moves")
+    return dict(json.loads(raw)) if raw else {}
+
+
+# The seed's tree grown for the cap's test: six more leaves of two 8-GPU nodes under two more spines.
+GROWN = """
+tierNames: {1: leaf, 2: spine, 3: core}
+nodeDefaults: {gpus: 8, cpu: "96", memory: 1Ti}
+switches:
+  s6:
+    s4: {s0: [node0, node1], s1: [node2, node3]}
+    s5: {s2: [node4, node5], s3: [node6, node7]}
+    s7: {t0: [x0, x1], t1: [x2, x3], t2: [x4, x5]}
+    s8: {t3: [x6, x7], t4: [x8, x9], t5: [x10, x11]}
+"""
+
+
+@pytest.fixture
+def grown(cluster: DevCluster, topology: Topology) -> Iterator[Topology]:
+    """The shared cluster's tree with six more leaves (12 more nodes) for one test, then as it was."""
+    tree = parse_topology(GROWN)
+    before = {h["metadata"]["name"]: h for h in cluster.hypernodes()}
+    added = [n for n in node_manifests(tree) if n["metadata"]["name"] not in topology.nodes]
+    for node in added:
+        cluster.create(node)
+    hypernodes = hypernode_manifests(tree)
+    for manifest in sorted(hypernodes, key=lambda h: h["spec"]["tier"]):  # a parent never names one not there
+        name = manifest["metadata"]["name"]
+        if name not in before:
+            cluster.custom.create_cluster_custom_object(*HYPERNODES, manifest)
+        elif manifest["spec"] != before[name]["spec"]:
+            current = cluster.custom.get_cluster_custom_object(*HYPERNODES, name)
+            cluster.custom.replace_cluster_custom_object(*HYPERNODES, name, {**current, "spec": manifest["spec"]})
+
+    def ready() -> bool:
+        nodes = [cluster.core.read_node(n["metadata"]["name"]) for n in added]
+        return all(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in nodes)
+
+    cluster.wait(ready, 120, "the added nodes Ready")
+    try:
+        yield tree
+    finally:
+        current = cluster.custom.get_cluster_custom_object(*HYPERNODES, "s6")
+        cluster.custom.replace_cluster_custom_object(*HYPERNODES, "s6", {**current, "spec": before["s6"]["spec"]})
+        for manifest in sorted(hypernodes, key=lambda h: -h["spec"]["tier"]):
+            if manifest["metadata"]["name"] not in before:
+                cluster.custom.delete_cluster_custom_object(*HYPERNODES, manifest["metadata"]["name"])
+        for node in added:
+            cluster.core.delete_node(node["metadata"]["name"])

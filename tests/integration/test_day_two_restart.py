@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from stormtopo.operator.events import IDLE_BEAT
 from tests.conftest import TEST_PERIODS
 from tests.integration.apiproxy import watch_blackhole
 from tests.integration.chart import InstalledOperator, kubectl
+from tests.integration.faults import apiserver_brownout
 from tests.integration.operators import elected, follower, get, metrics_url, operator_process
 
 LEASE_NAMESPACE = "default"  # the operator's default: its Lease lives here
@@ -59,15 +59,6 @@ def _add_stale_key(cluster: DevCluster, key: str) -> None:
 
 def _reasons(cluster: DevCluster, namespace: str, name: str) -> set[str]:
     return {str(e.get("reason")) for e in cluster.events(namespace, name)}
-
-
-def _brownout(cluster_dir: Path) -> None:
-    apiserver = next(p for p in processes.tracked(cluster_dir) if p.name == "kube-apiserver")
-    os.kill(apiserver.pid, signal.SIGSTOP)  # connections accepted by the kernel, never answered
-    try:
-        time.sleep(BROWNOUT_SECONDS)  # the fault itself, not a wait for a condition
-    finally:
-        os.kill(apiserver.pid, signal.SIGCONT)
 
 
 @pytest.mark.timeout(600)
@@ -99,7 +90,7 @@ def _survives(cluster: DevCluster, cluster_dir: Path, namespace: str, elected: s
     log_start = log.stat().st_size
 
     started = time.monotonic()
-    _brownout(cluster_dir)
+    apiserver_brownout(cluster_dir, BROWNOUT_SECONDS)
     cluster.wait(lambda: cluster.api_ready(), 120, "the API server back after the brownout", interval=0.5)
     back = time.monotonic()
 

@@ -18,8 +18,6 @@ from typing import Any
 import pytest
 
 from stormtopo.core.cooldown import COOLDOWN
-from stormtopo.core.topology.fabric import parse_topology
-from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, LEND_ROOM_ANNOTATION
 from stormtopo.devenv.client import DevCluster, node_names
@@ -39,6 +37,7 @@ from tests.integration.healing_cluster import (  # noqa: F401 (as_installed: the
     healing_passes,
     in_one_leaf,
     making_room,
+    move_records,
     replicas,
     watching_ready_replicas,
     wide_placement,
@@ -49,7 +48,6 @@ AS_ASKED = {"mode": "soft", "highestTierAllowed": 1}  # what SOFT_LEAF asks of e
 HELD = {"mode": "hard", "highestTierAllowed": 1}  # a move's hold into a leaf
 LEND = {LEND_ROOM_ANNOTATION: "true"}
 ONE_EACH = (Role("prefill", gpus=1), Role("decode", gpus=1))  # a small replica: 2 GPUs on one node
-HYPERNODES = ("topology.volcano.sh", "v1alpha1", "hypernodes")
 
 
 def podgroup_topologies(cluster: DevCluster, namespace: str, name: str) -> dict[str, Any]:
@@ -217,53 +215,6 @@ def test_only_a_lender_makes_room_for_another_namespaces_wide_replica(
         assert "to s1 (tier 1)" in moving, moving
 
 
-# The seed's tree grown for the cap's test: six more leaves of two 8-GPU nodes under two more spines.
-GROWN = """
-tierNames: {1: leaf, 2: spine, 3: core}
-nodeDefaults: {gpus: 8, cpu: "96", memory: 1Ti}
-switches:
-  s6:
-    s4: {s0: [node0, node1], s1: [node2, node3]}
-    s5: {s2: [node4, node5], s3: [node6, node7]}
-    s7: {t0: [x0, x1], t1: [x2, x3], t2: [x4, x5]}
-    s8: {t3: [x6, x7], t4: [x8, x9], t5: [x10, x11]}
-"""
-
-
-@pytest.fixture
-def grown(cluster: DevCluster, topology: Topology) -> Iterator[Topology]:
-    """The shared cluster's tree with six more leaves (12 more nodes) for one test, then as it was."""
-    tree = parse_topology(GROWN)
-    before = {h["metadata"]["name"]: h for h in cluster.hypernodes()}
-    added = [n for n in node_manifests(tree) if n["metadata"]["name"] not in topology.nodes]
-    for node in added:
-        cluster.create(node)
-    hypernodes = hypernode_manifests(tree)
-    for manifest in sorted(hypernodes, key=lambda h: h["spec"]["tier"]):  # a parent never names one not there
-        name = manifest["metadata"]["name"]
-        if name not in before:
-            cluster.custom.create_cluster_custom_object(*HYPERNODES, manifest)
-        elif manifest["spec"] != before[name]["spec"]:
-            current = cluster.custom.get_cluster_custom_object(*HYPERNODES, name)
-            cluster.custom.replace_cluster_custom_object(*HYPERNODES, name, {**current, "spec": manifest["spec"]})
-
-    def ready() -> bool:
-        nodes = [cluster.core.read_node(n["metadata"]["name"]) for n in added]
-        return all(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in nodes)
-
-    cluster.wait(ready, 120, "the added nodes Ready")
-    try:
-        yield tree
-    finally:
-        current = cluster.custom.get_cluster_custom_object(*HYPERNODES, "s6")
-        cluster.custom.replace_cluster_custom_object(*HYPERNODES, "s6", {**current, "spec": before["s6"]["spec"]})
-        for manifest in sorted(hypernodes, key=lambda h: -h["spec"]["tier"]):
-            if manifest["metadata"]["name"] not in before:
-                cluster.custom.delete_cluster_custom_object(*HYPERNODES, manifest["metadata"]["name"])
-        for node in added:
-            cluster.core.delete_node(node["metadata"]["name"])
-
-
 def test_a_cluster_cap_of_one_moves_four_services_one_after_the_other(
     cluster: DevCluster, cluster_dir: Path, grown: Topology, namespace: str
 ) -> None:
@@ -283,17 +234,13 @@ def test_a_cluster_cap_of_one_moves_four_services_one_after_the_other(
         unsettled: list[int] = []
         stop = threading.Event()
 
-        def moves_of(stormservice: dict[str, Any]) -> dict[str, Any]:
-            raw = (stormservice["metadata"].get("annotations") or {}).get("stormtopo.io/moves")
-            return dict(json.loads(raw)) if raw else {}
-
         def moves(name: str) -> dict[str, Any]:
-            return moves_of(cluster.stormservice(namespace, name))
+            return move_records(cluster.stormservice(namespace, name))
 
         def look() -> None:  # one list a look: every service at one moment (one read each could see a
             # settle of one and the start of the next, from one pass, as two moves at once)
             while not stop.is_set():
-                unsettled.append(sum(1 for s in cluster.stormservices(namespace) for m in moves_of(s).values() if not m.get("done")))
+                unsettled.append(sum(1 for s in cluster.stormservices(namespace) for m in move_records(s).values() if not m.get("done")))
                 stop.wait(0.2)
 
         watcher = threading.Thread(target=look, daemon=True)

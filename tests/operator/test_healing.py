@@ -360,3 +360,21 @@ def test_a_service_room_is_being_made_for_is_read_every_pass_from_the_lenders_re
     healer._memory = healer._memory.healed(("ns", "svc"), HealMemory(quiet_until=time.time() + 3600))
     asyncio.run(healer.check())
     assert looked == [("ns", "svc")] * 2  # past the move's deadline: quiet again
+
+
+def test_a_pass_that_loses_the_lease_looks_at_no_further_service() -> None:
+    """Each service's read may wait out a slow API server, and the Lease can go meanwhile: the rest of the
+    pass is the next leader's, never two replicas moving replicas at once."""
+    _index, healer, looked = probed({("ns", f"svc{i}"): wide_service() for i in range(3)})
+    leading = [True]
+    healer.leading = lambda: leading[0]
+    original = healer.heal
+
+    async def heal_then_lose(key: Any, heal_pass: Any, make_room: Any = None, allocatable: Any = None) -> Any:
+        leading[0] = False  # the Lease went while this service was read
+        return await original(key, heal_pass)
+
+    healer.heal = heal_then_lose  # type: ignore[method-assign]
+    asyncio.run(healer.check())
+    assert looked == [("ns", "svc0")]
+    assert len(healer.passes) == 1  # type: ignore[attr-defined]

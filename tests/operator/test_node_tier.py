@@ -111,6 +111,9 @@ def test_only_the_leader_writes() -> None:
         index.observe("HyperNode", None, h)
     asyncio.run(NodeTier(index, api, Readings({}), leading=lambda: False).check())
     assert api.calls == []
+    answers = iter([True, False])  # leading when the pass began, deposed while the room was read
+    asyncio.run(NodeTier(index, api, Readings({}), leading=lambda: next(answers)).check())
+    assert api.calls == []
 
 
 def test_a_change_of_the_reading_is_planned_at_once_and_nothing_new_plans_nothing() -> None:
