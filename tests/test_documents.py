@@ -261,3 +261,25 @@ def test_the_events_table_lists_exactly_the_reasons_the_code_posts() -> None:
     documented = {reason for cell in rows for reason in re.findall(r"`([A-Za-z]+)`", cell)}
     assert len(_event_reasons_in_code()) >= 15  # the scan finds them (a scan that finds none would pass anything)
     assert _event_reasons_in_code() == documented
+
+
+def modules_named_in_layout(text: str) -> list[str]:
+    """The modules of docs/layout.md's "Every module, one line each" section: the first cell of each row."""
+    listed = section(text, "## Every module, one line each")
+    listed = listed.split("### Beside the package")[0]
+    return re.findall(r"^\| `([^`]+\.py)` \|", listed, re.M)
+
+
+def test_the_layout_page_has_one_line_for_every_module_and_no_other() -> None:
+    package = REPO / "stormtopo"
+    modules = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if p.read_text().strip())
+    listed = modules_named_in_layout((REPO / "docs" / "layout.md").read_text())
+    assert len(listed) == len(set(listed)), f"named twice: {sorted({m for m in listed if listed.count(m) > 1})}"
+    assert not set(modules) - set(listed), f"modules without their line in docs/layout.md: {sorted(set(modules) - set(listed))}"
+    assert not set(listed) - set(modules), f"lines in docs/layout.md for no module: {sorted(set(listed) - set(modules))}"
+
+
+def test_the_layout_check_finds_a_missing_and_a_stale_line() -> None:
+    page = "## Every module, one line each\n\n| module | what |\n|---|---|\n| `core/gang.py` | a gang |\n| `core/gone.py` | x |\n"
+    assert modules_named_in_layout(page) == ["core/gang.py", "core/gone.py"]
+    assert modules_named_in_layout(page + "\n### Beside the package\n\n| `bench/x.py` | y |\n") == ["core/gang.py", "core/gone.py"]
