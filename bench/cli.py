@@ -220,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--services", type=int, default=10_000, help="StormServices that never opted in (default 10,000)")
     p.add_argument("--replicas", type=int, default=3, help="RoleSets of each (default 3: 30,000 RoleSets)")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on the local control plane: the operator's own lag metric and its pod webhook, without and with a resync (about 15 minutes)",
+    )
+    p.add_argument("--seconds", type=float, default=60.0, help="with --cluster: each phase's probing (default 60)")
     p = add(
         "memory",
         run_memory,
@@ -527,8 +533,11 @@ def run_sim_packing(args: argparse.Namespace, command: str) -> int:
 def run_loop_stall(args: argparse.Namespace, command: str) -> int:
     from bench import loop_stall
 
-    result = loop_stall.run(args.services, args.replicas)
-    path = record.write(args.name or "loop-stall", command, result)
+    if args.cluster:
+        result = loop_stall.run_on_cluster(args.services, args.replicas, seconds=args.seconds)
+    else:
+        result = loop_stall.run(args.services, args.replicas)
+    path = record.write(args.name or ("loop-stall-cluster" if args.cluster else "loop-stall"), command, result)
     print(f"results: {path}")
     _print_json(result)
     return 0

@@ -20,13 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, cast
 
+from bench.admission_load import Probe, Webhook, _open_loop
 from stormtopo.core.admission import admit_pod
 from stormtopo.core.replica import ReplicaMemory, plan_replica
+from stormtopo.devenv import cluster as dev
 from stormtopo.devenv.workloads import stormservice
+from stormtopo.kube.client import Api
 from stormtopo.operator.handlers import RESYNC_CHUNK
 from stormtopo.operator.index import Index
 from stormtopo.operator.optin import OptedInList
@@ -176,3 +183,133 @@ def run(services: int, replicas: int) -> dict[str, Any]:
         "after": after,
         "longest_stall_ratio": round(after["longest_stall_ms"] / before["longest_stall_ms"], 4) if before["longest_stall_ms"] else None,
     }
+
+
+# -- the same question on the real control plane ---------------------------------------------------------
+
+PROBE_RATE = 200.0  # AdmissionReviews a second straight to the pod webhook (every 5 ms, as above)
+CREATORS = 16  # threads creating the StormServices and RoleSets
+LAG_PREFIX = 'stormtopo_event_loop_lag_seconds_bucket{le="'
+
+
+def _create_all(state: Path, services: int, replicas: int, namespaces: int) -> float:
+    """`services` StormServices that never opted in over `namespaces` namespaces, and `replicas` RoleSets
+    each, labelled as AIBrix labels them (its controller is stopped: nothing else is made of them)."""
+    api = Api(str(state / "kubeconfig"))
+    for n in range(namespaces):
+        api.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"team-{n:03d}"}})
+    base = "/apis/orchestration.aibrix.ai/v1alpha1/namespaces"
+
+    def create(i: int) -> None:
+        namespace, name = f"team-{i % namespaces:03d}", f"svc-{i:05d}"
+        svc = stormservice(name, namespace, replicas=replicas)
+        api.request("POST", f"{base}/{namespace}/stormservices", svc)
+        for r in range(replicas):
+            labels = {"storm-service-name": name}
+            roleset = {
+                "apiVersion": "orchestration.aibrix.ai/v1alpha1",
+                "kind": "RoleSet",
+                "metadata": {"name": f"{name}-roleset-{r:02d}", "namespace": namespace, "labels": labels},
+                "spec": svc["spec"]["template"]["spec"],
+            }
+            api.request("POST", f"{base}/{namespace}/rolesets", roleset)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=CREATORS) as pool:
+        list(pool.map(create, range(services)))
+    return time.monotonic() - started
+
+
+def _lag_buckets(probe: Probe) -> dict[float, float]:
+    text = probe.metrics()
+    return {
+        float(line[len(LAG_PREFIX) :].split('"')[0]): float(line.split()[-1]) for line in text.splitlines() if line.startswith(LAG_PREFIX)
+    }
+
+
+def _longest_lag(before: dict[float, float], after: dict[float, float]) -> tuple[float, float, int]:
+    """From two reads of the cumulative lag histogram: the bounds (lower, upper, in ms) of the longest lag
+    observed between them, and how many looks were later than 50 ms."""
+    bounds = sorted(after)
+    cumulative = [after[b] - before.get(b, 0.0) for b in bounds]
+    counts = [c - (cumulative[i - 1] if i else 0.0) for i, c in enumerate(cumulative)]
+    top = max((i for i, c in enumerate(counts) if c > 0), default=0)
+    lower = bounds[top - 1] if top else 0.0
+    later = cumulative[-1] - cumulative[bounds.index(0.05)]
+    return round(1000 * lower, 1), round(1000 * bounds[top], 1), int(later)
+
+
+def _phase(state: Path, pod: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """Probe the pod webhook for `seconds` at PROBE_RATE; meanwhile read the work queues' depth once a second."""
+    probe, webhook = Probe(state), Webhook(state)
+    webhook.review(pod)  # untimed: the bench's TLS handshake
+    depths: list[float] = []
+    stop = threading.Event()
+
+    def read_depth() -> None:
+        while not stop.wait(1.0):
+            depths.append(sum(probe._by_label('stormtopo_workqueue_depth{queue="').values()))
+
+    reader = threading.Thread(target=read_depth, daemon=True)
+    before = _lag_buckets(probe)
+    reader.start()
+
+    def send(_i: int, _path: str) -> None:
+        webhook.review(pod)
+
+    times = _open_loop(send, ("direct",), seconds, PROBE_RATE)["direct"]
+    stop.set()
+    reader.join()
+    lower, upper, later = _longest_lag(before, _lag_buckets(probe))
+    ordered = sorted(times)
+    return {
+        "seconds": seconds,
+        "probes": len(ordered),
+        "webhook_p50_ms": round(1000 * statistics.median(ordered), 2),
+        "webhook_p99_ms": round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 2),
+        "webhook_max_ms": round(1000 * ordered[-1], 2),
+        "longest_lag_ms_between": [lower, upper],
+        "lag_looks_over_50ms": later,
+        "queue_depth_max": max(depths, default=0.0),
+    }
+
+
+def run_on_cluster(services: int, replicas: int, namespaces: int = 100, seconds: float = 60.0, resync: float = 5.0) -> dict[str, Any]:
+    """On the local control plane (AIBrix's controller stopped once the cluster is up, so the objects stay
+    as created): the operator restarted without a resync in the window (the baseline), then with one every
+    `resync` seconds, each probed the same way."""
+    state = Path(tempfile.mkdtemp(prefix="stormtopo-bench-loop-stall-"))
+    dev.up(state, timeout=300)
+    try:
+        dev.stop_component(state, "aibrix-controller-manager")
+        created = _create_all(state, services, replicas, namespaces)
+        print(f"  {services} StormServices and {services * replicas} RoleSets created in {created:.0f} s", flush=True)
+        labels = {"storm-service-name": "svc-00000", "roleset-name": "svc-00000-roleset-00", "role-name": "prefill"}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "svc-00000-roleset-00-prefill-0", "namespace": "team-000", "labels": labels},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        }
+        phases: dict[str, Any] = {}
+        for label, flags in (("no_resync", ("--resync-seconds=100000",)), ("resync", (f"--resync-seconds={resync:g}",))):
+            dev.stop_component(state, "operator")
+            started = time.monotonic()
+            dev.start_operator(state, timeout=600, extra=flags)
+            ready = time.monotonic() - started
+            time.sleep(resync)  # the start's own reconciling of every key done (the first resync at once)
+            phases[label] = {"operator_ready_seconds": round(ready, 1), **_phase(state, pod, seconds)}
+            print(f"  {label}: {phases[label]}", flush=True)
+        a, b = phases["no_resync"], phases["resync"]
+        return {
+            "services": services,
+            "rolesets": services * replicas,
+            "namespaces": namespaces,
+            "created_seconds": round(created, 1),
+            "resync_seconds": resync,
+            "probe_rate": PROBE_RATE,
+            **phases,
+            "webhook_p99_ratio": round(b["webhook_p99_ms"] / a["webhook_p99_ms"], 3),
+        }
+    finally:
+        dev.down(state)

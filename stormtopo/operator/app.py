@@ -167,6 +167,7 @@ async def run(config: OperatorConfig) -> None:
         registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops, config.resync_seconds, config.relist_seconds
     )
     loops.supervise("event-poster", IDLE_BEAT, events.run)
+    loops.supervise("event-loop-lag", 1.0, metrics.measure_event_loop_lag)
     healer = healing.Healer(
         index,
         api,

@@ -6,6 +6,7 @@ tests/integration/test_prometheus.py checks every one of those queries against a
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 
@@ -14,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from stormtopo.core.verdict import Why
-from stormtopo.operator.loops import Loops
+from stormtopo.operator.loops import Loop, Loops
 
 ADMISSION_SECONDS = Histogram(
     "stormtopo_admission_seconds",
@@ -92,6 +93,12 @@ for _outcome in EXPLANATION_OUTCOMES:
     EXPLANATIONS.labels(_outcome)
 for _verb in ("create", "patch"):
     PODGROUP_WRITES.labels(_verb)
+EVENT_LOOP_LAG = Histogram(
+    "stormtopo_event_loop_lag_seconds",
+    "How late the event loop woke a timer: the webhooks, the gate and /healthz share the loop, so a stall holds their answers as long",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+LAG_TICK = 0.05  # seconds between two looks at the event loop's lag
 for _kind in ("pod", "podgroup"):
     ADMISSION_SECONDS.labels(_kind)
 for _why in Why:
@@ -140,3 +147,14 @@ def watch(loops: Loops, leading: Callable[[], bool]) -> None:
     """Export the operator's loops and whether it leads, both read at each scrape as /healthz reads them."""
     LOOPS.loops = loops
     LEADER.set_function(lambda: float(leading()))
+
+
+async def measure_event_loop_lag(loop: Loop) -> None:
+    """Forever: sleep LAG_TICK and record how much later than asked the event loop woke (a handler that did
+    not yield held it that long). Supervised by the operator's loops like the others."""
+    clock = asyncio.get_running_loop().time
+    while True:
+        asked = clock()
+        await asyncio.sleep(LAG_TICK)
+        EVENT_LOOP_LAG.observe(max(0.0, clock() - asked - LAG_TICK))
+        loop.succeeded()

@@ -69,3 +69,26 @@ def test_an_explanation_whose_search_ran_out_of_budget_counts_as_out_of_budget()
     inexact = explain(topology, free, [2] * 13, 1)
     assert not inexact.fits and outcome(Pending(1, inexact)) == "out_of_budget"
     assert outcome(Pending(1, explain(topology, free, [2, 2], 1))) == "exact"
+
+
+def test_a_handler_that_holds_the_event_loop_shows_as_lag() -> None:
+    """A stall of 0.3 s (a handler that does not yield) is one observation of at least 0.25 s; a loop that
+    yields shows none that long."""
+    import asyncio
+
+    def slow_ones() -> float:
+        return REGISTRY.get_sample_value("stormtopo_event_loop_lag_seconds_count") - REGISTRY.get_sample_value(
+            "stormtopo_event_loop_lag_seconds_bucket", {"le": "0.1"}
+        )
+
+    async def measure(hold: float) -> float:
+        before = slow_ones()
+        task = asyncio.get_running_loop().create_task(metrics.measure_event_loop_lag(Loop("event-loop-lag", 1.0, time.monotonic())))
+        await asyncio.sleep(0.01)  # the timer is set
+        time.sleep(hold)  # the event loop held
+        await asyncio.sleep(2 * metrics.LAG_TICK)
+        task.cancel()
+        return slow_ones() - before
+
+    assert asyncio.run(measure(0.3)) == 1
+    assert asyncio.run(measure(0.0)) == 0
