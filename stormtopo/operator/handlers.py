@@ -315,6 +315,9 @@ def _configure(settings: kopf.OperatorSettings) -> None:
     # kopf gives up a request, a watch stream's included, after its backoffs: by default about a minute.
     # Keep retrying through a longer API-server outage, at most 30 s apart.
     settings.networking.error_backoffs = (1, 1, 2, 3, 5, 8, 13, 21) + (30,) * 40
-    # Per-object workers: a bounded number, gone soon after the last event.
+    # Per-object workers: a bounded number, gone soon after the last event. A worker holds its slot for
+    # its idle timeout after each event, so the limit over the timeout caps kopf's throughput: 0.5 s let
+    # through 128 objects a second, and a restart at 40,000 StormServices and RoleSets took 6 minutes to
+    # deliver them (BENCHMARKS.md, "the event loop on the real control plane").
     settings.queueing.worker_limit = 64
-    settings.queueing.idle_timeout = 0.5
+    settings.queueing.idle_timeout = 0.02

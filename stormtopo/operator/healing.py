@@ -66,6 +66,7 @@ __all__ = ["Healed", "Healer", "is_budget_refusal", "record_moves", "status_mess
 log = logging.getLogger("stormtopo.healing")
 
 REFUSED = (Forbidden, Invalid)  # RBAC, or an admission webhook or policy: not a budget, not an outage
+YIELD_EVERY = 256  # services a pass looks at between two yields of the event loop
 
 
 def is_budget_refusal(exc: ApiError) -> bool:
@@ -112,12 +113,14 @@ class Healer:
         """One pass over the StormServices (a loop of the operator runs it every --heal-interval)."""
         if not self.leading():
             return
-        services = self.index.stormservices
+        services = self.index.opted_in_stormservices()  # (never a tenant that did not opt in)
         heal_pass, self._memory = begin_pass(
             self._memory, services.values(), self.index.pods_freed, time.time(), self.recheck, self.stranded_after
         )
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
-        for key, stormservice in list(services.items()):
+        for i, (key, stormservice) in enumerate(services.items()):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # the webhooks share this loop: thousands of services, no stall
             if not self.leading():  # lost during the pass (each read may wait 30 s on a slow API server):
                 return  # another replica may lead now, and decides from its own reading
             reading = self._reading(key, stormservice)
@@ -142,7 +145,7 @@ class Healer:
                 await self.make_room(heal_pass)
             except Exception:
                 log.exception("making room failed; trying again at the next pass")
-        self._memory = self._memory.kept(self.index.stormservices.keys(), heal_pass.now, self.recheck)
+        self._memory = self._memory.kept(services.keys(), heal_pass.now, self.recheck)
         metrics.HEALING_PASSES.inc()
 
     async def heal(
@@ -175,7 +178,7 @@ class Healer:
         return ServiceReading(key, stormservice, replicas)
 
     def _readings(self, only: Key | None = None) -> list[ServiceReading]:
-        services = self.index.stormservices
+        services = self.index.opted_in_stormservices()
         return [self._reading(k, s) for k, s in services.items() if only is None or k == only]
 
     async def notice_stranded(self, key: Key, heal_pass: HealPass) -> HealPass:
@@ -192,7 +195,7 @@ class Healer:
         room moved out of the way (core/room.py, core/heal_pass.py): each resident the search offers is
         read and planned as its own service; one its own plan refuses is followed by the next."""
         now = time.time()
-        waiting = wide_waiting(heal_pass, self.index.stormservices.values(), now, self.cooldown)
+        waiting = wide_waiting(heal_pass, self.index.opted_in_stormservices().values(), now, self.cooldown)
         if not waiting or heal_pass.free is None:
             return
         residents = await self._residents({key for key, _, _ in heal_pass.no_room}, now)
@@ -225,7 +228,7 @@ class Healer:
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
         found = [
             (stormservice, roleset, self.index.pods_of(key[0], roleset["metadata"]["name"]))
-            for key, stormservice in list(self.index.stormservices.items())
+            for key, stormservice in self.index.opted_in_stormservices().items()
             if key not in waiting
             for roleset in self.index.rolesets_of(*key)
         ]
@@ -257,7 +260,7 @@ class Healer:
             for r in rolesets
         )
         podgroups = {r["metadata"]["name"]: pg for r in rolesets if (pg := self.index.podgroups.get((namespace, r["metadata"]["name"])))}
-        others = tuple(self.index.stormservices.items())  # the moves in the cluster, as the index has them now
+        others = tuple(self.index.opted_in_stormservices().items())  # the moves in the cluster, as the index has them now
         snapshot = HealSnapshot(
             stormservice,
             replicas,

@@ -20,7 +20,7 @@ from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.podgroup import carries_constraint, service_group_name
 from stormtopo.core.reconciliation import ServiceSnapshot
 from stormtopo.core.replica import KnownNodes, ReplicaSnapshot
-from stormtopo.core.request import ClusterTiers
+from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.spread import Replica
 from stormtopo.core.topology.hypernodes import selector_label_keys, selects_among_nodes, topology_from_hypernodes
 from stormtopo.core.topology.tree import Topology
@@ -218,6 +218,9 @@ class Index:
     _pods_by_replica: dict[Key, set[str]] = field(default_factory=dict)
     # (namespace, StormService) -> names of its RoleSets: reconciling one service must not scan them all.
     _rolesets_by_service: dict[Key, set[str]] = field(default_factory=dict)
+    # The StormServices that opted in (a request annotation): healing and the node tier look at these
+    # alone, so a pass costs what the opted-in services cost, whatever the tenants that never opted in hold.
+    _opted_in: set[Key] = field(default_factory=set)
     _seen: dict[tuple[str, Key], int] = field(default_factory=dict)  # (kind, key) -> when last observed
     _clock: int = 0
     _specs: SharedSpecs = field(default_factory=SharedSpecs)  # the StormServices' and RoleSets' specs, one copy each
@@ -282,6 +285,11 @@ class Index:
                 self.on_pods_moved()
         if kind == "RoleSet":
             _member(self._rolesets_by_service, service_key_of(obj), key[1], not deleted)
+        if kind == "StormService":
+            if not deleted and is_opted_in((obj.get("metadata") or {}).get("annotations")):
+                self._opted_in.add(key)
+            else:
+                self._opted_in.discard(key)
         if kind in SHARED_SPECS:
             self._specs.release(store.get(key))
         if deleted:
@@ -352,6 +360,10 @@ class Index:
         """The admitted pods of one replica."""
         names = self._pods_by_replica.get((namespace, roleset), set())
         return [self.pods[(namespace, n)] for n in sorted(names) if (namespace, n) in self.pods]
+
+    def opted_in_stormservices(self) -> dict[Key, dict[str, Any]]:
+        """The StormServices that opted in, by key: what healing and the node tier look at."""
+        return {key: self.stormservices[key] for key in sorted(self._opted_in) if key in self.stormservices}
 
     def rolesets_of(self, namespace: str, stormservice: str) -> list[dict[str, Any]]:
         names = self._rolesets_by_service.get((namespace, stormservice), set())

@@ -207,8 +207,15 @@ def _operator_call(keep_runs: bool = NodeTier.keep_runs) -> dict[str, Any]:
         "metadata": {"namespace": "ns", "name": "svc", "generation": 1, "annotations": {"stormtopo.io/topology": "hard"}},
         "spec": {"replicas": 1, "template": {}},
     }
+    services = {("ns", "svc"): service}
     index = SimpleNamespace(
-        pods_bound=0, pods_freed=0, hypernode_changes=1, hypernodes={}, stormservices={("ns", "svc"): service}, nodes={}
+        pods_bound=0,
+        pods_freed=0,
+        hypernode_changes=1,
+        hypernodes={},
+        stormservices=services,
+        nodes={},
+        opted_in_stormservices=lambda: services,
     )
     # Whatever else the node tier is given to read the GPUs with (its fields without a default but the index).
     readings = SimpleNamespace(free_gpus=free_gpus, allocatable_gpus=allocatable_gpus)

@@ -190,6 +190,9 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
         stormservices = services
         hypernodes: dict[str, Any] = {}  # no node tier
 
+        def opted_in_stormservices(self) -> dict[Any, dict[str, Any]]:
+            return opted_in_only(self.stormservices)
+
         def topology(self) -> Any:
             return TOPOLOGY
 
@@ -277,6 +280,13 @@ def test_no_room_is_made_while_a_move_to_make_room_is_under_way() -> None:
     assert healer.offered == []
 
 
+def opted_in_only(stormservices: dict[Any, dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    """As the index keeps them: the services with a request annotation."""
+    from stormtopo.core.request import is_opted_in
+
+    return {k: s for k, s in stormservices.items() if is_opted_in(s["metadata"].get("annotations"))}
+
+
 # -- a freed node: the quiet services are read again, over a fresh reading --------------------------
 
 
@@ -286,6 +296,9 @@ class _Index:
     def __init__(self, stormservices: dict[Any, dict[str, Any]]) -> None:
         self.stormservices = stormservices
         self.pods_freed = 0
+
+    def opted_in_stormservices(self) -> dict[Any, dict[str, Any]]:
+        return opted_in_only(self.stormservices)
 
     def topology(self) -> Any:
         return TOPOLOGY

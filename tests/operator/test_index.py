@@ -262,3 +262,24 @@ def test_a_slim_pod_keeps_its_content_with_its_strings_interned_and_its_bound_sp
     unscheduled["spec"].pop("nodeName")
     unscheduled["status"]["conditions"][1] |= {"status": "False", "reason": "Unschedulable", "message": "0/8 nodes"}
     assert slim(unscheduled)["status"]["conditions"][0]["message"] == "0/8 nodes"  # why it waits, while it waits
+
+
+def test_the_opted_in_stormservices_follow_their_annotations_and_deletions() -> None:
+    """What healing and the node tier look at: a pass costs the opted-in services, never the others."""
+    from stormtopo.operator.index import Index
+
+    index = Index(api=None)  # type: ignore[arg-type]  # observe makes no API calls
+
+    def svc(name: str, **annotations: str) -> dict[str, Any]:
+        return {"kind": "StormService", "metadata": {"name": name, "namespace": "ns", "annotations": annotations}}
+
+    for name in ("plain-a", "plain-b"):
+        index.observe("StormService", None, svc(name))
+    index.observe("StormService", None, svc("asks", **{"volcano.sh/network-topology-mode": "hard"}))
+    assert list(index.opted_in_stormservices()) == [("ns", "asks")]
+    index.observe("StormService", "MODIFIED", svc("plain-a", **{"volcano.sh/network-topology-mode": "soft"}))
+    assert list(index.opted_in_stormservices()) == [("ns", "asks"), ("ns", "plain-a")]
+    index.observe("StormService", "MODIFIED", svc("asks"))  # opted out
+    index.observe("StormService", "DELETED", svc("plain-a", **{"volcano.sh/network-topology-mode": "soft"}))
+    assert index.opted_in_stormservices() == {}
+    assert len(index.stormservices) == 2
