@@ -239,6 +239,20 @@ def _longest_lag(before: dict[float, float], after: dict[float, float]) -> tuple
     return round(1000 * lower, 1), round(1000 * bounds[top], 1), int(later)
 
 
+def _delivered(probe: Probe, started: float, quiet: float = 10.0) -> float:
+    """Seconds from the operator's start until the objects its index has recorded stop growing for `quiet`
+    seconds: kopf has delivered its first event of every StormService and RoleSet (the index had them
+    from its own first list already; kopf's per-object processing is what takes the time)."""
+    last, since = -1.0, time.monotonic()
+    while True:
+        total = sum(probe.observed().values())
+        if total != last:
+            last, since = total, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return round(since - started, 1)
+        time.sleep(1.0)
+
+
 def _phase(state: Path, pod: dict[str, Any], seconds: float) -> dict[str, Any]:
     """Probe the pod webhook for `seconds` at PROBE_RATE; meanwhile read the work queues' depth once a second."""
     probe, webhook = Probe(state), Webhook(state)
@@ -297,8 +311,8 @@ def run_on_cluster(services: int, replicas: int, namespaces: int = 100, seconds:
             started = time.monotonic()
             dev.start_operator(state, timeout=600, extra=flags)
             ready = time.monotonic() - started
-            time.sleep(resync)  # the start's own reconciling of every key done (the first resync at once)
-            phases[label] = {"operator_ready_seconds": round(ready, 1), **_phase(state, pod, seconds)}
+            delivered = _delivered(Probe(state), started)  # kopf's first events of every object, after the first list
+            phases[label] = {"operator_ready_seconds": round(ready, 1), "kopf_delivered_seconds": delivered, **_phase(state, pod, seconds)}
             print(f"  {label}: {phases[label]}", flush=True)
         a, b = phases["no_resync"], phases["resync"]
         return {
