@@ -113,9 +113,9 @@ class Healer:
         """One pass over the StormServices (a loop of the operator runs it every --heal-interval)."""
         if not self.leading():
             return
-        services = self.index.opted_in_stormservices()  # (never a tenant that did not opt in)
-        heal_pass, self._memory = begin_pass(
-            self._memory, services.values(), self.index.pods_freed, time.time(), self.recheck, self.stranded_after
+        services = self.index.stormservices_in_play()  # (never a tenant that did not opt in)
+        heal_pass, self._memory = await asyncio.to_thread(  # every lender's records read: off the loop
+            begin_pass, self._memory, services.values(), self.index.pods_freed, time.time(), self.recheck, self.stranded_after
         )
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
         for i, (key, stormservice) in enumerate(services.items()):
@@ -140,7 +140,7 @@ class Healer:
                 heal_pass = healed.heal_pass
                 if healed.error is not None:  # one service's failure is logged; the others still get their pass
                     log.error("healing %s/%s failed; trying again at the next pass", *key, exc_info=healed.error)
-        if heal_pass.no_room and self.make_room_enabled:
+        if heal_pass.no_room and self.make_room_enabled and self.leading():
             try:
                 await self.make_room(heal_pass)
             except Exception:
@@ -160,6 +160,8 @@ class Healer:
             planned = await asyncio.to_thread(plan_service, heal_pass, read, self._memory.of(key))
             snapshot, plan, heal_pass = planned.snapshot, planned.plan, planned.heal_pass
             self._memory = self._memory.healed(key, plan.memory)
+            if not self.leading():  # deposed while it read: the next leader decides from its own reading
+                return Healed(None, heal_pass)
             if not await self.record_plan(snapshot, plan):
                 return Healed(None, heal_pass)
             # The move's target is taken for the rest of the pass: as the index has it once recorded.
@@ -177,9 +179,17 @@ class Healer:
         replicas = tuple((r, tuple(self.index.pods_of(key[0], r["metadata"]["name"]))) for r in self.index.rolesets_of(*key))
         return ServiceReading(key, stormservice, replicas)
 
-    def _readings(self, only: Key | None = None) -> list[ServiceReading]:
-        services = self.index.opted_in_stormservices()
-        return [self._reading(k, s) for k, s in services.items() if only is None or k == only]
+    def _readings(self, only: Key) -> list[ServiceReading]:
+        stormservice = self.index.stormservices.get(only)
+        return [self._reading(only, stormservice)] if stormservice is not None else []
+
+    async def _all_readings(self) -> tuple[ServiceReading, ...]:
+        readings = []
+        for i, (key, stormservice) in enumerate(self.index.stormservices_in_play().items()):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+            readings.append(self._reading(key, stormservice))
+        return tuple(readings)
 
     async def notice_stranded(self, key: Key, heal_pass: HealPass) -> HealPass:
         read = await self.read(key, heal_pass)
@@ -195,7 +205,7 @@ class Healer:
         room moved out of the way (core/room.py, core/heal_pass.py): each resident the search offers is
         read and planned as its own service; one its own plan refuses is followed by the next."""
         now = time.time()
-        waiting = wide_waiting(heal_pass, self.index.opted_in_stormservices().values(), now, self.cooldown)
+        waiting = wide_waiting(heal_pass, self.index.stormservices_in_play().values(), now, self.cooldown)
         if not waiting or heal_pass.free is None:
             return
         residents = await self._residents({key for key, _, _ in heal_pass.no_room}, now)
@@ -226,12 +236,12 @@ class Healer:
         """Replicas of other services that lend room and may make it: read from the index on the loop,
         judged on a thread (tens of microseconds each, thousands of them)."""
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
-        found = [
-            (stormservice, roleset, self.index.pods_of(key[0], roleset["metadata"]["name"]))
-            for key, stormservice in self.index.opted_in_stormservices().items()
-            if key not in waiting
-            for roleset in self.index.rolesets_of(*key)
-        ]
+        found = []
+        for i, (key, stormservice) in enumerate(self.index.stormservices_in_play().items()):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # thousands of services: the webhooks share this loop
+            if key not in waiting:
+                found += [(stormservice, r, self.index.pods_of(key[0], r["metadata"]["name"])) for r in self.index.rolesets_of(*key)]
         return await asyncio.to_thread(lenders, found, tiers, topology, now, self.cooldown)
 
     async def read(
@@ -253,14 +263,14 @@ class Healer:
         free: dict[str, int] | None = None
         readings: tuple[ServiceReading, ...] = ()
         if heal_pass.free is None:
-            free, readings = await self.room.free_gpus(taking_new_pods=True), tuple(self._readings())
+            free, readings = await self.room.free_gpus(taking_new_pods=True), await self._all_readings()
         rolesets = self.index.rolesets_of(namespace, name)
         replicas = tuple(
             Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))
             for r in rolesets
         )
         podgroups = {r["metadata"]["name"]: pg for r in rolesets if (pg := self.index.podgroups.get((namespace, r["metadata"]["name"])))}
-        others = tuple(self.index.opted_in_stormservices().items())  # the moves in the cluster, as the index has them now
+        others = tuple(self.index.stormservices_in_play().items())  # the moves in the cluster, as the index has them now
         snapshot = HealSnapshot(
             stormservice,
             replicas,

@@ -27,6 +27,7 @@ from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import (
     AIBRIX,
     HOSTNAME_LABEL,
+    MOVES_ANNOTATION,
     PODGROUP_CRD,
     REPLICA_SPREAD_TIER,
     REPLICA_SPREAD_TIER_NAME,
@@ -218,9 +219,11 @@ class Index:
     _pods_by_replica: dict[Key, set[str]] = field(default_factory=dict)
     # (namespace, StormService) -> names of its RoleSets: reconciling one service must not scan them all.
     _rolesets_by_service: dict[Key, set[str]] = field(default_factory=dict)
-    # The StormServices that opted in (a request annotation): healing and the node tier look at these
-    # alone, so a pass costs what the opted-in services cost, whatever the tenants that never opted in hold.
-    _opted_in: set[Key] = field(default_factory=set)
+    # The StormServices healing and the node tier look at: those that opted in (a request annotation),
+    # and those that still carry move records (one that opted out mid-move still counts against the cap
+    # and the room made). A pass costs what these cost, whatever the tenants that never opted in hold.
+    _in_play: set[Key] = field(default_factory=set)
+    _in_play_sorted: list[Key] | None = None  # sorted once per change of the set, not per call
     _seen: dict[tuple[str, Key], int] = field(default_factory=dict)  # (kind, key) -> when last observed
     _clock: int = 0
     _specs: SharedSpecs = field(default_factory=SharedSpecs)  # the StormServices' and RoleSets' specs, one copy each
@@ -286,10 +289,14 @@ class Index:
         if kind == "RoleSet":
             _member(self._rolesets_by_service, service_key_of(obj), key[1], not deleted)
         if kind == "StormService":
-            if not deleted and is_opted_in((obj.get("metadata") or {}).get("annotations")):
-                self._opted_in.add(key)
-            else:
-                self._opted_in.discard(key)
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            in_play = not deleted and (is_opted_in(annotations) or MOVES_ANNOTATION in annotations)
+            if in_play and key not in self._in_play:
+                self._in_play.add(key)
+                self._in_play_sorted = None
+            elif not in_play and key in self._in_play:
+                self._in_play.discard(key)
+                self._in_play_sorted = None
         if kind in SHARED_SPECS:
             self._specs.release(store.get(key))
         if deleted:
@@ -361,9 +368,12 @@ class Index:
         names = self._pods_by_replica.get((namespace, roleset), set())
         return [self.pods[(namespace, n)] for n in sorted(names) if (namespace, n) in self.pods]
 
-    def opted_in_stormservices(self) -> dict[Key, dict[str, Any]]:
-        """The StormServices that opted in, by key: what healing and the node tier look at."""
-        return {key: self.stormservices[key] for key in sorted(self._opted_in) if key in self.stormservices}
+    def stormservices_in_play(self) -> dict[Key, dict[str, Any]]:
+        """What healing and the node tier look at, by key: the StormServices that opted in, and those that
+        still carry move records."""
+        if self._in_play_sorted is None:
+            self._in_play_sorted = sorted(self._in_play)
+        return {key: self.stormservices[key] for key in self._in_play_sorted if key in self.stormservices}
 
     def rolesets_of(self, namespace: str, stormservice: str) -> list[dict[str, Any]]:
         names = self._rolesets_by_service.get((namespace, stormservice), set())

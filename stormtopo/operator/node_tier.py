@@ -97,7 +97,7 @@ class NodeTier:
         used = {node: gpus - free[node] for node, gpus in taking.items()}
         # The shapes of the replicas that ask for a topology: whether one needs a run of empty nodes in one
         # leaf (a gang without one takes empty nodes anywhere).
-        services = list(self.index.opted_in_stormservices().values()) if self.keep_runs else []
+        services = list(self.index.stormservices_in_play().values()) if self.keep_runs else []
         self._warned &= {_generation(s) for s in services}
         replicas = frozenset(
             shape for s in services if is_opted_in(s["metadata"].get("annotations")) and (shape := _shape(s, self._warned))

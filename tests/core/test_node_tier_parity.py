@@ -215,7 +215,7 @@ def _operator_call(keep_runs: bool = NodeTier.keep_runs) -> dict[str, Any]:
         hypernodes={},
         stormservices=services,
         nodes={},
-        opted_in_stormservices=lambda: services,
+        stormservices_in_play=lambda: services,
     )
     # Whatever else the node tier is given to read the GPUs with (its fields without a default but the index).
     readings = SimpleNamespace(free_gpus=free_gpus, allocatable_gpus=allocatable_gpus)

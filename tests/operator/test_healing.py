@@ -190,7 +190,7 @@ def making_room_healer(services: dict[Any, Any], verdicts: list[Any]) -> Any:
         stormservices = services
         hypernodes: dict[str, Any] = {}  # no node tier
 
-        def opted_in_stormservices(self) -> dict[Any, dict[str, Any]]:
+        def stormservices_in_play(self) -> dict[Any, dict[str, Any]]:
             return opted_in_only(self.stormservices)
 
         def topology(self) -> Any:
@@ -297,7 +297,7 @@ class _Index:
         self.stormservices = stormservices
         self.pods_freed = 0
 
-    def opted_in_stormservices(self) -> dict[Any, dict[str, Any]]:
+    def stormservices_in_play(self) -> dict[Any, dict[str, Any]]:
         return opted_in_only(self.stormservices)
 
     def topology(self) -> Any:
@@ -391,3 +391,28 @@ def test_a_pass_that_loses_the_lease_looks_at_no_further_service() -> None:
     asyncio.run(healer.check())
     assert looked == [("ns", "svc0")]
     assert len(healer.passes) == 1  # type: ignore[attr-defined]
+
+
+def test_a_replica_deposed_while_it_read_a_service_records_and_writes_nothing_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read may wait 30 s on a slow API server and the Lease can go meanwhile: the plan made from it is
+    not recorded (the next leader would carry out a move decided from this replica's reading)."""
+    from types import SimpleNamespace
+
+    from stormtopo.operator import healing as shell
+
+    recorded: list[Any] = []
+
+    class Deposed(Healer):
+        async def read(self, key: Any, heal_pass: Any, make_room: Any = None, allocatable: Any = None) -> Any:
+            self.leading = lambda: False  # the Lease went during the read
+            return object()
+
+        async def record_plan(self, snapshot: Any, plan: Any) -> bool:
+            recorded.append(plan)
+            return True
+
+    planned = SimpleNamespace(snapshot=None, plan=SimpleNamespace(memory=HealMemory(), moving=None), heal_pass="the pass")
+    monkeypatch.setattr(shell, "plan_service", lambda *_: planned)
+    healer = Deposed(cast(Any, None), cast(Any, None), lambda *_: None, cast(Any, None), cast(Any, None))
+    healed = asyncio.run(healer.heal(("ns", "svc"), cast(Any, "the pass")))
+    assert recorded == [] and healed.plan is None and healed.error is None

@@ -264,8 +264,9 @@ def test_a_slim_pod_keeps_its_content_with_its_strings_interned_and_its_bound_sp
     assert slim(unscheduled)["status"]["conditions"][0]["message"] == "0/8 nodes"  # why it waits, while it waits
 
 
-def test_the_opted_in_stormservices_follow_their_annotations_and_deletions() -> None:
-    """What healing and the node tier look at: a pass costs the opted-in services, never the others."""
+def test_the_stormservices_in_play_follow_their_annotations_and_deletions() -> None:
+    """What healing and the node tier look at: the opted-in services, and those still carrying move records
+    (one that opted out mid-move still counts against the cap); never the others."""
     from stormtopo.operator.index import Index
 
     index = Index(api=None)  # type: ignore[arg-type]  # observe makes no API calls
@@ -276,10 +277,12 @@ def test_the_opted_in_stormservices_follow_their_annotations_and_deletions() -> 
     for name in ("plain-a", "plain-b"):
         index.observe("StormService", None, svc(name))
     index.observe("StormService", None, svc("asks", **{"volcano.sh/network-topology-mode": "hard"}))
-    assert list(index.opted_in_stormservices()) == [("ns", "asks")]
+    assert list(index.stormservices_in_play()) == [("ns", "asks")]
     index.observe("StormService", "MODIFIED", svc("plain-a", **{"volcano.sh/network-topology-mode": "soft"}))
-    assert list(index.opted_in_stormservices()) == [("ns", "asks"), ("ns", "plain-a")]
+    assert list(index.stormservices_in_play()) == [("ns", "asks"), ("ns", "plain-a")]
     index.observe("StormService", "MODIFIED", svc("asks"))  # opted out
     index.observe("StormService", "DELETED", svc("plain-a", **{"volcano.sh/network-topology-mode": "soft"}))
-    assert index.opted_in_stormservices() == {}
+    assert index.stormservices_in_play() == {}
     assert len(index.stormservices) == 2
+    index.observe("StormService", "MODIFIED", svc("asks", **{"stormtopo.io/moves": "{}"}))  # opted out, its records kept
+    assert list(index.stormservices_in_play()) == [("ns", "asks")]
