@@ -33,7 +33,7 @@ from stormtopo.operator import metrics, watch
 from stormtopo.operator.config import RELIST_SECONDS, RESYNC_SECONDS
 from stormtopo.operator.index import DELIVERED_BY_RELIST, Index, Key, key_of, service_key_of
 from stormtopo.operator.leader import Leadership
-from stormtopo.operator.loops import Loops
+from stormtopo.operator.loops import Loops, yielding
 from stormtopo.operator.reconciliation import Reconciler
 from stormtopo.operator.replica import PlacementReporter
 from stormtopo.operator.workqueue import WorkQueue
@@ -86,14 +86,11 @@ class Operator:
 
     async def resync(self) -> None:
         await self.reconciler.refresh_opted_in()
-        for i, key in enumerate(list(self.index.stormservices)):
+        async for key in yielding(list(self.index.stormservices), RESYNC_CHUNK):
             self.stormservices.add(key)
-            if i % RESYNC_CHUNK == RESYNC_CHUNK - 1:
-                await asyncio.sleep(0)  # the webhooks and probes share this loop: no stall at any size
-        for i, replica in enumerate(list(self.index.rolesets)):  # placements a former leader did not report; pending gangs re-explained
+        # Every replica too: placements a former leader did not report, pending gangs explained again.
+        async for replica in yielding(list(self.index.rolesets), RESYNC_CHUNK):
             self.placements.add(replica)
-            if i % RESYNC_CHUNK == RESYNC_CHUNK - 1:
-                await asyncio.sleep(0)
 
     def follow(self, kind: str, event: Mapping[str, Any], body: Mapping[str, Any]) -> None:
         """Record the object, and queue what it changes if this replica leads: a StormService or a

@@ -58,6 +58,7 @@ from stormtopo.kube.client import Api, ApiError, Conflict, Forbidden, Invalid
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key
+from stormtopo.operator.loops import yielding
 from stormtopo.operator.room import NodeRoom
 from stormtopo.operator.writer import evict, execute, record_moves
 
@@ -66,7 +67,6 @@ __all__ = ["Healed", "Healer", "is_budget_refusal", "record_moves", "status_mess
 log = logging.getLogger("stormtopo.healing")
 
 REFUSED = (Forbidden, Invalid)  # RBAC, or an admission webhook or policy: not a budget, not an outage
-YIELD_EVERY = 256  # services a pass looks at between two yields of the event loop
 
 
 def is_budget_refusal(exc: ApiError) -> bool:
@@ -118,9 +118,7 @@ class Healer:
             begin_pass, self._memory, services.values(), self.index.pods_freed, time.time(), self.recheck, self.stranded_after
         )
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
-        for i, (key, stormservice) in enumerate(services.items()):
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # the webhooks share this loop: thousands of services, no stall
+        async for key, stormservice in yielding(services.items()):
             if not self.leading():  # lost during the pass (each read may wait 30 s on a slow API server):
                 return  # another replica may lead now, and decides from its own reading
             reading = self._reading(key, stormservice)
@@ -184,12 +182,8 @@ class Healer:
         return [self._reading(only, stormservice)] if stormservice is not None else []
 
     async def _all_readings(self) -> tuple[ServiceReading, ...]:
-        readings = []
-        for i, (key, stormservice) in enumerate(self.index.stormservices_in_play().items()):
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)
-            readings.append(self._reading(key, stormservice))
-        return tuple(readings)
+        """Every StormService in play, read from the index: what the pass's free room sets aside for moves."""
+        return tuple([self._reading(key, stormservice) async for key, stormservice in yielding(self.index.stormservices_in_play().items())])
 
     async def notice_stranded(self, key: Key, heal_pass: HealPass) -> HealPass:
         read = await self.read(key, heal_pass)
@@ -236,12 +230,12 @@ class Healer:
         """Replicas of other services that lend room and may make it: read from the index on the loop,
         judged on a thread (tens of microseconds each, thousands of them)."""
         tiers, topology = self.index.cluster_tiers(), self.index.topology()
-        found = []
-        for i, (key, stormservice) in enumerate(self.index.stormservices_in_play().items()):
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # thousands of services: the webhooks share this loop
-            if key not in waiting:
-                found += [(stormservice, r, self.index.pods_of(key[0], r["metadata"]["name"])) for r in self.index.rolesets_of(*key)]
+        found = [
+            (stormservice, roleset, self.index.pods_of(key[0], roleset["metadata"]["name"]))
+            async for key, stormservice in yielding(self.index.stormservices_in_play().items())
+            if key not in waiting
+            for roleset in self.index.rolesets_of(*key)
+        ]
         return await asyncio.to_thread(lenders, found, tiers, topology, now, self.cooldown)
 
     async def read(

@@ -19,9 +19,9 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Collection, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from stormtopo.kube.errors import ApiError, ApiUnavailable
 
@@ -36,6 +36,16 @@ STALE_PERIODS = 3  # a loop is stuck after this many periods (plus the backoff c
 # that waits its turn behind an explanation in the shared worker (EXPLAIN_TIMEOUT, 120 s) and then does its
 # own work: a slow answer is no reason to restart; a deadlock is found within minutes.
 HANG_SECONDS = 180.0
+T = TypeVar("T")
+
+
+async def yielding(items: Iterable[T], every: int = 256) -> AsyncIterator[T]:
+    """The items, the event loop yielded to after every `every` of them: the webhooks, the gate and
+    /healthz share this loop, and a walk over thousands of services or keys must not hold them."""
+    for i, item in enumerate(items):
+        if i % every == every - 1:
+            await asyncio.sleep(0)
+        yield item
 
 
 def backoff(failures: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:

@@ -402,3 +402,21 @@ def test_an_event_waits_out_an_unavailable_api_server_and_a_refused_one_is_dropp
         await loops.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_walk_over_many_items_lets_the_loop_answer_between_them() -> None:
+    """`yielding` hands the event loop on every few items: a webhook answer waits for a few, not for all."""
+    from stormtopo.operator.loops import yielding
+
+    async def walk() -> list[str]:
+        seen: list[str] = []
+
+        async def answer() -> None:
+            seen.append("answer")
+
+        asyncio.get_running_loop().create_task(answer())
+        async for item in yielding(range(6), every=2):
+            seen.append(str(item))
+        return seen
+
+    assert asyncio.run(walk()) == ["0", "answer", "1", "2", "3", "4", "5"]  # not after all six
