@@ -112,6 +112,10 @@ class Probe:
             line[len(prefix) :].split('"')[0]: float(line.split()[-1]) for line in self.metrics().splitlines() if line.startswith(prefix)
         }
 
+    def queue_depth(self) -> float:
+        """Keys waiting in the operator's work queues now, all queues together."""
+        return sum(self._by_label('stormtopo_workqueue_depth{queue="').values())
+
     def observed(self) -> dict[str, float]:
         """Objects the operator's index has recorded so far (watch events), by kind."""
         return self._by_label('stormtopo_observed_objects_total{kind="')
@@ -228,7 +232,7 @@ def _pod(i: int, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _open_loop(send: Callable[[int, str], None], paths: tuple[str, ...], seconds: float, rate: float) -> dict[str, list[float]]:
+def open_loop(send: Callable[[int, str], None], paths: tuple[str, ...], seconds: float, rate: float) -> dict[str, list[float]]:
     """Every 1/`rate` s, `send(i, path)` for each path, on a pool of threads: requests go out on a fixed
     schedule whatever the answers, and each is timed from when it was due, so a stall delays (and
     counts against) every request behind it."""
@@ -258,7 +262,7 @@ def probe_webhook(state: Path, namespace: str, labels: dict[str, str], seconds: 
     def send(i: int, _: str) -> None:
         patched[0] += bool(webhook.review(_pod(i, namespace, labels)).get("patch"))
 
-    return _open_loop(send, ("direct",), seconds, rate)["direct"], patched[0]
+    return open_loop(send, ("direct",), seconds, rate)["direct"], patched[0]
 
 
 def measure(
@@ -276,7 +280,7 @@ def measure(
     of a plain one (no webhook: the machine's noise); every 1/`direct_rate` s, from another process,
     the opted-in pod's AdmissionReview straight to the webhook; and what the operator did meanwhile.
 
-    Open loop, as pods arrive in a cluster (see _open_loop). A closed loop (the next request when the
+    Open loop, as pods arrive in a cluster (see open_loop). A closed loop (the next request when the
     last is answered) keeps the API server busy all the time instead: on 2 cores it then measures how
     saturated the machine is (BENCHMARKS.md).
     """
@@ -291,7 +295,7 @@ def measure(
         created = _dry_run(api, namespace, _pod(i, namespace, opted_in if path == "webhook" else {}))
         admitted[0] += path == "webhook" and (created["metadata"].get("labels") or {}).get(ADMITTED_LABEL) == "true"
 
-    times = _open_loop(send, ("webhook", "plain"), seconds, rate)
+    times = open_loop(send, ("webhook", "plain"), seconds, rate)
     times["direct"], patched = direct.result(timeout=seconds + 120)
     wall = time.monotonic() - started
     after = probe.admission_buckets()

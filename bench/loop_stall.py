@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
-from bench.admission_load import Probe, Webhook, _open_loop
+from bench.admission_load import Probe, Webhook, open_loop
 from stormtopo.core.admission import admit_pod
 from stormtopo.core.replica import ReplicaMemory, plan_replica
 from stormtopo.devenv import cluster as dev
@@ -262,7 +262,7 @@ def _phase(state: Path, pod: dict[str, Any], seconds: float) -> dict[str, Any]:
 
     def read_depth() -> None:
         while not stop.wait(1.0):
-            depths.append(sum(probe._by_label('stormtopo_workqueue_depth{queue="').values()))
+            depths.append(probe.queue_depth())
 
     reader = threading.Thread(target=read_depth, daemon=True)
     before = _lag_buckets(probe)
@@ -271,7 +271,7 @@ def _phase(state: Path, pod: dict[str, Any], seconds: float) -> dict[str, Any]:
     def send(_i: int, _path: str) -> None:
         webhook.review(pod)
 
-    times = _open_loop(send, ("direct",), seconds, PROBE_RATE)["direct"]
+    times = open_loop(send, ("direct",), seconds, PROBE_RATE)["direct"]
     stop.set()
     reader.join()
     lower, upper, later = _longest_lag(before, _lag_buckets(probe))

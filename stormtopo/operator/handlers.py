@@ -315,6 +315,6 @@ def _configure(settings: kopf.OperatorSettings) -> None:
     # Per-object workers: a bounded number, gone soon after the last event. A worker holds its slot for
     # its idle timeout after each event, so the limit over the timeout caps kopf's throughput: 0.5 s let
     # through 128 objects a second, and a restart at 40,000 StormServices and RoleSets took 6 minutes to
-    # deliver them (BENCHMARKS.md, "the event loop on the real control plane").
+    # deliver them (BENCHMARKS.md, Scale: the loop-stall rows on the local control plane).
     settings.queueing.worker_limit = 64
     settings.queueing.idle_timeout = 0.02
