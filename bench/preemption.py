@@ -34,12 +34,19 @@ from typing import Any
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from stormtopo.core.preemption import Holder, plan_preemption
+from stormtopo.core.topology.tree import NodeSpec, Switch, Topology
+from stormtopo.core.victims import GangSize
+
 NODE_GPUS = 8
 PREEMPTOR_PRIORITY = 100
 VICTIM_PRIORITIES = (10, 20, 30, 40)
 LEAVES_PER_SPINE = 8
 SHAPES: tuple[tuple[int, ...], ...] = ((8, 8), (4, 4))
 MODES = ("hard", "soft")
+# volcano: Volcano alone picks the victims. stormtopo: stormtopo's plan (core/preemption.py) is evicted first,
+# then the gang goes to Volcano, which finds the room releasing.
+ARMS = ("volcano", "stormtopo")
 SESSIONS = 4
 # Per size: nodes -> seeds. quick: 64 nodes only.
 SIZES: dict[str, dict[int, tuple[int, ...]]] = {
@@ -174,6 +181,34 @@ def cluster(nodes: int, seed: int) -> Cluster:
     return Cluster(leaves, spine_of, fill(leaves, seed))
 
 
+# ---- stormtopo's choice -----------------------------------------------------------------------------------
+
+
+def topology_of(c: Cluster) -> Topology:
+    """The cluster's HyperNodes as stormtopo reads them: leaves of tier 1 under spines of tier 2."""
+    switches = {leaf: Switch(leaf, 1, c.spine_of[leaf], (), tuple(nodes)) for leaf, nodes in c.leaves.items()}
+    for spine in sorted(set(c.spine_of.values())):
+        switches[spine] = Switch(spine, 2, None, tuple(leaf for leaf in c.leaves if c.spine_of[leaf] == spine), ())
+    nodes = {n: NodeSpec(n, leaf, c.node_gpus, "96", "1Ti") for leaf, ns in c.leaves.items() for n in ns}
+    return Topology(switches=switches, nodes=nodes)
+
+
+def stormtopo_victims(c: Cluster, gang: Gang) -> tuple[list[str], float]:
+    """The pods stormtopo preempts for the gang (its plan over the cluster as read: every pod's GPUs, priority
+    and gang, every gang's minMember), and the seconds the plan took."""
+    holders: dict[str, list[Holder]] = defaultdict(list)
+    names: dict[str, list[str]] = defaultdict(list)
+    for job in c.jobs:
+        for pod in job.pods:
+            holders[pod.node].append(Holder(pod.gpus, job.priority, True, job.name))
+            names[pod.node].append(pod.name)
+    gangs = {j.name: GangSize(len(j.pods), j.min_member, sum(p.gpus for p in j.pods)) for j in c.jobs}
+    started = time.perf_counter()
+    plan = plan_preemption(topology_of(c), c.free(), holders, gang.pods, gang.priority, 1, gangs, soft=gang.mode == "soft")
+    seconds = time.perf_counter() - started
+    return ([] if plan.victims is None else sorted(names[n][i] for n, i in plan.victims.chosen)), seconds
+
+
 # ---- the exact minimum ------------------------------------------------------------------------------------
 
 
@@ -292,6 +327,7 @@ def reduce(c: Cluster, gang: Gang, record: Mapping[str, Any], fewest: Minimum | 
     evicted_gpus = sum(v["gpus"] for v in record["victims"])
     out: dict[str, Any] = {
         "evicted_pods": len(evicted),
+        "evicted_by_volcano": sum(v.get("session", 1) > 0 for v in record["victims"]),
         "evicted_gpus": evicted_gpus,
         "victim_pods": len(victims),
         "victim_gpus": sum(p.gpus for p in victims),
@@ -336,11 +372,12 @@ def summarise(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per size and mode: victims over the minimum (pods; GPUs) at the median and p95, the share of placed
     hard cases whose victims span more than one leaf, and the cases where the solver finds a way and Volcano
     placed nothing."""
-    groups: dict[tuple[int, str], list[Mapping[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[int, str, str], list[Mapping[str, Any]]] = defaultdict(list)
     for case in cases:
-        groups[(case["nodes"], case["mode"])].append(case)
+        groups[(case["nodes"], case["mode"], case.get("arm", "volcano"))].append(case)
     rows = []
-    for (nodes, mode), group in sorted(groups.items()):
+    for (nodes, mode, arm), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], ARMS.index(kv[0][2]))):
+        plans = [g["plan_seconds"] for g in group if "plan_seconds" in g]
         placed = [g for g in group if g["placed"]]
         pods = [g["pods_vs_minimum"] for g in placed if g["pods_vs_minimum"] is not None]
         gpus = [g["gpus_vs_minimum"] for g in placed if g["gpus_vs_minimum"] is not None]
@@ -349,6 +386,7 @@ def summarise(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             {
                 "nodes": nodes,
                 "mode": mode,
+                "arm": arm,
                 "cases": len(group),
                 "placed": len(placed),
                 "solvable": sum(g["minimum_pods"] is not None for g in group),
@@ -368,6 +406,9 @@ def summarise(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "victim_pods_total": sum(g["victim_pods"] for g in group),
                 "minimum_pods_total": sum(g["minimum_pods"] or 0 for g in group),
                 "evicted_pods_total": sum(g["evicted_pods"] for g in group),
+                "evicted_by_volcano_total": sum(g["evicted_by_volcano"] for g in group),
+                "plan_seconds_median": _quantile(plans, 0.5),
+                "plan_seconds_max": max(plans) if plans else None,
                 "broken_gang_cases": sum(g["victim_pods"] > g["evicted_pods"] for g in group),
                 "victim_gpus_total": sum(g["victim_gpus"] for g in group),
                 "minimum_gpus_total": sum(g["minimum_gpus"] or 0 for g in group),
@@ -379,15 +420,16 @@ def summarise(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
     head = (
-        "| nodes | mode | cases | placed / solvable | victim pods / minimum: median, p95 | victim GPUs / minimum: median, p95 "
+        "| nodes | mode | victims chosen by | cases | placed / solvable | victim pods / minimum: median, p95 "
+        "| victim GPUs / minimum: median, p95 "
         "| at the minimum | hard: victim pods / minimum in Volcano's leaf: median, p95 | hard: Volcano's leaf holds a minimum "
         "| victims over more than one leaf | not placed though the solver finds a way |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         span = "—" if r["victims_span_leaves"] is None else str(r["victims_span_leaves"])
         lines.append(
-            f"| {r['nodes']:,} | {r['mode']} | {r['cases']} | {r['placed']}/{r['solvable']} "
+            f"| {r['nodes']:,} | {r['mode']} | {r.get('arm', 'volcano')} | {r['cases']} | {r['placed']}/{r['solvable']} "
             f"| {r['pods_vs_minimum_median']}, {r['pods_vs_minimum_p95']} | {r['gpus_vs_minimum_median']}, {r['gpus_vs_minimum_p95']} "
             f"| {r['at_minimum']}/{r['placed']} | {_pair(r, 'pods_vs_minimum_in_its_leaf')} "
             f"| {r['its_leaf_is_a_minimum_leaf'] if r['mode'] == 'hard' else '—'} | {span} | {len(r['missed'])} |"
@@ -403,12 +445,13 @@ def _pair(row: Mapping[str, Any], key: str) -> str:
 # ---- running it -------------------------------------------------------------------------------------------
 
 
-def case_name(nodes: int, seed: int, gang: Gang) -> str:
-    return f"{nodes}/{seed}/{'x'.join(map(str, gang.pods))}/{gang.mode}"
+def case_name(nodes: int, seed: int, gang: Gang, arm: str = "volcano") -> str:
+    return f"{nodes}/{seed}/{'x'.join(map(str, gang.pods))}/{gang.mode}" + ("" if arm == "volcano" else f"/{arm}")
 
 
-def spec_case(name: str, c: Cluster, gang: Gang) -> dict[str, Any]:
+def spec_case(name: str, c: Cluster, gang: Gang, evicted: Sequence[str] = ()) -> dict[str, Any]:
     return {
+        "evicted": list(evicted),
         "name": name,
         "node_gpus": c.node_gpus,
         "leaves": [{"name": leaf, "spine": c.spine_of[leaf], "nodes": list(nodes)} for leaf, nodes in c.leaves.items()],
@@ -450,25 +493,33 @@ def simulate(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def run(size: str) -> dict[str, Any]:
     started = time.monotonic()
     clusters: dict[tuple[int, int], Cluster] = {}
-    specs, gangs = [], {}
+    specs, gangs, planned = [], {}, {}
     for nodes, seeds in SIZES[size].items():
         for seed in seeds:
             c = clusters[(nodes, seed)] = cluster(nodes, seed)
             for shape in SHAPES:
                 for mode in MODES:
                     gang = Gang(shape, mode)
-                    name = case_name(nodes, seed, gang)
-                    gangs[name] = (nodes, seed, gang)
-                    specs.append(spec_case(name, c, gang))
+                    for arm in ARMS:
+                        name = case_name(nodes, seed, gang, arm)
+                        gangs[name] = (nodes, seed, gang, arm)
+                        evicted: list[str] = []
+                        if arm == "stormtopo":
+                            evicted, planned[name] = stormtopo_victims(c, gang)
+                        specs.append(spec_case(name, c, gang, evicted))
     records = simulate(specs)
     simulated = time.monotonic() - started
     cases = []
+    minima: dict[tuple[int, int, Gang], tuple[Minimum | None, Minimum | None]] = {}
     for record in records:
-        nodes, seed, gang = gangs[record["case"]]
+        nodes, seed, gang, arm = gangs[record["case"]]
         c = clusters[(nodes, seed)]
-        fewest, least_gpus = minimum(c, gang, "pods"), minimum(c, gang, "gpus")
-        reduced = reduce(c, gang, record, fewest, least_gpus)
-        cases.append({"case": record["case"], "nodes": nodes, "seed": seed, "shape": list(gang.pods), "mode": gang.mode, **reduced})
+        if (nodes, seed, gang) not in minima:
+            minima[(nodes, seed, gang)] = (minimum(c, gang, "pods"), minimum(c, gang, "gpus"))
+        reduced = reduce(c, gang, record, *minima[(nodes, seed, gang)])
+        extra = {"plan_seconds": round(planned[record["case"]], 4)} if arm == "stormtopo" else {}
+        case = {"case": record["case"], "nodes": nodes, "seed": seed, "shape": list(gang.pods), "mode": gang.mode, "arm": arm}
+        cases.append(case | reduced | extra)
     rows = summarise(cases)
     return {
         "volcano": "v1.15.1",
@@ -487,7 +538,7 @@ def run(size: str) -> dict[str, Any]:
 
 def headline(result: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        f"{r['nodes']}-{r['mode']}": {
+        f"{r['nodes']}-{r['mode']}-{r.get('arm', 'volcano')}": {
             k: r[k] for k in ("pods_vs_minimum_median", "pods_vs_minimum_p95", "gpus_vs_minimum_median", "victims_span_leaves", "missed")
         }
         for r in result["rows"]

@@ -10,22 +10,23 @@ own priority stands for its job's (Volcano ranks by the PodGroup's class; for Vo
 stormtopo's PodGroups the two agree), queues are not read (gangreclaim takes across queues), and pods
 are counted one by one (Volcano takes a gang at its minimum whole).
 
-The victims counted are the fewest this rule finds in the domain (lowest priority first, largest first);
-Volcano may take more (BENCHMARKS.md, "Preemption").
+The victims counted are the fewest that let the gang fit in the domain (core/victims.py), a gang's pods
+counted whole once it would fall below its minimum; Volcano may take more (BENCHMARKS.md, "Preemption").
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from stormtopo.core.packing import fits
 from stormtopo.core.topology.tree import Topology
+from stormtopo.core.victims import Budget, Candidate, Cost, GangSize, Victims, fewest_victims
 from stormtopo.core.vocabulary import VOLCANO_SCHEDULER
 
 PREEMPTABLE = "volcano.sh/preemptable"  # on a pod, annotation first, then label; Volcano's default: true
+CLUSTER = ""  # the domain of a soft gang that may span the whole cluster
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # strconv.ParseBool's true; anything else is false
 
 
@@ -36,14 +37,17 @@ class Holder:
     gpus: int
     priority: int
     preemptable: bool  # scheduled by Volcano, and not marked volcano.sh/preemptable: "false"
+    gang: str | None = None  # its gang, where the caller knows it (with its GangSize); None: counted alone
 
 
 @dataclass(frozen=True)
 class DomainVictims:
     domain: str
     tier: int
-    by_priority: tuple[tuple[int, int], ...]  # (priority, pods), lowest priority first
-    gpus: int  # GPUs the victims hold
+    by_priority: tuple[tuple[int, int], ...]  # (priority, pods lost), lowest priority first
+    gpus: int  # GPUs the pods lost hold
+    chosen: tuple[tuple[str, int], ...] = ()  # (node, index among that node's holders) of each pod to preempt
+    cost: Cost = (0, 0, 0)  # as core/victims.py compares them: domains compare by it too
 
     @property
     def pods(self) -> int:
@@ -71,9 +75,10 @@ class Preemption:
         if self.victims is not None:
             v = self.victims
             pods = ", ".join(f"{n} of priority {p}" for p, n in v.by_priority)
+            where = "across the cluster" if v.domain == CLUSTER else f"in tier-{v.tier} {v.domain}"
             return (
-                f"at priority {self.priority}, Volcano's gangpreempt could take tier-{v.tier} {v.domain} by preempting "
-                f"{v.pods} pod(s) holding {v.gpus} GPUs ({pods})"
+                f"at priority {self.priority}, the fewest victims are {where}: preempting {v.pods} pod(s) holding "
+                f"{v.gpus} GPUs ({pods}); Volcano's gangpreempt may take more"
             )
         if self.protected is None:
             return f"at priority {self.priority}, no domain of its tier has nodes to preempt on"
@@ -109,20 +114,25 @@ def plan_preemption(
     pods: Sequence[int],
     priority: int,
     tier: int,
+    gangs: Mapping[str, GangSize] | None = None,
+    soft: bool = False,
 ) -> Preemption:
-    """The domain of `tier` or below (the lowest tier first: a hard gang stays within its tier) where the
-    gang fits once candidates are preempted, with the fewest victims; else what protects the best one."""
+    """Hard: the domain of `tier` or below (the lowest tier first: a hard gang stays within its tier) where
+    the gang fits once candidates are preempted, with the fewest victims. Soft: the fewest victims of any
+    domain or of the whole cluster (it may span domains, and takes only as much as it must), the lowest
+    tier of equals. Else what protects the best domain."""
     best: Protected | None = None
     best_room = -1
-    for level in range(1, min(tier, topology.tiers) + 1):
-        found: list[DomainVictims] = []
+    found: list[DomainVictims] = []
+    budget = Budget()
+    for level in range(1, (topology.tiers if soft else min(tier, topology.tiers)) + 1):
         for switch in sorted(topology.switches.values(), key=lambda s: s.name):
             if switch.tier != level:
                 continue
             nodes = sorted(topology.nodes_under(switch.name))
-            victims = _fewest_victims(nodes, free, holders, pods, priority)
+            victims = _fewest_victims(nodes, free, holders, pods, priority, gangs or {}, budget)
             if victims is not None:
-                found.append(DomainVictims(switch.name, level, *victims))
+                found.append(DomainVictims(switch.name, level, victims.lost, victims.gpus, victims.chosen, victims.cost))
                 continue
             room = sum(max(0, free.get(n, 0)) + _gpus(holders, n, lambda h: is_candidate(h, priority)) for n in nodes)
             if room > best_room:
@@ -134,8 +144,14 @@ def plan_preemption(
                     sum(_gpus(holders, n, lambda h: h.preemptable and h.priority >= priority) for n in nodes),
                     sum(_gpus(holders, n, lambda h: not h.preemptable) for n in nodes),
                 )
-        if found:
-            return Preemption(priority, min(found, key=lambda v: (v.pods, v.gpus, v.domain)), None)
+        if found and not soft:
+            break
+    if soft:
+        victims = _fewest_victims(sorted(topology.nodes), free, holders, pods, priority, gangs or {}, budget)
+        if victims is not None:
+            found.append(DomainVictims(CLUSTER, topology.tiers + 1, victims.lost, victims.gpus, victims.chosen, victims.cost))
+    if found:
+        return Preemption(priority, min(found, key=lambda v: (v.cost, v.tier, v.domain)), None)
     return Preemption(priority, None, best)
 
 
@@ -144,35 +160,26 @@ def _gpus(holders: Mapping[str, Sequence[Holder]], node: str, which: Callable[[H
 
 
 def _fewest_victims(
-    nodes: Sequence[str], free: Mapping[str, int], holders: Mapping[str, Sequence[Holder]], pods: Sequence[int], priority: int
-) -> tuple[tuple[tuple[int, int], ...], int] | None:
-    """Victims in these nodes that make room for the gang; None if it does not fit even with every
-    candidate gone. Each pod, largest first, goes to the node where it costs the fewest victims (then the
-    tightest fit), a node's victims taken lowest priority first, largest first: the victims are those of
-    the nodes the gang would use, not the cheapest pods of the whole domain. Pods x nodes steps."""
-    room = {n: max(0, free.get(n, 0)) for n in nodes}
-    ladders = {n: sorted((h.priority, -h.gpus) for h in holders.get(n, ()) if is_candidate(h, priority)) for n in nodes}
-    if not fits([room[n] + sum(-g for _, g in ladders[n]) for n in nodes], pods):
+    nodes: Sequence[str],
+    free: Mapping[str, int],
+    holders: Mapping[str, Sequence[Holder]],
+    pods: Sequence[int],
+    priority: int,
+    gangs: Mapping[str, GangSize],
+    budget: Budget,
+) -> Victims | None:
+    """The fewest victims in these nodes that make room for the gang (core/victims.py); None if it does not
+    fit even with every candidate gone. Indices in the answer are those of each node's holders."""
+    candidates: dict[str, list[Candidate]] = {}
+    index: dict[str, list[int]] = {}
+    for n in nodes:
+        for i, h in enumerate(holders.get(n, ())):
+            if is_candidate(h, priority):
+                candidates.setdefault(n, []).append(Candidate(h.gpus, h.priority, h.gang))
+                index.setdefault(n, []).append(i)
+    if not fits([max(0, free.get(n, 0)) + sum(c.gpus for c in candidates.get(n, ())) for n in nodes], pods):
         return None
-    taken: Counter[int] = Counter()
-    used = dict.fromkeys(nodes, 0)  # victims taken on each node so far (the first of its ladder)
-    freed = 0
-    for pod in sorted((p for p in pods if p > 0), reverse=True):
-        best: tuple[tuple[int, int], str] | None = None
-        for node in nodes:
-            have, k, ladder = room[node], 0, ladders[node]
-            while have < pod and used[node] + k < len(ladder):
-                have -= ladder[used[node] + k][1]
-                k += 1
-            if have >= pod and (best is None or (k, have - pod) < best[0]):
-                best = ((k, have - pod), node)
-        if best is None:
-            return None  # the greedy order found no packing where one exists: say nothing rather than guess
-        (k, _), node = best
-        for level, negative in ladders[node][used[node] : used[node] + k]:
-            taken[level] += 1
-            freed -= negative
-            room[node] -= negative
-        used[node] += k
-        room[node] -= pod
-    return tuple(sorted(taken.items())), freed
+    found = fewest_victims(nodes, free, candidates, pods, gangs, budget)
+    if found is None:
+        return None  # the search found no packing where one exists: say nothing rather than guess
+    return Victims(tuple((n, index[n][i]) for n, i in found.chosen), found.cost, found.lost)

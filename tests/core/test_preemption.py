@@ -28,7 +28,7 @@ def test_a_full_cluster_of_lower_priority_batch_offers_one_leaf_and_exactly_its_
     assert verdict.victims is not None and verdict.protected is None
     assert verdict.victims.tier == 1 and verdict.victims.domain == "s0"  # the first of equals, by name
     assert verdict.victims.by_priority == ((100, 4),) and verdict.victims.gpus == 16
-    assert "could take tier-1 s0 by preempting 4 pod(s) holding 16 GPUs (4 of priority 100)" in verdict.render()
+    assert "the fewest victims are in tier-1 s0: preempting 4 pod(s) holding 16 GPUs (4 of priority 100)" in verdict.render()
 
 
 def test_the_leaf_with_the_fewest_victims_and_the_lowest_priorities_first() -> None:
@@ -68,7 +68,7 @@ def test_the_explanation_says_what_it_could_preempt_only_when_the_holders_were_r
     holders = {n: batch() for n in NODES}
     explained = explain(TREE, FULL, [8, 8], 1, holders, 1000)
     assert not explained.fits and explained.preemption is not None
-    assert "Volcano's gangpreempt could take tier-1 s0 by preempting 4 pod(s)" in explained.render()
+    assert "the fewest victims are in tier-1 s0: preempting 4 pod(s)" in explained.render()
     assert explain(TREE, FULL, [8, 8], 1).preemption is None
     assert "preempt" not in explain(TREE, FULL, [8, 8], 1).render()
 

@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"testing"
@@ -80,6 +81,9 @@ type PreemptCase struct {
 	Jobs     []PreemptJob  `json:"jobs"`
 	Gang     PreemptGang   `json:"gang"`
 	Sessions int           `json:"sessions"`
+	// Pods already evicted when the gang arrives (stormtopo's victims: it evicts them, then lets the gang go):
+	// they start Releasing, as a pod being deleted, and are recorded as victims of session 0.
+	Evicted []string `json:"evicted,omitempty"`
 }
 
 type Victim struct {
@@ -172,6 +176,7 @@ func newPreemptCache(c PreemptCase, stop chan struct{}) *cache.SchedulerCache {
 	for _, p := range sets.List(priorities) {
 		sc.AddPriorityClass(&schedv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: priorityClassName(p)}, Value: p})
 	}
+	evicted := sets.New(c.Evicted...)
 	for _, j := range c.Jobs {
 		pg := util.BuildPodGroup(j.Name, namespace, queueName, j.MinMember, nil, schedulingv1.PodGroupRunning)
 		pg.Spec.PriorityClassName = priorityClassName(j.Priority)
@@ -179,6 +184,10 @@ func newPreemptCache(c PreemptCase, stop chan struct{}) *cache.SchedulerCache {
 		for i, p := range j.Pods {
 			pod := util.BuildPod(namespace, fmt.Sprintf("%s-%d", j.Name, i), p.Node, v1.PodRunning, resources(p.GPUs, "1"), j.Name, nil, nil)
 			pod.CreationTimestamp = metav1.NewTime(time.Unix(int64(i), 0))
+			if evicted.Has(pod.Name) {
+				gone := metav1.NewTime(time.Unix(1000, 0))
+				pod.DeletionTimestamp = &gone
+			}
 			sc.AddPod(withPriority(pod, j.Priority))
 		}
 	}
@@ -246,7 +255,11 @@ func runPreemptCase(t *testing.T, spec PreemptSpec, c PreemptCase) PreemptResult
 						gpus = p.GPUs
 					}
 				}
-				res.Victims = append(res.Victims, Victim{Job: j.Name, Pod: task.Name, Node: task.NodeName, GPUs: gpus, Priority: j.Priority, Session: session})
+				when := session
+				if slices.Contains(c.Evicted, task.Name) {
+					when = 0
+				}
+				res.Victims = append(res.Victims, Victim{Job: j.Name, Pod: task.Name, Node: task.NodeName, GPUs: gpus, Priority: j.Priority, Session: when})
 				gone = append(gone, task.Pod)
 			}
 			if id == gangID {
