@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, plan_release
+from stormtopo.core.uninstall import release_gates
 from stormtopo.core.vocabulary import ADMITTED_LABEL
 from stormtopo.kube.client import Api, KubeError
 
@@ -19,9 +19,10 @@ def run(api: Api, namespace: str | None, dry_run: bool, say: Callable[[str], Non
     if api.get(("admissionregistration.k8s.io", "v1"), "mutatingwebhookconfigurations", None, "stormtopo") is not None:
         say("note: stormtopo's webhook is still installed; pods released now leave without their replica's domain")
     path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
-    held = [pod for page in api.pages(path, labelSelector=ADMITTED_LABEL) for pod in page if is_held(pod)]
+    pods = [pod for page in api.pages(path, labelSelector=ADMITTED_LABEL) for pod in page]
     failed = 0
-    for release in plan_release(EMPTY_TOPOLOGY, [], 0, held):  # no domain: the gate goes, nothing else changes
+    releases = release_gates(pods)
+    for release in releases:  # every gate of stormtopo's goes, nothing else changes
         where = f"{release.namespace}/{release.name}"
         if dry_run:
             say(f"would release {where}")
@@ -32,5 +33,5 @@ def run(api: Api, namespace: str | None, dry_run: bool, say: Callable[[str], Non
         except KubeError as exc:  # gone, released meanwhile (its test op fails), or refused: the others go on
             failed += 1
             say(f"could not release {where}: {exc}")
-    say(f"{len(held)} pod(s) held at stormtopo's gate{' (dry run: nothing changed)' if dry_run else ''}")
+    say(f"{len(releases)} pod(s) held at stormtopo's gate{' (dry run: nothing changed)' if dry_run else ''}")
     return 1 if failed else 0

@@ -11,7 +11,7 @@ from typing import Any
 
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import DOMAIN_GATE, DOMAIN_LABEL_PREFIX, HOSTNAME_LABEL
+from stormtopo.core.vocabulary import DOMAIN_GATE, DOMAIN_LABEL_PREFIX, HOSTNAME_LABEL, ROOM_GATE
 from stormtopo.core.writes import LabelPod, PatchPod, Say
 
 LABEL_VALUE_LIMIT = 63
@@ -127,7 +127,16 @@ def is_live(pod: Mapping[str, Any]) -> bool:
 
 def is_held(pod: Mapping[str, Any]) -> bool:
     """A pod stormtopo holds at its scheduling gate until its replica's anchor is placed."""
-    return any(g.get("name") == DOMAIN_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+    return held_at(pod, DOMAIN_GATE)
+
+
+def is_held_for_room(pod: Mapping[str, Any]) -> bool:
+    """A pod of a replica that preempts, held until its victims are on their way out (core/preempting.py)."""
+    return held_at(pod, ROOM_GATE)
+
+
+def held_at(pod: Mapping[str, Any], gate: str) -> bool:
+    return any(g.get("name") == gate for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def plan_release(
@@ -147,8 +156,14 @@ def plan_release(
         return []  # wait for every anchor pod (`expected` of them) to be bound
     span = topology.span(nodes)
     domain = sorted(topology.nodes_under(span.hypernode)) if span.hypernode else []  # none: released unconstrained
-    hosts = by_hostname(domain, hostnames or {})
-    return [PatchPod(p["metadata"].get("namespace", ""), p["metadata"]["name"], _release_ops(p, domain, hosts)) for p in held]
+    return release_into(domain, hostnames or {}, held, DOMAIN_GATE)
+
+
+def release_into(domain: Sequence[str], hostnames: Mapping[str, str], held: Sequence[Mapping[str, Any]], gate: str) -> list[PatchPod]:
+    """Take `gate` off each held pod, with a required node affinity to the domain's nodes (none: let go
+    unconstrained)."""
+    hosts = by_hostname(domain, hostnames)
+    return [PatchPod(p["metadata"].get("namespace", ""), p["metadata"]["name"], _release_ops(p, domain, hosts, gate)) for p in held]
 
 
 def by_hostname(domain: Sequence[str], hostnames: Mapping[str, str]) -> list[str] | None:
@@ -161,11 +176,13 @@ def by_hostname(domain: Sequence[str], hostnames: Mapping[str, str]) -> list[str
     return sorted(hosts)
 
 
-def _release_ops(pod: Mapping[str, Any], domain: Sequence[str], hosts: Sequence[str] | None) -> list[dict[str, Any]]:
+def _release_ops(
+    pod: Mapping[str, Any], domain: Sequence[str], hosts: Sequence[str] | None, name: str = DOMAIN_GATE
+) -> list[dict[str, Any]]:
     spec = pod.get("spec") or {}
-    gate = next(i for i, g in enumerate(spec.get("schedulingGates") or []) if g.get("name") == DOMAIN_GATE)
+    gate = next(i for i, g in enumerate(spec.get("schedulingGates") or []) if g.get("name") == name)
     ops: list[dict[str, Any]] = [
-        {"op": "test", "path": f"/spec/schedulingGates/{gate}/name", "value": DOMAIN_GATE},
+        {"op": "test", "path": f"/spec/schedulingGates/{gate}/name", "value": name},
         {"op": "remove", "path": f"/spec/schedulingGates/{gate}"},
     ]
     if not domain:

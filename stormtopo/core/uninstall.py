@@ -21,11 +21,10 @@ from typing import Any
 
 from stormtopo.core.jsonpatch import set_spec_fields
 from stormtopo.core.moves import recorded_moves, released_topology
-from stormtopo.core.placement import is_held
 from stormtopo.core.podgroup import desired_fields, withdraw
 from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.topology.node_tier import plan_node_tier
-from stormtopo.core.vocabulary import DOMAIN_GATE, ROLESET_LABEL, STORMSERVICE_LABEL
+from stormtopo.core.vocabulary import ROLESET_LABEL, STORMSERVICE_LABEL, STORMTOPO_GATES
 from stormtopo.core.writes import PatchPod, PatchPodGroup, Write
 
 
@@ -89,17 +88,19 @@ def _moving(service: Mapping[str, Any]) -> bool:
 
 
 def release_gates(pods: Sequence[Mapping[str, Any]]) -> list[PatchPod]:
-    """Remove stormtopo's gate from every pod that still has it (only if it still has it: the test op)."""
+    """Remove stormtopo's gates from every pod that still has one (only if it still has it: the test op)."""
     out = []
     for pod in pods:
-        if not is_held(pod):
-            continue
         gates = (pod.get("spec") or {}).get("schedulingGates") or []
-        i = next(i for i, g in enumerate(gates) if g.get("name") == DOMAIN_GATE)
-        ops = [
-            {"op": "test", "path": f"/spec/schedulingGates/{i}/name", "value": DOMAIN_GATE},
-            {"op": "remove", "path": f"/spec/schedulingGates/{i}"},
-        ]
+        ours = [(i, g["name"]) for i, g in enumerate(gates) if g.get("name") in STORMTOPO_GATES]
+        if not ours:
+            continue
+        ops: list[dict[str, Any]] = []
+        for i, name in reversed(ours):  # the last first: removing one does not move those before it
+            ops += [
+                {"op": "test", "path": f"/spec/schedulingGates/{i}/name", "value": name},
+                {"op": "remove", "path": f"/spec/schedulingGates/{i}"},
+            ]
         out.append(PatchPod(pod["metadata"].get("namespace", ""), pod["metadata"]["name"], ops))
     return out
 

@@ -66,6 +66,11 @@ OPTED_IN_CONFIGMAP = "stormtopo-opted-in"  # data: "<namespace>.<stormservice>" 
 # Scheduling gate on a pod that asks for no resources, until its replica is placed; with a spread tier, on
 # every pod of a replica, until stormtopo lets it go with its siblings' domains kept out (core/spread.py).
 DOMAIN_GATE = "stormtopo.io/domain"
+# Scheduling gate on every pod of a replica that preempts (exact preemption, core/preempting.py): held until
+# the fewest victims are on their way out, then let go into the domain they leave, so that Volcano's
+# gangpreempt never picks victims of its own for it.
+ROOM_GATE = "stormtopo.io/room"
+STORMTOPO_GATES = (DOMAIN_GATE, ROOM_GATE)
 # On a pod let go from that gate with its siblings' spread domains kept out: only such pods may be held
 # again (deleted while unbound, core/spread.py; the chart's policy delete-unbound-only reads it).
 SPREAD_KEPT_OUT_LABEL = "stormtopo.io/spread-kept-out"
