@@ -29,6 +29,7 @@ from stormtopo.core.vocabulary import (
     REQUEST_ANNOTATION,
     ROLE_LABEL,
     ROLESET_LABEL,
+    ROOM_GATE,
     SCOPE,
     TASK_SPEC_ANNOTATION,
     VOLCANO_SCHEDULER,
@@ -115,6 +116,7 @@ def admit_pod(
     cluster: ClusterTiers | None,
     named_group_service: str | None = None,
     podgroups: Mapping[str, Mapping[str, Any]] | None = None,
+    exact_preemption: bool = False,
 ) -> Decision:
     """Point an opted-in replica's pod at its gang: group name, Volcano task (its role) and scheduler.
 
@@ -160,25 +162,41 @@ def admit_pod(
     patch = set_annotations(pod, values) + set_labels(pod, {ADMITTED_LABEL: "true"})
     if scope is Scope.ROLESET and switched_on(stormservice, PREFER_SAME_NODE):
         patch += prefer_replica_peers(pod, group)
+    unbound = not (pod.get("spec") or {}).get("nodeName")  # bound at creation: nothing to hold, and a gate makes it invalid
     if (
         isinstance(request, TopologyRequest)
         and scope is Scope.ROLESET
         and (request.spread is not None or (request.mode is Mode.HARD and role in followers(roleset["spec"])))
-        and not (pod.get("spec") or {}).get("nodeName")  # bound at creation: nothing to hold, and a gate makes it invalid
+        and unbound
     ):
         # Volcano's backfill would place it anywhere: held until its replica's anchor is placed. With a
         # spread tier every pod is held, until the leader lets its replica go outside its siblings' domains.
-        gates = (pod.get("spec") or {}).get("schedulingGates") or []
-        gate = {"name": DOMAIN_GATE}
-        if gate not in gates:  # the webhook may be invoked again for the same pod
-            patch.append(
-                {"op": "add", "path": "/spec/schedulingGates/-", "value": gate}
-                if gates
-                else {"op": "add", "path": "/spec/schedulingGates", "value": [gate]}
-            )
+        patch += _gate(pod, DOMAIN_GATE)
+    elif exact_preemption and isinstance(request, TopologyRequest) and scope is Scope.ROLESET and unbound and preempts(pod):
+        # Held until the leader has evicted the fewest victims its replica needs, or found it needs none
+        # (core/preempting.py): Volcano's gangpreempt would take more (BENCHMARKS.md, "Preemption").
+        patch += _gate(pod, ROOM_GATE)
     if (pod.get("spec") or {}).get("schedulerName") in DEFAULT_SCHEDULERS:
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": VOLCANO_SCHEDULER})
     return Decision(patch=patch)
+
+
+def preempts(pod: Mapping[str, Any]) -> bool:
+    """A pod that may preempt: a priority above 0 (the Priority admission plugin has set it from its class
+    before any webhook runs), and not a class that never preempts."""
+    spec = pod.get("spec") or {}
+    priority = spec.get("priority")
+    return isinstance(priority, int) and priority > 0 and spec.get("preemptionPolicy") != "Never"
+
+
+def _gate(pod: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    gate = {"name": name}
+    if gate in gates:  # the webhook may be invoked again for the same pod
+        return []
+    if gates:
+        return [{"op": "add", "path": "/spec/schedulingGates/-", "value": gate}]
+    return [{"op": "add", "path": "/spec/schedulingGates", "value": [gate]}]
 
 
 def joined_gang(roleset: Mapping[str, Any], stormservice: Mapping[str, Any], cluster: ClusterTiers | None) -> str:

@@ -52,6 +52,18 @@ class Gang:
     min_task_member: Mapping[str, int]
 
 
+def container_gpus(pod_spec: Mapping[str, Any], resource: str = GPU) -> int:
+    """GPUs a pod's containers request (as the free-room reading counts them); an unreadable request counts
+    as none (the API server admits only quantities)."""
+    gpus = 0
+    for container in pod_spec.get("containers") or []:
+        try:
+            gpus += gpu_count(((container.get("resources") or {}).get("requests") or {}).get(resource, "0"))
+        except ValueError:
+            continue
+    return gpus
+
+
 def template_spec(stormservice: Mapping[str, Any]) -> Mapping[str, Any]:
     """The RoleSet spec every replica of a StormService is made from."""
     return ((stormservice.get("spec") or {}).get("template") or {}).get("spec") or {}

@@ -17,8 +17,10 @@ from typing import Any
 from stormtopo.core.explanation import Pending, allowed_tier, is_explainable
 from stormtopo.core.gang import followers, gang_of, replica_pods
 from stormtopo.core.ownership import roleset_name, stormservice_name
-from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_live, plan_placed, plan_release, recorded_placement
+from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_held_for_room, is_live, plan_placed, plan_release, recorded_placement
 from stormtopo.core.podgroup import service_group_name
+from stormtopo.core.preempting import HOLD_MAX, RoomHold, RoomPlan, plan_room
+from stormtopo.core.preemption import Holder
 from stormtopo.core.priority import known_replica_priority
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
 from stormtopo.core.spread import SPREAD_GIVE_UP, Replica, kept_out_left_behind, plan_spread, shared_domain, spread_tier
@@ -68,6 +70,10 @@ class ReplicaSnapshot:
     free_gpus: Mapping[str, int] | None = None
     unspread: frozenset[str] = frozenset()  # replicas held again after a spread that did not place (the leader's memory)
     spread_give_up: float = SPREAD_GIVE_UP  # seconds a replica let go with domains kept out may stay unplaced (--spread-give-up)
+    # With exact preemption (core/preempting.py): the pods holding each node's GPUs once asked for, and
+    # how long a replica may be held at the room gate.
+    holders: Mapping[str, Sequence[Holder]] | None = None
+    room_hold: float = HOLD_MAX
 
     @property
     def key(self) -> tuple[str, str]:
@@ -96,6 +102,7 @@ class ReplicaMemory:
     unsatisfiable: bool = False  # counted in the pending-gangs gauge
     recorded: Mapping[str, object] | None = None  # the record last written, until the StormService's event shows it
     pods_read_at: float = float("-inf")  # when every pod of the replica was last read from the API (monotonic)
+    room: RoomHold | None = None  # held at the room gate (core/preempting.py)
 
 
 @dataclass(frozen=True)
@@ -216,11 +223,19 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
         if release is None:
             return ReplicaPlan(memory=memory, needs_all_pods=True)
         writes += release
+    room = _room(snapshot, state, memory)
+    if room.needs_room:
+        return ReplicaPlan(memory=memory, needs_room=True)
+    writes += room.writes
+    writes += tuple(PostEvent(snapshot.stormservice, say) for say in room.says)
+    memory = replace(memory, room=room.hold)
     spread_fields: dict[str, Any] = {}
     if spreading and spread is not None:
         spread_fields = {"settling": spread.settling, "recheck_in": spread.recheck_in, "unspread": spread.unspread}
         if replica.placed(request):  # its domain is taken now: a sibling held for the spread may go
             spread_fields["wake"] = tuple(s.name for s in snapshot.siblings if any(is_held(p) for p in s.members(request)))
+    if room.recheck_in is not None and not spreading:
+        spread_fields["recheck_in"] = room.recheck_in  # the hold's limit: plan again then
     if request is None:  # opted out, or invalid: nothing to explain, so not counted as unsatisfiable
         return ReplicaPlan(tuple(writes), memory=replace(memory, unsatisfiable=False), **spread_fields)
     says: list[Say] = []
@@ -350,6 +365,33 @@ def _release(snapshot: ReplicaSnapshot, state: ReplicaState) -> list[Write] | No
     if len(anchors) < expected and not snapshot.all_pods:
         return None  # (anchors known but not bound yet need no read: their events will come)
     return list(plan_release(snapshot.topology, anchors, expected, state.held, snapshot.nodes.hostnames))
+
+
+def _room(snapshot: ReplicaSnapshot, state: ReplicaState, memory: ReplicaMemory) -> RoomPlan:
+    """Exact preemption for a replica held at the room gate (core/preempting.py)."""
+    held = [p for p in snapshot.live_pods() if is_held_for_room(p)]
+    if not held:
+        return RoomPlan()
+    request = snapshot.request if is_opted_in(snapshot.stormservice["metadata"].get("annotations") or {}) else None
+    priority = known_replica_priority(snapshot.roleset.get("spec") or {}, dict(snapshot.tiers.priority_values))
+    return plan_room(
+        snapshot.key[0],
+        snapshot.key[1],
+        request,
+        allowed_tier(request, snapshot.topology) if request is not None else None,
+        snapshot.topology,
+        snapshot.nodes.hostnames,
+        held,
+        state.wanted,
+        state.created,
+        len(state.bound),
+        priority,
+        snapshot.free_gpus,
+        snapshot.holders,
+        memory.room,
+        snapshot.now,
+        snapshot.room_hold,
+    )
 
 
 def _unplaceable_followers(snapshot: ReplicaSnapshot, request: TopologyRequest) -> list[tuple[str, Say]]:

@@ -86,6 +86,26 @@ class EvictPod:
 
 
 @dataclass(frozen=True)
+class Victim:
+    """A pod to preempt, as the free-room reading knows it: on this node, holding these GPUs, at this priority."""
+
+    node: str
+    gpus: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class PreemptPods:
+    """Evict, for replica `replica`, one pod per victim: a bound pod on its node that Volcano may preempt,
+    with its GPUs and priority (core/preempting.py). Through the Eviction API, by uid; a victim no longer
+    there is skipped (Volcano's own preemption takes what is still missing)."""
+
+    namespace: str
+    replica: str
+    victims: tuple[Victim, ...]
+
+
+@dataclass(frozen=True)
 class DeleteUnboundPod:
     """Delete a pod that no node runs, so that its owner makes it again (a spread replica held once more:
     core/spread.py). Only at the version read: a pod bound meanwhile is never deleted (the Conflict is
@@ -159,6 +179,7 @@ Write = (
     | RecordPlacement
     | RecordMove
     | EvictPod
+    | PreemptPods
     | DeleteUnboundPod
     | ListOptedIn
     | PostEvent

@@ -161,7 +161,14 @@ async def run(config: OperatorConfig) -> None:
     explainer = Explainer()  # its own process: see explainer.py
     room = NodeRoom(api, loops)  # every node's free GPUs, by watch, from the first time the leader needs them
     reporter = PlacementReporter(
-        index, api, events, explainer, room, leading=lambda: leadership.is_leader, spread_give_up=config.spread_give_up
+        index,
+        api,
+        events,
+        explainer,
+        room,
+        leading=lambda: leadership.is_leader,
+        spread_give_up=config.spread_give_up,
+        room_hold=config.exact_preemption_hold,
     )
     operator = handlers.register(
         registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops, config.resync_seconds, config.relist_seconds
@@ -308,7 +315,11 @@ async def _serve_webhook(
     loops.every("certificate-reloader", reloader.interval, reloader.check)
     # shutdown_timeout: a review still in flight once the drain is over is not waited for past CLOSE_WAIT
     # (aiohttp's default, 60 s, would outlast the pod's grace period and skip every step after it).
-    runner = web.AppRunner(webhook.build_app(index, opted_in, draining=draining), access_log=None, shutdown_timeout=CLOSE_WAIT)
+    runner = web.AppRunner(
+        webhook.build_app(index, opted_in, draining=draining, exact_preemption=config.exact_preemption),
+        access_log=None,
+        shutdown_timeout=CLOSE_WAIT,
+    )
     await runner.setup()
     # reuse_port: replicas on one host can share the webhook port, as endpoints behind one Service do.
     await web.TCPSite(runner, config.webhook_host, config.webhook_port, ssl_context=tls, reuse_port=True).start()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from stormtopo.core.cluster_moves import MAX_MOVING
 from stormtopo.core.cooldown import COOLDOWN
+from stormtopo.core.preempting import HOLD_MAX
 from stormtopo.core.spread import SPREAD_GIVE_UP
 from stormtopo.core.stranded import STRANDED_AFTER
 from stormtopo.operator.loops import HANG_SECONDS
@@ -58,6 +59,8 @@ class OperatorConfig:
     heal_make_room: bool = False  # move replicas of opted-in services out of the way of wide ones (core/room.py)
     heal_max_moving: int = MAX_MOVING  # replicas moving at once in the whole cluster
     heal_stranded_after: float = STRANDED_AFTER  # seconds a hard replica's pod waits beside running ones before it is stranded
+    exact_preemption: bool = False  # hold a preempting replica and evict the fewest victims itself (core/preempting.py)
+    exact_preemption_hold: float = HOLD_MAX  # seconds a replica may be held for it at most
     node_tier: bool = False  # keep a short list of tier-0 HyperNodes current (docs/node-tier.md)
     node_tier_keep_runs: bool = False  # the node tier keeps runs of empty nodes for whole-node replicas
     node_tier_leaf: tuple[str, ...] = ()  # leaves another writer keeps that the node tier may change anyway
@@ -139,6 +142,19 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         "--heal-make-room",
         action="store_true",
         help="when no domain has room for a wide replica, move a smaller replica of another opted-in service out of the way",
+    )
+    p.add_argument(
+        "--exact-preemption",
+        action="store_true",
+        help="hold the pods of an opted-in replica that may preempt (priority above 0) until stormtopo has evicted the fewest"
+        " victims it needs in one domain, or found it needs none (evicts pods of lower priority)",
+    )
+    p.add_argument(
+        "--exact-preemption-hold",
+        type=_positive(float),
+        default=d.exact_preemption_hold,
+        help="with --exact-preemption: seconds a replica may be held at most (its pods not all created, its class not read yet),"
+        " after which it goes to Volcano as it is",
     )
     p.add_argument(
         "--node-tier",

@@ -52,6 +52,10 @@ WATCH_MISSED = Counter(
 HEALING_PASSES = Counter("stormtopo_healing_passes_total", "Healing passes over the StormServices (by the leader)")
 REPLICA_MOVES = Counter("stormtopo_replica_moves_total", "Replicas moved into one domain by healing, by why", ["reason"])
 EVICTIONS = Counter("stormtopo_evictions_total", "Pods evicted through the Eviction API to move their replica")
+PREEMPTIONS = Counter(
+    "stormtopo_preemptions_total",
+    "Pods of lower priority evicted for a held replica, the fewest that make room for it (--exact-preemption)",
+)
 HEALING_WRITES_REFUSED = Counter(
     "stormtopo_healing_writes_refused_total",
     "Writes of healing refused by RBAC or an admission policy (a move's record, an eviction): nothing moves; a Warning says why",

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from stormtopo.core.placement import is_held
+from stormtopo.core.placement import is_held, is_held_for_room
+from stormtopo.core.preempting import HOLD_MAX
 from stormtopo.core.replica import (
     Explain,
     ReplicaMemory,
@@ -54,6 +55,7 @@ class PlacementReporter:
     room: NodeRoom  # the free GPUs an explanation plans over
     leading: Callable[[], bool] = lambda: True  # a deposed leader posts no queued explanation
     spread_give_up: float = SPREAD_GIVE_UP  # --spread-give-up (core/spread.py)
+    room_hold: float = HOLD_MAX  # --exact-preemption-hold (core/preempting.py)
     _memory: dict[Key, ReplicaMemory] = field(default_factory=dict)  # only replicas with something to remember
     _asks: dict[Key, tuple[Explain, Topology]] = field(default_factory=dict)  # explanations waiting for the worker
     _explanations: WorkQueue[Key] | None = None
@@ -82,8 +84,9 @@ class PlacementReporter:
             snapshot = replace(snapshot, pods=slim_listed_pods(pods), all_pods=True)
             memory = replace(memory, pods_read_at=snapshot.now)
             plan = self._plan(snapshot, memory)
-        if plan.needs_room:  # a spread release: does a domain outside the siblings' hold the replica?
-            snapshot = replace(snapshot, free_gpus=await self.room.free_gpus())
+        if plan.needs_room:  # a spread release, or a held replica's preemption: where is there room, and who holds it?
+            holding = any(is_held_for_room(p) for p in snapshot.pods)  # (building the holders is not free: only then)
+            snapshot = replace(snapshot, free_gpus=await self.room.free_gpus(), holders=self.room.holders_now() if holding else None)
             plan = self._plan(snapshot, memory)
         await self._carry_out(key, snapshot, plan)  # (remembers what the plan let go before its first await)
         if plan.explain is not None:
@@ -99,6 +102,7 @@ class PlacementReporter:
                 settling=dict(self._settling.get(service, {})),
                 unspread=self._unspread.get(service, frozenset()),
                 spread_give_up=self.spread_give_up,
+                room_hold=self.room_hold,
             ),
             memory,
         )
@@ -108,7 +112,7 @@ class PlacementReporter:
         if snapshot is None or not is_opted_in(snapshot.stormservice["metadata"].get("annotations")):
             return snapshot  # (held pods of a service that opted out go free: no node is needed)
         # Nodes are read only where the tree depends on them, or to pin a held pod by hostname.
-        if snapshot.nodes.shapes_tree or any(is_held(p) for p in snapshot.pods):
+        if snapshot.nodes.shapes_tree or any(is_held(p) or is_held_for_room(p) for p in snapshot.pods):
             await self.read_nodes(NODES_TTL)
             snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH)
         return snapshot

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.gang import gpu_count
+from stormtopo.core.gang import container_gpus, gpu_count
 from stormtopo.core.node_fit import NodeFacts, milli, pod_requests
 from stormtopo.core.packing import takes_new_pods
 from stormtopo.core.preemption import Holder, rank_of
@@ -48,12 +48,7 @@ def pod_gpus(pod: Mapping[str, Any], resource: str = GPU) -> tuple[str, int] | N
         return None
     spec = pod.get("spec") or {}
     node = spec.get("nodeName")
-    gpus = 0
-    for container in spec.get("containers") or []:
-        try:
-            gpus += gpu_count(((container.get("resources") or {}).get("requests") or {}).get(resource, "0"))
-        except ValueError:
-            continue  # the API server admits only quantities; one unreadable request counts as none
+    gpus = container_gpus(spec, resource)
     return (str(node), gpus) if gpus else None
 
 

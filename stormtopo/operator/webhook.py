@@ -65,6 +65,7 @@ def build_app(
     client_ca: str | None = None,
     gate: Gate | None = None,
     draining: Callable[[], bool] = lambda: False,
+    exact_preemption: bool = False,
 ) -> web.Application:
     """The webhook routes. `client_ca` (default: CLIENT_CA_ENV): the gate requires a verified client
     certificate, which tls_context asks every caller for when the same variable is set. While `draining`
@@ -104,7 +105,7 @@ def build_app(
                 group = joined_gang(roleset, stormservice, tiers)
                 gang = await index.read_podgroup(namespace, group)
                 groups = {group: gang} if gang is not None else {}
-            return admit_pod(pod, roleset, stormservice, tiers, owner, groups)
+            return admit_pod(pod, roleset, stormservice, tiers, owner, groups, exact_preemption)
 
         return await handle(request, "pod", admit)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stormtopo.core.placement import merge_placements
+from stormtopo.core.preempting import pick_victims
 from stormtopo.core.topology.node_tier import exact_name
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, NODE_TIER_LABEL, PLACEMENT_ANNOTATION, VOLCANO_TOPOLOGY
 from stormtopo.core.writes import (
@@ -23,9 +24,11 @@ from stormtopo.core.writes import (
     PatchPod,
     PatchPodGroup,
     PostEvent,
+    PreemptPods,
     RecordMove,
     RecordPlacement,
     SetHyperNodeMembers,
+    Victim,
     Write,
 )
 from stormtopo.kube.client import Api, ApiError, Conflict, Forbidden, Invalid, KubeError, NotFound
@@ -83,6 +86,8 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                 except (NotFound, Conflict):
                     continue  # gone already, or replaced by a pod of the same name: as good as evicted
                 metrics.EVICTIONS.inc()
+            case PreemptPods(namespace, replica, victims):
+                await _preempt(api, namespace, replica, victims)
             case DeleteUnboundPod(namespace, name, resource_version):
                 try:
                     await asyncio.to_thread(_delete_unbound, api, namespace, name, resource_version)
@@ -102,6 +107,25 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                         metrics.NODE_TIER_WRITES.labels("delete").inc()
                 except Conflict:
                     log.info("HyperNode %s changed since it was read: not deleted, planned again at the next pass", name)
+
+
+async def _preempt(api: Api, namespace: str, replica: str, victims: Sequence[Victim]) -> None:
+    """Evict the planned victims: the pods on their nodes read now (a node at a time, selected on the
+    server), matched by GPUs and priority (core/preempting.py pick_victims). A refusal (a disruption
+    budget, a policy) is logged and the rest go on: Volcano's own preemption takes what is still missing."""
+    nodes = sorted({v.node for v in victims})
+    pods_on: dict[str, list[dict[str, Any]]] = {}
+    for node in nodes:
+        pods_on[node] = await asyncio.to_thread(api.raw_list, "/api/v1/pods", fieldSelector=f"spec.nodeName={node}")
+    for evict in pick_victims(victims, pods_on):
+        try:
+            await asyncio.to_thread(api.evict_pod, evict.namespace, evict.name, evict.uid)
+        except (NotFound, Conflict):
+            continue  # gone already, or replaced by another pod of that name
+        except ApiError as exc:
+            log.warning("pod %s/%s not preempted for replica %s/%s: %s", evict.namespace, evict.name, namespace, replica, exc)
+            continue
+        metrics.PREEMPTIONS.inc()
 
 
 def _delete_unbound(api: Api, namespace: str, name: str, resource_version: str, tries: int = 3) -> None:

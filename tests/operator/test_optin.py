@@ -824,7 +824,9 @@ def test_the_pod_webhook_passes_the_podgroup_of_the_gang_the_pod_joins(tmp_path:
     not miss the index, and read through, for a service PodGroup that never exists."""
     seen: list[Mapping[str, Any]] = []
 
-    def fake_admit_pod(pod: Any, roleset: Any, stormservice: Any, tiers: Any, owner: Any, podgroups: Mapping[str, Any]) -> Any:
+    def fake_admit_pod(
+        pod: Any, roleset: Any, stormservice: Any, tiers: Any, owner: Any, podgroups: Mapping[str, Any], exact_preemption: bool = False
+    ) -> Any:
         seen.append(dict(podgroups))
         return Decision()
 

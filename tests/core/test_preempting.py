@@ -1,0 +1,168 @@
+"""Exact preemption (issue 41, item 3, on the cluster): a replica held at the room gate is let go at once where
+it fits, after its fewest victims are evicted where it must preempt, and never held past its limit. On the
+feature request's tree: leaves s0..s3 of two 8-GPU nodes each, spines s4 (s0, s1) and s5 (s2, s3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stormtopo.core.admission import admit_pod
+from stormtopo.core.preempting import RoomHold, pick_victims, plan_room
+from stormtopo.core.preemption import Holder
+from stormtopo.core.request import ClusterTiers, Mode, TierLimit, TopologyRequest
+from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.vocabulary import DOMAIN_GATE, HIGHEST_TIER, MODE, REPLICA_SPREAD_TIER, ROOM_GATE, VOLCANO_SCHEDULER
+from stormtopo.core.writes import EvictPod, PatchPod, PreemptPods, Victim
+from stormtopo.devenv.workloads import stormservice
+from tests.builders import aibrix_roleset
+
+TREE = parse_topology((Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml").read_text())
+NODES = [f"node{i}" for i in range(8)]
+FULL = dict.fromkeys(NODES, 0)
+HARD1 = TopologyRequest(Mode.HARD, TierLimit(tier=1))
+HIGH = 1000
+
+
+def held(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns"}, "spec": {"schedulingGates": [{"name": ROOM_GATE}]}}
+
+
+HELD = [held("rs-prefill-0"), held("rs-decode-0")]
+
+
+def batch(priority: int = 100) -> list[Holder]:
+    return [Holder(4, priority, True), Holder(4, priority, True)]
+
+
+def plan(**kw: Any) -> Any:
+    args: dict[str, Any] = {
+        "namespace": "ns",
+        "replica": "rs",
+        "request": HARD1,
+        "allowed_tier": 1,
+        "topology": TREE,
+        "hostnames": {},
+        "held": HELD,
+        "wanted": [8, 8],
+        "created": 2,
+        "bound": 0,
+        "priority": HIGH,
+        "free": FULL,
+        "holders": {n: batch() for n in NODES},
+        "hold": None,
+        "now": 100.0,
+    }
+    return plan_room(**(args | kw))
+
+
+def releases(writes: Any) -> list[PatchPod]:
+    return [w for w in writes if isinstance(w, PatchPod)]
+
+
+def test_a_full_cluster_preempts_exactly_one_leafs_four_pods_and_lets_the_replica_go_there() -> None:
+    room = plan()
+    [preempt] = [w for w in room.writes if isinstance(w, PreemptPods)]
+    assert preempt.victims == tuple(Victim(n, 4, 100) for n in ("node0", "node0", "node1", "node1"))
+    assert room.writes[0] is preempt  # evicted before the replica goes
+    patches = releases(room.writes)
+    assert [p.name for p in patches] == ["rs-prefill-0", "rs-decode-0"]
+    for patch in patches:
+        assert {"op": "remove", "path": "/spec/schedulingGates/0"} in patch.ops
+        affinity = next(op["value"] for op in patch.ops if op["path"] == "/spec/affinity")
+        terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert sorted(t["matchFields"][0]["values"][0] for t in terms) == ["node0", "node1"]  # leaf s0, by name
+    [say] = room.says
+    assert say.reason == "ReplicaPreempting" and "preempts 4 pod(s) holding 16 GPUs (4 of priority 100) in tier-1 s0" in say.message
+    assert room.hold == RoomHold(100.0, preempted=True)
+
+
+def test_the_cheapest_leaf_is_taken_not_the_first() -> None:
+    holders = {n: batch() for n in NODES} | {"node4": [Holder(8, 10, True)], "node5": [Holder(8, 10, True)]}
+    room = plan(holders=holders)
+    [preempt] = [w for w in room.writes if isinstance(w, PreemptPods)]
+    assert preempt.victims == (Victim("node4", 8, 10), Victim("node5", 8, 10))
+
+
+def test_a_replica_that_fits_now_goes_at_once_as_it_is() -> None:
+    room = plan(free=FULL | {"node2": 8, "node3": 8})
+    assert not [w for w in room.writes if isinstance(w, PreemptPods)]
+    patches = releases(room.writes)
+    assert len(patches) == 2 and all(len(p.ops) == 2 for p in patches)  # the gate only: no affinity
+    assert room.hold is None and not room.says
+
+
+def test_it_waits_for_every_pod_and_for_the_room_reading_and_never_past_its_limit() -> None:
+    waiting = plan(created=1, now=110.0, hold=RoomHold(100.0))
+    assert not waiting.writes and waiting.hold == RoomHold(100.0) and waiting.recheck_in == 20.0
+    unknown_class = plan(priority=None, hold=None)
+    assert not unknown_class.writes and unknown_class.recheck_in == 30.0
+    asks = plan(free=None, holders=None)
+    assert asks.needs_room and not asks.writes
+    late = plan(created=1, now=131.0, hold=RoomHold(100.0))
+    assert len(releases(late.writes)) == 2 and late.hold is None
+    assert [s.reason for s in late.says] == ["ReplicaLetGo"]
+
+
+def test_it_evicts_once_per_hold_and_lets_go_when_nothing_qualifies() -> None:
+    again = plan(hold=RoomHold(100.0, preempted=True))
+    assert not [w for w in again.writes if isinstance(w, PreemptPods)] and len(releases(again.writes)) == 2
+    equal = plan(holders={n: batch(priority=HIGH) for n in NODES})  # victims must rank strictly lower
+    assert not [w for w in equal.writes if isinstance(w, PreemptPods)] and len(releases(equal.writes)) == 2
+    opted_out = plan(request=None)
+    assert len(releases(opted_out.writes)) == 2
+    partly_bound = plan(bound=1)  # a pod of a running replica made again: not a fresh gang to preempt for
+    assert not [w for w in partly_bound.writes if isinstance(w, PreemptPods)]
+    assert plan(held=[]).writes == ()
+
+
+def test_soft_takes_the_fewest_anywhere_and_is_let_go_without_a_domain() -> None:
+    soft = TopologyRequest(Mode.SOFT, TierLimit(tier=1))
+    holders = {n: batch() for n in NODES} | {"node0": [Holder(8, 10, True)], "node7": [Holder(8, 10, True)]}
+    room = plan(request=soft, holders=holders)
+    [preempt] = [w for w in room.writes if isinstance(w, PreemptPods)]
+    assert preempt.victims == (Victim("node0", 8, 10), Victim("node7", 8, 10))  # two leaves apart: 2 pods, not 4
+    assert all(len(p.ops) == 2 for p in releases(room.writes))  # across the cluster: no affinity
+
+
+def bound(name: str, node: str, priority: int, gpus: int = 4, **spec: Any) -> dict[str, Any]:
+    body = {"nodeName": node, "schedulerName": VOLCANO_SCHEDULER, "priority": priority}
+    body |= {"containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]} | spec
+    return {"metadata": {"name": name, "namespace": "batch", "uid": f"u-{name}"}, "spec": body, "status": {"phase": "Running"}}
+
+
+def test_victims_are_matched_to_pods_on_their_nodes_by_gpus_and_priority_each_once() -> None:
+    pods = {
+        "node0": [
+            bound("a", "node0", 100),
+            bound("b", "node0", 100),
+            bound("c", "node0", 50),
+            bound("d", "node0", 100, gpus=2),
+            {**bound("e", "node0", 100), "metadata": {"name": "e", "namespace": "batch", "deletionTimestamp": "x"}},
+            bound("f", "node0", 100, schedulerName="default-scheduler"),  # not Volcano's to preempt
+        ]
+    }
+    picked = pick_victims([Victim("node0", 4, 100), Victim("node0", 4, 100), Victim("node0", 4, 100)], pods)
+    assert picked == [EvictPod("batch", "a", "u-a"), EvictPod("batch", "b", "u-b")]  # the third has no pod left
+    assert pick_victims([Victim("node1", 4, 100)], pods) == []
+
+
+def test_the_webhook_holds_a_pod_that_may_preempt_only_with_exact_preemption() -> None:
+    annotations = {MODE: "hard", HIGHEST_TIER: "1"}
+    svc = stormservice("svc", "ns", annotations=annotations)
+    tiers = ClusterTiers(frozenset({1, 2}))
+
+    def gates(priority: object, on: bool = True, **spec: Any) -> list[str]:
+        pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {}}, "spec": {"priority": priority, **spec}}
+        decision = admit_pod(pod, aibrix_roleset(), svc, tiers, exact_preemption=on)
+        return [op["value"] for op in decision.patch if op["path"].startswith("/spec/schedulingGates")]
+
+    assert gates(1000) == [[{"name": ROOM_GATE}]]
+    assert gates(1000, on=False) == [] and gates(0) == [] and gates(None) == []
+    assert gates(1000, preemptionPolicy="Never") == []
+    assert gates(1000, nodeName="node0") == []  # bound at creation: a gate would make it invalid
+    assert gates(1000, schedulingGates=[{"name": "theirs"}]) == [{"name": ROOM_GATE}]  # added to the pod's own
+    spread = stormservice("svc", "ns", annotations=annotations | {REPLICA_SPREAD_TIER: "2"})
+    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {}}, "spec": {"priority": 1000}}
+    decision = admit_pod(pod, aibrix_roleset(), spread, tiers, exact_preemption=True)
+    assert [op["value"] for op in decision.patch if op["path"].startswith("/spec/schedulingGates")] == [[{"name": DOMAIN_GATE}]]
