@@ -298,6 +298,19 @@ def test_service_account_may_change_only_stormtopo_keys(chart_cluster: tuple[Pat
     released = patch("pod", "held", release, "json")
     assert released.returncode == 0, released.stderr
     assert admin.core.read_namespaced_pod("held", ns).spec.scheduling_gates[0].name == "example.com/other"
+    # The same for the room gate of exact preemption; and never a change beside the release.
+    room = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "held-for-room", "namespace": ns}}
+    room["spec"] = {
+        "schedulerName": "nobody",
+        "schedulingGates": [{"name": "stormtopo.io/room"}],
+        "containers": [{"name": "c", "image": "registry.example/a:1"}],
+    }
+    admin.create(room)
+    sneaky = [*release, {"op": "replace", "path": "/spec/containers/0/image", "value": "registry.example/b:1"}]
+    assert _refused(patch("pod", "held-for-room", sneaky, "json"))
+    released = patch("pod", "held-for-room", release, "json")
+    assert released.returncode == 0, released.stderr
+    assert not admin.core.read_namespaced_pod("held-for-room", ns).spec.scheduling_gates
     # PodGroups: only the gang and topology fields, never the queue.
     admin.create(
         {
@@ -492,6 +505,47 @@ def test_helm_uninstall_leaves_the_cluster_as_it_was(chart_cluster: tuple[Path, 
     finally:
         processes.stop(operator, kill=True)
         admin.delete_namespace(ns)
+
+
+def test_with_exact_preemption_the_service_account_evicts_in_the_victim_namespaces_only_and_by_uid(
+    chart_cluster: tuple[Path, DevCluster], tmp_path: Path
+) -> None:
+    """preemption.exact.victimNamespaces, both ways: as the ServiceAccount, a pod of a listed namespace may be
+    evicted by its uid, not by its name alone; a pod of another namespace (kube-system, a team's) is refused as
+    without exact preemption; the chart refuses to render exact preemption without the list."""
+    state, admin = chart_cluster
+    with pytest.raises(AssertionError, match="preemption.exact.enabled needs preemption.exact.victimNamespaces"):
+        render("preemption.exact.enabled=true")
+    install(state, render("preemption.exact.enabled=true", "preemption.exact.victimNamespaces={victims-ns}"))
+    sa = service_account_kubeconfig(state, tmp_path)
+    for ns in ("victims-ns", "team-ns"):
+        admin.create_namespace(ns)
+        body = {
+            "metadata": {"name": "batch", "namespace": ns},
+            "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]},
+        }
+        admin.core.create_namespaced_pod(ns, body)
+
+    def evict(namespace: str, name: str, by_uid: bool = True) -> subprocess.CompletedProcess[str]:
+        eviction: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        options: dict[str, Any] = {"dryRun": ["All"]}
+        if by_uid:
+            options["preconditions"] = {"uid": admin.core.read_namespaced_pod(name, namespace).metadata.uid}
+        eviction["deleteOptions"] = options
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+        return kubectl(state, "create", "--raw", path, "-f", "-", stdin=json.dumps(eviction), kubeconfig=sa)
+
+    try:
+        admin.wait(
+            lambda: evict("victims-ns", "batch").returncode == 0 and _refused(evict("team-ns", "batch")), 60, "the policies in force"
+        )
+        by_name = evict("victims-ns", "batch", by_uid=False)
+        assert _refused(by_name) and "only by the uid" in by_name.stderr, by_name.stderr
+        assert "evict-opted-in-only" in evict("team-ns", "batch").stderr
+    finally:
+        for ns in ("victims-ns", "team-ns"):
+            admin.delete_namespace(ns)
+        install(state, render())  # the module's other tests see the chart without exact preemption
 
 
 def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluster: tuple[Path, DevCluster], tmp_path: Path) -> None:
