@@ -44,8 +44,9 @@ VICTIM_PRIORITIES = (10, 20, 30, 40)
 LEAVES_PER_SPINE = 8
 SHAPES: tuple[tuple[int, ...], ...] = ((8, 8), (4, 4))
 MODES = ("hard", "soft")
-# volcano: Volcano alone picks the victims. stormtopo: stormtopo's plan (core/preemption.py) is evicted first,
-# then the gang goes to Volcano, which finds the room releasing.
+# volcano: Volcano alone picks the victims. stormtopo: stormtopo's plan (core/preemption.py, as exact
+# preemption runs it: core/preempting.py) is evicted first, then the gang goes to Volcano, which finds the room
+# releasing.
 ARMS = ("volcano", "stormtopo")
 SESSIONS = 4
 # Per size: nodes -> seeds. quick: 64 nodes only.
@@ -194,15 +195,16 @@ def topology_of(c: Cluster) -> Topology:
 
 
 def stormtopo_victims(c: Cluster, gang: Gang) -> tuple[list[str], float]:
-    """The pods stormtopo preempts for the gang (its plan over the cluster as read: every pod's GPUs, priority
-    and gang, every gang's minMember), and the seconds the plan took."""
+    """The pods stormtopo preempts for the gang (its plan over the cluster as the operator reads it: every
+    pod's GPUs, priority and gang, each gang taken to run at its minMember, as the operator reads no other
+    team's PodGroup: operator/room.py gangs_now), and the seconds the plan took."""
     holders: dict[str, list[Holder]] = defaultdict(list)
     names: dict[str, list[str]] = defaultdict(list)
     for job in c.jobs:
         for pod in job.pods:
             holders[pod.node].append(Holder(pod.gpus, job.priority, True, job.name))
             names[pod.node].append(pod.name)
-    gangs = {j.name: GangSize(len(j.pods), j.min_member, sum(p.gpus for p in j.pods)) for j in c.jobs}
+    gangs = {j.name: GangSize(len(j.pods), len(j.pods), sum(p.gpus for p in j.pods)) for j in c.jobs}
     started = time.perf_counter()
     plan = plan_preemption(topology_of(c), c.free(), holders, gang.pods, gang.priority, 1, gangs, soft=gang.mode == "soft")
     seconds = time.perf_counter() - started

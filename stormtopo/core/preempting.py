@@ -6,7 +6,8 @@ then evicts all it took: 3 to 4 times the fewest pods at the median (BENCHMARKS.
 (core/admission.py), and this plan lets it go once all its pods exist:
 
 - where a domain of its tier holds it now, at once, as it is: Volcano places it without preempting;
-- where the fewest victims (core/preemption.py over the free-room reading) make room, they are evicted
+- where the fewest victims (core/preemption.py over the free-room reading; a victim of a gang costs its
+  whole gang, as its PodGroup's minMember is not read) make room, they are evicted
   first and the replica is let go into the domain they leave (a required node affinity to its nodes). With
   the victims releasing, Volcano's allocate pipelines the replica onto their room, so gangpreempt finds it
   no longer starving and takes nothing more (in the simulator, in every case; BENCHMARKS.md);
@@ -29,7 +30,8 @@ from stormtopo.core.placement import release_into
 from stormtopo.core.preemption import CLUSTER, Holder, plan_preemption, rank_of
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import ROOM_GATE
+from stormtopo.core.victims import GangSize
+from stormtopo.core.vocabulary import GROUP_NAME_ANNOTATION, ROOM_GATE
 from stormtopo.core.writes import EvictPod, PreemptPods, Say, Victim, Write
 
 HOLD_MAX = 30.0  # seconds a replica is held at the room gate at most (--exact-preemption-hold)
@@ -66,6 +68,7 @@ def plan_room(
     priority: int | None,
     free: Mapping[str, int] | None,
     holders: Mapping[str, Sequence[Holder]] | None,
+    gangs: Mapping[str, GangSize] | None,
     hold: RoomHold | None,
     now: float,
     hold_max: float = HOLD_MAX,
@@ -90,11 +93,11 @@ def plan_room(
         return let_go
     if soft and fits(list(free.values()), wanted):
         return let_go
-    plan = plan_preemption(topology, free, holders, wanted, priority, allowed_tier, soft=soft)
+    plan = plan_preemption(topology, free, holders, wanted, priority, allowed_tier, gangs, soft=soft)
     if plan.victims is None:
         return let_go
     v = plan.victims
-    victims = tuple(Victim(node, holders[node][i].gpus, holders[node][i].priority) for node, i in v.chosen)
+    victims = tuple(Victim(node, holders[node][i].gpus, holders[node][i].priority, holders[node][i].gang) for node, i in v.chosen)
     domain = [] if v.domain == CLUSTER else sorted(topology.nodes_under(v.domain))
     if set(domain) == set(topology.nodes):
         domain = []  # the whole cluster: nothing to keep it within
@@ -130,4 +133,7 @@ def _matches(pod: Mapping[str, Any], victim: Victim) -> bool:
     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return False
     priority, preemptable = rank_of(pod)
-    return preemptable and priority == victim.priority and container_gpus(pod.get("spec") or {}) == victim.gpus
+    meta = pod.get("metadata") or {}
+    group = (meta.get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
+    gang = f"{meta.get('namespace', '')}/{group}" if group else None
+    return preemptable and priority == victim.priority and container_gpus(pod.get("spec") or {}) == victim.gpus and gang == victim.gang

@@ -25,6 +25,7 @@ from stormtopo.core.priority import known_replica_priority
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
 from stormtopo.core.spread import SPREAD_GIVE_UP, Replica, kept_out_left_behind, plan_spread, shared_domain, spread_tier
 from stormtopo.core.topology.tree import Topology
+from stormtopo.core.victims import GangSize
 from stormtopo.core.vocabulary import ADMITTED_LABEL, GROUP_NAME_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL, TASK_SPEC_ANNOTATION
 from stormtopo.core.writes import AdoptPod, PostEvent, RecordPlacement, Say, Write
 
@@ -73,6 +74,7 @@ class ReplicaSnapshot:
     # With exact preemption (core/preempting.py): the pods holding each node's GPUs once asked for, and
     # how long a replica may be held at the room gate.
     holders: Mapping[str, Sequence[Holder]] | None = None
+    gangs: Mapping[str, GangSize] | None = None
     room_hold: float = HOLD_MAX
 
     @property
@@ -388,6 +390,7 @@ def _room(snapshot: ReplicaSnapshot, state: ReplicaState, memory: ReplicaMemory)
         priority,
         snapshot.free_gpus,
         snapshot.holders,
+        snapshot.gangs,
         memory.room,
         snapshot.now,
         snapshot.room_hold,

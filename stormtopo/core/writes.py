@@ -92,6 +92,7 @@ class Victim:
     node: str
     gpus: int
     priority: int
+    gang: str | None = None  # "namespace/PodGroup" of its Volcano gang, where it names one
 
 
 @dataclass(frozen=True)

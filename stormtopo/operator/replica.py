@@ -86,7 +86,11 @@ class PlacementReporter:
             plan = self._plan(snapshot, memory)
         if plan.needs_room:  # a spread release, or a held replica's preemption: where is there room, and who holds it?
             holding = any(is_held_for_room(p) for p in snapshot.pods)  # (building the holders is not free: only then)
-            snapshot = replace(snapshot, free_gpus=await self.room.free_gpus(), holders=self.room.holders_now() if holding else None)
+            free = await self.room.free_gpus()
+            if holding:
+                snapshot = replace(snapshot, free_gpus=free, holders=self.room.holders_now(), gangs=self.room.gangs_now())
+            else:
+                snapshot = replace(snapshot, free_gpus=free)
             plan = self._plan(snapshot, memory)
         await self._carry_out(key, snapshot, plan)  # (remembers what the plan let go before its first await)
         if plan.explain is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,8 @@ from stormtopo.core.gang import container_gpus, gpu_count
 from stormtopo.core.node_fit import NodeFacts, milli, pod_requests
 from stormtopo.core.packing import takes_new_pods
 from stormtopo.core.preemption import Holder, rank_of
-from stormtopo.core.vocabulary import GPU
+from stormtopo.core.victims import GangSize
+from stormtopo.core.vocabulary import GPU, GROUP_NAME_ANNOTATION
 from stormtopo.kube.client import Api
 from stormtopo.kube.watch import WatchStreams
 from stormtopo.operator import watch
@@ -88,6 +90,7 @@ class NodeRoom:
     _requested: dict[str, dict[str, int]] = field(default_factory=dict)
     _facts_at: tuple[int, dict[str, NodeFacts]] | None = None  # facts_now's last answer, at `changes`
     _holders_at: tuple[int, dict[str, list[Holder]]] | None = None  # holders_now's last answer, at `changes`
+    _gang_of: dict[Key, str] = field(default_factory=dict)  # of pods in _pods: "namespace/PodGroup" (one string per gang)
     changes: int = 0  # counts every change of the reading: a plan over an unchanged reading need not be made again
     _streams: WatchStreams | None = None
     _listed: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -176,18 +179,31 @@ class NodeRoom:
         return {node: gpus for node, (gpus, _) in self._nodes.items()}
 
     def holders_now(self) -> dict[str, list[Holder]]:
-        """Per node, the pods holding its GPUs as preemption ranks them (core/preemption.py). Built once per
-        change of the reading (every bound GPU pod of the cluster: a tenth of a second at 16,384 nodes), read only."""
+        """Per node, the pods holding its GPUs as preemption ranks them (core/preemption.py), each with its
+        Volcano gang (its PodGroup) where it names one. Built once per change of the reading (every bound
+        GPU pod of the cluster: a tenth of a second at 16,384 nodes), read only."""
         if self._holders_at is not None and self._holders_at[0] == self.changes:
             return self._holders_at[1]
         out: dict[str, list[Holder]] = {}
-        kinds: dict[tuple[int, int, bool], Holder] = {}  # a few kinds of pod in a cluster: one object each
+        kinds: dict[tuple[int, int, bool, str | None], Holder] = {}  # pods alike share one object
         for key, (node, gpus) in self._pods.items():
             priority, preemptable = self._ranks.get(key, (0, False))
-            holder = kinds.setdefault((gpus, priority, preemptable), Holder(gpus, priority, preemptable))
+            gang = self._gang_of.get(key)
+            holder = kinds.setdefault((gpus, priority, preemptable, gang), Holder(gpus, priority, preemptable, gang))
             out.setdefault(node, []).append(holder)
         self._holders_at = (self.changes, out)
         return out
+
+    def gangs_now(self) -> dict[str, GangSize]:
+        """Each gang that holds GPUs: its running pods and their GPUs, taken as its minimum (the operator
+        reads no other team's PodGroup: a gang is assumed to run at its minMember, so preemption counts a
+        victim of a gang as the whole gang lost, never less)."""
+        running: dict[str, list[int]] = {}
+        for key, gang in self._gang_of.items():
+            held = self._pods.get(key)
+            if held is not None:
+                running.setdefault(gang, []).append(held[1])
+        return {gang: GangSize(len(gpus), len(gpus), sum(gpus)) for gang, gpus in running.items()}
 
     def _on_pod(self, event: str | None, pod: dict[str, Any]) -> None:
         key = key_of(pod)
@@ -203,11 +219,20 @@ class NodeRoom:
                 self._ranks.pop(key, None)
             else:
                 self._ranks[key] = rank
+        group = None if gone or key not in self._pods else ((pod.get("metadata") or {}).get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
+        gang = sys.intern(f"{key[0]}/{group}") if group else None  # one string per gang, however many pods
+        if self._gang_of.get(key) != gang:
+            self.changes += 1
+            if gang is None:
+                self._gang_of.pop(key, None)
+            else:
+                self._gang_of[key] = gang
         if self._set_requests(key, None if gone else pod) or gpus_changed:
             self.changes += 1
 
     def _pod_gone(self, key: Key) -> None:
         self._ranks.pop(key, None)
+        self._gang_of.pop(key, None)
         if self._set_pod(key, None) | self._set_requests(key, None):
             self.changes += 1
 

@@ -12,6 +12,7 @@ from stormtopo.core.preempting import RoomHold, pick_victims, plan_room
 from stormtopo.core.preemption import Holder
 from stormtopo.core.request import ClusterTiers, Mode, TierLimit, TopologyRequest
 from stormtopo.core.topology.fabric import parse_topology
+from stormtopo.core.victims import GangSize
 from stormtopo.core.vocabulary import DOMAIN_GATE, HIGHEST_TIER, MODE, REPLICA_SPREAD_TIER, ROOM_GATE, VOLCANO_SCHEDULER
 from stormtopo.core.writes import EvictPod, PatchPod, PreemptPods, Victim
 from stormtopo.devenv.workloads import stormservice
@@ -50,6 +51,7 @@ def plan(**kw: Any) -> Any:
         "priority": HIGH,
         "free": FULL,
         "holders": {n: batch() for n in NODES},
+        "gangs": {},
         "hold": None,
         "now": 100.0,
     }
@@ -166,3 +168,18 @@ def test_the_webhook_holds_a_pod_that_may_preempt_only_with_exact_preemption() -
     pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {}}, "spec": {"priority": 1000}}
     decision = admit_pod(pod, aibrix_roleset(), spread, tiers, exact_preemption=True)
     assert [op["value"] for op in decision.patch if op["path"].startswith("/spec/schedulingGates")] == [[{"name": DOMAIN_GATE}]]
+
+
+def test_a_victim_of_a_gang_costs_the_whole_gang_and_is_matched_within_it() -> None:
+    """s0's node0 and node1 each hold a pod of gang g (4 GPUs) and a lone pod; s1's nodes two lone pods each:
+    s0 costs the gang's 2 pods and 2 lone ones, as s1 costs 4 lone pods: of equal counts, the lowest priorities
+    (g runs at 10). The victims name their gang, and only a pod of that gang matches."""
+    g = [Holder(4, 10, True, "batch/g"), Holder(4, 100, True)]
+    room = plan(holders={n: batch() for n in NODES} | {"node0": g, "node1": g}, gangs={"batch/g": GangSize(2, 2, 8)})
+    [preempt] = [w for w in room.writes if isinstance(w, PreemptPods)]
+    assert {v.gang for v in preempt.victims} == {"batch/g", None} and {v.node for v in preempt.victims} == {"node0", "node1"}
+    member = bound("m", "node0", 10)
+    member["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "g"}
+    stranger = bound("s", "node0", 10)
+    assert pick_victims([Victim("node0", 4, 10, "batch/g")], {"node0": [stranger, member]}) == [EvictPod("batch", "m", "u-m")]
+    assert pick_victims([Victim("node0", 4, 10)], {"node0": [member]}) == []

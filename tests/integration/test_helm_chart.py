@@ -514,7 +514,7 @@ def test_with_exact_preemption_the_service_account_evicts_in_the_victim_namespac
     evicted by its uid, not by its name alone; a pod of another namespace (kube-system, a team's) is refused as
     without exact preemption; the chart refuses to render exact preemption without the list."""
     state, admin = chart_cluster
-    with pytest.raises(AssertionError, match="preemption.exact.enabled needs preemption.exact.victimNamespaces"):
+    with pytest.raises(AssertionError, match=r"preemption\.exact\.enabled needs preemption\.exact\.victimNamespaces"):
         render("preemption.exact.enabled=true")
     install(state, render("preemption.exact.enabled=true", "preemption.exact.victimNamespaces={victims-ns}"))
     sa = service_account_kubeconfig(state, tmp_path)

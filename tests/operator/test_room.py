@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from stormtopo.core.preemption import Holder
+from stormtopo.core.victims import GangSize
 from stormtopo.core.vocabulary import GPU
 from stormtopo.kube.client import Api
 from stormtopo.operator.loops import Loops
@@ -122,3 +123,24 @@ def test_the_reading_keeps_how_preemption_ranks_each_gpu_pod_and_forgets_it_with
     room._on_pod("DELETED", batch)
     room._pod_gone(("t", "kept"))
     assert room.holders_now() == {"n0": [Holder(2, 5, False)]} and len(room._ranks) == 1
+
+
+def test_the_reading_knows_each_gpu_pods_gang_and_each_gangs_running_pods() -> None:
+    """Exact preemption counts a victim of a gang as the whole gang lost: the gang from the pod's PodGroup
+    annotation, its size from the pods the reading holds (no other team's PodGroup is read)."""
+    room = NodeRoom(Api.__new__(Api), Loops())
+
+    def member(name: str, node: str, group: str | None) -> dict[str, Any]:
+        pod = _pod(name, node, 4)
+        pod["spec"] |= {"schedulerName": "volcano", "priority": 100}
+        if group:
+            pod["metadata"] = {**pod["metadata"], "annotations": {"scheduling.k8s.io/group-name": group}}
+        return pod
+
+    for pod in (member("a-0", "n0", "a"), member("a-1", "n1", "a"), member("alone", "n0", None)):
+        room._on_pod("ADDED", pod)
+    ns = member("a-0", "n0", "a")["metadata"]["namespace"]
+    assert sorted(h.gang or "" for h in room.holders_now()["n0"]) == ["", f"{ns}/a"]
+    assert room.gangs_now() == {f"{ns}/a": GangSize(2, 2, 8)}
+    room._on_pod("DELETED", member("a-1", "n1", "a"))
+    assert room.gangs_now() == {f"{ns}/a": GangSize(1, 1, 4)} and len(room._gang_of) == 1
