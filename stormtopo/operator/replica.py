@@ -87,11 +87,11 @@ class PlacementReporter:
         if plan.needs_room:  # a spread release, or a held replica's preemption: where is there room, and who holds it?
             holding = any(is_held_for_room(p) for p in snapshot.pods)  # (building the holders is not free: only then)
             free = await self.room.free_gpus()
-            if holding:
+            if holding:  # the fewest victims: a search over every domain (up to its budget), off the event loop
                 snapshot = replace(snapshot, free_gpus=free, holders=self.room.holders_now(), gangs=self.room.gangs_now())
+                plan = await asyncio.to_thread(self._plan, snapshot, memory)  # (no spread settling: never both)
             else:
-                snapshot = replace(snapshot, free_gpus=free)
-            plan = self._plan(snapshot, memory)
+                plan = self._plan(replace(snapshot, free_gpus=free), memory)
         await self._carry_out(key, snapshot, plan)  # (remembers what the plan let go before its first await)
         if plan.explain is not None:
             self._asks[key] = (plan.explain, snapshot.topology)

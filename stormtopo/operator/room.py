@@ -91,6 +91,7 @@ class NodeRoom:
     _facts_at: tuple[int, dict[str, NodeFacts]] | None = None  # facts_now's last answer, at `changes`
     _holders_at: tuple[int, dict[str, list[Holder]]] | None = None  # holders_now's last answer, at `changes`
     _gang_of: dict[Key, str] = field(default_factory=dict)  # of pods in _pods: "namespace/PodGroup" (one string per gang)
+    _gangs_at: tuple[int, dict[str, GangSize]] | None = None  # gangs_now's last answer, at `changes`
     changes: int = 0  # counts every change of the reading: a plan over an unchanged reading need not be made again
     _streams: WatchStreams | None = None
     _listed: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -197,13 +198,17 @@ class NodeRoom:
     def gangs_now(self) -> dict[str, GangSize]:
         """Each gang that holds GPUs: its running pods and their GPUs, taken as its minimum (the operator
         reads no other team's PodGroup: a gang is assumed to run at its minMember, so preemption counts a
-        victim of a gang as the whole gang lost, never less)."""
+        victim of a gang as the whole gang lost, never less). Built once per change of the reading."""
+        if self._gangs_at is not None and self._gangs_at[0] == self.changes:
+            return self._gangs_at[1]
         running: dict[str, list[int]] = {}
         for key, gang in self._gang_of.items():
             held = self._pods.get(key)
             if held is not None:
                 running.setdefault(gang, []).append(held[1])
-        return {gang: GangSize(len(gpus), len(gpus), sum(gpus)) for gang, gpus in running.items()}
+        out = {gang: GangSize(len(gpus), len(gpus), sum(gpus)) for gang, gpus in running.items()}
+        self._gangs_at = (self.changes, out)
+        return out
 
     def _on_pod(self, event: str | None, pod: dict[str, Any]) -> None:
         key = key_of(pod)
