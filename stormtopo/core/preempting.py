@@ -13,18 +13,23 @@ then evicts all it took: 3 to 4 times the fewest pods at the median (BENCHMARKS.
   no longer starving and takes nothing more (in the simulator, in every case; BENCHMARKS.md);
 - where no domain qualifies, as it is: Volcano decides, and the Pending replica's explanation says why.
 
-A replica is never held longer than the hold's limit (its pods not all created, the class's value not read
-yet, a write that failed): then it goes as it is, to Volcano's own preemption. One plan evicts for a replica
-once; a second look while its victims terminate only lets it go.
+A replica is never held longer than the hold's limit from its oldest pod's creation (its pods not all created,
+the class's value not read yet, a leader busy or away): then it goes as it is, to Volcano's own preemption.
+One plan evicts for a replica once, and pins it to the victims' domain only if every eviction went through; a
+pod being deleted is never a victim, and its GPUs count as free, so that a new leader, or another held replica,
+finds that room on its way instead of taking more. Its priority is the lower of its class's value and its
+pods' own (admitted from their classes, which quota governs), so naming a higher class in the scheduling
+strategy buys no victims; and victims are only in the namespaces the operator is given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from stormtopo.core.gang import container_gpus
+from stormtopo.core.node_fit import NodeFacts, nodes_for
 from stormtopo.core.packing import domains_at_tier, fits
 from stormtopo.core.placement import release_into
 from stormtopo.core.preemption import CLUSTER, Holder, plan_preemption, rank_of
@@ -32,16 +37,26 @@ from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.victims import GangSize
 from stormtopo.core.vocabulary import GROUP_NAME_ANNOTATION, ROOM_GATE
-from stormtopo.core.writes import EvictPod, PreemptPods, Say, Victim, Write
+from stormtopo.core.writes import EvictPod, PatchPod, PreemptPods, Say, Victim, Write
 
-HOLD_MAX = 30.0  # seconds a replica is held at the room gate at most (--exact-preemption-hold)
+HOLD_MAX = 30.0  # seconds a replica is held at the room gate at most, from its oldest pod's creation (--exact-preemption-hold)
+
+
+@dataclass(frozen=True)
+class RoomReading:
+    """The free-room reading as exact preemption plans over it."""
+
+    free: Mapping[str, int]  # free GPUs per node, those of pods being deleted included (room on its way)
+    holders: Mapping[str, Sequence[Holder]]  # preemptable only in the victims' namespaces, never a pod being deleted
+    gangs: Mapping[str, GangSize]
+    nodes: Mapping[str, NodeFacts] | None = None  # labels and taints: where the replica's pods could run at all
+    namespaces: frozenset[str] | None = None  # where victims may be (the chart's victimNamespaces); None: anywhere
 
 
 @dataclass(frozen=True)
 class RoomHold:
     """What the leader remembers of one held replica."""
 
-    since: float  # monotonic seconds: first seen held
     preempted: bool = False  # victims were evicted for it: never again for this hold
 
 
@@ -50,50 +65,63 @@ class RoomPlan:
     writes: tuple[Write, ...] = ()
     says: tuple[Say, ...] = ()
     hold: RoomHold | None = None  # None: nothing held any more
-    needs_room: bool = False  # every node's free GPUs and the pods holding them are needed: read them and plan again
+    needs_room: bool = False  # the free-room reading is needed: read it and plan again
     recheck_in: float | None = None  # seconds until the hold's limit: plan again then
 
 
+@dataclass(frozen=True)
+class HeldReplica:
+    """A replica with pods at the room gate, as the plan sees it."""
+
+    namespace: str
+    name: str
+    held: Sequence[Mapping[str, Any]]
+    wanted: Sequence[int]  # GPUs of every pod it should have
+    created: int
+    bound: int
+    templates: Sequence[Mapping[str, Any]]  # its roles' pod specs: where its pods could run
+    held_for: float  # seconds since its oldest held pod was created
+
+
 def plan_room(
-    namespace: str,
-    replica: str,
+    replica: HeldReplica,
     request: TopologyRequest | None,
     allowed_tier: int | None,
     topology: Topology,
     hostnames: Mapping[str, str],
-    held: Sequence[Mapping[str, Any]],
-    wanted: Sequence[int],
-    created: int,
-    bound: int,
     priority: int | None,
-    free: Mapping[str, int] | None,
-    holders: Mapping[str, Sequence[Holder]] | None,
-    gangs: Mapping[str, GangSize] | None,
+    reading: RoomReading | None,
     hold: RoomHold | None,
-    now: float,
+    enabled: bool = True,
     hold_max: float = HOLD_MAX,
 ) -> RoomPlan:
     """For a replica with pods at the room gate: wait, let it go, or evict its fewest victims and let it go."""
-    if not held:
+    if not replica.held:
         return RoomPlan()
-    hold = hold or RoomHold(now)
-    let_go = RoomPlan(tuple(release_into([], hostnames, held, ROOM_GATE)))
-    if request is None or allowed_tier is None or bound or hold.preempted:
-        return let_go  # opted out or invalid; part of it placed already; or its victims are on their way out
-    if now - hold.since >= hold_max:
-        why = f"replica {replica} let go after {hold_max:.0f} s at the room gate, to Volcano's own preemption"
+    hold = hold or RoomHold()
+    let_go = RoomPlan(tuple(release_into([], hostnames, replica.held, ROOM_GATE)))
+    if not enabled or request is None or allowed_tier is None or replica.bound or hold.preempted:
+        return let_go  # turned off; opted out or invalid; part of it placed already; or its victims are on their way out
+    if replica.held_for >= hold_max:
+        why = f"replica {replica.name} let go after {hold_max:.0f} s at the room gate, to Volcano's own preemption"
         return RoomPlan(let_go.writes, (Say("Normal", "ReplicaLetGo", why),))
-    wait = RoomPlan(hold=hold, recheck_in=hold_max - (now - hold.since))
-    if created < len(wanted) or priority is None:
-        return wait  # the gang is judged whole, at its class's value
-    if free is None or holders is None:
+    wait = RoomPlan(hold=hold, recheck_in=hold_max - replica.held_for)
+    if replica.created < len(replica.wanted) or priority is None:
+        return wait  # the gang is judged whole, at its priority
+    if reading is None:
         return RoomPlan(hold=hold, needs_room=True)
+    free, holders = reading.free, reading.holders
+    if reading.nodes is not None:  # only nodes every pod could run on (selectors, affinity, taints): GPUs elsewhere are no room
+        eligible = nodes_for([placement_of(t) for t in replica.templates], reading.nodes)
+        free = {n: g for n, g in free.items() if n in eligible}
+        holders = {n: h for n, h in holders.items() if n in eligible}
     soft = request.mode is Mode.SOFT
+    wanted = replica.wanted
     if any(d.fits for level in range(1, allowed_tier + 1) for d in domains_at_tier(topology, free, wanted, level)[:1]):
         return let_go
     if soft and fits(list(free.values()), wanted):
         return let_go
-    plan = plan_preemption(topology, free, holders, wanted, priority, allowed_tier, gangs, soft=soft)
+    plan = plan_preemption(topology, free, holders, wanted, priority, allowed_tier, reading.gangs, soft=soft)
     if plan.victims is None:
         return let_go
     v = plan.victims
@@ -103,21 +131,37 @@ def plan_room(
         domain = []  # the whole cluster: nothing to keep it within
     where = "across the cluster" if v.domain == CLUSTER else f"in tier-{v.tier} {v.domain}"
     pods = ", ".join(f"{n} of priority {p}" for p, n in v.by_priority)
-    message = f"replica {replica} preempts {v.pods} pod(s) holding {v.gpus} GPUs ({pods}) {where}, the fewest that make room for it"
-    says = (Say("Normal", "ReplicaPreempting", message),)
-    writes: tuple[Write, ...] = (PreemptPods(namespace, replica, victims), *release_into(domain, hostnames, held, ROOM_GATE))
-    return RoomPlan(writes, says, RoomHold(hold.since, preempted=True))
+    message = f"replica {replica.name} preempts {v.pods} pod(s) holding {v.gpus} GPUs ({pods}) {where}, the fewest that make room for it"
+    pinned = tuple(release_into(domain, hostnames, replica.held, ROOM_GATE))
+    unpinned = tuple(p for p in let_go.writes if isinstance(p, PatchPod))
+    namespaces = None if reading.namespaces is None else tuple(sorted(reading.namespaces))
+    preempt = PreemptPods(replica.namespace, replica.name, victims, pinned, unpinned, namespaces)
+    return RoomPlan((preempt,), (Say("Normal", "ReplicaPreempting", message),), RoomHold(preempted=True))
 
 
-def pick_victims(victims: Sequence[Victim], pods_on: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[EvictPod]:
+def placement_of(pod_spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What of a pod's spec says where it may run, its requests aside (victims free those)."""
+    return {k: pod_spec[k] for k in ("nodeSelector", "affinity", "tolerations") if k in pod_spec}
+
+
+def pick_victims(
+    victims: Sequence[Victim], pods_on: Mapping[str, Sequence[Mapping[str, Any]]], namespaces: Collection[str] | None = None
+) -> list[EvictPod]:
     """The pods to evict for the planned victims: on each victim's node, a bound pod Volcano may preempt
-    with its GPUs and priority, not being deleted, each taken once (the oldest first: the same choice on
-    every replica of the operator). A victim with no such pod left is skipped."""
+    with its GPUs, priority and gang, not being deleted, in one of `namespaces` (None: any), each taken
+    once (the oldest first: the same choice on every replica of the operator). A victim with no such pod
+    left is skipped."""
     taken: set[str] = set()
     out = []
     for victim in victims:
         candidates = sorted(
-            (p for p in pods_on.get(victim.node, ()) if _matches(p, victim) and p["metadata"].get("uid") not in taken),
+            (
+                p
+                for p in pods_on.get(victim.node, ())
+                if _matches(p, victim)
+                and p["metadata"].get("uid") not in taken
+                and (namespaces is None or p["metadata"].get("namespace", "") in namespaces)
+            ),
             key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"].get("namespace", ""), p["metadata"]["name"]),
         )
         if candidates:

@@ -19,13 +19,11 @@ from stormtopo.core.gang import followers, gang_of, replica_pods
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_held_for_room, is_live, plan_placed, plan_release, recorded_placement
 from stormtopo.core.podgroup import service_group_name
-from stormtopo.core.preempting import HOLD_MAX, RoomHold, RoomPlan, plan_room
-from stormtopo.core.preemption import Holder
+from stormtopo.core.preempting import HOLD_MAX, HeldReplica, RoomHold, RoomPlan, RoomReading, plan_room
 from stormtopo.core.priority import known_replica_priority
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
 from stormtopo.core.spread import SPREAD_GIVE_UP, Replica, kept_out_left_behind, plan_spread, shared_domain, spread_tier
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.victims import GangSize
 from stormtopo.core.vocabulary import ADMITTED_LABEL, GROUP_NAME_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL, TASK_SPEC_ANNOTATION
 from stormtopo.core.writes import AdoptPod, PostEvent, RecordPlacement, Say, Write
 
@@ -71,11 +69,13 @@ class ReplicaSnapshot:
     free_gpus: Mapping[str, int] | None = None
     unspread: frozenset[str] = frozenset()  # replicas held again after a spread that did not place (the leader's memory)
     spread_give_up: float = SPREAD_GIVE_UP  # seconds a replica let go with domains kept out may stay unplaced (--spread-give-up)
-    # With exact preemption (core/preempting.py): the pods holding each node's GPUs once asked for, and
-    # how long a replica may be held at the room gate.
-    holders: Mapping[str, Sequence[Holder]] | None = None
-    gangs: Mapping[str, GangSize] | None = None
+    # With exact preemption (core/preempting.py): whether it is on, the free-room reading once asked for,
+    # how long a replica may be held at the room gate, and the wall clock (pods' creation is dated by it).
+    exact_preemption: bool = False
+    room: RoomReading | None = None
+    templates: Sequence[Mapping[str, Any]] | None = None  # its roles' whole pod specs, read with the room (the index keeps less)
     room_hold: float = HOLD_MAX
+    wall: float = 0.0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -375,26 +375,37 @@ def _room(snapshot: ReplicaSnapshot, state: ReplicaState, memory: ReplicaMemory)
     if not held:
         return RoomPlan()
     request = snapshot.request if is_opted_in(snapshot.stormservice["metadata"].get("annotations") or {}) else None
-    priority = known_replica_priority(snapshot.roleset.get("spec") or {}, dict(snapshot.tiers.priority_values))
+    spec = snapshot.roleset.get("spec") or {}
+    created = [_time((p.get("metadata") or {}).get("creationTimestamp")) for p in held]
+    oldest = min((t.timestamp() for t in created if t is not None), default=snapshot.wall)
+    templates = snapshot.templates
+    if templates is None:
+        templates = [((r or {}).get("template") or {}).get("spec") or {} for r in spec.get("roles") or []]
+    held_for = snapshot.wall - oldest
+    replica = HeldReplica(snapshot.key[0], snapshot.key[1], held, state.wanted, state.created, len(state.bound), templates, held_for)
     return plan_room(
-        snapshot.key[0],
-        snapshot.key[1],
+        replica,
         request,
         allowed_tier(request, snapshot.topology) if request is not None else None,
         snapshot.topology,
         snapshot.nodes.hostnames,
-        held,
-        state.wanted,
-        state.created,
-        len(state.bound),
-        priority,
-        snapshot.free_gpus,
-        snapshot.holders,
-        snapshot.gangs,
+        preemptor_priority(spec, dict(snapshot.tiers.priority_values), held),
+        snapshot.room,
         memory.room,
-        snapshot.now,
+        snapshot.exact_preemption,
         snapshot.room_hold,
     )
+
+
+def preemptor_priority(roleset_spec: Mapping[str, Any], values: Mapping[str, int], held: Sequence[Mapping[str, Any]]) -> int | None:
+    """The priority a held replica preempts at: its gang's (its PodGroup's class, as Volcano ranks it), but
+    never above what its pods were admitted at (their own classes, which quota governs): a class named in
+    the scheduling strategy alone buys no victims. None while the class's value is not read yet."""
+    gang = known_replica_priority(roleset_spec, values)
+    if gang is None:
+        return None
+    admitted = [(p.get("spec") or {}).get("priority") for p in held]
+    return min([gang, *(a if isinstance(a, int) else 0 for a in admitted)])
 
 
 def _unplaceable_followers(snapshot: ReplicaSnapshot, request: TopologyRequest) -> list[tuple[str, Say]]:

@@ -169,6 +169,8 @@ async def run(config: OperatorConfig) -> None:
         leading=lambda: leadership.is_leader,
         spread_give_up=config.spread_give_up,
         room_hold=config.exact_preemption_hold,
+        exact_preemption=config.exact_preemption,
+        victim_namespaces=frozenset(config.exact_preemption_victim_namespace) or None,
     )
     operator = handlers.register(
         registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops, config.resync_seconds, config.relist_seconds

@@ -61,6 +61,7 @@ class OperatorConfig:
     heal_stranded_after: float = STRANDED_AFTER  # seconds a hard replica's pod waits beside running ones before it is stranded
     exact_preemption: bool = False  # hold a preempting replica and evict the fewest victims itself (core/preempting.py)
     exact_preemption_hold: float = HOLD_MAX  # seconds a replica may be held for it at most
+    exact_preemption_victim_namespace: tuple[str, ...] = ()  # the only namespaces it may take victims in (empty: any)
     node_tier: bool = False  # keep a short list of tier-0 HyperNodes current (docs/node-tier.md)
     node_tier_keep_runs: bool = False  # the node tier keeps runs of empty nodes for whole-node replicas
     node_tier_leaf: tuple[str, ...] = ()  # leaves another writer keeps that the node tier may change anyway
@@ -157,6 +158,14 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         " after which it goes to Volcano as it is",
     )
     p.add_argument(
+        "--exact-preemption-victim-namespace",
+        action="append",
+        default=[],
+        metavar="NAMESPACE",
+        help="with --exact-preemption: a namespace whose pods may be victims; repeat for more. Without it, any namespace"
+        " (the chart always names them, and its admission policy refuses evictions elsewhere)",
+    )
+    p.add_argument(
         "--node-tier",
         action="store_true",
         help="keep tier-0 HyperNodes for a short list of nodes current, so a replica one node holds lands on one node (writes HyperNodes)",
@@ -214,5 +223,8 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
     if a["node_tier_leaf"] and not a["node_tier"]:
         p.error("--node-tier-leaf: accepted only with --node-tier (it names leaves the node tier may change)")
     a["node_tier_leaf"] = tuple(a["node_tier_leaf"])
+    if (a["exact_preemption_victim_namespace"] or a["exact_preemption_hold"] != d.exact_preemption_hold) and not a["exact_preemption"]:
+        p.error("--exact-preemption-victim-namespace, --exact-preemption-hold: accepted only with --exact-preemption")
+    a["exact_preemption_victim_namespace"] = tuple(a["exact_preemption_victim_namespace"])
     a["register_webhook"] = not a.pop("no_register_webhook")  # the flag says what not to do; the config, what to do
     return OperatorConfig(**a)

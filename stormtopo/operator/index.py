@@ -119,6 +119,8 @@ def _slim_pod(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]
     kept_spec = {k: spec[k] for k in ("nodeName", "schedulingGates") if spec.get(k)}
     if not spec.get("nodeName") and spec.get("affinity"):
         kept_spec["affinity"] = spec["affinity"]
+    if not spec.get("nodeName") and isinstance(spec.get("priority"), int):
+        kept_spec["priority"] = spec["priority"]  # a held replica preempts at no more than its pods were admitted at
     return {
         "kind": "Pod",
         "metadata": kept,

@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from stormtopo.core.placement import is_held, is_held_for_room
-from stormtopo.core.preempting import HOLD_MAX
+from stormtopo.core.preempting import HOLD_MAX, RoomReading
 from stormtopo.core.replica import (
     Explain,
     ReplicaMemory,
@@ -32,8 +34,9 @@ from stormtopo.core.replica import (
 from stormtopo.core.request import is_opted_in
 from stormtopo.core.spread import SETTLE_SECONDS, SPREAD_GIVE_UP
 from stormtopo.core.topology.tree import Topology
+from stormtopo.core.vocabulary import AIBRIX
 from stormtopo.core.writes import DeleteUnboundPod
-from stormtopo.kube.client import Api
+from stormtopo.kube.client import Api, KubeError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.explainer import Explainer
@@ -56,6 +59,9 @@ class PlacementReporter:
     leading: Callable[[], bool] = lambda: True  # a deposed leader posts no queued explanation
     spread_give_up: float = SPREAD_GIVE_UP  # --spread-give-up (core/spread.py)
     room_hold: float = HOLD_MAX  # --exact-preemption-hold (core/preempting.py)
+    exact_preemption: bool = False  # --exact-preemption
+    victim_namespaces: frozenset[str] | None = None  # --exact-preemption-victim-namespace (None: any)
+    _planner: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="room-planner"))
     _memory: dict[Key, ReplicaMemory] = field(default_factory=dict)  # only replicas with something to remember
     _asks: dict[Key, tuple[Explain, Topology]] = field(default_factory=dict)  # explanations waiting for the worker
     _explanations: WorkQueue[Key] | None = None
@@ -88,8 +94,11 @@ class PlacementReporter:
             holding = any(is_held_for_room(p) for p in snapshot.pods)  # (building the holders is not free: only then)
             free = await self.room.free_gpus()
             if holding:  # the fewest victims: a search over every domain (up to its budget), off the event loop
-                snapshot = replace(snapshot, free_gpus=free, holders=self.room.holders_now(), gangs=self.room.gangs_now())
-                plan = await asyncio.to_thread(self._plan, snapshot, memory)  # (no spread settling: never both)
+                snapshot = replace(snapshot, free_gpus=free, room=self._room_reading(free), templates=await self._templates(key))
+                # One planner thread of its own: a burst of held replicas never takes the API calls' threads.
+                plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
+                if not self.leading():
+                    return  # deposed while it planned: the new leader plans again
             else:
                 plan = self._plan(replace(snapshot, free_gpus=free), memory)
         await self._carry_out(key, snapshot, plan)  # (remembers what the plan let go before its first await)
@@ -107,9 +116,29 @@ class PlacementReporter:
                 unspread=self._unspread.get(service, frozenset()),
                 spread_give_up=self.spread_give_up,
                 room_hold=self.room_hold,
+                exact_preemption=self.exact_preemption,
+                wall=time.time(),
             ),
             memory,
         )
+
+    def _room_reading(self, free: Mapping[str, int]) -> RoomReading:
+        """The free-room reading for exact preemption: the room of pods being deleted counts as free (it is
+        on its way: a second plan must not take more for it), victims only in the namespaces given."""
+        releasing = self.room.releasing_now()
+        with_leaving = {node: gpus + releasing.get(node, 0) for node, gpus in free.items()}
+        holders = self.room.holders_now(self.victim_namespaces)
+        return RoomReading(with_leaving, holders, self.room.gangs_now(), self.room.facts_now(), self.victim_namespaces)
+
+    async def _templates(self, key: Key) -> list[Mapping[str, Any]] | None:
+        """The replica's roles' whole pod specs (selectors, affinity, tolerations: where its pods may run),
+        read from the API: the index keeps only what placement needs. None if it cannot be read."""
+        try:
+            roleset = await asyncio.to_thread(self.api.get, AIBRIX, "rolesets", key[0], key[1])
+        except KubeError:
+            return None
+        roles = ((roleset or {}).get("spec") or {}).get("roles") or []
+        return [((r or {}).get("template") or {}).get("spec") or {} for r in roles]
 
     async def _snapshot(self, key: Key) -> ReplicaSnapshot | None:
         snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH)

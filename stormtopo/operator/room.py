@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,9 +88,10 @@ class NodeRoom:
     _facts: dict[str, tuple[Mapping[str, str], tuple[Mapping[str, str], ...], Mapping[str, int]]] = field(default_factory=dict)
     _requested: dict[str, dict[str, int]] = field(default_factory=dict)
     _facts_at: tuple[int, dict[str, NodeFacts]] | None = None  # facts_now's last answer, at `changes`
-    _holders_at: tuple[int, dict[str, list[Holder]]] | None = None  # holders_now's last answer, at `changes`
+    _holders_at: tuple[int, frozenset[str] | None, dict[str, list[Holder]]] | None = None  # holders_now's last answer
     _gang_of: dict[Key, str] = field(default_factory=dict)  # of pods in _pods: "namespace/PodGroup" (one string per gang)
     _gangs_at: tuple[int, dict[str, GangSize]] | None = None  # gangs_now's last answer, at `changes`
+    _leaving: set[Key] = field(default_factory=set)  # of pods in _pods: those being deleted
     changes: int = 0  # counts every change of the reading: a plan over an unchanged reading need not be made again
     _streams: WatchStreams | None = None
     _listed: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -179,20 +179,31 @@ class NodeRoom:
         await self._ready()
         return {node: gpus for node, (gpus, _) in self._nodes.items()}
 
-    def holders_now(self) -> dict[str, list[Holder]]:
+    def holders_now(self, namespaces: frozenset[str] | None = None) -> dict[str, list[Holder]]:
         """Per node, the pods holding its GPUs as preemption ranks them (core/preemption.py), each with its
-        Volcano gang (its PodGroup) where it names one. Built once per change of the reading (every bound
-        GPU pod of the cluster: a tenth of a second at 16,384 nodes), read only."""
-        if self._holders_at is not None and self._holders_at[0] == self.changes:
-            return self._holders_at[1]
+        Volcano gang (its PodGroup) where it names one; with `namespaces`, a pod outside them is not
+        preemptable. Built once per change of the reading (every bound GPU pod of the cluster: a tenth of a
+        second at 16,384 nodes), read only."""
+        if self._holders_at is not None and self._holders_at[:2] == (self.changes, namespaces):
+            return self._holders_at[2]
         out: dict[str, list[Holder]] = {}
         kinds: dict[tuple[int, int, bool, str | None], Holder] = {}  # pods alike share one object
         for key, (node, gpus) in self._pods.items():
             priority, preemptable = self._ranks.get(key, (0, False))
+            preemptable = preemptable and (namespaces is None or key[0] in namespaces)
             gang = self._gang_of.get(key)
             holder = kinds.setdefault((gpus, priority, preemptable, gang), Holder(gpus, priority, preemptable, gang))
             out.setdefault(node, []).append(holder)
-        self._holders_at = (self.changes, out)
+        self._holders_at = (self.changes, namespaces, out)
+        return out
+
+    def releasing_now(self) -> dict[str, int]:
+        """Per node, the GPUs of pods being deleted: free once they end (Volcano places onto them already)."""
+        out: dict[str, int] = {}
+        for key in self._leaving:
+            held = self._pods.get(key)
+            if held is not None:
+                out[held[0]] = out.get(held[0], 0) + held[1]
         return out
 
     def gangs_now(self) -> dict[str, GangSize]:
@@ -214,8 +225,14 @@ class NodeRoom:
         key = key_of(pod)
         gone = event == "DELETED"
         gpus_changed = self._set_pod(key, None if gone else pod_gpus(pod, self.resource))
+        leaving = not gone and key in self._pods and bool((pod.get("metadata") or {}).get("deletionTimestamp"))
         rank = rank_of(pod) if key in self._pods else None
+        if rank is not None and leaving:
+            rank = (rank[0], False)  # being deleted: its room is on its way, never a victim again
         rank = self._rank_kinds.setdefault(rank, rank) if rank is not None else None  # a few kinds in a cluster: shared
+        if leaving != (key in self._leaving):
+            self.changes += 1
+            (self._leaving.add if leaving else self._leaving.discard)(key)
         was = self._ranks.get(key)
         if was != rank:
             if was is not None and rank is not None:
@@ -225,7 +242,7 @@ class NodeRoom:
             else:
                 self._ranks[key] = rank
         group = None if gone or key not in self._pods else ((pod.get("metadata") or {}).get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
-        gang = sys.intern(f"{key[0]}/{group}") if group else None  # one string per gang, however many pods
+        gang = f"{key[0]}/{group}" if group else None
         if self._gang_of.get(key) != gang:
             self.changes += 1
             if gang is None:
@@ -238,6 +255,7 @@ class NodeRoom:
     def _pod_gone(self, key: Key) -> None:
         self._ranks.pop(key, None)
         self._gang_of.pop(key, None)
+        self._leaving.discard(key)
         if self._set_pod(key, None) | self._set_requests(key, None):
             self.changes += 1
 

@@ -28,7 +28,6 @@ from stormtopo.core.writes import (
     RecordMove,
     RecordPlacement,
     SetHyperNodeMembers,
-    Victim,
     Write,
 )
 from stormtopo.kube.client import Api, ApiError, Conflict, Forbidden, Invalid, KubeError, NotFound
@@ -86,8 +85,8 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                 except (NotFound, Conflict):
                     continue  # gone already, or replaced by a pod of the same name: as good as evicted
                 metrics.EVICTIONS.inc()
-            case PreemptPods(namespace, replica, victims):
-                await _preempt(api, namespace, replica, victims)
+            case PreemptPods():
+                await _preempt(api, write)
             case DeleteUnboundPod(namespace, name, resource_version):
                 try:
                     await asyncio.to_thread(_delete_unbound, api, namespace, name, resource_version)
@@ -109,23 +108,28 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
                     log.info("HyperNode %s changed since it was read: not deleted, planned again at the next pass", name)
 
 
-async def _preempt(api: Api, namespace: str, replica: str, victims: Sequence[Victim]) -> None:
+async def _preempt(api: Api, write: PreemptPods) -> None:
     """Evict the planned victims: the pods on their nodes read now (a node at a time, selected on the
-    server), matched by GPUs and priority (core/preempting.py pick_victims). A refusal (a disruption
-    budget, a policy) is logged and the rest go on: Volcano's own preemption takes what is still missing."""
-    nodes = sorted({v.node for v in victims})
+    server), matched by GPUs, priority and gang (core/preempting.py pick_victims); then let the replica go,
+    into the victims' domain only if every one was evicted. A refusal (a disruption budget, a policy) or an
+    error is logged and the rest go on: Volcano's own preemption takes what is still missing."""
     pods_on: dict[str, list[dict[str, Any]]] = {}
-    for node in nodes:
+    for node in sorted({v.node for v in write.victims}):
         pods_on[node] = await asyncio.to_thread(api.raw_list, "/api/v1/pods", fieldSelector=f"spec.nodeName={node}")
-    for evict in pick_victims(victims, pods_on):
+    evictions = pick_victims(write.victims, pods_on, write.namespaces)
+    evicted = 0
+    for evict in evictions:
         try:
             await asyncio.to_thread(api.evict_pod, evict.namespace, evict.name, evict.uid)
         except (NotFound, Conflict):
-            continue  # gone already, or replaced by another pod of that name
-        except ApiError as exc:
-            log.warning("pod %s/%s not preempted for replica %s/%s: %s", evict.namespace, evict.name, namespace, replica, exc)
+            continue  # gone already, or replaced by another pod of that name: not this plan's to count
+        except (KubeError, OSError) as exc:
+            log.warning("pod %s/%s not preempted for replica %s/%s: %s", evict.namespace, evict.name, write.namespace, write.replica, exc)
             continue
+        evicted += 1
         metrics.PREEMPTIONS.inc()
+    releases = write.pinned if evicted == len(write.victims) else write.unpinned
+    await execute(api, releases)
 
 
 def _delete_unbound(api: Api, namespace: str, name: str, resource_version: str, tries: int = 3) -> None:

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from stormtopo.core.admission import admit_pod
-from stormtopo.core.preempting import RoomHold, pick_victims, plan_room
+from stormtopo.core.node_fit import NodeFacts
+from stormtopo.core.preempting import HeldReplica, RoomHold, RoomReading, pick_victims, plan_room
 from stormtopo.core.preemption import Holder
+from stormtopo.core.replica import preemptor_priority
 from stormtopo.core.request import ClusterTiers, Mode, TierLimit, TopologyRequest
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.victims import GangSize
@@ -37,25 +39,33 @@ def batch(priority: int = 100) -> list[Holder]:
 
 
 def plan(**kw: Any) -> Any:
+    """plan_room for replica rs (2 pods of 8 GPUs, both created and held) in the full cluster; `kw` overrides."""
+    replica = HeldReplica(
+        "ns",
+        "rs",
+        kw.pop("held", HELD),
+        [8, 8],
+        kw.pop("created", 2),
+        kw.pop("bound", 0),
+        kw.pop("templates", [{}]),
+        kw.pop("held_for", 0.0),
+    )
+    reading = RoomReading(kw.pop("free", FULL), kw.pop("holders", {n: batch() for n in NODES}), kw.pop("gangs", {}), kw.pop("nodes", None))
     args: dict[str, Any] = {
-        "namespace": "ns",
-        "replica": "rs",
         "request": HARD1,
         "allowed_tier": 1,
         "topology": TREE,
         "hostnames": {},
-        "held": HELD,
-        "wanted": [8, 8],
-        "created": 2,
-        "bound": 0,
         "priority": HIGH,
-        "free": FULL,
-        "holders": {n: batch() for n in NODES},
-        "gangs": {},
+        "reading": reading,
         "hold": None,
-        "now": 100.0,
     }
-    return plan_room(**(args | kw))
+    return plan_room(replica, **(args | kw))
+
+
+def preempts(room: Any) -> PreemptPods:
+    [preempt] = [w for w in room.writes if isinstance(w, PreemptPods)]
+    return preempt
 
 
 def releases(writes: Any) -> list[PatchPod]:
@@ -64,11 +74,12 @@ def releases(writes: Any) -> list[PatchPod]:
 
 def test_a_full_cluster_preempts_exactly_one_leafs_four_pods_and_lets_the_replica_go_there() -> None:
     room = plan()
-    [preempt] = [w for w in room.writes if isinstance(w, PreemptPods)]
+    preempt = preempts(room)
+    assert room.writes == (preempt,)  # the release comes with the evictions, after them
     assert preempt.victims == tuple(Victim(n, 4, 100) for n in ("node0", "node0", "node1", "node1"))
-    assert room.writes[0] is preempt  # evicted before the replica goes
-    patches = releases(room.writes)
+    patches = list(preempt.pinned)
     assert [p.name for p in patches] == ["rs-prefill-0", "rs-decode-0"]
+    assert all(len(p.ops) == 2 for p in preempt.unpinned)  # a victim refused: let go as it is
     for patch in patches:
         assert {"op": "remove", "path": "/spec/schedulingGates/0"} in patch.ops
         affinity = next(op["value"] for op in patch.ops if op["path"] == "/spec/affinity")
@@ -76,14 +87,12 @@ def test_a_full_cluster_preempts_exactly_one_leafs_four_pods_and_lets_the_replic
         assert sorted(t["matchFields"][0]["values"][0] for t in terms) == ["node0", "node1"]  # leaf s0, by name
     [say] = room.says
     assert say.reason == "ReplicaPreempting" and "preempts 4 pod(s) holding 16 GPUs (4 of priority 100) in tier-1 s0" in say.message
-    assert room.hold == RoomHold(100.0, preempted=True)
+    assert room.hold == RoomHold(preempted=True)
 
 
 def test_the_cheapest_leaf_is_taken_not_the_first() -> None:
     holders = {n: batch() for n in NODES} | {"node4": [Holder(8, 10, True)], "node5": [Holder(8, 10, True)]}
-    room = plan(holders=holders)
-    [preempt] = [w for w in room.writes if isinstance(w, PreemptPods)]
-    assert preempt.victims == (Victim("node4", 8, 10), Victim("node5", 8, 10))
+    assert preempts(plan(holders=holders)).victims == (Victim("node4", 8, 10), Victim("node5", 8, 10))
 
 
 def test_a_replica_that_fits_now_goes_at_once_as_it_is() -> None:
@@ -95,19 +104,47 @@ def test_a_replica_that_fits_now_goes_at_once_as_it_is() -> None:
 
 
 def test_it_waits_for_every_pod_and_for_the_room_reading_and_never_past_its_limit() -> None:
-    waiting = plan(created=1, now=110.0, hold=RoomHold(100.0))
-    assert not waiting.writes and waiting.hold == RoomHold(100.0) and waiting.recheck_in == 20.0
-    unknown_class = plan(priority=None, hold=None)
+    waiting = plan(created=1, held_for=10.0, hold=RoomHold())
+    assert not waiting.writes and waiting.hold == RoomHold() and waiting.recheck_in == 20.0
+    unknown_class = plan(priority=None)
     assert not unknown_class.writes and unknown_class.recheck_in == 30.0
-    asks = plan(free=None, holders=None)
+    asks = plan(reading=None)
     assert asks.needs_room and not asks.writes
-    late = plan(created=1, now=131.0, hold=RoomHold(100.0))
+    late = plan(created=1, held_for=31.0)  # from its oldest pod's creation: a leader away counts too
     assert len(releases(late.writes)) == 2 and late.hold is None
     assert [s.reason for s in late.says] == ["ReplicaLetGo"]
+    off = plan(enabled=False)  # turned off with pods still held: let go, nothing evicted
+    assert len(releases(off.writes)) == 2 and all(len(p.ops) == 2 for p in releases(off.writes))
+
+
+def test_room_being_released_counts_as_free_so_no_second_plan_takes_more() -> None:
+    """node2 and node3 free up as their pods end (evicted by an earlier plan, or a leader before): counted
+    free, the replica goes at once, nothing more is preempted."""
+    room = plan(free=FULL | {"node2": 8, "node3": 8}, holders={n: batch() for n in NODES if n not in ("node2", "node3")})
+    assert not [w for w in room.writes if isinstance(w, PreemptPods)] and len(releases(room.writes)) == 2
+
+
+def test_only_nodes_every_pod_could_run_on_are_room() -> None:
+    """The replica's pods select gpu=h100; only s3's nodes have it: victims there, though s0 is first."""
+    nodes = {n: NodeFacts({"gpu": "h100" if n in ("node6", "node7") else "a100"}) for n in NODES}
+    room = plan(nodes=nodes, templates=[{"nodeSelector": {"gpu": "h100"}, "containers": [{"resources": {"requests": {"cpu": "64"}}}]}])
+    assert {v.node for v in preempts(room).victims} == {"node6", "node7"}
+    nowhere = plan(nodes=nodes, templates=[{"nodeSelector": {"gpu": "b200"}}])
+    assert not [w for w in nowhere.writes if isinstance(w, PreemptPods)] and len(releases(nowhere.writes)) == 2
+
+
+def test_a_replica_preempts_at_no_more_than_its_pods_were_admitted_at() -> None:
+    """The strategy names a class of 2,000,000,000; its pods run at 100: victims must rank below 100."""
+    spec = {"schedulingStrategy": {"volcanoSchedulingStrategy": {"priorityClassName": "system"}}}
+    values = {"system": 2_000_000_000}
+    pods = [{"spec": {"priority": 100}}, {"spec": {"priority": 5000}}]
+    assert preemptor_priority(spec, values, pods) == 100
+    assert preemptor_priority(spec, {}, pods) is None  # the class's value not read yet
+    assert preemptor_priority({}, {}, [{"spec": {}}]) == 0
 
 
 def test_it_evicts_once_per_hold_and_lets_go_when_nothing_qualifies() -> None:
-    again = plan(hold=RoomHold(100.0, preempted=True))
+    again = plan(hold=RoomHold(preempted=True))
     assert not [w for w in again.writes if isinstance(w, PreemptPods)] and len(releases(again.writes)) == 2
     equal = plan(holders={n: batch(priority=HIGH) for n in NODES})  # victims must rank strictly lower
     assert not [w for w in equal.writes if isinstance(w, PreemptPods)] and len(releases(equal.writes)) == 2
@@ -121,10 +158,9 @@ def test_it_evicts_once_per_hold_and_lets_go_when_nothing_qualifies() -> None:
 def test_soft_takes_the_fewest_anywhere_and_is_let_go_without_a_domain() -> None:
     soft = TopologyRequest(Mode.SOFT, TierLimit(tier=1))
     holders = {n: batch() for n in NODES} | {"node0": [Holder(8, 10, True)], "node7": [Holder(8, 10, True)]}
-    room = plan(request=soft, holders=holders)
-    [preempt] = [w for w in room.writes if isinstance(w, PreemptPods)]
+    preempt = preempts(plan(request=soft, holders=holders))
     assert preempt.victims == (Victim("node0", 8, 10), Victim("node7", 8, 10))  # two leaves apart: 2 pods, not 4
-    assert all(len(p.ops) == 2 for p in releases(room.writes))  # across the cluster: no affinity
+    assert all(len(p.ops) == 2 for p in preempt.pinned)  # across the cluster: no affinity
 
 
 def bound(name: str, node: str, priority: int, gpus: int = 4, **spec: Any) -> dict[str, Any]:
@@ -175,8 +211,7 @@ def test_a_victim_of_a_gang_costs_the_whole_gang_and_is_matched_within_it() -> N
     s0 costs the gang's 2 pods and 2 lone ones, as s1 costs 4 lone pods: of equal counts, the lowest priorities
     (g runs at 10). The victims name their gang, and only a pod of that gang matches."""
     g = [Holder(4, 10, True, "batch/g"), Holder(4, 100, True)]
-    room = plan(holders={n: batch() for n in NODES} | {"node0": g, "node1": g}, gangs={"batch/g": GangSize(2, 2, 8)})
-    [preempt] = [w for w in room.writes if isinstance(w, PreemptPods)]
+    preempt = preempts(plan(holders={n: batch() for n in NODES} | {"node0": g, "node1": g}, gangs={"batch/g": GangSize(2, 2, 8)}))
     assert {v.gang for v in preempt.victims} == {"batch/g", None} and {v.node for v in preempt.victims} == {"node0", "node1"}
     member = bound("m", "node0", 10)
     member["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "g"}

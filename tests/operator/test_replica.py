@@ -76,3 +76,52 @@ def test_an_explanation_that_answers_after_the_replica_was_placed_says_nothing()
     reporter._asks[("ns", "svc-rs")] = (Explain(snapshot.request, (1, 1), 2), snapshot.topology)
     asyncio.run(reporter._explain(("ns", "svc-rs")))
     assert said == [] and not _gauge()
+
+
+def test_a_preemption_pins_the_replica_only_when_every_victim_went() -> None:
+    """The writer evicts the planned victims (matched on their nodes, only in the namespaces given), then
+    lets the replica go: into the victims' domain if all were evicted, as it is if one was refused."""
+    from stormtopo.core.writes import PatchPod, PreemptPods, Victim
+    from stormtopo.kube.errors import Forbidden
+    from stormtopo.operator.writer import execute
+
+    def victim_pod(name: str, namespace: str) -> dict[str, Any]:
+        spec = {
+            "nodeName": "n0",
+            "schedulerName": "volcano",
+            "priority": 10,
+            "containers": [{"resources": {"requests": {"nvidia.com/gpu": "4"}}}],
+        }
+        return {"metadata": {"name": name, "namespace": namespace, "uid": f"u-{name}"}, "spec": spec, "status": {"phase": "Running"}}
+
+    class FakeApi:
+        def __init__(self, refuse: set[str]) -> None:
+            self.refuse = refuse
+            self.evicted: list[tuple[str, str, str]] = []
+            self.patched: list[Any] = []
+
+        def raw_list(self, path: str, **query: str) -> list[dict[str, Any]]:
+            return [victim_pod("a", "batch"), victim_pod("b", "batch"), victim_pod("c", "team")]
+
+        def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
+            if name in self.refuse:
+                raise Forbidden(403, "POST", "eviction", "refused")
+            self.evicted.append((namespace, name, uid))
+
+        def patch_pod(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+            self.patched.append(ops[0]["value"])
+
+    write = PreemptPods(
+        "ns",
+        "rs",
+        (Victim("n0", 4, 10), Victim("n0", 4, 10)),
+        pinned=(PatchPod("ns", "p", ({"op": "test", "path": "/x", "value": "pinned"},)),),
+        unpinned=(PatchPod("ns", "p", ({"op": "test", "path": "/x", "value": "unpinned"},)),),
+        namespaces=("batch",),
+    )
+    api = FakeApi(set())
+    asyncio.run(execute(cast(Any, api), [write]))
+    assert api.evicted == [("batch", "a", "u-a"), ("batch", "b", "u-b")] and api.patched == ["pinned"]  # never team's c
+    refused = FakeApi({"b"})
+    asyncio.run(execute(cast(Any, refused), [write]))
+    assert refused.evicted == [("batch", "a", "u-a")] and refused.patched == ["unpinned"]
