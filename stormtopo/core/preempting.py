@@ -15,9 +15,9 @@ then evicts all it took: 3 to 4 times the fewest pods at the median (BENCHMARKS.
 
 A replica is never held longer than the hold's limit from its oldest pod's creation (its pods not all created,
 the class's value not read yet, a leader busy or away): then it goes as it is, to Volcano's own preemption.
-One plan evicts for a replica once, and pins it to the victims' domain only if every eviction went through; a
-pod being deleted is never a victim, and its GPUs count as free, so that a new leader, or another held replica,
-finds that room on its way instead of taking more. Its priority is the lower of its class's value and its
+One plan evicts for a replica once; a pod being deleted is never a victim, and its GPUs count as free, so
+that a new leader finds that room on its way instead of taking more (the leader plans held replicas one at a
+time, and keeps the room it took for one from the next: operator/replica.py). Its priority is the lower of its class's value and its
 pods' own (admitted from their classes, which quota governs), so naming a higher class in the scheduling
 strategy buys no victims; and victims are only in the namespaces the operator is given.
 """
@@ -37,7 +37,7 @@ from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.victims import GangSize
 from stormtopo.core.vocabulary import GROUP_NAME_ANNOTATION, ROOM_GATE
-from stormtopo.core.writes import EvictPod, PatchPod, PreemptPods, Say, Victim, Write
+from stormtopo.core.writes import EvictPod, PreemptPods, Say, Victim, Write
 
 HOLD_MAX = 30.0  # seconds a replica is held at the room gate at most, from its oldest pod's creation (--exact-preemption-hold)
 
@@ -79,7 +79,7 @@ class HeldReplica:
     wanted: Sequence[int]  # GPUs of every pod it should have
     created: int
     bound: int
-    templates: Sequence[Mapping[str, Any]]  # its roles' pod specs: where its pods could run
+    specs: Sequence[Mapping[str, Any]]  # its held pods' specs: where they could run
     held_for: float  # seconds since its oldest held pod was created
 
 
@@ -110,11 +110,11 @@ def plan_room(
         return wait  # the gang is judged whole, at its priority
     if reading is None:
         return RoomPlan(hold=hold, needs_room=True)
-    free, holders = reading.free, reading.holders
+    free = reading.free  # nodes that take new pods only
     if reading.nodes is not None:  # only nodes every pod could run on (selectors, affinity, taints): GPUs elsewhere are no room
-        eligible = nodes_for([placement_of(t) for t in replica.templates], reading.nodes)
+        eligible = nodes_for([placement_of(spec) for spec in replica.specs], reading.nodes)
         free = {n: g for n, g in free.items() if n in eligible}
-        holders = {n: h for n, h in holders.items() if n in eligible}
+    holders = {n: h for n, h in reading.holders.items() if n in free}  # never victims where the replica cannot go
     soft = request.mode is Mode.SOFT
     wanted = replica.wanted
     if any(d.fits for level in range(1, allowed_tier + 1) for d in domains_at_tier(topology, free, wanted, level)[:1]):
@@ -126,17 +126,14 @@ def plan_room(
         return let_go
     v = plan.victims
     victims = tuple(Victim(node, holders[node][i].gpus, holders[node][i].priority, holders[node][i].gang) for node, i in v.chosen)
-    domain = [] if v.domain == CLUSTER else sorted(topology.nodes_under(v.domain))
-    if set(domain) == set(topology.nodes):
-        domain = []  # the whole cluster: nothing to keep it within
     where = "across the cluster" if v.domain == CLUSTER else f"in tier-{v.tier} {v.domain}"
     pods = ", ".join(f"{n} of priority {p}" for p, n in v.by_priority)
     message = f"replica {replica.name} preempts {v.pods} pod(s) holding {v.gpus} GPUs ({pods}) {where}, the fewest that make room for it"
-    pinned = tuple(release_into(domain, hostnames, replica.held, ROOM_GATE))
-    unpinned = tuple(p for p in let_go.writes if isinstance(p, PatchPod))
     namespaces = None if reading.namespaces is None else tuple(sorted(reading.namespaces))
-    preempt = PreemptPods(replica.namespace, replica.name, victims, pinned, unpinned, namespaces)
-    return RoomPlan((preempt,), (Say("Normal", "ReplicaPreempting", message),), RoomHold(preempted=True))
+    # Let go as it is, not pinned to the victims' domain: Volcano places it onto their room as they leave
+    # (in every case of BENCHMARKS.md); pinned, a replica whose room another took would wait for ever.
+    preempt = PreemptPods(replica.namespace, replica.name, victims, namespaces)
+    return RoomPlan((preempt, *let_go.writes), (Say("Normal", "ReplicaPreempting", message),), RoomHold(preempted=True))
 
 
 def placement_of(pod_spec: Mapping[str, Any]) -> Mapping[str, Any]:

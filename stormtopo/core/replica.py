@@ -16,6 +16,7 @@ from typing import Any
 
 from stormtopo.core.explanation import Pending, allowed_tier, is_explainable
 from stormtopo.core.gang import followers, gang_of, replica_pods
+from stormtopo.core.node_fit import without_pins
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_held_for_room, is_live, plan_placed, plan_release, recorded_placement
 from stormtopo.core.podgroup import service_group_name
@@ -73,7 +74,6 @@ class ReplicaSnapshot:
     # how long a replica may be held at the room gate, and the wall clock (pods' creation is dated by it).
     exact_preemption: bool = False
     room: RoomReading | None = None
-    templates: Sequence[Mapping[str, Any]] | None = None  # its roles' whole pod specs, read with the room (the index keeps less)
     room_hold: float = HOLD_MAX
     wall: float = 0.0
 
@@ -378,11 +378,9 @@ def _room(snapshot: ReplicaSnapshot, state: ReplicaState, memory: ReplicaMemory)
     spec = snapshot.roleset.get("spec") or {}
     created = [_time((p.get("metadata") or {}).get("creationTimestamp")) for p in held]
     oldest = min((t.timestamp() for t in created if t is not None), default=snapshot.wall)
-    templates = snapshot.templates
-    if templates is None:
-        templates = [((r or {}).get("template") or {}).get("spec") or {} for r in spec.get("roles") or []]
+    specs = [without_pins(p.get("spec") or {}) for p in held]  # as admitted: what admission added counts
     held_for = snapshot.wall - oldest
-    replica = HeldReplica(snapshot.key[0], snapshot.key[1], held, state.wanted, state.created, len(state.bound), templates, held_for)
+    replica = HeldReplica(snapshot.key[0], snapshot.key[1], held, state.wanted, state.created, len(state.bound), specs, held_for)
     return plan_room(
         replica,
         request,

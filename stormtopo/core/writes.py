@@ -98,15 +98,13 @@ class Victim:
 @dataclass(frozen=True)
 class PreemptPods:
     """Evict, for replica `replica`, one pod per victim: a bound pod on its node that Volcano may preempt,
-    with its GPUs, priority and gang (core/preempting.py). Through the Eviction API, by uid. Then let the
-    replica go: `pinned` (into the victims' domain) if every victim was evicted, else `unpinned` (a victim
-    refused or gone: Volcano's own preemption takes what is still missing, wherever it finds it)."""
+    with its GPUs, priority and gang (core/preempting.py). Through the Eviction API, by uid. A victim
+    refused or gone is skipped (Volcano's own preemption takes what is still missing), and the writes after
+    it (the replica's release) are carried out whatever happened here."""
 
     namespace: str
     replica: str
     victims: tuple[Victim, ...]
-    pinned: tuple[PatchPod, ...] = ()
-    unpinned: tuple[PatchPod, ...] = ()
     namespaces: tuple[str, ...] | None = None  # the only namespaces a victim may be in (None: any)
 
 

@@ -117,10 +117,12 @@ def _slim_pod(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]
     kept = {k: meta[k] for k in ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp", *unbound) if k in meta}
     # Where it is bound; and, for a pod held at stormtopo's gate, what releasing it must patch.
     kept_spec = {k: spec[k] for k in ("nodeName", "schedulingGates") if spec.get(k)}
-    if not spec.get("nodeName") and spec.get("affinity"):
-        kept_spec["affinity"] = spec["affinity"]
-    if not spec.get("nodeName") and isinstance(spec.get("priority"), int):
-        kept_spec["priority"] = spec["priority"]  # a held replica preempts at no more than its pods were admitted at
+    if not spec.get("nodeName"):
+        # Where it may run (exact preemption takes victims only there), and its priority (it preempts at no
+        # more than its pods were admitted at): pods waiting are few.
+        kept_spec |= {k: spec[k] for k in ("affinity", "nodeSelector", "tolerations") if spec.get(k)}
+        if isinstance(spec.get("priority"), int):
+            kept_spec["priority"] = spec["priority"]
     return {
         "kind": "Pod",
         "metadata": kept,

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from stormtopo.core.placement import is_held, is_held_for_room
 from stormtopo.core.preempting import HOLD_MAX, RoomReading
@@ -34,9 +33,8 @@ from stormtopo.core.replica import (
 from stormtopo.core.request import is_opted_in
 from stormtopo.core.spread import SETTLE_SECONDS, SPREAD_GIVE_UP
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import AIBRIX
-from stormtopo.core.writes import DeleteUnboundPod
-from stormtopo.kube.client import Api, KubeError
+from stormtopo.core.writes import DeleteUnboundPod, PreemptPods
+from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.explainer import Explainer
@@ -47,6 +45,7 @@ from stormtopo.operator.writer import execute
 
 NODES_TTL = 30.0  # seconds a reading of the nodes is reused for the switch tree and releases
 NODES_FRESH = 5.0  # a reading this recent knows every node: one it lacks is not in the cluster
+LEAVING_TIMEOUT = 5.0  # seconds the next held replica waits for the last one's victims to show as leaving
 
 
 @dataclass
@@ -62,6 +61,8 @@ class PlacementReporter:
     exact_preemption: bool = False  # --exact-preemption
     victim_namespaces: frozenset[str] | None = None  # --exact-preemption-victim-namespace (None: any)
     _planner: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="room-planner"))
+    _room_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held replicas are planned one at a time
+    _claims: dict[Key, tuple[dict[str, int], float]] = field(default_factory=dict)  # replica -> GPUs taken per node, until
     _memory: dict[Key, ReplicaMemory] = field(default_factory=dict)  # only replicas with something to remember
     _asks: dict[Key, tuple[Explain, Topology]] = field(default_factory=dict)  # explanations waiting for the worker
     _explanations: WorkQueue[Key] | None = None
@@ -91,16 +92,10 @@ class PlacementReporter:
             memory = replace(memory, pods_read_at=snapshot.now)
             plan = self._plan(snapshot, memory)
         if plan.needs_room:  # a spread release, or a held replica's preemption: where is there room, and who holds it?
-            holding = any(is_held_for_room(p) for p in snapshot.pods)  # (building the holders is not free: only then)
-            free = await self.room.free_gpus()
-            if holding:  # the fewest victims: a search over every domain (up to its budget), off the event loop
-                snapshot = replace(snapshot, free_gpus=free, room=self._room_reading(free), templates=await self._templates(key))
-                # One planner thread of its own: a burst of held replicas never takes the API calls' threads.
-                plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
-                if not self.leading():
-                    return  # deposed while it planned: the new leader plans again
-            else:
-                plan = self._plan(replace(snapshot, free_gpus=free), memory)
+            if any(is_held_for_room(p) for p in snapshot.pods):
+                await self._preempt_for(key)
+                return
+            plan = self._plan(replace(snapshot, free_gpus=await self.room.free_gpus()), memory)
         await self._carry_out(key, snapshot, plan)  # (remembers what the plan let go before its first await)
         if plan.explain is not None:
             self._asks[key] = (plan.explain, snapshot.topology)
@@ -122,23 +117,58 @@ class PlacementReporter:
             memory,
         )
 
+    async def _preempt_for(self, key: Key) -> None:
+        """A held replica's plan (core/preempting.py), one replica at a time: read the room, plan (the fewest
+        victims: a search over every domain up to its budget, on a thread of its own, so a burst of held
+        replicas never takes the API calls' threads), evict and let go; then wait, briefly, until the reading
+        shows the victims leaving. The room taken is kept from the next held replica's reading until this
+        one is placed, so that none takes the same victims again or counts their room as its own."""
+        async with self._room_lock:
+            snapshot = await self._snapshot(key)  # read again: the replica before it changed the room
+            if snapshot is None or not self.leading():
+                return
+            memory = self._memory.get(key, ReplicaMemory())
+            free = await self.room.free_gpus()
+            snapshot = replace(snapshot, free_gpus=free, room=self._room_reading(free))
+            plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
+            if not self.leading():
+                return  # deposed while it planned: the new leader plans again
+            taken = next((w for w in plan.writes if isinstance(w, PreemptPods)), None)
+            if taken is not None:
+                claim: dict[str, int] = {}
+                for victim in taken.victims:
+                    claim[victim.node] = claim.get(victim.node, 0) + victim.gpus
+                self._claims[key] = (claim, time.monotonic() + self.room_hold)
+            await self._carry_out(key, snapshot, plan)
+            if taken is not None:
+                await self._until_leaving(self._claims[key][0])
+
     def _room_reading(self, free: Mapping[str, int]) -> RoomReading:
         """The free-room reading for exact preemption: the room of pods being deleted counts as free (it is
-        on its way: a second plan must not take more for it), victims only in the namespaces given."""
+        on its way: no plan takes more for it), less the room this leader took for a held replica not
+        placed yet; victims only in the namespaces given."""
         releasing = self.room.releasing_now()
-        with_leaving = {node: gpus + releasing.get(node, 0) for node, gpus in free.items()}
+        claimed: dict[str, int] = {}
+        now = time.monotonic()
+        for replica, (claim, until) in list(self._claims.items()):
+            snapshot = self.index.replica_snapshot(replica, now)
+            if now > until or snapshot is None or replica_state(snapshot).complete:
+                del self._claims[replica]  # placed, gone, or past its hold: its room is its own or free again
+                continue
+            for node, gpus in claim.items():
+                claimed[node] = claimed.get(node, 0) + gpus
+        room = {node: max(0, gpus + releasing.get(node, 0) - claimed.get(node, 0)) for node, gpus in free.items()}
         holders = self.room.holders_now(self.victim_namespaces)
-        return RoomReading(with_leaving, holders, self.room.gangs_now(), self.room.facts_now(), self.victim_namespaces)
+        return RoomReading(room, holders, self.room.gangs_now(), self.room.facts_now(), self.victim_namespaces)
 
-    async def _templates(self, key: Key) -> list[Mapping[str, Any]] | None:
-        """The replica's roles' whole pod specs (selectors, affinity, tolerations: where its pods may run),
-        read from the API: the index keeps only what placement needs. None if it cannot be read."""
-        try:
-            roleset = await asyncio.to_thread(self.api.get, AIBRIX, "rolesets", key[0], key[1])
-        except KubeError:
-            return None
-        roles = ((roleset or {}).get("spec") or {}).get("roles") or []
-        return [((r or {}).get("template") or {}).get("spec") or {} for r in roles]
+    async def _until_leaving(self, claim: Mapping[str, int], timeout: float = LEAVING_TIMEOUT) -> None:
+        """Until the reading shows the victims' room leaving (their deletion seen by its watch), or `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            releasing = self.room.releasing_now()
+            if all(releasing.get(node, 0) >= gpus for node, gpus in claim.items()):
+                return
+            await asyncio.sleep(0.05)
 
     async def _snapshot(self, key: Key) -> ReplicaSnapshot | None:
         snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH)

@@ -110,26 +110,27 @@ async def execute(api: Api, writes: Iterable[Write], report: Report | None = Non
 
 async def _preempt(api: Api, write: PreemptPods) -> None:
     """Evict the planned victims: the pods on their nodes read now (a node at a time, selected on the
-    server), matched by GPUs, priority and gang (core/preempting.py pick_victims); then let the replica go,
-    into the victims' domain only if every one was evicted. A refusal (a disruption budget, a policy) or an
-    error is logged and the rest go on: Volcano's own preemption takes what is still missing."""
+    server), matched by GPUs, priority and gang (core/preempting.py pick_victims). A refusal (a disruption
+    budget, a policy) or an error is logged and the rest go on; nothing here stops the replica's release,
+    which comes next: Volcano's own preemption takes what is still missing."""
     pods_on: dict[str, list[dict[str, Any]]] = {}
-    for node in sorted({v.node for v in write.victims}):
-        pods_on[node] = await asyncio.to_thread(api.raw_list, "/api/v1/pods", fieldSelector=f"spec.nodeName={node}")
-    evictions = pick_victims(write.victims, pods_on, write.namespaces)
-    evicted = 0
-    for evict in evictions:
+    try:
+        for node in sorted({v.node for v in write.victims}):
+            pods_on[node] = await asyncio.to_thread(api.raw_list, "/api/v1/pods", fieldSelector=f"spec.nodeName={node}")
+    except (KubeError, OSError) as exc:
+        log.warning(
+            "no victims preempted for replica %s/%s: the pods of their nodes could not be read: %s", write.namespace, write.replica, exc
+        )
+        return
+    for evict in pick_victims(write.victims, pods_on, write.namespaces):
         try:
             await asyncio.to_thread(api.evict_pod, evict.namespace, evict.name, evict.uid)
         except (NotFound, Conflict):
-            continue  # gone already, or replaced by another pod of that name: not this plan's to count
+            continue  # gone already, or replaced by another pod of that name
         except (KubeError, OSError) as exc:
             log.warning("pod %s/%s not preempted for replica %s/%s: %s", evict.namespace, evict.name, write.namespace, write.replica, exc)
             continue
-        evicted += 1
         metrics.PREEMPTIONS.inc()
-    releases = write.pinned if evicted == len(write.victims) else write.unpinned
-    await execute(api, releases)
 
 
 def _delete_unbound(api: Api, namespace: str, name: str, resource_version: str, tries: int = 3) -> None:

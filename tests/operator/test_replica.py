@@ -78,11 +78,12 @@ def test_an_explanation_that_answers_after_the_replica_was_placed_says_nothing()
     assert said == [] and not _gauge()
 
 
-def test_a_preemption_pins_the_replica_only_when_every_victim_went() -> None:
-    """The writer evicts the planned victims (matched on their nodes, only in the namespaces given), then
-    lets the replica go: into the victims' domain if all were evicted, as it is if one was refused."""
-    from stormtopo.core.writes import PatchPod, PreemptPods, Victim
-    from stormtopo.kube.errors import Forbidden
+def test_a_preemption_evicts_only_in_the_namespaces_given_and_the_release_follows_whatever_happened() -> None:
+    """The writer evicts the planned victims (matched on their nodes, only in the namespaces given), and the
+    replica's release that follows is carried out whether every eviction went, one was refused, or the
+    nodes' pods could not be read."""
+    from stormtopo.core.writes import PatchPod, PreemptPods, Victim, Write
+    from stormtopo.kube.errors import ApiUnavailable, Forbidden
     from stormtopo.operator.writer import execute
 
     def victim_pod(name: str, namespace: str) -> dict[str, Any]:
@@ -95,12 +96,14 @@ def test_a_preemption_pins_the_replica_only_when_every_victim_went() -> None:
         return {"metadata": {"name": name, "namespace": namespace, "uid": f"u-{name}"}, "spec": spec, "status": {"phase": "Running"}}
 
     class FakeApi:
-        def __init__(self, refuse: set[str]) -> None:
-            self.refuse = refuse
+        def __init__(self, refuse: set[str], unreadable: bool = False) -> None:
+            self.refuse, self.unreadable = refuse, unreadable
             self.evicted: list[tuple[str, str, str]] = []
-            self.patched: list[Any] = []
+            self.patched: list[str] = []
 
         def raw_list(self, path: str, **query: str) -> list[dict[str, Any]]:
+            if self.unreadable:
+                raise ApiUnavailable("GET", path, "timed out")
             return [victim_pod("a", "batch"), victim_pod("b", "batch"), victim_pod("c", "team")]
 
         def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
@@ -109,19 +112,63 @@ def test_a_preemption_pins_the_replica_only_when_every_victim_went() -> None:
             self.evicted.append((namespace, name, uid))
 
         def patch_pod(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
-            self.patched.append(ops[0]["value"])
+            self.patched.append(name)
 
-    write = PreemptPods(
-        "ns",
-        "rs",
-        (Victim("n0", 4, 10), Victim("n0", 4, 10)),
-        pinned=(PatchPod("ns", "p", ({"op": "test", "path": "/x", "value": "pinned"},)),),
-        unpinned=(PatchPod("ns", "p", ({"op": "test", "path": "/x", "value": "unpinned"},)),),
-        namespaces=("batch",),
-    )
+    writes: list[Write] = [
+        PreemptPods("ns", "rs", (Victim("n0", 4, 10), Victim("n0", 4, 10)), namespaces=("batch",)),
+        PatchPod("ns", "rs-prefill-0", ({"op": "remove", "path": "/spec/schedulingGates/0"},)),
+    ]
     api = FakeApi(set())
-    asyncio.run(execute(cast(Any, api), [write]))
-    assert api.evicted == [("batch", "a", "u-a"), ("batch", "b", "u-b")] and api.patched == ["pinned"]  # never team's c
+    asyncio.run(execute(cast(Any, api), writes))
+    assert api.evicted == [("batch", "a", "u-a"), ("batch", "b", "u-b")] and api.patched == ["rs-prefill-0"]  # never team's c
     refused = FakeApi({"b"})
-    asyncio.run(execute(cast(Any, refused), [write]))
-    assert refused.evicted == [("batch", "a", "u-a")] and refused.patched == ["unpinned"]
+    asyncio.run(execute(cast(Any, refused), writes))
+    assert refused.evicted == [("batch", "a", "u-a")] and refused.patched == ["rs-prefill-0"]
+    unreadable = FakeApi(set(), unreadable=True)
+    asyncio.run(execute(cast(Any, unreadable), writes))
+    assert unreadable.evicted == [] and unreadable.patched == ["rs-prefill-0"]
+
+
+def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for_a_replica_not_placed_yet() -> None:
+    """Exact preemption's reading: a pod being deleted is no victim and its GPUs are free; the room the
+    leader took for a held replica is kept from the next one until that replica is placed; victims only in
+    the namespaces given."""
+    from stormtopo.kube.client import Api
+    from stormtopo.operator.loops import Loops
+    from stormtopo.operator.room import NodeRoom
+
+    def pod(name: str, namespace: str, node: str, deleting: bool = False) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "namespace": namespace} | ({"deletionTimestamp": "2026-12-05T00:00:00Z"} if deleting else {})
+        spec = {
+            "nodeName": node,
+            "schedulerName": "volcano",
+            "priority": 10,
+            "containers": [{"resources": {"requests": {"nvidia.com/gpu": "4"}}}],
+        }
+        return {"metadata": meta, "spec": spec, "status": {"phase": "Running"}}
+
+    room = NodeRoom(Api.__new__(Api), Loops())
+    for p in (pod("a", "batch", "n0"), pod("b", "batch", "n0", deleting=True), pod("c", "team", "n1"), pod("d", "batch", "n1")):
+        room._on_pod("ADDED", p)
+    assert room.releasing_now() == {"n0": 4}
+    index = Index(cast(Any, None))
+    reporter = PlacementReporter(index, cast(Any, None), lambda *_: None, cast(Any, None), room, victim_namespaces=frozenset({"batch"}))
+    reading = reporter._room_reading({"n0": 0, "n1": 0})
+    assert reading.free == {"n0": 4, "n1": 0}  # b's room is on its way
+    assert [h.preemptable for h in reading.holders["n0"]] == [True, False]  # b is leaving: never a victim again
+    assert [h.preemptable for h in reading.holders["n1"]] == [False, True]  # team's c is not the given namespaces'
+    # Room taken for a replica that is not placed yet is not the next one's ...
+    service = {"kind": "StormService", "metadata": {"name": "svc", "namespace": "ns", "annotations": {}}, "spec": {"replicas": 1}}
+    roleset = {"kind": "RoleSet", "metadata": {"name": "svc-rs", "namespace": "ns", "labels": {"storm-service-name": "svc"}}}
+    roleset["spec"] = {
+        "roles": [
+            {"name": "r", "replicas": 1, "template": {"spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "4"}}}]}}}
+        ]
+    }
+    index.observe("StormService", "ADDED", service)
+    index.observe("RoleSet", "ADDED", roleset)
+    reporter._claims[("ns", "svc-rs")] = ({"n0": 4}, float("inf"))
+    assert reporter._room_reading({"n0": 0, "n1": 0}).free == {"n0": 0, "n1": 0}
+    # ... until it is gone (or placed, or past its hold): then the claim is dropped.
+    index.observe("RoleSet", "DELETED", roleset)
+    assert reporter._room_reading({"n0": 0, "n1": 0}).free == {"n0": 4, "n1": 0} and not reporter._claims
