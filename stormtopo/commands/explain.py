@@ -36,7 +36,7 @@ def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
     if stormservice is None:
         raise NotFound(f"StormService {namespace}/{name} not found")
     room = NodeRoom.read(api)  # the operator's reading: each node's free GPUs and the pods that hold them
-    free, holders = room.free_now(taking_new_pods=False), room.holders_now()
+    free, holders, gangs = room.free_now(taking_new_pods=False), room.holders_now(), room.gangs_now()
     values = priority_values(api)
     topology, tiers = cluster_view(api)
     request = request_of(stormservice, tiers)
@@ -68,7 +68,9 @@ def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
             tier = allowed_tier(request, topology) if request else None
             if tier is not None:
                 priority = gang_priority(podgroup, roleset, values)
-                explanation = explain(topology, free, state.wanted, tier, holders, priority)  # nothing of preemption without a priority
+                explanation = explain(
+                    topology, free, state.wanted, tier, holders, priority, gangs
+                )  # nothing of preemption without a priority
                 entry["pending"] = {"fits": explanation.fits, "explanation": explanation.render()}
         report["replicas"].append(entry)
     tier = spread_tier(request, topology)

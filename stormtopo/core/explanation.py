@@ -13,6 +13,7 @@ from stormtopo.core.packing import DomainFit, best_tier, domains_at_tier
 from stormtopo.core.preemption import Holder, Preemption, plan_preemption
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
+from stormtopo.core.victims import GangSize
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,10 @@ def explain(
     highest_tier: int,
     holders: Mapping[str, Sequence[Holder]] | None = None,
     priority: int | None = None,
+    gangs: Mapping[str, GangSize] | None = None,
 ) -> Explanation:
     """Why the gang does not fit now; with `holders` (the pods holding each node's GPUs) and the gang's
-    `priority`, also what it could preempt within its tier."""
+    `priority`, also what it could preempt within its tier (a victim of one of `gangs` costs its gang)."""
     verdicts = []
     for tier in range(1, min(highest_tier, topology.tiers) + 1):
         domains = domains_at_tier(topology, free, pods, tier)
@@ -90,7 +92,7 @@ def explain(
     beyond = wider if wider is not None and wider > highest_tier else None
     preemption = None
     if holders is not None and priority is not None:
-        preemption = plan_preemption(topology, free, holders, pods, priority, highest_tier)
+        preemption = plan_preemption(topology, free, holders, pods, priority, highest_tier, gangs)
     return Explanation(tuple(pods), highest_tier, tuple(verdicts), beyond, preemption)
 
 
@@ -124,6 +126,7 @@ def plan_pending(
     free: Mapping[str, int],
     holders: Mapping[str, Sequence[Holder]] | None = None,
     priority: int | None = None,
+    gangs: Mapping[str, GangSize] | None = None,
 ) -> Pending | None:
     """Why a hard replica is Pending; None when there is nothing to explain yet (or ever: soft
     requests never hold a gang back, and Volcano calls a gang unschedulable while AIBrix is still
@@ -133,4 +136,4 @@ def plan_pending(
     tier = allowed_tier(request, topology)
     if tier is None:
         return None
-    return Pending(tier, explain(topology, free, pods, tier, holders, priority))
+    return Pending(tier, explain(topology, free, pods, tier, holders, priority, gangs))

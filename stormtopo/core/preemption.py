@@ -7,8 +7,9 @@ the gang's, that are not marked `volcano.sh/preemptable: "false"`. Volcano says 
 not preempt. This module reads the same rule over what the operator or the CLI read of the cluster: each
 node's free GPUs and the pods that hold its GPUs. Three approximations, said in docs/install.md: a pod's
 own priority stands for its job's (Volcano ranks by the PodGroup's class; for Volcano's own jobs and for
-stormtopo's PodGroups the two agree), queues are not read (gangreclaim takes across queues), and pods
-are counted one by one (Volcano takes a gang at its minimum whole).
+stormtopo's PodGroups the two agree), queues are not read (gangreclaim takes across queues), and a
+victim of a gang costs the gang as `gangs` says (the operator takes every gang at its minimum: a pod of
+a gang the caller does not know is counted alone).
 
 The victims counted are the fewest that let the gang fit in the domain (core/victims.py), a gang's pods
 counted whole once it would fall below its minimum; Volcano may take more (BENCHMARKS.md, "Preemption").

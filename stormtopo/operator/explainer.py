@@ -22,6 +22,7 @@ from stormtopo.core.explanation import Pending, plan_pending
 from stormtopo.core.preemption import Holder
 from stormtopo.core.replica import Explain
 from stormtopo.core.topology.tree import Topology
+from stormtopo.core.victims import GangSize
 from stormtopo.operator import metrics
 
 log = logging.getLogger(__name__)
@@ -69,13 +70,20 @@ class Explainer:
             )
         return self._pool
 
-    async def explain(self, ask: Explain, topology: Topology, free: dict[str, int], holders: dict[str, list[Holder]]) -> Pending | None:
+    async def explain(
+        self,
+        ask: Explain,
+        topology: Topology,
+        free: dict[str, int],
+        holders: dict[str, list[Holder]],
+        gangs: dict[str, GangSize] | None = None,
+    ) -> Pending | None:
         """Plan the explanation in the worker, over the operator's own tree (the one its placement checks use,
         built from every node), the free GPUs it read and the pods holding them."""
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            args = (ask.request, list(ask.pods), ask.created, topology, free, holders, ask.priority)
+            args = (ask.request, list(ask.pods), ask.created, topology, free, holders, ask.priority, gangs)
             work = loop.run_in_executor(self._executor(), plan_pending, *args)
             pending = await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
             metrics.EXPLANATION_SECONDS.observe(time.monotonic() - started)

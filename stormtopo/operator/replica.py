@@ -268,7 +268,7 @@ class PlacementReporter:
         explain, topology = ask
         free = await self.room.free_gpus(taking_new_pods=False)
         holders = self.room.holders_now()
-        pending = await self.explainer.explain(explain, topology, free, holders)
+        pending = await self.explainer.explain(explain, topology, free, holders, self.room.gangs_now())
         snapshot = self.index.replica_snapshot(key, time.monotonic())
         memory = self._memory.get(key, ReplicaMemory())
         if snapshot is None or snapshot.request is None or not self.leading():

@@ -116,3 +116,17 @@ def test_a_large_domain_is_judged_in_pods_times_nodes_steps() -> None:
     seconds = time.perf_counter() - started
     assert verdict.victims is not None and verdict.victims.pods == 320 and verdict.victims.tier == 2
     print(f"\n  16,384 nodes, a gang of 40 x 8: {seconds:.2f} s")
+
+
+def test_the_explanation_counts_a_victim_of_a_gang_as_its_whole_gang() -> None:
+    """Leaf s0 holds, on each node, a pod of gang g (4 running pods, two of them in s3) and a lone pod: taking
+    s0 costs g's 4 pods and 2 lone ones. s1's nodes each hold two lone pods: 4. The fewest are s1's."""
+    from stormtopo.core.victims import GangSize
+
+    g = (Holder(4, 100, True, "batch/g"), Holder(4, 100, True))
+    holders = {n: batch() for n in NODES} | {"node0": g, "node1": g, "node6": g, "node7": g}
+    explained = explain(TREE, FULL, [8, 8], 1, holders, 1000, {"batch/g": GangSize(4, 4, 16)})
+    assert explained.preemption is not None and explained.preemption.victims is not None
+    assert explained.preemption.victims.domain == "s1" and explained.preemption.victims.pods == 4
+    alone = explain(TREE, FULL, [8, 8], 1, holders, 1000)  # gangs unknown: each pod alone, s0 first by name
+    assert alone.preemption is not None and alone.preemption.victims is not None and alone.preemption.victims.domain == "s0"

@@ -67,6 +67,9 @@ def test_an_explanation_that_answers_after_the_replica_was_placed_says_nothing()
         def holders_now(self) -> dict[str, list[object]]:
             return {}
 
+        def gangs_now(self) -> dict[str, object]:
+            return {}
+
     reporter = PlacementReporter(
         index, cast(Any, None), lambda _obj, _kind, reason, _msg: said.append(reason), cast(Any, Worker()), cast(Any, Room())
     )
