@@ -82,14 +82,17 @@ def batch_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
     }
 
 
-def fill(cluster: DevCluster, topology: Topology) -> dict[str, tuple[str, str]]:
-    """Every GPU held, each leaf at its own cost: pod -> (uid, node). What a test before left goes first."""
+LEAVES = {"s0": ((4, 4), (4, 4)), "s1": ((8,), (8,)), "s2": ((1,) * 8, (1,) * 8), "s3": ((1,) * 8, (1,) * 8)}
+
+
+def fill(cluster: DevCluster, topology: Topology, leaves: dict[str, tuple[tuple[int, ...], ...]] = LEAVES) -> dict[str, tuple[str, str]]:
+    """Every GPU held, each node as `leaves` says (the GPUs of each pod, per node of each leaf in order):
+    pod -> (uid, node). What a test before left goes first."""
     cluster.core.delete_collection_namespaced_pod(VICTIMS, label_selector=BATCH, grace_period_seconds=0)
     cluster.wait(lambda: not cluster.pods(VICTIMS, BATCH), 60, "the victims' namespace empty")
-    sizes = {"s0": (4, 4), "s1": (8,), "s2": (1,) * 8, "s3": (1,) * 8}
     count = 0
-    for leaf, gpus in sizes.items():
-        for node in sorted(topology.nodes_under(leaf)):
+    for leaf, per_node in leaves.items():
+        for node, gpus in zip(sorted(topology.nodes_under(leaf)), per_node, strict=True):
             for i, size in enumerate(gpus):
                 cluster.create(batch_pod(f"{node}-{i}", node, size))
                 count += 1
@@ -150,3 +153,16 @@ def test_two_replicas_held_together_take_different_victims_each_the_fewest_left(
         assert domain is not None and domain.tier == 1, f"{replica} crossed its leaf: {nodes}"
     gone = preempted(cluster, before)
     assert gone == {"node0-0", "node0-1", "node1-0", "node1-1", "node2-0", "node3-0"}, f"preempted {sorted(gone)}"
+
+
+def test_a_soft_replica_preempts_the_fewest_anywhere_even_across_leaves(cluster: DevCluster, topology: Topology, namespace: str) -> None:
+    """Soft takes only as much as it must: one 8-GPU pod on node2 (s1) and one on node4 (s2) make room for it,
+    2 pods, where the cheapest leaf (s1) would cost 3."""
+    leaves = {"s0": ((4, 4), (4, 4)), "s1": ((8,), (4, 4)), "s2": ((8,), (1,) * 8), "s3": ((1,) * 8, (1,) * 8)}
+    before = fill(cluster, topology, leaves)
+    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
+    cluster.create(stormservice("loose", namespace, roles, annotations={MODE: "soft", HIGHEST_TIER: "1"}))
+    placed = cluster.bound_pods(namespace, "storm-service-name=loose", 2, timeout=120)
+    assert sorted(node_names(placed)) == ["node2", "node4"], f"placed on {node_names(placed)}"
+    gone = preempted(cluster, before)
+    assert gone == {"node2-0", "node4-0"}, f"preempted {sorted(gone)}; the fewest anywhere are node2's and node4's 8-GPU pods"
