@@ -1,25 +1,27 @@
-"""Exact preemption: a replica that must preempt takes the fewest victims, in the domain they free, and no more.
+"""Exact preemption: a replica that must preempt takes the fewest victims, and no more.
 
 Volcano v1.15.1's gangpreempt adds victims bundle after bundle until a domain's sum of room covers the gang,
 then evicts all it took: 3 to 4 times the fewest pods at the median (BENCHMARKS.md, "Preemption"). With
 `--exact-preemption`, the webhook holds every pod of an opted-in replica that may preempt at the room gate
 (core/admission.py), and this plan lets it go once all its pods exist:
 
-- where a domain of its tier holds it now, at once, as it is: Volcano places it without preempting;
+- where a domain of its tier holds it now, at once: Volcano places it without preempting;
 - where the fewest victims (core/preemption.py over the free-room reading; a victim of a gang costs its
-  whole gang, as its PodGroup's minMember is not read) make room, they are evicted
-  first and the replica is let go into the domain they leave (a required node affinity to its nodes). With
-  the victims releasing, Volcano's allocate pipelines the replica onto their room, so gangpreempt finds it
-  no longer starving and takes nothing more (in the simulator, in every case; BENCHMARKS.md);
+  whole gang, every gang taken at its minimum) make room, they are evicted first and the replica is let go
+  after them. With the victims releasing, Volcano's allocate pipelines the replica onto their room, so
+  gangpreempt finds it no longer starving and takes nothing more (in the simulator, in every case, and in
+  the victims' domain). It is not pinned there: a replica whose room another job took would wait for ever,
+  where unpinned Volcano's own preemption still finds it room;
 - where no domain qualifies, as it is: Volcano decides, and the Pending replica's explanation says why.
 
-A replica is never held longer than the hold's limit from its oldest pod's creation (its pods not all created,
-the class's value not read yet, a leader busy or away): then it goes as it is, to Volcano's own preemption.
-One plan evicts for a replica once; a pod being deleted is never a victim, and its GPUs count as free, so
-that a new leader finds that room on its way instead of taking more (the leader plans held replicas one at a
-time, and keeps the room it took for one from the next: operator/replica.py). Its priority is the lower of its class's value and its
-pods' own (admitted from their classes, which quota governs), so naming a higher class in the scheduling
-strategy buys no victims; and victims are only in the namespaces the operator is given.
+A replica is never held longer than the hold's limit from its oldest pod's creation (its pods not all
+created, the class's value not read yet, a leader busy or away): then it goes as it is. One plan evicts for
+a replica once. A pod being deleted is never a victim and its GPUs count as free, so a new leader finds that
+room on its way instead of taking more; the leader plans held replicas one at a time and keeps the room it
+took for one from the next (operator/replica.py). A replica preempts at the lower of its class's value and
+its pods' own priorities (admitted from their classes, which quota governs), so naming a higher class in the
+scheduling strategy buys no victims; victims are only in the namespaces the operator is given, and only on
+nodes that take new pods and where the held pods could run.
 """
 
 from __future__ import annotations
