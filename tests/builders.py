@@ -1,5 +1,5 @@
 """The AIBrix and Kubernetes objects the unit tests hand the planners and the operator's index, as plain
-manifests: a StormService, a RoleSet (one replica), a replica's pod, a PodDisruptionBudget.
+manifests: a StormService, a RoleSet (one replica), a replica's pod, a PodDisruptionBudget, a batch pod.
 
 Every default is StormService svc in namespace ns, of one prefill and one decode role, asking for no
 topology. The StormService is devenv/workloads.py's, as the integration tests and the demo create it."""
@@ -18,7 +18,7 @@ from stormtopo.core.vocabulary import (
     STORMSERVICE_API,
     STORMSERVICE_LABEL,
 )
-from stormtopo.devenv.workloads import PD_1P1D, Role, stormservice
+from stormtopo.devenv.workloads import IMAGE, PD_1P1D, Role, stormservice
 
 ADMITTED = {ADMITTED_LABEL: "true"}  # the label the webhook puts on the pods it admitted
 
@@ -129,3 +129,25 @@ def running(ready: bool, since: str) -> dict[str, Any]:
 def pdb(name: str, allowed: int, selector: dict[str, Any]) -> dict[str, Any]:
     """A PodDisruptionBudget over the pods `selector` selects that allows `allowed` disruptions now."""
     return {"metadata": {"name": name, "namespace": "ns"}, "spec": {"selector": selector}, "status": {"disruptionsAllowed": allowed}}
+
+
+BATCH_LABEL = "stormtopo.io/test-batch"  # on every batch pod: select them with f"{BATCH_LABEL}=true"
+
+
+def batch_pod(name: str, namespace: str, priority_class: str, gpus: int = 4, node: str | None = None) -> dict[str, Any]:
+    """A Volcano job of one pod asking for `gpus` GPUs at `priority_class` (Volcano makes its PodGroup, with
+    the pod's class): lower-priority work to preempt. Bound to `node` where given, else Volcano places it."""
+    resources = {"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}}
+    spec: dict[str, Any] = {
+        "schedulerName": "volcano",
+        "priorityClassName": priority_class,
+        "containers": [{"name": "batch", "image": IMAGE, "resources": resources}],
+    }
+    if node is not None:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {BATCH_LABEL: "true"}},
+        "spec": spec,
+    }

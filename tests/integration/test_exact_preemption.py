@@ -12,7 +12,7 @@ chart runs it, allowed to evict only in the victims' namespace.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,15 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import GPU, HIGHEST_TIER, MODE, ROLESET_LABEL, ROOM_GATE
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, ROLESET_LABEL, ROOM_GATE
 from stormtopo.devenv.client import DevCluster, node_names
-from stormtopo.devenv.workloads import IMAGE, Role, stormservice
+from stormtopo.devenv.workloads import Role, stormservice
+from tests.builders import BATCH_LABEL, batch_pod
 from tests.integration.chart import InstalledOperator, running_as_installed
 
 HIGH, LOW = "stormtopo-test-exact-high", "stormtopo-test-exact-low"
 VICTIMS = "exact-victims"  # the namespace whose pods stormtopo may evict
-BATCH = "stormtopo.io/test-batch=true"
+BATCH = f"{BATCH_LABEL}=true"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,31 +62,15 @@ def victims_namespace(cluster: DevCluster) -> None:
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            return cluster.core.read_namespace(VICTIMS).status.phase == "Active"
+            return bool(cluster.core.read_namespace(VICTIMS).status.phase == "Active")
 
     cluster.wait(active, 120, f"namespace {VICTIMS} active")
-
-
-def batch_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
-    """A low-priority Volcano pod bound to `node` (Volcano makes its PodGroup, with the pod's class)."""
-    resources = {"requests": {GPU: str(gpus)}, "limits": {GPU: str(gpus)}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": VICTIMS, "labels": {"stormtopo.io/test-batch": "true"}},
-        "spec": {
-            "schedulerName": "volcano",
-            "priorityClassName": LOW,
-            "nodeName": node,
-            "containers": [{"name": "batch", "image": IMAGE, "resources": resources}],
-        },
-    }
 
 
 LEAVES = {"s0": ((4, 4), (4, 4)), "s1": ((8,), (8,)), "s2": ((1,) * 8, (1,) * 8), "s3": ((1,) * 8, (1,) * 8)}
 
 
-def fill(cluster: DevCluster, topology: Topology, leaves: dict[str, tuple[tuple[int, ...], ...]] = LEAVES) -> dict[str, tuple[str, str]]:
+def fill(cluster: DevCluster, topology: Topology, leaves: Mapping[str, Sequence[Sequence[int]]] = LEAVES) -> dict[str, tuple[str, str]]:
     """Every GPU held, each node as `leaves` says (the GPUs of each pod, per node of each leaf in order):
     pod -> (uid, node). What a test before left goes first."""
     cluster.core.delete_collection_namespaced_pod(VICTIMS, label_selector=BATCH, grace_period_seconds=0)
@@ -94,7 +79,7 @@ def fill(cluster: DevCluster, topology: Topology, leaves: dict[str, tuple[tuple[
     for leaf, per_node in leaves.items():
         for node, gpus in zip(sorted(topology.nodes_under(leaf)), per_node, strict=True):
             for i, size in enumerate(gpus):
-                cluster.create(batch_pod(f"{node}-{i}", node, size))
+                cluster.create(batch_pod(f"{node}-{i}", VICTIMS, LOW, gpus=size, node=node))
                 count += 1
     running = cluster.bound_pods(VICTIMS, BATCH, count, timeout=120)
     return {p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"]["nodeName"]) for p in running}
@@ -124,7 +109,7 @@ def test_a_held_replica_that_fits_goes_at_once_and_preempts_nothing(cluster: Dev
     within a leaf without a pod of the victims' namespace touched."""
     roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
     cluster.create(stormservice("roomy", namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
-    pods = cluster.wait(lambda: cluster.pods(namespace, "storm-service-name=roomy") or None, 60, "the replica's pods")
+    pods: list[dict[str, Any]] = cluster.wait(lambda: cluster.pods(namespace, "storm-service-name=roomy"), 60, "the replica's pods")
     gated = [p for p in pods if any(g.get("name") == ROOM_GATE for g in p["spec"].get("schedulingGates") or [])]
     placed = cluster.bound_pods(namespace, "storm-service-name=roomy", 2, timeout=60)
     domain = topology.lowest_common_switch(node_names(placed))

@@ -16,21 +16,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import GPU, HIGHEST_TIER, MODE, ROLESET_LABEL
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, ROLESET_LABEL
 from stormtopo.devenv.client import DevCluster, node_names
-from stormtopo.devenv.workloads import IMAGE, Role, stormservice
+from stormtopo.devenv.workloads import Role, stormservice
+from tests.builders import BATCH_LABEL, batch_pod
 from tests.conftest import stormtopo
 from tests.integration.chart import InstalledOperator, running_as_installed
 
 HIGH, LOW = "stormtopo-test-inference", "stormtopo-test-batch"
-BATCH = "stormtopo.io/test-batch=true"
+BATCH = f"{BATCH_LABEL}=true"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,21 +50,6 @@ def priority_classes(cluster: DevCluster) -> Iterator[None]:
     for name in (HIGH, LOW):
         with contextlib.suppress(ApiException):
             api.delete_priority_class(name)
-
-
-def batch_pod(name: str, namespace: str, priority_class: str = LOW) -> dict[str, Any]:
-    """A Volcano job of one pod and 4 GPUs, low-priority by default (Volcano makes its PodGroup, with the pod's class)."""
-    resources = {"requests": {GPU: "4"}, "limits": {GPU: "4"}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"stormtopo.io/test-batch": "true"}},
-        "spec": {
-            "schedulerName": "volcano",
-            "priorityClassName": priority_class,
-            "containers": [{"name": "batch", "image": IMAGE, "resources": resources}],
-        },
-    }
 
 
 def fill_with_batch(cluster: DevCluster, namespace: str, nodes: int, priority_class: str = LOW) -> dict[str, tuple[str, str]]:
