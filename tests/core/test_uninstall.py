@@ -152,3 +152,29 @@ def test_in_pages_each_page_is_planned_as_it_is_read_and_the_whole_plans_as_one_
     )
     assert [*first, *rest] == whole
     assert sum(isinstance(w, PatchPodGroup) for w in whole) == 1
+
+
+def test_every_gate_of_stormtopos_comes_off_and_no_other() -> None:
+    """The room gate of exact preemption as well as the domain gate; with both and another's between them, the
+    last of stormtopo's is removed first so the indices stay right, and the other's gate stays."""
+    from stormtopo.core.uninstall import release_gates
+    from stormtopo.core.vocabulary import ROOM_GATE
+
+    def gated(*names: str) -> dict[str, Any]:
+        return {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"schedulingGates": [{"name": n} for n in names]}}
+
+    [room] = release_gates([gated("other", ROOM_GATE)])
+    assert list(room.ops) == [
+        {"op": "test", "path": "/spec/schedulingGates/1/name", "value": ROOM_GATE},
+        {"op": "remove", "path": "/spec/schedulingGates/1"},
+    ]
+    [both] = release_gates([gated(DOMAIN_GATE, "other", ROOM_GATE)])
+    gates = [{"name": DOMAIN_GATE}, {"name": "other"}, {"name": ROOM_GATE}]
+    for op in both.ops:  # applied in order, as the API server applies a JSON patch
+        index = int(op["path"].rsplit("/", 1)[-1] if op["op"] == "remove" else op["path"].split("/")[3])
+        if op["op"] == "test":
+            assert gates[index]["name"] == op["value"]
+        else:
+            del gates[index]
+    assert gates == [{"name": "other"}]
+    assert release_gates([gated("other")]) == []
