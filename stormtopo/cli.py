@@ -203,7 +203,7 @@ def _uninstall(args: argparse.Namespace) -> int:
     if args.stop_deployment and "/" not in args.stop_deployment:
         print(f"stormtopo: --stop-deployment {args.stop_deployment!r}: accepted: NAMESPACE/NAME", file=sys.stderr)
         return 2
-    return uninstall.run(_api(args), args.stop_deployment, args.delete_webhooks)
+    return uninstall.run(_api(args), args.stop_deployment, args.delete_webhooks, args.labelled_pods_binding)
 
 
 def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:

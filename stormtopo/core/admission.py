@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stormtopo.core.gang import followers
-from stormtopo.core.jsonpatch import set_annotations, set_labels, set_spec_fields
+from stormtopo.core.jsonpatch import pointer, set_annotations, set_labels, set_spec_fields
 from stormtopo.core.moves import moving_tier, released_topology
 from stormtopo.core.ownership import stormservice_name
 from stormtopo.core.podgroup import carries_constraint as carries_constraint  # the webhook's import
 from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_name
-from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of
+from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of, written_scope
 from stormtopo.core.switches import switched_on
 from stormtopo.core.vocabulary import (
     ADMITTED_LABEL,
@@ -25,12 +25,12 @@ from stormtopo.core.vocabulary import (
     DOMAIN_GATE,
     GROUP_NAME_ANNOTATION,
     HOSTNAME_LABEL,
+    OPTED_IN_LABEL,
     PREFER_SAME_NODE,
     REQUEST_ANNOTATION,
     ROLE_LABEL,
     ROLESET_LABEL,
     ROOM_GATE,
-    SCOPE,
     TASK_SPEC_ANNOTATION,
     VOLCANO_SCHEDULER,
 )
@@ -140,10 +140,15 @@ def admit_pod(
             ),
         )
     request = request_of(stormservice, cluster)
+    if request is None and stormservice is not None and OPTED_IN_LABEL in ((pod.get("metadata") or {}).get("labels") or {}):
+        # Its service opted out, its role templates keep the label (taking it off would roll every
+        # replica): the pod goes as if stormtopo were not installed, out of the admission policy's reach.
+        return Decision(patch=[{"op": "remove", "path": pointer("metadata", "labels", OPTED_IN_LABEL)}])
     if request is None or roleset is None or stormservice is None:
         return Decision()
     # While the request looks invalid, its pods still join the gang whose PodGroup keeps the last valid constraint.
-    scope = request.scope if isinstance(request, TopologyRequest) else _scope_written(stormservice)
+    written = written_scope((stormservice.get("metadata") or {}).get("annotations"))
+    scope = request.scope if isinstance(request, TopologyRequest) else written
     group = joined_gang(roleset, stormservice, cluster)
     gang = (podgroups or {}).get(group)
     if isinstance(request, RequestError) and not carries_constraint(gang):
@@ -203,7 +208,8 @@ def joined_gang(roleset: Mapping[str, Any], stormservice: Mapping[str, Any], clu
     """The PodGroup an opted-in replica's pods join: the StormService's own with scope StormService
     (as written, while the request looks invalid), else the replica's."""
     request = request_of(stormservice, cluster)
-    scope = request.scope if isinstance(request, TopologyRequest) else _scope_written(stormservice)
+    written = written_scope((stormservice.get("metadata") or {}).get("annotations"))
+    scope = request.scope if isinstance(request, TopologyRequest) else written
     if scope is Scope.STORMSERVICE:
         return service_group_name(stormservice["metadata"]["name"])
     return str(roleset["metadata"]["name"])
@@ -211,11 +217,6 @@ def joined_gang(roleset: Mapping[str, Any], stormservice: Mapping[str, Any], clu
 
 def _annotation(obj: Mapping[str, Any], key: str) -> str:
     return str(((obj.get("metadata") or {}).get("annotations") or {}).get(key, "")).strip()
-
-
-def _scope_written(stormservice: Mapping[str, Any]) -> Scope:
-    written = _annotation(stormservice, SCOPE)
-    return Scope.STORMSERVICE if written == Scope.STORMSERVICE.value else Scope.ROLESET
 
 
 PEER_WEIGHT = 100  # the highest preference a pod can state

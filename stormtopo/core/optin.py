@@ -8,16 +8,19 @@ without its constraint then is Kubernetes itself:
   a pod of a StormService listed in the opted-in ConfigMap of its namespace unless stormtopo admitted it
   (ADMITTED_LABEL), and refuses an update that strips networkTopology from a PodGroup that
   stormtopo constrained; AIBrix retries both;
-- a validating webhook that fails closed, but only for StormServices that carry a request (a CEL
-  matchCondition on their own annotations), lists a StormService in that ConfigMap before it exists.
+- which pods: a StormService created with a request carries OPTED_IN_LABEL on every role template, so
+  on every pod (a mutating webhook that fails closed adds it on the create, and keeps it through updates
+  that would drop it); the policy matches that label. A create writes nothing but itself: what it costs
+  does not grow with the services opted in before it, and a review nobody sent writes nothing.
+- a service opted in by an update keeps its templates (labelling them would roll every replica): a
+  validating webhook that fails closed lists it first in its namespace's ConfigMap, `stormtopo-opted-in`,
+  which the policy reads too. The list also marks the services that ask for healing ("+heal"), the only
+  ones whose pods the chart's eviction policy lets stormtopo evict.
 
-One ConfigMap per namespace, `stormtopo-opted-in`, its keys the namespace's opted-in StormServices (the
-policy's paramRef names it without a namespace: the API server reads the one in the admitted object's
-namespace). A listing is one small merge patch of one namespace's list: what it costs does not grow
-with the services of other namespaces, a namespace that never opted in has no list, and the API server
-evaluates each pod against its own namespace's list only. Why not one object per StormService: a
-policy evaluates a selected set of params each on its own and needs all to pass, so "this pod's service
-is listed as healing" (the eviction policy) cannot be said over one object per service (docs/security.md).
+So a namespace's list holds only the services opted in by an update, and those that heal (written by the
+reconciler, off the create path). Why not one object per StormService: a policy evaluates a selected set
+of params each on its own and needs all to pass, so "this pod's service is listed as healing" (the
+eviction policy) cannot be said over one object per service (docs/security.md).
 
 This module is the pure part: keys, the policy objects, and the gate's decision.
 """
@@ -30,12 +33,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stormtopo.core.jsonpatch import pointer
 from stormtopo.core.moves import asks_healing
-from stormtopo.core.request import Scope, is_opted_in
+from stormtopo.core.request import is_opted_in, written_scope
 from stormtopo.core.vocabulary import (
     ADMITTED_LABEL,
     MANAGED_BY,
     OPTED_IN_CONFIGMAP,
+    OPTED_IN_LABEL,
     REQUEST_ANNOTATION,
     REQUEST_ANNOTATIONS,
     ROLESET_LABEL,
@@ -48,6 +53,7 @@ from stormtopo.core.vocabulary import (
 # <release>-evict-opted-in-only reads it (templates/admission-policy.yaml).
 MOVABLE = "+heal"
 PODS_POLICY = "stormtopo-opted-in-pods"
+LABELLED_PODS_POLICY = "stormtopo-labelled-pods"
 PODGROUPS_POLICY = "stormtopo-constrained-podgroups"
 
 
@@ -75,35 +81,122 @@ def split_key(key: str) -> tuple[str, str]:
     return namespace, stormservice
 
 
+def _roles(stormservice: Mapping[str, Any] | None) -> list[Any]:
+    spec = ((stormservice or {}).get("spec") or {}).get("template") or {}
+    roles = (spec.get("spec") or {}).get("roles") if isinstance(spec, Mapping) else None
+    return roles if isinstance(roles, list) else []
+
+
+def _role_labels(role: Any) -> Mapping[str, Any]:
+    template = role.get("template") if isinstance(role, Mapping) else None
+    meta = template.get("metadata") if isinstance(template, Mapping) else None
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def labelled(stormservice: Mapping[str, Any] | None) -> bool:
+    """It has roles, and every role template carries OPTED_IN_LABEL: every pod of the service does, and
+    the admission policy holds it without a list."""
+    roles = _roles(stormservice)
+    return bool(roles) and all(OPTED_IN_LABEL in _role_labels(role) for role in roles)
+
+
+def label_roles(stormservice: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch that puts OPTED_IN_LABEL on every role template lacking it; the other labels stay."""
+    ops: list[dict[str, Any]] = []
+    for i, role in enumerate(_roles(stormservice)):
+        if not isinstance(role, Mapping) or OPTED_IN_LABEL in _role_labels(role):
+            continue
+        path = pointer("spec", "template", "spec", "roles", str(i), "template")
+        template = role.get("template")
+        if not isinstance(template, Mapping):
+            ops.append({"op": "add", "path": path, "value": {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}}})
+        elif not isinstance(template.get("metadata"), Mapping):
+            ops.append({"op": "add", "path": path + "/metadata", "value": {"labels": {OPTED_IN_LABEL: "true"}}})
+        elif not isinstance(template["metadata"].get("labels"), Mapping):
+            ops.append({"op": "add", "path": path + "/metadata/labels", "value": {OPTED_IN_LABEL: "true"}})
+        else:
+            ops.append({"op": "add", "path": path + pointer("metadata", "labels", OPTED_IN_LABEL), "value": "true"})
+    return ops
+
+
+def opt_in_patch(operation: str, stormservice: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """What the mutating webhook writes on a StormService (labels_roles_condition, decided again here: a
+    review may come from anyone): the opt-in label on its role templates, if it asks for a topology and is
+    new, or was labelled on every role before this update."""
+    annotations = _meta(stormservice).get("annotations") or {}
+    if not is_opted_in(annotations) or (operation != "CREATE" and not (operation == "UPDATE" and labelled(old))):
+        return []
+    return label_roles(stormservice)
+
+
 def listing(stormservice: Mapping[str, Any] | None) -> str | None:
-    """What the ConfigMap says of a StormService: its scope while it carries any network-topology
-    annotation, valid or not (an invalid one keeps its last valid constraint), else nothing; with
-    MOVABLE after it while the service asks for healing (lending room needs healing too): the chart's
-    eviction policy lets stormtopo evict pods of those services only."""
+    """What its namespace's ConfigMap says of a StormService: nothing unless it carries a network-topology
+    annotation (valid or not: an invalid one keeps its last valid constraint). Then its scope, with
+    MOVABLE after it while it asks for healing (lending room needs healing too; the chart's eviction
+    policy lets stormtopo evict pods of those services only); a service whose role templates all carry
+    OPTED_IN_LABEL is held by that label, and listed only while it asks for healing."""
     annotations = ((stormservice or {}).get("metadata") or {}).get("annotations") or {}
     if not is_opted_in(annotations):
         return None
-    scope = Scope.STORMSERVICE.value if annotations.get(SCOPE, "").strip() == Scope.STORMSERVICE.value else Scope.ROLESET.value
-    return scope + MOVABLE if asks_healing(stormservice) else scope
+    if asks_healing(stormservice):
+        return written_scope(annotations).value + MOVABLE
+    return None if labelled(stormservice) else written_scope(annotations).value
+
+
+def _has_all(of: str, *fields: str) -> str:
+    """CEL: every field on the path exists (has() tests only its last one; a missing middle one is an error)."""
+    return " && ".join(f"has({of}.{'.'.join(fields[: i + 1])})" for i in range(len(fields)))
+
+
+def labelled_condition(of: str) -> str:
+    """CEL: labelled() of `object` or `oldObject`."""
+    roles = f"{of}.spec.template.spec.roles"
+    return (
+        f"{_has_all(of, 'spec', 'template', 'spec', 'roles')} && size({roles}) > 0 "
+        f"&& {roles}.all(r, has(r.template) && has(r.template.metadata) "
+        f"&& has(r.template.metadata.labels) && '{OPTED_IN_LABEL}' in r.template.metadata.labels)"
+    )
+
+
+def _opted_in_condition(of: str) -> str:
+    keys = "[" + ", ".join(f"'{k}'" for k in REQUEST_ANNOTATIONS) + "]"
+    return f"has({of}.metadata.annotations) && {keys}.exists(k, k in {of}.metadata.annotations)"
+
+
+def labels_roles_condition() -> str:
+    """CEL for the mutating webhook that labels role templates: a StormService that carries a request and
+    a role template without the label, on its create, or on an update whose stored version had the label
+    on every role (a re-apply of a manifest without it, or a new role). A service opted in by an update
+    keeps its templates unlabelled (labelling them would roll its replicas): the list holds it instead."""
+    return (
+        f"({_opted_in_condition('object')}) && !({labelled_condition('object')}) "
+        f"&& (request.operation == 'CREATE' || ({labelled_condition('oldObject')}))"
+    )
 
 
 def requests_topology_condition() -> str:
-    """CEL for the gate: a StormService that carries a network-topology annotation and is new, newly
-    opted in, or changes its scope (what the list says of it). Other updates of an opted-in
-    StormService (scaling, a rollout) never call the gate, so they go on while stormtopo is down."""
-    keys = "[" + ", ".join(f"'{k}'" for k in REQUEST_ANNOTATIONS) + "]"
-    opted_in = f"has(object.metadata.annotations) && {keys}.exists(k, k in object.metadata.annotations)"
-    was_opted_in = f"has(oldObject.metadata.annotations) && {keys}.exists(k, k in oldObject.metadata.annotations)"
+    """CEL for the gate: an update of a StormService that carries a network-topology annotation on role
+    templates without OPTED_IN_LABEL, and is newly opted in or changes its scope (what the list says of
+    it). A create never calls it (the mutating webhook labels the new service's role templates: nothing to
+    list), nor do other updates of an opted-in StormService (scaling, a rollout), so those go on while
+    stormtopo is down."""
+    opted_in = _opted_in_condition("object")
+    was_opted_in = _opted_in_condition("oldObject")
 
     def scope(of: str) -> str:
         return f"(has({of}.metadata.annotations) && '{SCOPE}' in {of}.metadata.annotations ? {of}.metadata.annotations['{SCOPE}'] : '')"
 
-    return f"({opted_in}) && (request.operation == 'CREATE' || !({was_opted_in}) || {scope('object')} != {scope('oldObject')})"
+    return (
+        f"request.operation == 'UPDATE' && ({opted_in}) && !({labelled_condition('object')}) "
+        f"&& (!({was_opted_in}) || {scope('object')} != {scope('oldObject')})"
+    )
 
 
 def admission_policy() -> list[dict[str, Any]]:
-    """Two ValidatingAdmissionPolicies with their bindings (admissionregistration.k8s.io/v1,
-    Kubernetes >= 1.30), each matching only AIBrix's objects (an object selector on AIBrix's labels):
+    """Three ValidatingAdmissionPolicies with their bindings (admissionregistration.k8s.io/v1,
+    Kubernetes >= 1.30), each matching only objects with a label (an object selector):
+    - pods carrying OPTED_IN_LABEL must have been admitted by stormtopo;
     - pods of a StormService listed in its namespace's opted-in ConfigMap must have been admitted by stormtopo;
     - an update must not strip networkTopology from a PodGroup that stormtopo constrained."""
     labels = "object.metadata.labels"
@@ -129,6 +222,20 @@ def admission_policy() -> list[dict[str, Any]]:
     # No namespace: the list of the pod's own namespace. None there (nothing opted in, or stormtopo
     # uninstalled): nothing is refused.
     pods[1]["spec"]["paramRef"] = {"name": OPTED_IN_CONFIGMAP, "parameterNotFoundAction": "Allow"}
+    # A pod of a StormService created with a request carries the label: held by it, with no list to read.
+    labelled_pods = _policy(
+        LABELLED_PODS_POLICY,
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
+        (OPTED_IN_LABEL, STORMSERVICE_LABEL),  # an AIBrix pod: the only ones stormtopo's pod webhook sees
+        {
+            "expression": f"has(object.metadata.labels) && '{ADMITTED_LABEL}' in object.metadata.labels",
+            "messageExpression": (
+                "'this pod carries " + OPTED_IN_LABEL + " (its StormService asks for a network topology), and stormtopo has "
+                "not admitted it (is the stormtopo webhook running?); it is created once stormtopo is back'"
+            ),
+            "reason": "Forbidden",
+        },
+    )
     constrained_before = (
         f"has(oldObject.metadata.annotations) && '{REQUEST_ANNOTATION}' in oldObject.metadata.annotations "
         "&& has(oldObject.spec.networkTopology)"
@@ -151,12 +258,17 @@ def admission_policy() -> list[dict[str, Any]]:
             "reason": "Forbidden",
         },
     )
-    return [*pods, *podgroups]
+    return [*labelled_pods, *pods, *podgroups]
 
 
 def _policy(
-    name: str, rule: dict[str, Any], label: str, validation: dict[str, str], variables: list[dict[str, str]] | None = None
+    name: str,
+    rule: dict[str, Any],
+    label: str | tuple[str, ...],
+    validation: dict[str, str],
+    variables: list[dict[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
+    labels = (label,) if isinstance(label, str) else label
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -165,7 +277,7 @@ def _policy(
             "failurePolicy": "Fail",
             "matchConstraints": {
                 "resourceRules": [rule],
-                "objectSelector": {"matchExpressions": [{"key": label, "operator": "Exists"}]},
+                "objectSelector": {"matchExpressions": [{"key": key, "operator": "Exists"} for key in labels]},
             },
             "variables": variables or [],
             "validations": [validation],
@@ -232,15 +344,15 @@ def gate_listing(
     """What the gate may list for one review, and why: (scope, reason), scope None listing nothing.
     `stored` is the StormService as the cluster holds it (None: it does not exist); `refuted` a
     resourceVersion of it already found falsely listed (a review naming it again is a replay)."""
+    if operation == "CREATE":
+        return None, "a new StormService is held by the label on its role templates (the mutating webhook's), never listed"
     want = listing(obj)
     if want is None:
         return None, "no request annotation: the gate never unlists (the reconciler does)"
+    if labelled(obj):
+        return None, "its role templates carry the opt-in label: the admission policy holds its pods without a listing"
     if not _meta(obj).get("name"):
         return None, "the review names no StormService"
-    if operation == "CREATE":
-        if stored is not None:
-            return None, "a StormService of that name exists already: this create fails, or the review was made up"
-        return want, "a new StormService that asks for a network topology"
     if operation != "UPDATE":
         return None, f"operation {operation!r} never lists"
     if stored is None:

@@ -136,6 +136,11 @@ def is_opted_in(annotations: Mapping[str, str] | None) -> bool:
     return any(key in (annotations or {}) for key in REQUEST_ANNOTATIONS)
 
 
+def written_scope(annotations: Mapping[str, str] | None) -> Scope:
+    """The scope the annotations name, valid request or not: StormService only when written so."""
+    return Scope.STORMSERVICE if (annotations or {}).get(SCOPE, "").strip() == Scope.STORMSERVICE.value else Scope.ROLESET
+
+
 def parse_request(annotations: Mapping[str, str] | None, cluster: ClusterTiers | None = None) -> TopologyRequest | None:
     """The request these annotations state, None if not opted in; RequestError listing every problem."""
     annotations = annotations or {}

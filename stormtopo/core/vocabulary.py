@@ -63,6 +63,9 @@ GPU = "nvidia.com/gpu"  # the resource that decides where an inference replica f
 # admission policy refuses a pod of a listed StormService that stormtopo has not admitted.
 ADMITTED_LABEL = "stormtopo.io/admitted"  # on pods stormtopo admitted into their replica's gang (value "true")
 OPTED_IN_CONFIGMAP = "stormtopo-opted-in"  # data: "<namespace>.<stormservice>" -> scope
+# On every role template of a StormService created with a request (the mutating webhook adds it), so on every
+# pod of it: the admission policy holds such a pod until stormtopo admitted it, with no list to write first.
+OPTED_IN_LABEL = "stormtopo.io/opted-in"
 # Scheduling gate on a pod that asks for no resources, until its replica is placed; with a spread tier, on
 # every pod of a replica, until stormtopo lets it go with its siblings' domains kept out (core/spread.py).
 DOMAIN_GATE = "stormtopo.io/domain"

@@ -103,7 +103,7 @@ EVENT_LOOP_LAG = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 LAG_TICK = 0.05  # seconds between two looks at the event loop's lag
-for _kind in ("pod", "podgroup"):
+for _kind in ("pod", "podgroup", "stormservice"):
     ADMISSION_SECONDS.labels(_kind)
 for _why in Why:
     REPLICA_MOVES.labels(str(_why))

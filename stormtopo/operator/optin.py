@@ -20,6 +20,7 @@ from stormtopo.core.optin import (
     contradicted,
     expiry_verdict,
     gate_listing,
+    labelled,
     listing,
     opted_in_configmap,
     opted_in_key,
@@ -198,7 +199,6 @@ class Gate:
         unconfirmed: Unconfirmed | None = None,
         clock: Callable[[], float] = time.monotonic,
         room_wait: float = ROOM_WAIT,
-        caught_up: Callable[[], bool] = lambda: True,
     ) -> None:
         self.opted_in = opted_in
         self.indexed = indexed
@@ -206,7 +206,6 @@ class Gate:
         self.unconfirmed = unconfirmed or Unconfirmed()
         self.clock = clock
         self.room_wait = room_wait
-        self.caught_up = caught_up  # the index has read every StormService once: its silence means "no such name"
         self._sweeping = asyncio.Lock()
         self._waiting = 0  # reviews waiting for room among the unconfirmed listings
         self._read_at: dict[str, float] = {}  # unconfirmed key -> when it was last read for room
@@ -221,15 +220,12 @@ class Gate:
         if request.get("dryRun") or not valid_names(namespace, name):
             return None  # a real review names a valid namespace and StormService: a made-up one lists nothing
         key = opted_in_key(namespace, name)
+        if operation != "UPDATE" or listing(obj) is None or labelled(obj):
+            return None  # a create, or nothing to list whatever is stored (gate_listing): no read, no room taken
         self._confirm_from_index()
-        if operation == "CREATE" and not await self._room_for(key) and self.indexed(namespace, name) is None:
-            return self._full()  # before any API read: made-up names beyond the bound cost nothing
         current = self.indexed(namespace, name)
-        if not self._is_oldobject(request, current) and (operation != "CREATE" or not self.caught_up()):
-            current = await self.stored(namespace, name)  # the index may lag an update, or not have read everything yet
-        # Once the index has caught up, a CREATE of a name it does not hold is listed without reading the API
-        # server: should a StormService of that name exist after all (the watch lagging), it exists under
-        # another uid than the review's, and the sweep takes the listing back at once (contradicted).
+        if not self._is_oldobject(request, current):
+            current = await self.stored(namespace, name)  # the index may lag an update
         want, why = gate_listing(operation, obj, request.get("oldObject"), current, self.unconfirmed.refuted.get(key))
         if want is None:
             log.debug("gate lists nothing for %s (%s): %s", key, operation, why)

@@ -3,8 +3,9 @@ chart's pre-delete hook (and `stormtopo uninstall` without the chart).
 
 In order: the operator stopped (with --stop-deployment, the chart's Deployment scaled to zero and its
 pods waited out: a running leader would gate pods and write HyperNodes again), every namespace's
-opted-in list deleted (the chart's admission policy would otherwise refuse the pods of listed
-StormServices until Helm deletes the policy), then what core/uninstall.py plans: gates removed, moves' holds let go, the node tier's
+opted-in list deleted and (with --labelled-pods-binding, the chart's hook) the binding of the policy that
+holds labelled pods (either would otherwise refuse the pods of opted-in StormServices until Helm deletes
+the policies), then what core/uninstall.py plans: gates removed, moves' holds let go, the node tier's
 HyperNodes put back. With --delete-webhooks (the operator registered them itself, without the chart)
 its webhook configurations and admission policy go first. Every step is idempotent: run it again after
 a failure and it does what is left."""
@@ -122,7 +123,14 @@ async def undo_all(api: Api, passes: int = PASSES) -> int:
     return done
 
 
-def run(api: Api, stop: str | None = None, delete_webhooks: bool = False) -> int:
+def release_labelled_pods(api: Api, binding: str) -> None:
+    """Delete the binding of the policy that holds pods carrying the opt-in label: once the operator is
+    stopped, nothing admits them, and their role templates keep the label (taking it off rolls replicas)."""
+    with contextlib.suppress(NotFound):
+        api.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{binding}")
+
+
+def run(api: Api, stop: str | None = None, delete_webhooks: bool = False, labelled_pods_binding: str | None = None) -> int:
     """The whole uninstall; 0 when nothing of stormtopo's that changes scheduling is left."""
     try:
         if stop:
@@ -131,6 +139,8 @@ def run(api: Api, stop: str | None = None, delete_webhooks: bool = False) -> int
         if delete_webhooks:
             webhook.unregister(api, webhook.configuration(b"", url_base="https://unused"))
         delete_opted_in_lists(api)
+        if labelled_pods_binding:
+            release_labelled_pods(api, labelled_pods_binding)
         done = asyncio.run(undo_all(api))
     except (KubeError, OSError, TimeoutError, RuntimeError) as exc:
         print(f"stormtopo uninstall: {exc}; run it again to finish: it does only what is left", file=sys.stderr)
@@ -147,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.stop_deployment and "/" not in a.stop_deployment:
         p.error(f"--stop-deployment {a.stop_deployment!r}: accepted: NAMESPACE/NAME")
-    return run(Api(a.kubeconfig), a.stop_deployment, a.delete_webhooks)
+    return run(Api(a.kubeconfig), a.stop_deployment, a.delete_webhooks, a.labelled_pods_binding)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -164,6 +174,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--delete-webhooks",
         action="store_true",
         help="also delete the webhook configurations and admission policy the operator registered itself",
+    )
+    p.add_argument(
+        "--labelled-pods-binding",
+        metavar="NAME",
+        help="also delete this ValidatingAdmissionPolicyBinding: the chart's <release>-labelled-pods (its hook passes it)",
     )
 
 

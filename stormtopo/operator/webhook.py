@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint, joined_gang
-from stormtopo.core.optin import admission_policy, requests_topology_condition
+from stormtopo.core.optin import admission_policy, labels_roles_condition, opt_in_patch, requests_topology_condition
 from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
 from stormtopo.kube.client import Api, NotFound
@@ -40,6 +40,7 @@ CONFIGURATION_NAME = "stormtopo"
 PODS_PATH = "/mutate/pods"
 PODGROUPS_PATH = "/mutate/podgroups"
 STORMSERVICES_PATH = "/validate/stormservices"
+LABEL_ROLES_PATH = "/mutate/stormservices"
 # PEM file of the CA that signed the API server's webhook client certificate. Set: the gate answers
 # only callers presenting a certificate it signed (the chart's webhook.clientAuth; `dev up` sets it).
 CLIENT_CA_ENV = "STORMTOPO_WEBHOOK_CLIENT_CA"
@@ -76,9 +77,7 @@ def build_app(
     async def read_stored(namespace: str, name: str) -> dict[str, Any] | None:
         return await asyncio.to_thread(index.api.get, AIBRIX, "stormservices", namespace, name)
 
-    gate = gate or Gate(
-        opted_in, lambda namespace, name: index.stormservices.get((namespace, name)), read_stored, caught_up=lambda: index.caught_up
-    )
+    gate = gate or Gate(opted_in, lambda namespace, name: index.stormservices.get((namespace, name)), read_stored)
 
     async def handle(request: web.Request, kind: str, admit: Callable[..., Awaitable[Decision]]) -> web.Response:
         started = time.perf_counter()
@@ -115,6 +114,16 @@ def build_app(
             return admit_podgroup(podgroup, roleset, stormservice, tiers, last_valid, old, now=time.time())
 
         return await handle(request, "podgroup", admit)
+
+    async def label_roles(request: web.Request) -> web.Response:
+        """No side effect and no read: a patch of the reviewed object only, so a made-up review changes nothing."""
+        started = time.perf_counter()
+        req = (await request.json()).get("request") or {}
+        try:
+            patch = opt_in_patch(str(req.get("operation") or ""), req.get("object") or {}, req.get("oldObject"))
+        finally:
+            metrics.ADMISSION_SECONDS.labels("stormservice").observe(time.perf_counter() - started)
+        return web.json_response(review_response(str(req.get("uid", "")), Decision(patch=patch)))
 
     async def stormservices(request: web.Request) -> web.Response:
         """Lists an opted-in StormService before it exists, so the admission policy holds its pods from
@@ -158,6 +167,7 @@ def build_app(
     app.router.add_post(PODS_PATH, pods)
     app.router.add_post(PODGROUPS_PATH, podgroups)
     app.router.add_post(STORMSERVICES_PATH, stormservices)
+    app.router.add_post(LABEL_ROLES_PATH, label_roles)
     return app
 
 
@@ -232,6 +242,20 @@ def configuration(ca_bundle: bytes, url_base: str | None = None, service: tuple[
                 # Volcano writes status through the main resource (the CRD has no status subresource): skip those.
                 [{"name": "spec-written", "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"}],
             ),
+            {
+                # A new opted-in StormService's role templates get the opt-in label, so its pods are held by
+                # the admission policy from the first on, with no list to write (core/optin.py).
+                "name": "opt-in.stormservices.stormtopo.io",
+                "clientConfig": client_config(ca_bundle, LABEL_ROLES_PATH, url_base, service),
+                "rules": [rule(AIBRIX, "stormservices", ["CREATE", "UPDATE"])],
+                "matchConditions": [{"name": "labels-roles", "expression": labels_roles_condition()}],
+                "failurePolicy": "Fail",  # only StormServices that ask for a topology, and lack the label
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 5,
+                "matchPolicy": "Equivalent",
+                "reinvocationPolicy": "IfNeeded",
+            },
         ],
     }
     gate = {
@@ -242,7 +266,7 @@ def configuration(ca_bundle: bytes, url_base: str | None = None, service: tuple[
             {
                 "name": "stormservices.stormtopo.io",
                 "clientConfig": client_config(ca_bundle, STORMSERVICES_PATH, url_base, service),
-                "rules": [rule(AIBRIX, "stormservices", ["CREATE", "UPDATE"])],
+                "rules": [rule(AIBRIX, "stormservices", ["UPDATE"])],
                 "matchConditions": [{"name": "requests-topology", "expression": requests_topology_condition()}],
                 "failurePolicy": "Fail",  # only StormServices that ask for a topology
                 "sideEffects": "NoneOnDryRun",

@@ -377,7 +377,10 @@ def chart_named(objects: tuple[dict[str, Any], ...], release: str = "rel") -> tu
 def test_registered_webhooks_and_policies_are_ok_by_the_operators_names_and_the_charts() -> None:
     finding = only(check_admission(healthy()), Level.OK)
     assert "MutatingWebhookConfiguration stormtopo, ValidatingWebhookConfiguration stormtopo" in finding.found
-    assert "admission policies stormtopo-opted-in-pods, stormtopo-constrained-podgroups with their bindings" in finding.found
+    assert (
+        "admission policies stormtopo-labelled-pods, stormtopo-opted-in-pods, stormtopo-constrained-podgroups with their bindings"
+        in finding.found
+    )
     finding = only(check_admission(healthy(admission=chart_named(REGISTERED))), Level.OK)
     assert "MutatingWebhookConfiguration rel-stormtopo" in finding.found and "rel-stormtopo-opted-in-pods" in finding.found
 
@@ -385,7 +388,7 @@ def test_registered_webhooks_and_policies_are_ok_by_the_operators_names_and_the_
 def test_a_missing_webhook_or_policy_is_an_error() -> None:
     left = tuple(o for o in REGISTERED if o["kind"] != "MutatingWebhookConfiguration")
     finding = only(check_admission(healthy(admission=left)), Level.ERROR)
-    assert "MutatingWebhookConfiguration with podgroups.stormtopo.io, pods.stormtopo.io" in finding.found
+    assert "MutatingWebhookConfiguration with opt-in.stormservices.stormtopo.io, podgroups.stormtopo.io, pods.stormtopo.io" in finding.found
     assert "no task, gang or networkTopology" in finding.found and "install the chart" in finding.todo
     left = tuple(o for o in REGISTERED if not o["metadata"]["name"].endswith("opted-in-pods"))
     finding = only(check_admission(healthy(admission=left)), Level.ERROR)

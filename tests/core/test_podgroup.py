@@ -149,3 +149,17 @@ def test_the_webhook_lets_a_hold_go_at_the_moves_deadline_as_the_reconciler_does
     # Recorded by a clock far ahead (a leader's clock gone wrong): not held for as long as it was ahead.
     ahead = admit_podgroup(podgroup, rs, soft, CLUSTER, now=began.timestamp() - 3600).patch
     assert {"op": "add", "path": "/spec/networkTopology", "value": {"mode": "soft", "highestTierAllowed": 2}} in ahead
+
+
+def test_a_pod_of_a_service_that_opted_out_loses_the_opt_in_label_and_nothing_else() -> None:
+    """Its role templates keep stormtopo.io/opted-in (taking it off would roll every replica): the pod
+    goes as if stormtopo were not installed, out of the labelled-pods policy's reach."""
+    pod = {"metadata": {"labels": {"role-name": "decode", "stormtopo.io/opted-in": "true"}}, "spec": {}}
+    decision = admit_pod(pod, aibrix_roleset(), stormservice("svc", "ns"), CLUSTER)
+    assert decision.allowed and decision.patch == [{"op": "remove", "path": "/metadata/labels/stormtopo.io~1opted-in"}]
+    # Still opted in: the label stays, and the pod is admitted into its gang.
+    decision = admit_pod(pod, aibrix_roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER)
+    assert not any(op["op"] == "remove" for op in decision.patch)
+    assert {"op": "add", "path": "/metadata/labels/stormtopo.io~1admitted", "value": "true"} in decision.patch
+    # A StormService nobody could find: nothing changes (the policy holds the pod until stormtopo knows).
+    assert admit_pod(pod, aibrix_roleset(), None, CLUSTER).patch == []

@@ -133,6 +133,12 @@ def test_operator_under_the_charts_service_account_with_leader_election(chart_cl
         ("create", "hypernodes.topology.volcano.sh"),
     ):
         assert kubectl(state, "auth", "can-i", verb, resource, "-A", f"--as={who}").stdout.strip() == "no", (verb, resource)
+    # The uninstall hook frees the pods of StormServices created opted in: it may delete that one binding, no other.
+    bindings = "validatingadmissionpolicybindings.admissionregistration.k8s.io"
+    for binding, allowed in ((f"{SA}-labelled-pods", "yes"), (f"{SA}-opted-in-pods", "no"), ("someone-elses", "no")):
+        assert kubectl(state, "auth", "can-i", "delete", f"{bindings}/{binding}", f"--as={who}").stdout.strip() == allowed, binding
+    for verb in ("create", "patch", "list"):
+        assert kubectl(state, "auth", "can-i", verb, f"{bindings}/{SA}-labelled-pods", f"--as={who}").stdout.strip() == "no", verb
     denied = kubectl(state, "get", "secrets", "-n", NAMESPACE, kubeconfig=sa_kubeconfig)
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
 

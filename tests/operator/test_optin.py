@@ -28,11 +28,13 @@ from stormtopo.core.optin import (
     confirmed,
     expiry_verdict,
     gate_listing,
+    labelled,
     listing,
+    opt_in_patch,
     opted_in_key,
     split_key,
 )
-from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE, SCOPE
+from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE, OPTED_IN_LABEL, SCOPE
 from stormtopo.devenv import processes, webhook_auth
 from stormtopo.devenv.cluster import operator_env
 from stormtopo.kube.client import ApiError
@@ -50,9 +52,18 @@ def service(name: str = "svc", annotations: Mapping[str, str] | None = None, ver
 
 
 # -- what a review may list (pure) ---------------------------------------------------------------
-def test_a_create_of_a_new_stormservice_is_listed_with_its_scope() -> None:
-    assert gate_listing("CREATE", service(annotations=HARD), None, None)[0] == "RoleSet"
-    assert gate_listing("CREATE", service(annotations={**HARD, SCOPE: "StormService"}), None, None)[0] == "StormService"
+def test_an_opt_in_by_update_is_listed_with_its_scope() -> None:
+    stored = service()
+    assert gate_listing("UPDATE", service(annotations=HARD), stored, stored)[0] == "RoleSet"
+    assert gate_listing("UPDATE", service(annotations={**HARD, SCOPE: "StormService"}), stored, stored)[0] == "StormService"
+
+
+def test_a_create_lists_nothing_its_role_templates_carry_the_label() -> None:
+    """Issue 42, item 1: a new StormService is held by the opt-in label the mutating webhook puts on its
+    role templates; the gate lists no create, genuine or made up."""
+    want, why = gate_listing("CREATE", service(annotations=HARD), None, None)
+    assert want is None and "label" in why
+    assert gate_listing("CREATE", service(annotations=HARD), None, service())[0] is None
 
 
 def test_a_service_that_asks_for_healing_is_listed_as_movable_and_only_then() -> None:
@@ -64,18 +75,10 @@ def test_a_service_that_asks_for_healing_is_listed_as_movable_and_only_then() ->
     assert MOVABLE == "+heal"  # the chart's policy (templates/admission-policy.yaml) reads it by this text
 
 
-def test_a_create_of_a_stormservice_that_exists_lists_nothing() -> None:
-    """Another tenant's plain StormService named in a made-up create; also a real create that then
-    fails with AlreadyExists (a lesser finding of issue 20)."""
-    want, why = gate_listing("CREATE", service(annotations=HARD), None, service())
-    assert want is None and "exists already" in why
-
-
 def test_the_gate_never_unlists() -> None:
     """A review without annotations once unlisted a genuine opted-in StormService."""
-    for operation in ("CREATE", "UPDATE"):
-        want, why = gate_listing(operation, service(), service(annotations=HARD), service(annotations=HARD))
-        assert want is None and "never unlists" in why
+    want, why = gate_listing("UPDATE", service(), service(annotations=HARD), service(annotations=HARD))
+    assert want is None and "never unlists" in why
 
 
 def test_an_update_is_listed_only_if_its_old_object_is_the_stored_one() -> None:
@@ -121,6 +124,55 @@ def test_confirmed_means_stored_with_a_request() -> None:
     assert expiry_verdict(service(), "RoleSet") == "unlist-refuted"
     # Never widened by the sweep (its read may be stale beside another replica's reconciler): kept.
     assert expiry_verdict(service(annotations={**HARD, HEAL_ANNOTATION: "true"}), "RoleSet") == "keep"
+
+
+# -- the opt-in label on role templates (pure) ---------------------------------------------------
+def with_roles(svc: dict[str, Any], *templates: dict[str, Any] | None) -> dict[str, Any]:
+    roles = [{"name": f"r{i}", **({"template": t} if t is not None else {})} for i, t in enumerate(templates)]
+    svc["spec"] = {"template": {"spec": {"roles": roles}}}
+    return svc
+
+
+def apply_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """The few JSON patch "add" operations the mutating webhook writes, applied as the API server would."""
+    out = json.loads(json.dumps(obj))
+    for op in ops:
+        assert op["op"] == "add"
+        *parents, last = [k.replace("~1", "/").replace("~0", "~") for k in op["path"].split("/")[1:]]
+        node: Any = out
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[last] = op["value"]
+    return out
+
+
+def test_a_new_opted_in_service_gets_the_label_on_every_role_template_and_keeps_its_own() -> None:
+    """Issue 42, item 1: the create writes nothing but itself; every shape a role template comes in."""
+    new = with_roles(service(annotations=HARD), {"metadata": {"labels": {"app": "x"}}}, {"metadata": {}}, {}, None)
+    assert not labelled(new) and listing(new) == "RoleSet"
+    ops = opt_in_patch("CREATE", new, None)
+    patched = apply_patch(new, ops)
+    assert labelled(patched) and listing(patched) is None  # held by its label: nothing to list
+    assert patched["spec"]["template"]["spec"]["roles"][0]["template"]["metadata"]["labels"] == {"app": "x", OPTED_IN_LABEL: "true"}
+    assert opt_in_patch("CREATE", patched, None) == []  # reinvoked: nothing more
+    assert opt_in_patch("CREATE", with_roles(service(), {}), None) == []  # never opted in: untouched
+    healing = with_roles(service(annotations={**HARD, HEAL_ANNOTATION: "true"}), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
+    assert listing(healing) == "RoleSet" + MOVABLE  # listed only for the eviction policy
+    assert not labelled(service(annotations=HARD))  # no roles: nothing held by a label, listed as before
+
+
+def test_an_update_keeps_the_label_only_where_the_stored_version_had_it_on_every_role() -> None:
+    """A re-apply of a manifest without the label (server-side apply drops it) or a new role: labelled
+    again, so the update rolls nothing. An opt-in by update: untouched (labelling would roll every
+    replica), listed by the gate instead."""
+    old = with_roles(service(annotations=HARD), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
+    reapplied = with_roles(service(annotations=HARD), {"metadata": {"labels": {"app": "x"}}}, {})
+    assert labelled(apply_patch(reapplied, opt_in_patch("UPDATE", reapplied, old)))
+    plain_before = with_roles(service(), {"metadata": {"labels": {"app": "x"}}})
+    opting = with_roles(service(annotations=HARD), {"metadata": {"labels": {"app": "x"}}})
+    assert opt_in_patch("UPDATE", opting, plain_before) == []
+    assert gate_listing("UPDATE", opting, plain_before, plain_before)[0] == "RoleSet"
+    assert opt_in_patch("DELETE", reapplied, old) == []
 
 
 # -- the bound and expiry (pure) -----------------------------------------------------------------
@@ -260,35 +312,46 @@ def review(operation: str, obj: dict[str, Any], old: dict[str, Any] | None = Non
     return {"uid": "r", "operation": operation, "namespace": obj["metadata"]["namespace"], "object": obj, "oldObject": old, **extra}
 
 
-def test_made_up_names_beyond_the_bound_are_refused_and_expire() -> None:
+def opting_in(cluster: Cluster | None, name: str, namespace: str = "ns", indexed: bool = True) -> dict[str, Any]:
+    """The review of an update that opts a plain StormService in (stored at version 7, put in `cluster`)."""
+    old = service(name, version="7", uid=f"u-{name}")
+    old["metadata"]["namespace"] = namespace
+    if cluster is not None:
+        cluster.put(old, indexed)
+    new = service(name, HARD, version="7", uid=f"u-{name}")
+    new["metadata"]["namespace"] = namespace
+    return review("UPDATE", new, old)
+
+
+def opted_in(name: str, version: str = "8") -> dict[str, Any]:
+    """The StormService as stored once the update of `opting_in` happened."""
+    return service(name, HARD, version=version, uid=f"u-{name}")
+
+
+def test_made_up_creates_list_nothing_read_nothing_and_take_no_room() -> None:
+    """Issues 42 and 43: a thousand creates made up for names nobody uses (or genuine ones) cost no
+    write, no API read and no room among the unconfirmed listings; a genuine opt-in by update goes on."""
+
     async def scenario() -> None:
-        gate, api, cluster, clock = make_gate(limit=4)
+        gate, api, cluster, _ = make_gate(limit=4)
         answers = [await gate.review(review("CREATE", service(f"made-up-{i}", HARD))) for i in range(1000)]
-        assert answers[:4] == [None] * 4
-        assert all(a is not None and "retry in 10 s" in a for a in answers[4:])
-        assert len(api.data or {}) == 4 and api.writes == 4
-        assert cluster.reads == 0  # a create reads nothing from the API server: the sweep checks what it listed
-        clock.now += 9.0
-        await gate.sweep()
-        assert len(api.data or {}) == 4  # not due yet
-        clock.now += 1.0
-        await gate.sweep()
-        assert api.data == {} and gate.unconfirmed.since == {}
-        assert await gate.review(review("CREATE", service("made-up-next", HARD))) is None  # room again
+        assert answers == [None] * 1000
+        assert api.data is None and api.writes == 0 and cluster.reads == 0 and gate.unconfirmed.since == {}
+        assert await gate.review(opting_in(cluster, "real")) is None
+        assert api.data == {"ns.real": "RoleSet"}
 
     asyncio.run(scenario())
 
 
-def test_a_genuine_create_is_confirmed_by_its_watch_event_and_frees_its_slot() -> None:
+def test_an_opt_in_is_confirmed_by_its_watch_event_and_frees_its_slot() -> None:
     async def scenario() -> None:
         gate, api, cluster, clock = make_gate(limit=1)
-        genuine = service("real", HARD)
-        assert await gate.review(review("CREATE", genuine)) is None
+        assert await gate.review(opting_in(cluster, "real")) is None
         assert api.data == {"ns.real": "RoleSet"}
-        cluster.put(genuine)  # its ADDED event
-        assert await gate.review(review("CREATE", service("another", HARD))) is None  # the slot was freed
+        cluster.put(opted_in("real"))  # its MODIFIED event
+        assert await gate.review(opting_in(cluster, "another")) is None  # the slot was freed
         clock.now += 30.0
-        cluster.put(service("another", HARD), indexed=False)  # stored, its event late: the API read confirms it
+        cluster.put(opted_in("another"), indexed=False)  # stored, its event late: the API read confirms it
         await gate.sweep()
         assert api.data == {"ns.real": "RoleSet", "ns.another": "RoleSet"}
 
@@ -301,39 +364,36 @@ def test_each_namespace_keeps_its_own_list_and_the_policy_reads_the_pods_own() -
     the pod's namespace) and looks the pod's StormService up by its name."""
 
     async def scenario() -> None:
-        gate, api, _, _ = make_gate(limit=8)
+        gate, api, cluster, _ = make_gate(limit=8)
         for namespace in ("team-a", "team-b"):
-            svc = service("svc", HARD)
-            svc["metadata"]["namespace"] = namespace
-            assert await gate.review(review("CREATE", svc)) is None
+            assert await gate.review(opting_in(cluster, "svc", namespace)) is None
         assert api.lists == {"team-a": {"svc": "RoleSet"}, "team-b": {"svc": "RoleSet"}}
         assert set(api.paths) == {f"/api/v1/namespaces/{ns}/configmaps" for ns in ("team-a", "team-b")}  # created, each its own
 
     asyncio.run(scenario())
-    policy, binding = admission_policy()[:2]
+    policy, binding = admission_policy()[2:4]
     assert binding["spec"]["paramRef"] == {"name": "stormtopo-opted-in", "parameterNotFoundAction": "Allow"}
     key = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "key")
     assert "object.metadata.namespace" not in key and "['storm-service-name']" in key
 
 
 def test_a_burst_beyond_the_bound_waits_for_the_watch_instead_of_being_refused() -> None:
-    """Issue 42, item 2: a burst is not an attack. With the unconfirmed listings at their bound, a create
-    waits (up to ROOM_WAIT) for the watch to confirm one, and is listed; made-up names are still refused."""
+    """Issue 42, item 2: a burst is not an attack. With the unconfirmed listings at their bound, an opt-in
+    waits (up to ROOM_WAIT) for the watch to confirm one, and is listed; beyond that it is refused."""
 
     async def scenario() -> None:
         gate, api, cluster, _ = make_gate(limit=1, room_wait=2.0)
-        first = service("first", HARD)
-        assert await gate.review(review("CREATE", first)) is None
+        assert await gate.review(opting_in(cluster, "first")) is None
 
         async def its_watch_event() -> None:
             await asyncio.sleep(0.2)
-            cluster.put(first)  # stored and watched: confirms the first listing
+            cluster.put(opted_in("first"))  # stored and watched: confirms the first listing
 
         event = asyncio.create_task(its_watch_event())
-        assert await gate.review(review("CREATE", service("second", HARD))) is None  # waited, then listed
+        assert await gate.review(opting_in(cluster, "second")) is None  # waited, then listed
         await event
         assert api.data == {"ns.first": "RoleSet", "ns.second": "RoleSet"}
-        refused = await gate.review(review("CREATE", service("made-up", HARD)))  # nothing confirms "second"
+        refused = await gate.review(opting_in(cluster, "third"))  # nothing confirms "second"
         assert refused is not None and "not confirmed yet" in refused
 
     asyncio.run(scenario())
@@ -348,45 +408,47 @@ def test_a_burst_that_outruns_a_lagging_watch_is_confirmed_by_reading_the_oldest
     async def scenario() -> None:
         gate, api, cluster, clock = make_gate(limit=2, room_wait=2.0)
         for name in ("first", "second"):
-            created = service(name, HARD)
-            assert await gate.review(review("CREATE", created)) is None
-            cluster.put(created, indexed=False)  # stored; its watch event not delivered yet
+            assert await gate.review(opting_in(cluster, name)) is None
+            cluster.put(opted_in(name), indexed=False)  # stored; its watch event not delivered yet
         await gate.sweep()
-        assert cluster.reads == 0  # nobody waits for room: nothing is read before the listings fall due
+        reads = cluster.reads
+        await gate.sweep()
+        assert cluster.reads == reads  # nobody waits for room: nothing is read before the listings fall due
         clock.now += 1.0
         sweeping = asyncio.create_task(gate.run(interval=0.05))
         try:
-            assert await gate.review(review("CREATE", service("third", HARD))) is None  # waited, then listed
+            assert await gate.review(opting_in(cluster, "third")) is None  # waited, then listed
         finally:
             sweeping.cancel()
         assert api.data == {"ns.first": "RoleSet", "ns.second": "RoleSet", "ns.third": "RoleSet"}
         assert set(gate.unconfirmed.since) == {"ns.third"}
 
         gate, api, cluster, clock = make_gate(limit=1, room_wait=0.3)
-        assert await gate.review(review("CREATE", service("made-up", HARD))) is None  # never stored
+        assert await gate.review(opting_in(cluster, "refused-after")) is None  # never stored with its request
         clock.now += 1.0
+        reads = cluster.reads
         sweeping = asyncio.create_task(gate.run(interval=0.05))
         try:
-            refused = await gate.review(review("CREATE", service("genuine", HARD)))
+            refused = await gate.review(opting_in(cluster, "genuine"))
         finally:
             sweeping.cancel()
         assert refused is not None and "not confirmed yet" in refused
-        assert set(gate.unconfirmed.since) == {"ns.made-up"} and cluster.reads == 1  # read again only after READ_AGAIN
+        assert set(gate.unconfirmed.since) == {"ns.refused-after"}
+        assert cluster.reads - reads == 1  # the listing read once: again only after READ_AGAIN
 
-        # Listings never stored (made up, or refused after this webhook) do not keep the genuine ones behind
-        # them from being read: each is read again only after READ_AGAIN, the next oldest meanwhile.
+        # Listings never confirmed do not keep the genuine ones behind them from being read: each is read
+        # again only after READ_AGAIN, the next oldest meanwhile.
         gate, api, cluster, clock = make_gate(limit=16, room_wait=2.0)
         for i in range(8):
-            assert await gate.review(review("CREATE", service(f"rejected-{i}", HARD))) is None
+            assert await gate.review(opting_in(cluster, f"rejected-{i}")) is None
         clock.now += 0.1
         for i in range(8):
-            created = service(f"genuine-{i}", HARD)
-            assert await gate.review(review("CREATE", created)) is None
-            cluster.put(created, indexed=False)
+            assert await gate.review(opting_in(cluster, f"genuine-{i}")) is None
+            cluster.put(opted_in(f"genuine-{i}"), indexed=False)
         clock.now += 1.0
         sweeping = asyncio.create_task(gate.run(interval=0.05))
         try:
-            assert await gate.review(review("CREATE", service("next", HARD))) is None
+            assert await gate.review(opting_in(cluster, "next")) is None
         finally:
             sweeping.cancel()
         assert not any(k.startswith("ns.genuine") for k in gate.unconfirmed.since)
@@ -437,55 +499,14 @@ def test_a_forged_create_or_stale_update_of_another_tenants_service_lists_nothin
     asyncio.run(scenario())
 
 
-def test_a_create_made_up_for_a_name_a_tenant_then_uses_is_taken_back_at_its_watch_event() -> None:
-    """Issue 43, item 4: a review made up for a name before its tenant creates it (a plain StormService)
-    is listed; once the watch shows that name under another uid than the review's, the next sweep takes
-    it back at once, not CONFIRM_SECONDS later, and refutes no version (the tenant may opt in later)."""
-
-    async def scenario() -> None:
-        gate, api, cluster, clock = make_gate()
-        for uid in ("made-up", ""):  # the review names a uid of its own, or none
-            assert await gate.review(review("CREATE", service("newbie", HARD, uid=uid))) is None
-            assert api.data == {"ns.newbie": "RoleSet"}
-            await gate.sweep()
-            assert api.data == {"ns.newbie": "RoleSet"}  # nothing of the name exists yet: kept until due
-            cluster.put(service("newbie", version="3", uid="u-tenant"))  # the tenant's create, never opted in
-            clock.now += 0.5
-            await gate.sweep()
-            assert not api.data and gate.unconfirmed.since == {} and gate.unconfirmed.claims == {}
-            assert "ns.newbie" not in gate.unconfirmed.refuted
-            cluster.index.clear()
-            cluster.stored.clear()
-
-    asyncio.run(scenario())
-
-
-def test_before_the_index_has_caught_up_a_create_reads_the_api_server() -> None:
-    """A restarting replica serves reviews before its first list is done: there the index's silence
-    means nothing, and a made-up create of an existing plain service must not list it."""
-
-    async def scenario() -> None:
-        gate, api, cluster, _ = make_gate()
-        caught_up = False
-        gate.caught_up = lambda: caught_up
-        cluster.put(service("plain", version="3", uid="u-plain"), indexed=False)  # stored; not read yet
-        assert await gate.review(review("CREATE", service("plain", HARD, uid="made-up"))) is None
-        assert api.data is None and cluster.reads == 1
-        caught_up = True
-        assert await gate.review(review("CREATE", service("new", HARD, uid="u-new"))) is None
-        assert api.data == {"ns.new": "RoleSet"} and cluster.reads == 1  # caught up: no read for a create
-
-    asyncio.run(scenario())
-
-
 def test_a_sweep_whose_read_was_overtaken_judges_nothing() -> None:
     """The listing is confirmed (or claimed again) while the sweep reads the API server: what it read
     then says nothing of the listing now, and it is left alone."""
 
     async def scenario() -> None:
         gate, api, cluster, clock = make_gate()
-        assert await gate.review(review("CREATE", service("svc", HARD, uid="made-up"))) is None
-        cluster.put(service("svc", version="3", uid="u-tenant"))  # another uid: contradicted
+        assert await gate.review(opting_in(cluster, "svc")) is None  # claimed for u-svc
+        cluster.put(service("svc", version="3", uid="u-tenant"))  # deleted and made again, plain: contradicted
         real_read = cluster.read
 
         async def read_while_it_opts_in(namespace: str, name: str) -> dict[str, Any] | None:
@@ -494,7 +515,7 @@ def test_a_sweep_whose_read_was_overtaken_judges_nothing() -> None:
             opted = service("svc", HARD, version="4", uid="u-tenant")
             assert await gate.review(review("UPDATE", opted, service("svc", version="3", uid="u-tenant"))) is None
             cluster.put(opted)  # stored, and its event confirms the listing at the next review
-            assert await gate.review(review("CREATE", service("other", HARD, uid="u-other"))) is None
+            assert await gate.review(opting_in(cluster, "other")) is None
             assert "ns.svc" not in gate.unconfirmed.since
             return found
 
@@ -538,16 +559,15 @@ def test_a_change_still_being_written_is_not_skipped_as_already_so() -> None:
     asyncio.run(scenario())
 
 
-def test_a_genuine_create_is_not_taken_back_while_the_watch_lags_a_recreate() -> None:
-    """The watch may show a StormService of the name created and deleted before the new one (another
-    uid, no request) after the new one's genuine review was listed: the API server's answer decides,
-    and keeps it."""
+def test_a_genuine_opt_in_is_not_taken_back_while_the_watch_lags_a_recreate() -> None:
+    """The watch may still show a StormService of the name deleted before the new one (another uid, no
+    request) when the new one's genuine opt-in is listed: the API server's answer decides, and keeps it."""
 
     async def scenario() -> None:
         gate, api, cluster, clock = make_gate()
-        assert await gate.review(review("CREATE", service("svc", HARD, uid="u-new"))) is None
-        cluster.put(service("svc", version="3", uid="u-old"))  # the old one's ADDED event, late
-        cluster.put(service("svc", HARD, version="9", uid="u-new"), indexed=False)
+        cluster.put(service("svc", version="3", uid="u-old"))  # the old one, as the lagging watch still has it
+        assert await gate.review(opting_in(cluster, "svc", indexed=False)) is None  # read from the API server
+        cluster.put(opted_in("svc"), indexed=False)
         clock.now += 0.5
         await gate.sweep()
         assert api.data == {"ns.svc": "RoleSet"} and "ns.svc" in gate.unconfirmed.since
@@ -683,21 +703,21 @@ def test_a_burst_in_one_namespace_goes_in_a_few_writes_and_each_caller_returns_o
 
 def test_a_failed_write_refuses_and_releases_its_slot() -> None:
     async def scenario() -> None:
-        gate, api, _, _ = make_gate(limit=1)
+        gate, api, cluster, _ = make_gate(limit=1)
         api.fail = True
-        answer = await gate.review(review("CREATE", service("a", HARD)))
+        answer = await gate.review(opting_in(cluster, "a"))
         assert answer is not None and "retry" in answer
         assert gate.unconfirmed.since == {}
         api.fail = False
-        assert await gate.review(review("CREATE", service("a", HARD))) is None
+        assert await gate.review(opting_in(cluster, "a")) is None
 
     asyncio.run(scenario())
 
 
 def test_a_dry_run_lists_nothing() -> None:
     async def scenario() -> None:
-        gate, api, _, _ = make_gate()
-        assert await gate.review(review("CREATE", service("a", HARD), dryRun=True)) is None
+        gate, api, cluster, _ = make_gate()
+        assert await gate.review({**opting_in(cluster, "a"), "dryRun": True}) is None
         assert api.data is None
 
     asyncio.run(scenario())
@@ -705,8 +725,8 @@ def test_a_dry_run_lists_nothing() -> None:
 
 def test_the_sweep_survives_a_failing_api_server() -> None:
     async def scenario() -> None:
-        gate, api, _, clock = make_gate()
-        assert await gate.review(review("CREATE", service("a", HARD))) is None
+        gate, api, cluster, clock = make_gate()
+        assert await gate.review(opting_in(cluster, "a")) is None  # and the update never comes
         clock.now += 20.0
         api.fail = True
         running = asyncio.create_task(gate.run(interval=0.01))
@@ -781,14 +801,15 @@ def test_with_a_client_ca_the_gate_answers_only_callers_with_its_certificate(tmp
     cert, key, server_ca, client_ca = _tls_files(tmp_path)
     api = FakeApi()
     index = FakeIndex(api)
-    gate = Gate(OptedInList(api), lambda ns, n: None, _absent)  # type: ignore[arg-type]
+    cluster = Cluster()
+    gate = Gate(OptedInList(api), cluster.indexed, cluster.read)  # type: ignore[arg-type]
     app = webhook.build_app(index, OptedInList(api), client_ca=str(tmp_path / "client-ca.crt"), gate=gate)  # type: ignore[arg-type]
     context = webhook.tls_context(cert, key, client_ca=str(tmp_path / "client-ca.crt"))
     port = processes.free_port()
     loop, runner = _serve(app, context, port)
     stranger_ca = certificates.new_ca("stranger")
     try:
-        body = {"request": review("CREATE", service("new", HARD))}
+        body = {"request": opting_in(cluster, "new")}
 
         def post(client: certificates.KeyPair | None) -> dict[str, Any]:
             return loop.run_until_complete(

@@ -11,15 +11,14 @@ from stormtopo.core.diagnosis.findings import Finding, Level, _names, _plural
 from stormtopo.core.diagnosis.snapshot import ServiceSample, Snapshot
 from stormtopo.core.gang import template_spec
 from stormtopo.core.moves import moving_tier
-from stormtopo.core.optin import listing
 from stormtopo.core.podgroup import desired_fields, service_fields, service_group_name
-from stormtopo.core.request import RequestError, Scope, TopologyRequest, request_of
+from stormtopo.core.request import RequestError, Scope, TopologyRequest, request_of, written_scope
 
 
 def podgroup_names(stormservice: Mapping[str, Any], rolesets: Iterable[Mapping[str, Any]]) -> list[str]:
     """The PodGroups whose networkTopology `check_podgroups` compares: each replica's, or the service's own
     with scope StormService (what the shell reads)."""
-    if (listing(stormservice) or "").startswith(Scope.STORMSERVICE.value):
+    if written_scope(stormservice["metadata"].get("annotations")) is Scope.STORMSERVICE:
         return [service_group_name(stormservice["metadata"]["name"])]
     return sorted(str(r["metadata"]["name"]) for r in rolesets)
 

@@ -8,14 +8,16 @@ from typing import Any
 
 from stormtopo.core.diagnosis.findings import Finding, Level, _names
 from stormtopo.core.diagnosis.snapshot import Snapshot
-from stormtopo.core.optin import PODGROUPS_POLICY, PODS_POLICY
+from stormtopo.core.optin import LABELLED_PODS_POLICY, PODGROUPS_POLICY, PODS_POLICY
 
 # Why each admission object matters, by its kind (webhook configurations) or name (policies).
 _CONSEQUENCE = {
-    "MutatingWebhookConfiguration": "opted-in pods and PodGroups get no task, gang or networkTopology at admission",
-    "ValidatingWebhookConfiguration": "a new opted-in StormService is not listed before it exists, so its pods are not held while "
-    "stormtopo is down",
-    PODS_POLICY: "pods of opted-in StormServices are not held while stormtopo is down, and may be placed unconstrained",
+    "MutatingWebhookConfiguration": "opted-in pods and PodGroups get no task, gang or networkTopology at admission, and a new "
+    "opted-in StormService's role templates no opt-in label",
+    "ValidatingWebhookConfiguration": "a StormService opted in by an update is not listed before its new pods come, so they are not "
+    "held while stormtopo is down",
+    LABELLED_PODS_POLICY: "pods of StormServices created opted in are not held while stormtopo is down, and may be placed unconstrained",
+    PODS_POLICY: "pods of StormServices opted in by an update are not held while stormtopo is down, and may be placed unconstrained",
     PODGROUPS_POLICY: "an update may strip networkTopology from a constrained PodGroup while stormtopo is down",
 }
 
