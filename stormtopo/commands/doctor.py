@@ -34,7 +34,7 @@ from stormtopo.core.request import is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator.leader import LEASE_NAME
-from stormtopo.operator.webhook import configuration  # what stormtopo registers: the checks look for exactly that
+from stormtopo.operator.webhook import configuration, served_label_policy  # what stormtopo registers: the checks look for that
 
 T = TypeVar("T")
 CORE = ("", "v1")
@@ -115,6 +115,14 @@ def read_snapshot(api: Api, scheduler_config: Source | None = None) -> Snapshot:
     ):
         # Items of a list carry no kind: set it, the checks match by it.
         admission += [{**o, "kind": kind} for o in _attempt(partial(api.list_objects, ADMISSION, plural), unreadable, "admission") or []]
+    label_policy = _attempt(lambda: served_label_policy(api), unreadable, "admission")
+    if label_policy:
+        for plural, kind in (
+            ("mutatingadmissionpolicies", "MutatingAdmissionPolicy"),
+            ("mutatingadmissionpolicybindings", "MutatingAdmissionPolicyBinding"),
+        ):
+            listed = _attempt(partial(api.list_objects, (ADMISSION[0], label_policy), plural), unreadable, "admission")
+            admission += [{**o, "kind": kind} for o in listed or []]
     leases = _attempt(
         lambda: api.raw_list("/apis/coordination.k8s.io/v1/leases", fieldSelector=f"metadata.name={LEASE_NAME}"), unreadable, "leases"
     )
@@ -128,7 +136,7 @@ def read_snapshot(api: Api, scheduler_config: Source | None = None) -> Snapshot:
         podgroup_schema=schema,
         images=tuple(images),
         admission=tuple(admission),
-        expected_admission=tuple(configuration(b"")),
+        expected_admission=tuple(configuration(b"", label_policy=label_policy)),
         lease_name=LEASE_NAME,
         leases=tuple(leases or ()),
         services=services,

@@ -447,6 +447,7 @@ class _Starter:
                 f"--admission-control-config-file={self.admission_config}",
                 "--allow-privileged=true",
                 "--profiling=false",
+                *mutating_policy_flags(components.COMPONENTS["kube-apiserver"].version),
                 *self._audit_flags(),
                 "--v=1",
             ],
@@ -629,6 +630,15 @@ KWOK_STAGES = (
 def kwok_stages() -> str:
     root = components.module_dir_of("kwok", "sigs.k8s.io/kwok", components.KWOK_VERSION)
     return "\n---\n".join((root / stage).read_text() for stage in KWOK_STAGES)
+
+
+def mutating_policy_flags(version: str) -> list[str]:
+    """MutatingAdmissionPolicy, which labels a new opted-in StormService's role templates inside the API server
+    (core/optin.py): beta and off by default in v1.34 and v1.35, on from v1.36; before v1.34 the webhook does it."""
+    major, minor = (int(part) for part in version.lstrip("v").split(".")[:2])
+    if (major, minor) in ((1, 34), (1, 35)):
+        return ["--feature-gates=MutatingAdmissionPolicy=true", "--runtime-config=admissionregistration.k8s.io/v1beta1=true"]
+    return []
 
 
 def kube_scheduler_ready_path(version: str) -> str:

@@ -405,7 +405,8 @@ async def _register_when_watching(
     if config.register_webhook:
         ref = config.webhook_service
         service = (ref.namespace, ref.name, ref.port) if ref else None
-        configuration = webhook.configuration(ca, url_base=config.webhook_url_base, service=service)
+        label_policy = await asyncio.to_thread(webhook.served_label_policy, api)
+        configuration = webhook.configuration(ca, url_base=config.webhook_url_base, service=service, label_policy=label_policy)
         await asyncio.to_thread(webhook.register, api, configuration)
     # Everything loaded so far (kopf, aiohttp, the modules, the first lists) lives as long as the
     # process: out of the collector's reach, a full collection no longer scans it. Measured during

@@ -28,6 +28,7 @@ from stormtopo.core.vocabulary import (
     AIBRIX,
     HOSTNAME_LABEL,
     MOVES_ANNOTATION,
+    OPTED_IN_LABEL,
     PODGROUP_CRD,
     REPLICA_SPREAD_TIER,
     REPLICA_SPREAD_TIER_NAME,
@@ -146,7 +147,13 @@ def _slim_role(role: Mapping[str, Any]) -> dict[str, Any]:
     kept["template"] = {"spec": {"containers": [{"resources": c.get("resources") or {}} for c in pod_spec.get("containers") or []]}}
     if pod_spec.get("priorityClassName"):  # the replica's PodGroup carries it (core/priority.py)
         kept["template"]["spec"]["priorityClassName"] = pod_spec["priorityClassName"]
+    labels = ((role.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    if OPTED_IN_LABEL in labels:  # held by its label, not listed (core/optin.py)
+        kept["template"]["metadata"] = _LABELLED
     return kept
+
+
+_LABELLED = {"labels": {OPTED_IN_LABEL: "true"}}  # shared by every labelled role the index keeps
 
 
 def service_key_of(roleset: Mapping[str, Any]) -> Key:

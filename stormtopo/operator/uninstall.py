@@ -137,7 +137,7 @@ def run(api: Api, stop: str | None = None, delete_webhooks: bool = False, labell
             deployment_namespace, _, name = stop.partition("/")
             stop_deployment(api, deployment_namespace, name)
         if delete_webhooks:
-            webhook.unregister(api, webhook.configuration(b"", url_base="https://unused"))
+            webhook.unregister(api, webhook.configuration(b"", url_base="https://unused", label_policy=webhook.served_label_policy(api)))
         delete_opted_in_lists(api)
         if labelled_pods_binding:
             release_labelled_pods(api, labelled_pods_binding)

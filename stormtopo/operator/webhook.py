@@ -28,10 +28,10 @@ from typing import Any
 from aiohttp import web
 
 from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint, joined_gang
-from stormtopo.core.optin import admission_policy, labels_roles_condition, opt_in_patch, requests_topology_condition
+from stormtopo.core.optin import admission_policy, labels_roles_condition, opt_in_label_policy, opt_in_patch, requests_topology_condition
 from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
-from stormtopo.kube.client import Api, NotFound
+from stormtopo.kube.client import Api, Forbidden, NotFound
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index
 from stormtopo.operator.optin import Gate, OptedInList
@@ -205,9 +205,13 @@ def client_config(ca_bundle: bytes, path: str, url_base: str | None, service: tu
     return config
 
 
-def configuration(ca_bundle: bytes, url_base: str | None = None, service: tuple[str, str, int] | None = None) -> list[dict[str, Any]]:
+def configuration(
+    ca_bundle: bytes, url_base: str | None = None, service: tuple[str, str, int] | None = None, label_policy: str | None = None
+) -> list[dict[str, Any]]:
     """Every admission object stormtopo registers: the mutating webhooks, the StormService gate, the
-    admission policies with their bindings (the opted-in lists are written per namespace, as services opt in)."""
+    admission policies with their bindings (the opted-in lists are written per namespace, as services opt in).
+    With `label_policy` (the version of MutatingAdmissionPolicy the API server serves), a policy labels new
+    opted-in StormServices' role templates inside the API server instead of the webhook."""
 
     def webhook(name: str, path: str, rule: dict[str, Any], label: str, conditions: list[dict[str, str]]) -> dict[str, Any]:
         return {
@@ -242,20 +246,26 @@ def configuration(ca_bundle: bytes, url_base: str | None = None, service: tuple[
                 # Volcano writes status through the main resource (the CRD has no status subresource): skip those.
                 [{"name": "spec-written", "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"}],
             ),
-            {
-                # A new opted-in StormService's role templates get the opt-in label, so its pods are held by
-                # the admission policy from the first on, with no list to write (core/optin.py).
-                "name": "opt-in.stormservices.stormtopo.io",
-                "clientConfig": client_config(ca_bundle, LABEL_ROLES_PATH, url_base, service),
-                "rules": [rule(AIBRIX, "stormservices", ["CREATE", "UPDATE"])],
-                "matchConditions": [{"name": "labels-roles", "expression": labels_roles_condition()}],
-                "failurePolicy": "Fail",  # only StormServices that ask for a topology, and lack the label
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": 5,
-                "matchPolicy": "Equivalent",
-                "reinvocationPolicy": "IfNeeded",
-            },
+            *(
+                []
+                if label_policy
+                else [
+                    {
+                        # A new opted-in StormService's role templates get the opt-in label, so its pods are held by
+                        # the admission policy from the first on, with no list to write (core/optin.py).
+                        "name": "opt-in.stormservices.stormtopo.io",
+                        "clientConfig": client_config(ca_bundle, LABEL_ROLES_PATH, url_base, service),
+                        "rules": [rule(AIBRIX, "stormservices", ["CREATE", "UPDATE"])],
+                        "matchConditions": [{"name": "labels-roles", "expression": labels_roles_condition()}],
+                        "failurePolicy": "Fail",  # only StormServices that ask for a topology, and lack the label
+                        "sideEffects": "None",
+                        "admissionReviewVersions": ["v1"],
+                        "timeoutSeconds": 5,
+                        "matchPolicy": "Equivalent",
+                        "reinvocationPolicy": "IfNeeded",
+                    }
+                ]
+            ),
         ],
     }
     gate = {
@@ -276,28 +286,44 @@ def configuration(ca_bundle: bytes, url_base: str | None = None, service: tuple[
             }
         ],
     }
-    return [mutating, gate, *admission_policy()]
+    return [mutating, gate, *admission_policy(), *(opt_in_label_policy(label_policy) if label_policy else [])]
 
 
-_PATHS = {
-    "MutatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}",
-    "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}",
-    "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{name}",
-    "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{name}",
+_PLURALS = {
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+    "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
 }
+
+
+def _path(obj: dict[str, Any]) -> str:
+    return f"/apis/{obj['apiVersion']}/{_PLURALS[obj['kind']]}/{obj['metadata']['name']}"
+
+
+def served_label_policy(api: Api) -> str | None:
+    """The version of MutatingAdmissionPolicy the API server serves (v1 from Kubernetes 1.36; v1beta1 in 1.34
+    and 1.35 where enabled), or None: then the webhook labels new opted-in StormServices' role templates."""
+    for version in ("v1", "v1beta1"):
+        try:
+            resources = api.request("GET", f"/apis/admissionregistration.k8s.io/{version}")
+        except (NotFound, Forbidden):
+            continue
+        if any(r.get("name") == "mutatingadmissionpolicies" for r in (resources or {}).get("resources") or []):
+            return version
+    return None
 
 
 def register(api: Api, objects: list[dict[str, Any]]) -> None:
     """Create or update each object by server-side apply (idempotent)."""
     for obj in objects:
-        meta = obj["metadata"]
-        path = _PATHS[obj["kind"]].format(namespace=meta.get("namespace", ""), name=meta["name"])
-        api.server_side_apply(path, obj, field_manager="stormtopo-operator")
+        api.server_side_apply(_path(obj), obj, field_manager="stormtopo-operator")
 
 
 def unregister(api: Api, objects: list[dict[str, Any]]) -> None:
     """Delete what `register` created (uninstall without the chart); one gone already is fine."""
     for obj in objects:
-        meta = obj["metadata"]
         with contextlib.suppress(NotFound):
-            api.request("DELETE", _PATHS[obj["kind"]].format(namespace=meta.get("namespace", ""), name=meta["name"]))
+            api.request("DELETE", _path(obj))

@@ -22,7 +22,14 @@ def chart_admission_objects() -> dict[str, Any]:
     for obj in objects:
         for hook in obj.get("webhooks") or []:
             hook["clientConfig"] = {"path": hook["clientConfig"]["url"]}
-    return {"_comment": "generated from stormtopo.operator.webhook.configuration by tests/deploy/test_safety_chart.py", "objects": objects}
+    # Where the API server serves MutatingAdmissionPolicy, the chart renders these instead of the webhook that
+    # labels new opted-in StormServices' role templates (templates/webhook.yaml sets their apiVersion).
+    label_policy = [o for o in webhook.configuration(b"", url_base="", label_policy="v1") if "MutatingAdmissionPolicy" in o["kind"]]
+    return {
+        "_comment": "generated from stormtopo.operator.webhook.configuration by tests/deploy/test_safety_chart.py",
+        "objects": objects,
+        "labelPolicy": label_policy,
+    }
 
 
 def test_the_charts_admission_objects_are_the_operators() -> None:

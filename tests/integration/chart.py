@@ -44,11 +44,12 @@ def kubectl(state: Path, *args: str, stdin: str | None = None, kubeconfig: Path 
     return subprocess.run(cmd, input=stdin, capture_output=True, text=True)
 
 
-def render(*sets: str, cluster: Path | None = None) -> str:
+def render(*sets: str, cluster: Path | None = None, api_versions: tuple[str, ...] = ()) -> str:
     """`helm template`; with `cluster` (a state dir) against it, as an install or upgrade renders: `lookup`
-    sees the installed objects."""
+    sees the installed objects; with `api_versions`, as for an API server that serves them too."""
     helm = components.ensure_binary("helm")
     cmd = [str(helm), "template", RELEASE, str(REPO / "deploy/helm/stormtopo"), "--namespace", NAMESPACE, "--kube-version", "1.35.3"]
+    cmd += [f"--api-versions={v}" for v in api_versions]
     if cluster is not None:
         cmd += ["--dry-run=server", f"--kubeconfig={cluster / 'kubeconfig'}"]
     for s in sets:

@@ -21,7 +21,7 @@ from kubernetes import client
 from stormtopo.core.optin import MOVABLE
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
-from stormtopo.core.vocabulary import HIGHEST_TIER, MANAGED_BY, MODE
+from stormtopo.core.vocabulary import HIGHEST_TIER, MANAGED_BY, MODE, OPTED_IN_LABEL
 from stormtopo.devenv import components, processes
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.nodes import node_manifests
@@ -179,7 +179,11 @@ def test_operator_under_the_charts_service_account_with_leader_election(chart_cl
         second = operator("op-b")
         admin.create_namespace("chart-ns")
         big = (Role("prefill", gpus=6), Role("decode", gpus=6))
-        admin.create(stormservice("sa-svc", "chart-ns", roles=big, annotations={MODE: "hard", HIGHEST_TIER: "1"}, volcano_strategy=False))
+        created = admin.create(
+            stormservice("sa-svc", "chart-ns", roles=big, annotations={MODE: "hard", HIGHEST_TIER: "1"}, volcano_strategy=False)
+        )
+        # Rendered for an API server without MutatingAdmissionPolicy: the webhook labels the role templates.
+        assert all(r["template"]["metadata"]["labels"][OPTED_IN_LABEL] == "true" for r in created["spec"]["template"]["spec"]["roles"])
         pods = admin.bound_pods("chart-ns", "storm-service-name=sa-svc", 2, timeout=90)
         leaf = topology.lowest_common_switch([p["spec"]["nodeName"] for p in pods])
         assert leaf is not None and leaf.tier == 1  # w0+w1 or w2+w3: one leaf
@@ -207,6 +211,23 @@ def _holder(read) -> str:  # type: ignore[no-untyped-def]
         return str(read()["spec"]["holderIdentity"])
     except Exception:
         return ""
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_where_the_api_server_serves_mutating_policies_a_policy_labels_new_opted_in_services_not_the_webhook(version: str) -> None:
+    """Issue 42, item 2: a create of an opted-in StormService then costs no webhook call."""
+    served = tuple(yaml.safe_load_all(render(api_versions=(f"admissionregistration.k8s.io/{version}/MutatingAdmissionPolicy",))))
+    policy = next(d for d in served if d and d["kind"] == "MutatingAdmissionPolicy")
+    binding = next(d for d in served if d and d["kind"] == "MutatingAdmissionPolicyBinding")
+    assert policy["apiVersion"] == binding["apiVersion"] == f"admissionregistration.k8s.io/{version}"
+    assert policy["metadata"]["name"] == binding["spec"]["policyName"] == f"{SA}-opt-in-label"
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    hooks = {h["name"] for d in served if d and d["kind"] == "MutatingWebhookConfiguration" for h in d["webhooks"]}
+    assert hooks == {"pods.stormtopo.io", "podgroups.stormtopo.io"}
+    older = tuple(yaml.safe_load_all(render()))  # Kubernetes 1.30-1.35 as shipped: the webhook does it
+    assert not any(d and "MutatingAdmissionPolicy" in d["kind"] for d in older)
+    hooks = {h["name"] for d in older if d and d["kind"] == "MutatingWebhookConfiguration" for h in d["webhooks"]}
+    assert "opt-in.stormservices.stormtopo.io" in hooks
 
 
 def test_generated_ca_is_kept_when_the_chart_is_rendered_again(chart_cluster: tuple[Path, DevCluster]) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from stormtopo.core.optin import labelled, listing
+from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, OPTED_IN_LABEL
+from stormtopo.devenv.workloads import stormservice
 from stormtopo.operator.index import LAST_APPLIED, service_key_of, slim
 
 
@@ -44,6 +47,19 @@ def test_slim_keeps_what_reconciliation_reads_and_drops_the_bulk() -> None:
     ]
     assert roleset["metadata"]["annotations"][LAST_APPLIED]  # the watched object itself is not changed
     assert service_key_of(roleset) == ("ns", "svc")
+
+
+def test_slim_keeps_the_opt_in_label_of_role_templates_so_a_labelled_service_stays_unlisted() -> None:
+    """Found by `python -m bench optin-creates`: the index dropped role templates' metadata, and the
+    reconciler listed 8,372 of 10,000 services created labelled."""
+    svc = stormservice("svc", "ns", annotations={MODE: "hard", HIGHEST_TIER: "1"})
+    for role in svc["spec"]["template"]["spec"]["roles"]:
+        role["template"]["metadata"]["labels"][OPTED_IN_LABEL] = "true"
+    kept = slim(svc)
+    assert labelled(kept) and listing(kept) is None
+    assert all(r["template"]["metadata"] == {"labels": {OPTED_IN_LABEL: "true"}} for r in kept["spec"]["template"]["spec"]["roles"])
+    plain = slim(stormservice("plain", "ns", annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+    assert not labelled(plain) and listing(plain) == "RoleSet"  # opted in by an update: listed
 
 
 def test_slim_keeps_a_podgroups_phase_and_conditions_for_placement_reports() -> None:

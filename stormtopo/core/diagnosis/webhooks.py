@@ -8,7 +8,7 @@ from typing import Any
 
 from stormtopo.core.diagnosis.findings import Finding, Level, _names
 from stormtopo.core.diagnosis.snapshot import Snapshot
-from stormtopo.core.optin import LABELLED_PODS_POLICY, PODGROUPS_POLICY, PODS_POLICY
+from stormtopo.core.optin import LABEL_POLICY, LABELLED_PODS_POLICY, PODGROUPS_POLICY, PODS_POLICY
 
 # Why each admission object matters, by its kind (webhook configurations) or name (policies).
 _CONSEQUENCE = {
@@ -18,6 +18,8 @@ _CONSEQUENCE = {
     "held while stormtopo is down",
     LABELLED_PODS_POLICY: "pods of StormServices created opted in are not held while stormtopo is down, and may be placed unconstrained",
     PODS_POLICY: "pods of StormServices opted in by an update are not held while stormtopo is down, and may be placed unconstrained",
+    LABEL_POLICY: "a new opted-in StormService's role templates get no opt-in label, so its pods are not held while stormtopo is "
+    "down until the operator lists it",
     PODGROUPS_POLICY: "an update may strip networkTopology from a constrained PodGroup while stormtopo is down",
 }
 
@@ -66,10 +68,10 @@ def check_admission(snapshot: Snapshot) -> list[Finding]:
                         problems.append(f"{where} has no caBundle, so the API server cannot verify it and every call fails")
                     if want.get("failurePolicy") and hook.get("failurePolicy") != want["failurePolicy"]:
                         problems.append(f"{where} has failurePolicy {hook.get('failurePolicy')}, not {want['failurePolicy']}")
-        elif kind.startswith("ValidatingAdmissionPolicy"):
+        elif kind.endswith(("AdmissionPolicy", "AdmissionPolicyBinding")):
             matches = [o for o in same_kind if str(o["metadata"]["name"]).endswith(name)]
             what = f"{kind} *{name}"
-            policy = name if kind == "ValidatingAdmissionPolicy" else str((expected.get("spec") or {}).get("policyName", ""))
+            policy = name if kind.endswith("AdmissionPolicy") else str((expected.get("spec") or {}).get("policyName", ""))
             consequence = _CONSEQUENCE.get(policy, "")
         else:
             continue  # the opted-in ConfigMap: the operator writes it in its own namespace
@@ -81,7 +83,7 @@ def check_admission(snapshot: Snapshot) -> list[Finding]:
             twice.append(f"{what}: {', '.join(sorted(str(o['metadata']['name']) for o in matches))}")
         elif kind.endswith("WebhookConfiguration"):
             present.append(f"{kind} {matches[0]['metadata']['name']}")
-        elif kind == "ValidatingAdmissionPolicy":
+        elif kind.endswith("AdmissionPolicy"):
             policies.append(str(matches[0]["metadata"]["name"]))
     findings: list[Finding] = []
     if missing:

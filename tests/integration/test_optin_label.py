@@ -1,0 +1,56 @@
+"""Opt-in at O(1) (issue 42, item 1), on the real control plane: a StormService created with a request is held
+by the label `stormtopo.io/opted-in` on its role templates (put there inside the API server by a
+MutatingAdmissionPolicy where it is served, as here, else by stormtopo's webhook), never by a listing; the
+label survives a re-apply that drops it, without a rollout; a service that opts out goes free; one opted in
+by an update keeps its templates and is listed instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stormtopo.core.vocabulary import ADMITTED_LABEL, HIGHEST_TIER, MODE, OPTED_IN_LABEL
+from stormtopo.devenv.client import DevCluster
+from stormtopo.devenv.workloads import stormservice
+
+HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
+
+
+def role_labels(svc: dict[str, Any]) -> list[dict[str, str]]:
+    return [(r.get("template") or {}).get("metadata", {}).get("labels") or {} for r in svc["spec"]["template"]["spec"]["roles"]]
+
+
+def test_a_new_opted_in_service_is_labelled_not_listed_and_keeps_the_label_through_a_reapply(cluster: DevCluster, namespace: str) -> None:
+    created = cluster.create(stormservice("fresh", namespace, annotations=HARD_LEAF))
+    assert all(labels.get(OPTED_IN_LABEL) == "true" for labels in role_labels(created))
+    pods = cluster.bound_pods(namespace, "storm-service-name=fresh", 2)
+    assert all(p["metadata"]["labels"].get(OPTED_IN_LABEL) == "true" and p["metadata"]["labels"].get(ADMITTED_LABEL) for p in pods)
+    first = {p["metadata"]["uid"] for p in pods}
+    (roleset,) = cluster.rolesets(namespace, "fresh")
+
+    # A re-apply of the manifest as written (server-side apply drops what the manifest does not say): the label
+    # is put back in the same write, so the template does not change and AIBrix rolls nothing.
+    manifest = stormservice("fresh", namespace, annotations=HARD_LEAF)
+    reapplied = cluster.patch_stormservice(namespace, "fresh", {"spec": {"template": manifest["spec"]["template"]}})
+    assert all(labels.get(OPTED_IN_LABEL) == "true" for labels in role_labels(reapplied))
+    assert reapplied["metadata"]["generation"] == created["metadata"]["generation"]  # the spec did not change
+    assert [r["metadata"]["name"] for r in cluster.rolesets(namespace, "fresh")] == [roleset["metadata"]["name"]]
+    assert {p["metadata"]["uid"] for p in cluster.pods(namespace, "storm-service-name=fresh")} == first
+    assert f"{namespace}.fresh" not in cluster.opted_in()
+
+
+def test_a_service_that_opts_out_goes_free_and_one_opted_in_by_an_update_is_listed(cluster: DevCluster, namespace: str) -> None:
+    cluster.create(stormservice("leaving", namespace, annotations=HARD_LEAF))
+    cluster.bound_pods(namespace, "storm-service-name=leaving", 2)
+    cluster.patch_stormservice(
+        namespace, "leaving", {"metadata": {"annotations": {MODE: None, HIGHEST_TIER: None}}, "spec": {"replicas": 2}}
+    )
+    pods = cluster.bound_pods(namespace, "storm-service-name=leaving", 4, timeout=90)
+    new = [p for p in pods if OPTED_IN_LABEL not in p["metadata"]["labels"]]
+    assert len(new) == 2 and not any(ADMITTED_LABEL in p["metadata"]["labels"] for p in new)  # as if stormtopo were not installed
+    assert all(labels.get(OPTED_IN_LABEL) for labels in role_labels(cluster.stormservice(namespace, "leaving")))  # kept: no rollout
+
+    cluster.create(stormservice("joining", namespace))
+    cluster.bound_pods(namespace, "storm-service-name=joining", 2)
+    joined = cluster.patch_stormservice(namespace, "joining", {"metadata": {"annotations": HARD_LEAF}})
+    assert not any(OPTED_IN_LABEL in labels for labels in role_labels(joined))  # a label there would roll every replica
+    assert cluster.opted_in().get(f"{namespace}.joining") == "RoleSet"  # listed by the gate before the update was stored
