@@ -8,7 +8,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 from kubernetes.client.exceptions import ApiException
 
 from stormtopo.core.topology.tree import Topology
