@@ -380,16 +380,15 @@ def listing_change(listed: Mapping[str, str], key: str, want: str | None) -> dic
 # unless the API server authenticates itself with a client certificate (webhook.py). So what it lists
 # is checked against the cluster first, and never more than the cluster can confirm soon after:
 # - it never unlists (only the reconciler does, from the StormService it watches);
-# - a CREATE of a StormService that exists already lists nothing (the create fails, or was made up);
+# - it never lists a CREATE: a new StormService is held by the opt-in label on its role templates, which a
+#   patch of the reviewed object puts there (a made-up review gets that patch back, and nothing else);
 # - an UPDATE lists only if the stored StormService is the review's oldObject (same uid and
 #   resourceVersion): a made-up or replayed one names a version that is not, or no longer, stored;
 # - a listing the cluster has not confirmed within CONFIRM_SECONDS (the StormService stored with a
-#   request) is taken back, and at most UNCONFIRMED_LIMIT are unconfirmed at a time: made-up names
-#   cannot grow the ConfigMap, nor etcd with its rewrites;
-# - a listing is claimed for one uid (a validating review of a create sees the uid the API server gave
-#   the new object, which nobody can predict): once the StormService exists under another uid, the
-#   create it was listed for never happened, and it is taken back at once, not after CONFIRM_SECONDS.
-#   So a review made up for a name a tenant is about to use holds none of that tenant's pods.
+#   request) is taken back, and at most UNCONFIRMED_LIMIT are unconfirmed at a time: replays cannot
+#   grow the ConfigMap, nor etcd with its rewrites;
+# - a listing is claimed for the stored StormService's uid: once the watch shows the name under another
+#   uid, it is read again, and taken back unless stored as claimed.
 
 CONFIRM_SECONDS = 10.0  # a real create or update is stored, and watched, in well under a second
 UNCONFIRMED_LIMIT = 32  # listings awaiting confirmation, per operator replica

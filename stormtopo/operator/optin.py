@@ -1,7 +1,7 @@
-"""The opted-in lists: in each namespace with an opted-in StormService, the ConfigMap the admission policy
-reads to know which of its StormServices' pods must have been admitted by stormtopo (see core/optin.py
-for why they exist), and what the fail-closed gate may add to them (checked against the cluster:
-core/optin.py, "what the gate may list")."""
+"""The opted-in lists: in each namespace with a StormService opted in by an update or asking for healing, the
+ConfigMap the admission policies read (which services' pods must have been admitted by stormtopo, whose pods
+it may evict; see core/optin.py for why they exist), and what the fail-closed gate may add to them (checked
+against the cluster: core/optin.py, "what the gate may list")."""
 
 from __future__ import annotations
 
