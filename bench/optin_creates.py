@@ -75,7 +75,7 @@ def labelling_in_force(admin: DevCluster, timeout: float = 60.0) -> float:
         time.sleep(0.1)
 
 
-PAIRS = 3  # an opted-in round and a plain one, in alternating order: the machine drifts between rounds
+PAIRS = 5  # an opted-in round and a plain one, in alternating order: the machine drifts between rounds
 
 
 def rounds(admin: DevCluster, label: str) -> dict[str, Any]:

@@ -140,9 +140,11 @@ def admit_pod(
             ),
         )
     request = request_of(stormservice, cluster)
-    if request is None and stormservice is not None and OPTED_IN_LABEL in ((pod.get("metadata") or {}).get("labels") or {}):
+    labelled = OPTED_IN_LABEL in ((pod.get("metadata") or {}).get("labels") or {})
+    if labelled and request is None and (stormservice is not None or not own_service):
         # Its service opted out, its role templates keep the label (taking it off would roll every
-        # replica): the pod goes as if stormtopo were not installed, out of the admission policy's reach.
+        # replica), or it belongs to no StormService at all (a RoleSet of its own, its template copied
+        # from a labelled one): the pod goes as if stormtopo were not installed, out of the policy's reach.
         return Decision(patch=[{"op": "remove", "path": pointer("metadata", "labels", OPTED_IN_LABEL)}])
     if request is None or roleset is None or stormservice is None:
         return Decision()

@@ -161,5 +161,9 @@ def test_a_pod_of_a_service_that_opted_out_loses_the_opt_in_label_and_nothing_el
     decision = admit_pod(pod, aibrix_roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER)
     assert not any(op["op"] == "remove" for op in decision.patch)
     assert {"op": "add", "path": "/metadata/labels/stormtopo.io~1admitted", "value": "true"} in decision.patch
-    # A StormService nobody could find: nothing changes (the policy holds the pod until stormtopo knows).
-    assert admit_pod(pod, aibrix_roleset(), None, CLUSTER).patch == []
+    # A StormService it names but nobody could find: nothing changes (the policy holds the pod until stormtopo knows).
+    named = {"metadata": {"labels": {**pod["metadata"]["labels"], "storm-service-name": "svc"}}, "spec": {}}
+    assert admit_pod(named, aibrix_roleset(), None, CLUSTER).patch == []
+    # A RoleSet of its own (no StormService; AIBrix labels its pods with an empty name): goes free.
+    alone = {"metadata": {"labels": {**pod["metadata"]["labels"], "storm-service-name": ""}}, "spec": {}}
+    assert admit_pod(alone, aibrix_roleset(), None, CLUSTER).patch == [{"op": "remove", "path": "/metadata/labels/stormtopo.io~1opted-in"}]
