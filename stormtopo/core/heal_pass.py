@@ -31,12 +31,13 @@ from typing import Any, TypeVar
 from stormtopo.core.cluster_moves import is_being_deleted, moving_in_cluster, placed_since, set_aside
 from stormtopo.core.heal_plan import HealMemory, HealPlan
 from stormtopo.core.heal_replica import Replica
-from stormtopo.core.heal_request import may_need_healing, wants_healing
+from stormtopo.core.heal_request import may_need_healing
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.heal_target import room_of
 from stormtopo.core.healing import MOVE_DEADLINE, plan_healing, plan_stranded
 from stormtopo.core.lending import MakeRoom, making_room_under_way, resident, room_made_for, wide_replica
 from stormtopo.core.node_fit import NodeFacts
+from stormtopo.core.optin import movable
 from stormtopo.core.priority import replica_priority
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.room import Resident, Room, resident_key, room_by_moving
@@ -60,6 +61,7 @@ class ServiceReading:
     key: ServiceKey
     stormservice: Mapping[str, Any]
     replicas: tuple[tuple[Mapping[str, Any], tuple[Pod, ...]], ...] = ()
+    prefix_shared_with: str | None = None  # its pods could be taken for this service's: not movable (core/optin.py)
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,7 @@ def plan_look(
         return Look.READ_ROOM, memory
     if not heal_pass.listed:
         return Look.NOT_YET, memory
-    if not wants_healing(stormservice):
+    if not movable(stormservice, service.prefix_shared_with):  # the request's Event says why, where it asks
         waiting = waiting_pods(service)
         if memory.stranded_pods.get(key) == waiting:
             return Look.QUIET, memory  # no read every pass for as long as these pods wait

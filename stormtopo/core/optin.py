@@ -131,16 +131,33 @@ def opt_in_patch(operation: str, stormservice: Mapping[str, Any], old: Mapping[s
     return label_roles(stormservice)
 
 
-def listing(stormservice: Mapping[str, Any] | None) -> str | None:
+# AIBrix v0.7.0 names a replica's RoleSet "<stormservice>-roleset-" cut to this many characters, then 5 random
+# ones (utils.Shorten); its pods "<RoleSet>-<role>-...". An eviction names only the pod, so the chart's eviction
+# policy knows a service's pods by that prefix.
+ROLESET_PREFIX = 58
+
+
+def roleset_prefix(stormservice: str) -> str:
+    return f"{stormservice}-roleset-"[:ROLESET_PREFIX]
+
+
+def movable(stormservice: Mapping[str, Any] | None, prefix_shared_with: str | None = None) -> bool:
+    """Its pods may be evicted to move its replicas: it asks for healing (lending room needs healing too),
+    and no other StormService of its namespace has RoleSets named with the same prefix (two names that agree
+    in their first 49 characters): the eviction policy could not tell their pods apart."""
+    return asks_healing(stormservice) and prefix_shared_with is None
+
+
+def listing(stormservice: Mapping[str, Any] | None, prefix_shared_with: str | None = None) -> str | None:
     """What its namespace's ConfigMap says of a StormService: nothing unless it carries a network-topology
     annotation (valid or not: an invalid one keeps its last valid constraint). Then its scope, with
-    MOVABLE after it while it asks for healing (lending room needs healing too; the chart's eviction
-    policy lets stormtopo evict pods of those services only); a service whose role templates all carry
-    OPTED_IN_LABEL is held by that label, and listed only while it asks for healing."""
+    MOVABLE after it while it is movable (the chart's eviction policy lets stormtopo evict pods of those
+    services only); a service whose role templates all carry OPTED_IN_LABEL is held by that label, and
+    listed only while it is movable."""
     annotations = ((stormservice or {}).get("metadata") or {}).get("annotations") or {}
     if not is_opted_in(annotations):
         return None
-    if asks_healing(stormservice):
+    if movable(stormservice, prefix_shared_with):
         return written_scope(annotations).value + MOVABLE
     return None if labelled(stormservice) else written_scope(annotations).value
 
@@ -427,7 +444,9 @@ def gate_listing(
         return None, "the review's oldObject is not the stored StormService: stale, replayed or made up"
     if refuted is not None and refuted == version:
         return None, "this version was listed once and the update never came: a replay"
-    return want, "an update of the stored StormService that asks for a network topology"
+    # Never MOVABLE: whether its pods may be evicted is the reconciler's to say, from the stored StormService
+    # and its namespace (movable), and nothing waits on it; a review cannot make them evictable.
+    return want.removesuffix(MOVABLE), "an update of the stored StormService that asks for a network topology"
 
 
 def confirmed(stored: Mapping[str, Any] | None, listed: str | None = None) -> bool:
@@ -435,7 +454,7 @@ def confirmed(stored: Mapping[str, Any] | None, listed: str | None = None) -> bo
     what the gate listed) one that lists the same (a made-up review must not keep `+heal` on the list of
     a service that asks for no healing); the reconciler then keeps its listing from the StormService."""
     want = listing(stored) if stored is not None else None
-    return want is not None and (listed is None or want == listed)
+    return want is not None and (listed is None or want.removesuffix(MOVABLE) == listed.removesuffix(MOVABLE))
 
 
 def uid_of(obj: Mapping[str, Any] | None) -> str:

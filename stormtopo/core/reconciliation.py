@@ -13,8 +13,8 @@ from typing import Any
 
 from stormtopo.core.gang import requests_resources, template_spec
 from stormtopo.core.jsonpatch import set_annotations, set_spec_fields
-from stormtopo.core.moves import heal_annotation_problem, moving_tier, released_topology
-from stormtopo.core.optin import listing
+from stormtopo.core.moves import asks_healing, heal_annotation_problem, moving_tier, released_topology
+from stormtopo.core.optin import ROLESET_PREFIX, listing, roleset_prefix
 from stormtopo.core.podgroup import (
     carries_constraint,
     desired_fields,
@@ -36,6 +36,7 @@ class ServiceSnapshot:
     rolesets: tuple[Mapping[str, Any], ...]
     podgroups: Mapping[str, Mapping[str, Any]]  # by name, in the StormService's namespace
     tiers: ClusterTiers
+    prefix_shared_with: str | None = None  # another StormService of its namespace its pods could be taken for (core/optin.py movable)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None, now: f
     if say is not None and verdict == said:
         say = None
     meta = snapshot.stormservice["metadata"]
-    listed = ListOptedIn(meta.get("namespace", ""), meta["name"], listing(snapshot.stormservice))  # valid or not
+    listed = ListOptedIn(meta.get("namespace", ""), meta["name"], listing(snapshot.stormservice, snapshot.prefix_shared_with))
     if isinstance(request, RequestError):
         # Bad input changes nothing (the Warning says why), but a move's hold is no request: it is let go.
         return ServicePlan(tuple(_let_go(snapshot)), verdict, say, invalid=True, listing=listed)
@@ -100,13 +101,26 @@ def _verdict(snapshot: ServiceSnapshot, request: TopologyRequest | RequestError 
             )
             return text, Say("Warning", "TopologyNotEnforceable", text)
         text = f"network-topology request accepted: {request.describe()}"
-        heal = heal_annotation_problem(snapshot.stormservice, request.scope is Scope.ROLESET)
+        heal = heal_annotation_problem(snapshot.stormservice, request.scope is Scope.ROLESET) or not_movable(snapshot)
         others = [p for key in SWITCHES if key != HEAL_ANNOTATION and (p := switch_problem(snapshot.stormservice, key))]
         if heal is not None or others:
             text += "; " + "; ".join([*([heal] if heal else []), *others])
             return text, Say("Warning", "InvalidHealAnnotation" if heal is not None else "InvalidAnnotation", text)
         return text, Say("Normal", "TopologyRequest", text)
     return None, None
+
+
+def not_movable(snapshot: ServiceSnapshot) -> str | None:
+    """Why healing stays off for a service that asks for it, when its pods' names cannot be told apart."""
+    if snapshot.prefix_shared_with is None or not asks_healing(snapshot.stormservice):
+        return None
+    return (
+        f"stormtopo.io/heal is on, but healing stays off: the RoleSets of StormService {snapshot.prefix_shared_with!r} are named "
+        f"with the same prefix as this one's ({roleset_prefix(snapshot.stormservice['metadata']['name'])!r}: AIBrix cuts "
+        f"'<name>-roleset-' to {ROLESET_PREFIX} characters), and an eviction names only the pod, so stormtopo could not be "
+        "kept from evicting that service's pods; rename one of them so that neither name with '-roleset-' after it begins "
+        "the other's prefix"
+    )
 
 
 def unanchored_roles(stormservice: Mapping[str, Any]) -> list[str]:

@@ -175,7 +175,7 @@ class Healer:
     def _reading(self, key: Key, stormservice: Mapping[str, Any]) -> ServiceReading:
         """A StormService with its RoleSets and their admitted pods, from the index (no API read)."""
         replicas = tuple((r, tuple(self.index.pods_of(key[0], r["metadata"]["name"]))) for r in self.index.rolesets_of(*key))
-        return ServiceReading(key, stormservice, replicas)
+        return ServiceReading(key, stormservice, replicas, self.index.roleset_prefix_shared(*key))
 
     def _readings(self, only: Key) -> list[ServiceReading]:
         stormservice = self.index.stormservices.get(only)
@@ -233,7 +233,7 @@ class Healer:
         found = [
             (stormservice, roleset, self.index.pods_of(key[0], roleset["metadata"]["name"]))
             async for key, stormservice in yielding(self.index.stormservices_in_play().items())
-            if key not in waiting
+            if key not in waiting and self.index.roleset_prefix_shared(*key) is None  # else its pods are not movable
             for roleset in self.index.rolesets_of(*key)
         ]
         return await asyncio.to_thread(lenders, found, tiers, topology, now, self.cooldown)

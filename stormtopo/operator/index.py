@@ -7,6 +7,7 @@ moments before its watch event arrives) it reads through to the API server.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
 import sys
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stormtopo.core.capabilities import cluster_tiers
+from stormtopo.core.optin import roleset_prefix
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.podgroup import carries_constraint, service_group_name
 from stormtopo.core.reconciliation import ServiceSnapshot
@@ -234,6 +236,8 @@ class Index:
     # and those that still carry move records (one that opted out mid-move still counts against the cap
     # and the room made). A pass costs what these cost, whatever the tenants that never opted in hold.
     _in_play: set[Key] = field(default_factory=set)
+    # Per namespace, every StormService's RoleSet name prefix with its name, sorted: who shares a prefix.
+    _prefixes: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     _in_play_sorted: list[Key] | None = None  # sorted once per change of the set, not per call
     _seen: dict[tuple[str, Key], int] = field(default_factory=dict)  # (kind, key) -> when last observed
     _clock: int = 0
@@ -300,6 +304,7 @@ class Index:
         if kind == "RoleSet":
             _member(self._rolesets_by_service, service_key_of(obj), key[1], not deleted)
         if kind == "StormService":
+            self._keep_prefix(key, present=not deleted)
             annotations = (obj.get("metadata") or {}).get("annotations") or {}
             in_play = not deleted and (is_opted_in(annotations) or MOVES_ANNOTATION in annotations)
             if in_play and key not in self._in_play:
@@ -379,6 +384,31 @@ class Index:
         names = self._pods_by_replica.get((namespace, roleset), set())
         return [self.pods[(namespace, n)] for n in sorted(names) if (namespace, n) in self.pods]
 
+    def _keep_prefix(self, key: Key, present: bool) -> None:
+        prefixes = self._prefixes.setdefault(key[0], [])
+        entry = (roleset_prefix(key[1]), key[1])
+        at = bisect.bisect_left(prefixes, entry)
+        there = at < len(prefixes) and prefixes[at] == entry
+        if present and not there:
+            prefixes.insert(at, entry)
+        elif not present and there:
+            del prefixes[at]
+            if not prefixes:
+                del self._prefixes[key[0]]
+
+    def roleset_prefix_shared(self, namespace: str, stormservice: str) -> str | None:
+        """Another StormService of the namespace whose pods the chart's eviction policy could take for this
+        one's (core/optin.py movable): its RoleSet name prefix begins with this one's (the same, once AIBrix
+        cuts both to ROLESET_PREFIX characters, or "<this>-roleset-<more>")."""
+        prefixes = self._prefixes.get(namespace, [])
+        own = roleset_prefix(stormservice)
+        for prefix, name in prefixes[bisect.bisect_left(prefixes, (own, "")) :]:
+            if not prefix.startswith(own):
+                return None
+            if name != stormservice:
+                return name
+        return None
+
     def stormservices_in_play(self) -> dict[Key, dict[str, Any]]:
         """What healing and the node tier look at, by key: the StormServices that opted in, and those that
         still carry move records."""
@@ -396,7 +426,7 @@ class Index:
         rolesets = tuple(self.rolesets_of(namespace, name))
         names = [service_group_name(name), *(r["metadata"]["name"] for r in rolesets)]
         podgroups = {n: self.podgroups[(namespace, n)] for n in names if (namespace, n) in self.podgroups}
-        return ServiceSnapshot(stormservice, rolesets, podgroups, self.cluster_tiers())
+        return ServiceSnapshot(stormservice, rolesets, podgroups, self.cluster_tiers(), self.roleset_prefix_shared(namespace, name))
 
     def last_valid_podgroup(self, podgroup: Mapping[str, Any]) -> dict[str, Any] | None:
         """A PodGroup of the same StormService that carries stormtopo's constraint: what a new replica

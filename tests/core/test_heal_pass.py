@@ -61,6 +61,14 @@ def test_a_quiet_service_wakes_once_a_quiet_spell_when_room_may_have_been_freed(
     assert look(a_pass(awaited=frozenset({KEY})), memory, wide_service())[0] is Look.HEAL  # room is being made for it
 
 
+def test_a_service_whose_roleset_prefix_another_shares_is_never_healed() -> None:
+    """Issue 43, item 3: its pods could not be told from the other's by the eviction policy; the request's
+    Event says why (core/reconciliation.py not_movable)."""
+    reading = ServiceReading(KEY, wide_service(), prefix_shared_with="svc-twin")
+    assert look(a_pass(), HealerMemory(), wide_service())[0] is Look.HEAL
+    assert plan_look(a_pass(), HealerMemory(), reading, TIERS, TOPOLOGY)[0] in (Look.NOTICE, Look.QUIET)
+
+
 def test_a_stormservice_being_deleted_is_not_looked_at() -> None:
     deleted = wide_service()
     deleted["metadata"]["deletionTimestamp"] = "2026-12-03T16:00:00Z"

@@ -557,3 +557,15 @@ def test_a_lend_room_or_prefer_same_node_typo_is_said_and_stays_off() -> None:
     assert switched_on(upper, "stormtopo.io/prefer-same-node")
     said = plan_stormservice(ServiceSnapshot(upper, (aibrix_roleset(),), {}, TIERS)).say
     assert said is not None and said.reason == "TopologyRequest"
+
+
+def test_a_service_whose_roleset_prefix_another_shares_is_listed_without_heal_and_told_why() -> None:
+    """Issue 43, item 3: the eviction policy knows a service's pods by that prefix only."""
+    heals = service({**HARD1, "stormtopo.io/heal": "true"})
+    plan = plan_stormservice(ServiceSnapshot(heals, (aibrix_roleset(),), {}, TIERS))
+    assert plan.listing is not None and plan.listing.scope == "RoleSet+heal"
+    shared = plan_stormservice(ServiceSnapshot(heals, (aibrix_roleset(),), {}, TIERS, prefix_shared_with="svc-twin"))
+    assert shared.listing is not None and shared.listing.scope == "RoleSet"
+    assert shared.say is not None and shared.say.type == "Warning" and "'svc-twin'" in shared.say.message and "rename" in shared.say.message
+    quiet = plan_stormservice(ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {}, TIERS, prefix_shared_with="svc-twin"))
+    assert quiet.say is not None and quiet.say.type == "Normal"  # no healing asked: nothing to say

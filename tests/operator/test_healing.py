@@ -309,6 +309,9 @@ class _Index:
     def rolesets_of(self, namespace: str, stormservice: str) -> list[dict[str, Any]]:
         return []  # no replica stranded
 
+    def roleset_prefix_shared(self, namespace: str, stormservice: str) -> str | None:
+        return None
+
 
 def probed(stormservices: dict[Any, dict[str, Any]]) -> tuple[_Index, Healer, list[Any]]:
     """A healer over `stormservices` whose heal only records which service it was asked to look at

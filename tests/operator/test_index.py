@@ -302,3 +302,28 @@ def test_the_stormservices_in_play_follow_their_annotations_and_deletions() -> N
     assert len(index.stormservices) == 2
     index.observe("StormService", "MODIFIED", svc("asks", **{"stormtopo.io/moves": "{}"}))  # opted out, its records kept
     assert list(index.stormservices_in_play()) == [("ns", "asks")]
+
+
+def test_a_stormservice_whose_roleset_prefix_another_shares_is_found_both_ways_and_forgotten_once_gone() -> None:
+    """Issue 43, item 3: AIBrix names RoleSets "<stormservice>-roleset-" cut to 58 characters; of two services
+    whose names agree that far, the eviction policy could not tell the pods apart, so neither is movable."""
+    from stormtopo.operator.index import Index
+
+    index = Index(api=None)  # type: ignore[arg-type]  # observe makes no API calls
+    long_a, long_b = (
+        "inference-prod-use1-llama-70b-prefill-decode-disaggregated-a",
+        "inference-prod-use1-llama-70b-prefill-decode-disaggregated-b",
+    )
+    assert len(long_a) == 60 and long_a[:58] == long_b[:58]  # "<name>-roleset-" cut to 58: the same for both
+    for name in (long_a, long_b, "short", "other"):
+        index.observe("StormService", "ADDED", stormservice(name, "ns"))
+    index.observe("StormService", "ADDED", stormservice(long_b, "elsewhere"))
+    assert index.roleset_prefix_shared("ns", long_a) == long_b and index.roleset_prefix_shared("ns", long_b) == long_a
+    assert index.roleset_prefix_shared("ns", "short") is None and index.roleset_prefix_shared("elsewhere", long_b) is None
+    index.observe("StormService", "ADDED", stormservice("short-roleset-x", "ns"))  # its pods begin "short-roleset-": taken for short's
+    assert index.roleset_prefix_shared("ns", "short") == "short-roleset-x"
+    index.observe("StormService", "DELETED", stormservice(long_b, "ns"))
+    assert index.roleset_prefix_shared("ns", long_a) is None
+    index.observe("StormService", "MODIFIED", stormservice(long_a, "ns"))  # an update keeps one entry
+    index.observe("StormService", "DELETED", stormservice(long_a, "ns"))
+    assert index.roleset_prefix_shared("ns", long_a) is None

@@ -118,8 +118,9 @@ def test_confirmed_means_stored_with_a_request() -> None:
     assert expiry_verdict(service(annotations=HARD)) == "keep"
     assert expiry_verdict(service()) == "unlist-refuted"
     assert expiry_verdict(None) == "unlist"
-    # What was listed counts: `+heal` listed for a service that asks for no healing is not confirmed.
-    assert confirmed(service(annotations=HARD), "RoleSet") and not confirmed(service(annotations=HARD), "RoleSet" + MOVABLE)
+    # What was listed counts, but for `+heal` (the reconciler's to say, not the gate's): another scope is not confirmed.
+    assert confirmed(service(annotations=HARD), "RoleSet") and confirmed(service(annotations=HARD), "RoleSet" + MOVABLE)
+    assert not confirmed(service(annotations=HARD), "StormService")
     assert expiry_verdict(service(annotations=HARD), "RoleSet" + MOVABLE) == "relist-refuted"
     assert expiry_verdict(service(), "RoleSet") == "unlist-refuted"
     # Never widened by the sweep (its read may be stale beside another replica's reconciler): kept.
@@ -639,26 +640,24 @@ def test_a_replayed_update_is_taken_back_and_never_listed_again() -> None:
     asyncio.run(scenario())
 
 
-def test_a_forged_heal_on_an_opted_in_service_is_taken_back_to_what_it_asks() -> None:
-    """The service asks for a topology but not for healing; a forged update of its current version adds
-    `stormtopo.io/heal`: listed `+heal` (what lets the eviction policy evict its pods) only until
-    CONFIRM_SECONDS, then listed as it asks, and that version never again."""
+def test_the_gate_never_lists_heal_so_no_review_makes_pods_evictable() -> None:
+    """Issue 43: `+heal` (what lets the eviction policy evict a service's pods) is the reconciler's to write,
+    from the stored StormService and its namespace. A forged update adding `stormtopo.io/heal` to an opted-in
+    service lists nothing new; a genuine opt-in that asks for healing is listed with its scope only."""
 
     async def scenario() -> None:
-        gate, api, cluster, clock = make_gate()
+        gate, api, cluster, _ = make_gate()
         stored = service("placed", HARD, version="4")
         cluster.put(stored)
         api.data = {"ns.placed": "RoleSet"}
         forged = review("UPDATE", service("placed", {**HARD, HEAL_ANNOTATION: "true"}, version="4"), stored)
         assert await gate.review(forged) is None
-        assert api.data == {"ns.placed": "RoleSet" + MOVABLE}
-        await gate.sweep()  # the index holds the service with a request, but not what was listed: not confirmed
-        assert api.data == {"ns.placed": "RoleSet" + MOVABLE} and gate.unconfirmed.since
-        clock.now += 10.0
-        await gate.sweep()
-        assert api.data == {"ns.placed": "RoleSet"}
-        assert await gate.review(forged) is None  # replayed: that version is refuted
-        assert api.data == {"ns.placed": "RoleSet"}
+        assert api.data == {"ns.placed": "RoleSet"} and api.writes == 0
+        heals = opting_in(cluster, "healer")
+        heals["object"]["metadata"]["annotations"][HEAL_ANNOTATION] = "true"
+        assert await gate.review(heals) is None
+        assert api.data == {"ns.placed": "RoleSet", "ns.healer": "RoleSet"}
+        assert gate_listing("UPDATE", heals["object"], heals["oldObject"], heals["oldObject"])[0] == "RoleSet"
 
     asyncio.run(scenario())
 
