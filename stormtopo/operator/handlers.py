@@ -101,6 +101,11 @@ class Operator:
             self.forget(kind, key_of(body))
         if not self.leadership.is_leader:
             return
+        if kind == "StormService" and event.get("type") in ("ADDED", "DELETED"):
+            # A name come or gone may make another service of its namespace movable, or no longer (core/optin.py).
+            namespace = key_of(body)[0]
+            for name in self.index.prefix_neighbours(*key_of(body)):
+                self.stormservices.add((namespace, name))
         if kind == "StormService" and not deleted:
             self.stormservices.add(key_of(body))
         elif kind == "RoleSet" and not deleted:

@@ -409,6 +409,21 @@ class Index:
                 return name
         return None
 
+    def prefix_neighbours(self, namespace: str, stormservice: str) -> list[str]:
+        """The StormServices of the namespace for which this one is what roleset_prefix_shared finds (their
+        prefix begins this one's): once it comes or goes, whether they are movable may change."""
+        own = roleset_prefix(stormservice)
+        prefixes = self._prefixes.get(namespace, [])
+        heads = {own} | {own[: at + len("-roleset-")] for at in range(len(own)) if own.startswith("-roleset-", at)}
+        out = []
+        for head in sorted(heads):
+            for prefix, name in prefixes[bisect.bisect_left(prefixes, (head, "")) :]:
+                if prefix != head:
+                    break
+                if name != stormservice:
+                    out.append(name)
+        return out
+
     def stormservices_in_play(self) -> dict[Key, dict[str, Any]]:
         """What healing and the node tier look at, by key: the StormServices that opted in, and those that
         still carry move records."""
