@@ -54,3 +54,26 @@ def test_a_service_that_opts_out_goes_free_and_one_opted_in_by_an_update_is_list
     joined = cluster.patch_stormservice(namespace, "joining", {"metadata": {"annotations": HARD_LEAF}})
     assert not any(OPTED_IN_LABEL in labels for labels in role_labels(joined))  # a label there would roll every replica
     assert cluster.opted_in().get(f"{namespace}.joining") == "RoleSet"  # listed by the gate before the update was stored
+
+
+def test_of_two_services_whose_roleset_prefix_agrees_neither_is_movable_until_one_goes(cluster: DevCluster, namespace: str) -> None:
+    """Issue 43, item 3: the eviction policy knows a service's pods by "<name>-roleset-" cut to 58 characters;
+    a service that asks for healing is marked `+heal` (its pods evictable) only while no other StormService of
+    its namespace shares that prefix, and its request's Event says why not."""
+    healer = "inference-prod-use1-llama-70b-prefill-decode-disaggregated-a"
+    twin = healer[:-1] + "b"
+    assert len(healer) == 60 and healer[:58] == twin[:58]
+    cluster.create(stormservice(healer, namespace, replicas=0, annotations={**HARD_LEAF, "stormtopo.io/heal": "true"}))
+    key = f"{namespace}.{healer}"
+    cluster.wait(lambda: cluster.opted_in().get(key) == "RoleSet+heal", 30, "the healing service listed +heal")
+    cluster.create(stormservice(twin, namespace, replicas=0))  # never opted in
+    # Labelled, so listed only while movable: unlisted.
+    cluster.wait(lambda: key not in cluster.opted_in(), 30, "+heal taken off once the twin exists")
+
+    def told() -> bool:
+        events = cluster.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={healer}").items
+        return any(e.reason == "InvalidHealAnnotation" and twin in (e.message or "") for e in events)
+
+    cluster.wait(told, 30, "the Event naming the twin")
+    cluster.delete_stormservice(namespace, twin)
+    cluster.wait(lambda: cluster.opted_in().get(key) == "RoleSet+heal", 30, "+heal back once the twin is gone")
