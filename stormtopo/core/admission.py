@@ -35,6 +35,8 @@ from stormtopo.core.vocabulary import (
     VOLCANO_SCHEDULER,
 )
 
+_OPT_IN_LABEL_PATH = pointer("metadata", "labels", OPTED_IN_LABEL)
+
 
 @dataclass
 class Decision:
@@ -109,6 +111,11 @@ def _dropped(new: Mapping[str, Any], old: Mapping[str, Any] | None, field: str) 
     return {k: v for k, v in (((old or {}).get("metadata") or {}).get(field) or {}).items() if k not in kept}
 
 
+def strips_opt_in_label(decision: Decision) -> bool:
+    """The decision lets a labelled pod go as if stormtopo were not installed (its service asks for nothing)."""
+    return any(op.get("op") == "remove" and op.get("path") == _OPT_IN_LABEL_PATH for op in decision.patch)
+
+
 def admit_pod(
     pod: Mapping[str, Any],
     roleset: Mapping[str, Any] | None,
@@ -145,7 +152,7 @@ def admit_pod(
         # Its service opted out, its role templates keep the label (taking it off would roll every
         # replica), or it belongs to no StormService at all (a RoleSet of its own, its template copied
         # from a labelled one): the pod goes as if stormtopo were not installed, out of the policy's reach.
-        return Decision(patch=[{"op": "remove", "path": pointer("metadata", "labels", OPTED_IN_LABEL)}])
+        return Decision(patch=[{"op": "remove", "path": _OPT_IN_LABEL_PATH}])
     if request is None or roleset is None or stormservice is None:
         return Decision()
     # While the request looks invalid, its pods still join the gang whose PodGroup keeps the last valid constraint.

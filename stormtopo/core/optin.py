@@ -126,7 +126,7 @@ def opt_in_patch(operation: str, stormservice: Mapping[str, Any], old: Mapping[s
     review may come from anyone): the opt-in label on its role templates, if it asks for a topology and is
     new, or was labelled on every role before this update."""
     annotations = _meta(stormservice).get("annotations") or {}
-    if not is_opted_in(annotations) or (operation != "CREATE" and not (operation == "UPDATE" and labelled(old))):
+    if not is_opted_in(annotations) or (operation != "CREATE" and not (operation == "UPDATE" and (labelled(old) or not _roles(old)))):
         return []
     return label_roles(stormservice)
 
@@ -182,19 +182,24 @@ def _opted_in_condition(of: str) -> str:
     return f"has({of}.metadata.annotations) && {keys}.exists(k, k in {of}.metadata.annotations)"
 
 
+def _has_roles(of: str) -> str:
+    roles = f"{of}.spec.template.spec.roles"
+    return f"({_has_all(of, 'spec', 'template', 'spec', 'roles')} && size({roles}) > 0)"
+
+
 def labels_roles_condition() -> str:
     """CEL for the mutating webhook that labels role templates: a StormService that carries a request and
     a role template without the label, on its create, or on an update whose stored version had the label
-    on every role (a re-apply of a manifest without it, or a new role). A service opted in by an update
-    keeps its templates unlabelled (labelling them would roll its replicas): the list holds it instead."""
+    on every role or no role at all (a re-apply of a manifest without it, a new role). A service opted in
+    by an update keeps its templates unlabelled (labelling them would roll its replicas): the list holds
+    it instead."""
     return (
         f"({_opted_in_condition('object')}) && !({labelled_condition('object')}) "
-        f"&& (request.operation == 'CREATE' || ({labelled_condition('oldObject')}))"
+        f"&& (request.operation == 'CREATE' || ({labelled_condition('oldObject')}) || !{_has_roles('oldObject')})"
     )
 
 
 LABEL_POLICY = "stormtopo-opt-in-label"
-MAX_LABELLED_ROLES = 64  # roles the in-process policy labels; a StormService with more is listed instead
 
 
 def opt_in_label_policy(api_version: str) -> list[dict[str, Any]]:
@@ -202,7 +207,7 @@ def opt_in_label_policy(api_version: str) -> list[dict[str, Any]]:
     in 1.34 and 1.35 where enabled) with its binding that puts OPTED_IN_LABEL on role templates, as
     opt_in_patch does, inside the API server: a create costs no webhook call. Fails closed."""
     roles = "object.spec.template.spec.roles"
-    role = f"{roles}[i]"
+    role = "r"
     path = '"/spec/template/spec/roles/" + string(i) + "/template'
     key = OPTED_IN_LABEL.replace("~", "~0").replace("/", "~1")
     labels = f'{{"{OPTED_IN_LABEL}": "true"}}'
@@ -223,7 +228,6 @@ def opt_in_label_policy(api_version: str) -> list[dict[str, Any]]:
         f"has({role}.template) && has({role}.template.metadata) && has({role}.template.metadata.labels) "
         f"&& '{OPTED_IN_LABEL}' in {role}.template.metadata.labels"
     )
-    indices = "[" + ", ".join(str(i) for i in range(MAX_LABELLED_ROLES)) + "]"
     group, version = AIBRIX
     policy = {
         "apiVersion": f"admissionregistration.k8s.io/{api_version}",
@@ -244,7 +248,8 @@ def opt_in_label_policy(api_version: str) -> list[dict[str, Any]]:
             "mutations": [
                 {
                     "patchType": "JSONPatch",
-                    "jsonPatch": {"expression": f"{indices}.filter(i, i < size({roles}) && !({carries})).map(i, {patch})"},
+                    # transformList (a two-variable comprehension, Kubernetes 1.33 on): index and role together, every role.
+                    "jsonPatch": {"expression": f"{roles}.transformList(i, r, !({carries}), {patch})"},
                 }
             ],
         },
@@ -259,11 +264,11 @@ def opt_in_label_policy(api_version: str) -> list[dict[str, Any]]:
 
 
 def requests_topology_condition() -> str:
-    """CEL for the gate: an update of a StormService that carries a network-topology annotation on role
-    templates without OPTED_IN_LABEL, and is newly opted in or changes its scope (what the list says of
-    it). A create never calls it (the mutating webhook labels the new service's role templates: nothing to
-    list), nor do other updates of an opted-in StormService (scaling, a rollout), so those go on while
-    stormtopo is down."""
+    """CEL for the gate: a StormService that carries a network-topology annotation on role templates without
+    OPTED_IN_LABEL, on an update that opts it in or changes its scope (what the list says of it), or on a
+    create with roles (validating webhooks see the object once mutated: its labelling failed, see
+    unlabelled_create). Other updates of an opted-in StormService (scaling, a rollout) never call it, so
+    those go on while stormtopo is down."""
     opted_in = _opted_in_condition("object")
     was_opted_in = _opted_in_condition("oldObject")
 
@@ -271,8 +276,8 @@ def requests_topology_condition() -> str:
         return f"(has({of}.metadata.annotations) && '{SCOPE}' in {of}.metadata.annotations ? {of}.metadata.annotations['{SCOPE}'] : '')"
 
     return (
-        f"request.operation == 'UPDATE' && ({opted_in}) && !({labelled_condition('object')}) "
-        f"&& (!({was_opted_in}) || {scope('object')} != {scope('oldObject')})"
+        f"({opted_in}) && !({labelled_condition('object')}) && (request.operation == 'CREATE' ? {_has_roles('object')} "
+        f": (!({was_opted_in}) || {scope('object')} != {scope('oldObject')}))"
     )
 
 
@@ -414,6 +419,23 @@ REFUTED_LIMIT = 1024  # versions remembered as falsely listed (an LRU: bounded m
 
 def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return (obj or {}).get("metadata") or {}
+
+
+def unlabelled_create(stormservice: Mapping[str, Any]) -> str | None:
+    """Why the gate refuses a new StormService, if it does: it asks for a topology, has roles, and reached
+    the gate (after every mutation) without OPTED_IN_LABEL on each role template, so nothing would hold its
+    pods while stormtopo is down. A refusal has no side effect: a made-up review gets it back, and nothing
+    else."""
+    annotations = _meta(stormservice).get("annotations") or {}
+    if not is_opted_in(annotations) or not _roles(stormservice) or labelled(stormservice):
+        return None
+    return (
+        f"StormService {_meta(stormservice).get('name', '')!r} asks for a network topology, but its role templates did not "
+        f"get the label {OPTED_IN_LABEL} that holds its pods while stormtopo is down: the API server did not run "
+        f"stormtopo's MutatingAdmissionPolicy ({LABEL_POLICY}; it serves that API, but is its MutatingAdmissionPolicy "
+        "feature gate on?) or its webhook opt-in.stormservices.stormtopo.io (just installed?); retry, or put "
+        f'"{OPTED_IN_LABEL}: "true"" on every role template yourself (stormtopo doctor checks which runs)'
+    )
 
 
 def gate_listing(

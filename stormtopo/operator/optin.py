@@ -26,6 +26,7 @@ from stormtopo.core.optin import (
     opted_in_key,
     split_key,
     still_at,
+    unlabelled_create,
     valid_names,
 )
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
@@ -217,11 +218,13 @@ class Gate:
         meta = obj.get("metadata") or {}
         namespace, name = str(request.get("namespace") or meta.get("namespace") or ""), str(meta.get("name") or "")
         operation = str(request.get("operation") or "")
+        if operation == "CREATE":
+            return unlabelled_create(obj)  # a create is never listed: held by its label, or refused
         if request.get("dryRun") or not valid_names(namespace, name):
             return None  # a real review names a valid namespace and StormService: a made-up one lists nothing
         key = opted_in_key(namespace, name)
         if operation != "UPDATE" or listing(obj) is None or labelled(obj):
-            return None  # a create, or nothing to list whatever is stored (gate_listing): no read, no room taken
+            return None  # nothing to list whatever is stored (gate_listing): no read, no room taken
         self._confirm_from_index()
         current = self.indexed(namespace, name)
         if not self._is_oldobject(request, current):

@@ -27,7 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
-from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint, joined_gang
+from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint, joined_gang, strips_opt_in_label
 from stormtopo.core.optin import admission_policy, labels_roles_condition, opt_in_label_policy, opt_in_patch, requests_topology_condition
 from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
@@ -104,7 +104,15 @@ def build_app(
                 group = joined_gang(roleset, stormservice, tiers)
                 gang = await index.read_podgroup(namespace, group)
                 groups = {group: gang} if gang is not None else {}
-            return admit_pod(pod, roleset, stormservice, tiers, owner, groups, exact_preemption)
+            decision = admit_pod(pod, roleset, stormservice, tiers, owner, groups, exact_preemption)
+            if stormservice is not None and strips_opt_in_label(decision):
+                # The index may lag an opt-in again: only the API server's copy lets a labelled pod go free.
+                stored = await read_stored(namespace, str(stormservice["metadata"]["name"]))
+                if is_opted_in(((stored or {}).get("metadata") or {}).get("annotations")):
+                    return Decision(
+                        allowed=False, message="its StormService asks for a network topology again; stormtopo is catching up, retry"
+                    )
+            return decision
 
         return await handle(request, "pod", admit)
 
@@ -276,7 +284,7 @@ def configuration(
             {
                 "name": "stormservices.stormtopo.io",
                 "clientConfig": client_config(ca_bundle, STORMSERVICES_PATH, url_base, service),
-                "rules": [rule(AIBRIX, "stormservices", ["UPDATE"])],
+                "rules": [rule(AIBRIX, "stormservices", ["CREATE", "UPDATE"])],
                 "matchConditions": [{"name": "requests-topology", "expression": requests_topology_condition()}],
                 "failurePolicy": "Fail",  # only StormServices that ask for a topology
                 "sideEffects": "NoneOnDryRun",

@@ -174,6 +174,8 @@ def test_an_update_keeps_the_label_only_where_the_stored_version_had_it_on_every
     assert opt_in_patch("UPDATE", opting, plain_before) == []
     assert gate_listing("UPDATE", opting, plain_before, plain_before)[0] == "RoleSet"
     assert opt_in_patch("DELETE", reapplied, old) == []
+    no_roles = with_roles(service(annotations=HARD))  # created with none: the roles added later are labelled
+    assert labelled(apply_patch(reapplied, opt_in_patch("UPDATE", reapplied, no_roles)))
 
 
 # -- the bound and expiry (pure) -----------------------------------------------------------------
@@ -338,6 +340,12 @@ def test_made_up_creates_list_nothing_read_nothing_and_take_no_room() -> None:
         answers = [await gate.review(review("CREATE", service(f"made-up-{i}", HARD))) for i in range(1000)]
         assert answers == [None] * 1000
         assert api.data is None and api.writes == 0 and cluster.reads == 0 and gate.unconfirmed.since == {}
+        # With roles that reached the gate unlabelled (no policy or webhook labelled them): refused, and still nothing written.
+        refused = await gate.review(review("CREATE", with_roles(service("unlabelled", HARD), {})))
+        assert refused is not None and OPTED_IN_LABEL in refused and "feature gate" in refused
+        labelled_roles = with_roles(service("labelled", HARD), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
+        assert await gate.review(review("CREATE", labelled_roles)) is None
+        assert api.data is None and api.writes == 0 and cluster.reads == 0
         assert await gate.review(opting_in(cluster, "real")) is None
         assert api.data == {"ns.real": "RoleSet"}
 
