@@ -41,6 +41,7 @@ PODS_PATH = "/mutate/pods"
 PODGROUPS_PATH = "/mutate/podgroups"
 STORMSERVICES_PATH = "/validate/stormservices"
 LABEL_ROLES_PATH = "/mutate/stormservices"
+LABEL_WEBHOOK = "opt-in.stormservices.stormtopo.io"  # where the API server runs no MutatingAdmissionPolicy
 # PEM file of the CA that signed the API server's webhook client certificate. Set: the gate answers
 # only callers presenting a certificate it signed (the chart's webhook.clientAuth; `dev up` sets it).
 CLIENT_CA_ENV = "STORMTOPO_WEBHOOK_CLIENT_CA"
@@ -261,7 +262,7 @@ def configuration(
                     {
                         # A new opted-in StormService's role templates get the opt-in label, so its pods are held by
                         # the admission policy from the first on, with no list to write (core/optin.py).
-                        "name": "opt-in.stormservices.stormtopo.io",
+                        "name": LABEL_WEBHOOK,
                         "clientConfig": client_config(ca_bundle, LABEL_ROLES_PATH, url_base, service),
                         "rules": [rule(AIBRIX, "stormservices", ["CREATE", "UPDATE"])],
                         "matchConditions": [{"name": "labels-roles", "expression": labels_roles_condition()}],

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from stormtopo.core.vocabulary import ADMITTED_LABEL, HIGHEST_TIER, MODE, OPTED_IN_LABEL
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import stormservice
@@ -77,3 +79,37 @@ def test_of_two_services_whose_roleset_prefix_agrees_neither_is_movable_until_on
     cluster.wait(told, 30, "the Event naming the twin")
     cluster.delete_stormservice(namespace, twin)
     cluster.wait(lambda: cluster.opted_in().get(key) == "RoleSet+heal", 30, "+heal back once the twin is gone")
+
+
+def test_a_new_opted_in_service_that_nothing_labels_is_refused_with_what_to_do(cluster: DevCluster, namespace: str) -> None:
+    """The review's finding: an API server that serves MutatingAdmissionPolicy but does not run it (its feature gate
+    off) would let a new opted-in service in unlabelled, its pods unheld while stormtopo is down. The gate, which
+    sees the object once mutated, refuses it instead, saying what to do; a create that carries the label itself goes."""
+    bindings = ("admissionregistration.k8s.io", "v1beta1", "mutatingadmissionpolicybindings")
+    binding = cluster.custom.get_cluster_custom_object(*bindings, "stormtopo-opt-in-label")
+    cluster.custom.delete_cluster_custom_object(*bindings, "stormtopo-opt-in-label")
+    try:
+
+        def refused() -> str:
+            try:
+                cluster.custom.create_namespaced_custom_object(
+                    "orchestration.aibrix.ai",
+                    "v1alpha1",
+                    namespace,
+                    "stormservices",
+                    stormservice("unheld", namespace, replicas=0, annotations=HARD_LEAF),
+                    dry_run="All",
+                )
+            except ApiException as exc:
+                return str(exc.body)
+            return ""  # the API server has not seen the binding go yet
+
+        message = cluster.wait(refused, 30, "the create refused")
+        assert OPTED_IN_LABEL in message and "feature gate" in message
+        body = stormservice("self-labelled", namespace, replicas=0, annotations=HARD_LEAF)
+        for role in body["spec"]["template"]["spec"]["roles"]:
+            role["template"]["metadata"]["labels"][OPTED_IN_LABEL] = "true"
+        assert role_labels(cluster.create(body))[0][OPTED_IN_LABEL] == "true"
+    finally:
+        binding["metadata"] = {"name": binding["metadata"]["name"], "labels": binding["metadata"].get("labels") or {}}
+        cluster.custom.create_cluster_custom_object(*bindings, binding)
