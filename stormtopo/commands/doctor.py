@@ -30,12 +30,12 @@ from stormtopo.core.diagnosis import (
     exit_code,
     podgroup_names,
 )
+from stormtopo.core.optin import LABEL_POLICY
 from stormtopo.core.request import is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, PODGROUP_CRD, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator.leader import LEASE_NAME
 from stormtopo.operator.webhook import (
-    LABEL_WEBHOOK,
     configuration,
     served_label_policy,
 )  # what stormtopo registers: the checks look for that
@@ -120,8 +120,6 @@ def read_snapshot(api: Api, scheduler_config: Source | None = None) -> Snapshot:
         # Items of a list carry no kind: set it, the checks match by it.
         admission += [{**o, "kind": kind} for o in _attempt(partial(api.list_objects, ADMISSION, plural), unreadable, "admission") or []]
     label_policy = _attempt(lambda: served_label_policy(api), unreadable, "admission")
-    if any(w.get("name") == LABEL_WEBHOOK for o in admission for w in o.get("webhooks") or []):
-        label_policy = None  # rendered for an API server without the policy (or before an upgrade to one): the webhook labels
     if label_policy:
         for plural, kind in (
             ("mutatingadmissionpolicies", "MutatingAdmissionPolicy"),
@@ -129,6 +127,8 @@ def read_snapshot(api: Api, scheduler_config: Source | None = None) -> Snapshot:
         ):
             listed = _attempt(partial(api.list_objects, (ADMISSION[0], label_policy), plural), unreadable, "admission")
             admission += [{**o, "kind": kind} for o in listed or []]
+        if not any(o["kind"] == "MutatingAdmissionPolicy" and o["metadata"]["name"].endswith(LABEL_POLICY) for o in admission):
+            label_policy = None  # rendered for an API server without it (or before an upgrade to one): the webhook labels
     leases = _attempt(
         lambda: api.raw_list("/apis/coordination.k8s.io/v1/leases", fieldSelector=f"metadata.name={LEASE_NAME}"), unreadable, "leases"
     )

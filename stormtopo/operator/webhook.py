@@ -220,7 +220,8 @@ def configuration(
     """Every admission object stormtopo registers: the mutating webhooks, the StormService gate, the
     admission policies with their bindings (the opted-in lists are written per namespace, as services opt in).
     With `label_policy` (the version of MutatingAdmissionPolicy the API server serves), a policy labels new
-    opted-in StormServices' role templates inside the API server instead of the webhook."""
+    opted-in StormServices' role templates inside the API server, before the webhook, which then labels only
+    what the policy did not."""
 
     def webhook(name: str, path: str, rule: dict[str, Any], label: str, conditions: list[dict[str, str]]) -> dict[str, Any]:
         return {
@@ -255,26 +256,22 @@ def configuration(
                 # Volcano writes status through the main resource (the CRD has no status subresource): skip those.
                 [{"name": "spec-written", "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"}],
             ),
-            *(
-                []
-                if label_policy
-                else [
-                    {
-                        # A new opted-in StormService's role templates get the opt-in label, so its pods are held by
-                        # the admission policy from the first on, with no list to write (core/optin.py).
-                        "name": LABEL_WEBHOOK,
-                        "clientConfig": client_config(ca_bundle, LABEL_ROLES_PATH, url_base, service),
-                        "rules": [rule(AIBRIX, "stormservices", ["CREATE", "UPDATE"])],
-                        "matchConditions": [{"name": "labels-roles", "expression": labels_roles_condition()}],
-                        "failurePolicy": "Fail",  # only StormServices that ask for a topology, and lack the label
-                        "sideEffects": "None",
-                        "admissionReviewVersions": ["v1"],
-                        "timeoutSeconds": 5,
-                        "matchPolicy": "Equivalent",
-                        "reinvocationPolicy": "IfNeeded",
-                    }
-                ]
-            ),
+            {
+                # A new opted-in StormService's role templates get the opt-in label, so its pods are held by
+                # the admission policy from the first on, with no list to write (core/optin.py). Where the API
+                # server runs the MutatingAdmissionPolicy, it labels them first (policies run before webhooks) and
+                # this is not called: only for what it left unlabelled (just installed, or its feature gate off).
+                "name": LABEL_WEBHOOK,
+                "clientConfig": client_config(ca_bundle, LABEL_ROLES_PATH, url_base, service),
+                "rules": [rule(AIBRIX, "stormservices", ["CREATE", "UPDATE"])],
+                "matchConditions": [{"name": "labels-roles", "expression": labels_roles_condition()}],
+                "failurePolicy": "Fail",  # only StormServices that ask for a topology, and lack the label
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 5,
+                "matchPolicy": "Equivalent",
+                "reinvocationPolicy": "IfNeeded",
+            },
         ],
     }
     gate = {
