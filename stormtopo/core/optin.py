@@ -205,7 +205,7 @@ LABEL_POLICY = "stormtopo-opt-in-label"
 def opt_in_label_policy(api_version: str) -> list[dict[str, Any]]:
     """The MutatingAdmissionPolicy (admissionregistration.k8s.io/`api_version`: v1 from Kubernetes 1.36, v1beta1
     in 1.34 and 1.35 where enabled) with its binding that puts OPTED_IN_LABEL on role templates, as
-    opt_in_patch does, inside the API server: a create costs no webhook call. Fails closed."""
+    opt_in_patch does, inside the API server: a create costs no webhook call. Fails open, to the webhook."""
     roles = "object.spec.template.spec.roles"
     role = "r"
     path = '"/spec/template/spec/roles/" + string(i) + "/template'
@@ -234,7 +234,10 @@ def opt_in_label_policy(api_version: str) -> list[dict[str, Any]]:
         "kind": "MutatingAdmissionPolicy",
         "metadata": {"name": LABEL_POLICY, "labels": dict(MANAGED_BY)},
         "spec": {
-            "failurePolicy": "Fail",
+            # Ignore: a create the policy cannot label (the API server just restarted and has not loaded the CRD's
+            # schema yet) goes on to the webhook, which labels it, or refuses it while stormtopo is down; and a
+            # StormService that never opted in never waits on it.
+            "failurePolicy": "Ignore",
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": {
                 "resourceRules": [

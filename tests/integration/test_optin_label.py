@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from stormtopo.core.vocabulary import ADMITTED_LABEL, HIGHEST_TIER, MODE, OPTED_IN_LABEL
@@ -81,28 +82,36 @@ def test_of_two_services_whose_roleset_prefix_agrees_neither_is_movable_until_on
     cluster.wait(lambda: cluster.opted_in().get(key) == "RoleSet+heal", 30, "+heal back once the twin is gone")
 
 
-def test_a_new_opted_in_service_that_nothing_labels_is_refused_with_what_to_do(cluster: DevCluster, namespace: str) -> None:
-    """The review's finding: an API server that serves MutatingAdmissionPolicy but does not run it (its feature gate
-    off) would let a new opted-in service in unlabelled, its pods unheld while stormtopo is down. The gate, which
-    sees the object once mutated, refuses it instead, saying what to do; a create that carries the label itself goes."""
+def test_the_webhook_labels_what_the_policy_did_not_and_the_gate_refuses_what_nothing_labelled(cluster: DevCluster, namespace: str) -> None:
+    """The review's finding: an API server that serves MutatingAdmissionPolicy but does not run it (its feature
+    gate off), or has not loaded it yet, would let a new opted-in service in unlabelled, its pods unheld while
+    stormtopo is down. The webhook labels what the policy did not; should neither label it, the gate (which sees
+    the object once mutated) refuses it, saying what to do; a create that carries the label itself goes."""
     bindings = ("admissionregistration.k8s.io", "v1beta1", "mutatingadmissionpolicybindings")
     binding = cluster.custom.get_cluster_custom_object(*bindings, "stormtopo-opt-in-label")
+    hooks = client.AdmissionregistrationV1Api(cluster.api_client)
+    mutating = hooks.read_mutating_webhook_configuration("stormtopo")
     cluster.custom.delete_cluster_custom_object(*bindings, "stormtopo-opt-in-label")
     try:
 
+        def created_by_webhook() -> list[dict[str, str]]:
+            body = stormservice("by-webhook", namespace, replicas=0, annotations=HARD_LEAF)
+            made = cluster.custom.create_namespaced_custom_object(*services_of(namespace), body, dry_run="All")
+            return role_labels(made)
+
+        cluster.wait(lambda: all(OPTED_IN_LABEL in labels for labels in created_by_webhook()), 30, "the webhook labelling")
+        kept = [h for h in mutating.webhooks if h.name != "opt-in.stormservices.stormtopo.io"]
+        hooks.patch_mutating_webhook_configuration(
+            "stormtopo", [{"op": "replace", "path": "/webhooks", "value": cluster.api_client.sanitize_for_serialization(kept)}]
+        )
+
         def refused() -> str:
             try:
-                cluster.custom.create_namespaced_custom_object(
-                    "orchestration.aibrix.ai",
-                    "v1alpha1",
-                    namespace,
-                    "stormservices",
-                    stormservice("unheld", namespace, replicas=0, annotations=HARD_LEAF),
-                    dry_run="All",
-                )
+                body = stormservice("unheld", namespace, replicas=0, annotations=HARD_LEAF)
+                cluster.custom.create_namespaced_custom_object(*services_of(namespace), body, dry_run="All")
             except ApiException as exc:
                 return str(exc.body)
-            return ""  # the API server has not seen the binding go yet
+            return ""  # the API server has not seen the webhook go yet
 
         message = cluster.wait(refused, 30, "the create refused")
         assert OPTED_IN_LABEL in message and "feature gate" in message
@@ -111,5 +120,12 @@ def test_a_new_opted_in_service_that_nothing_labels_is_refused_with_what_to_do(c
             role["template"]["metadata"]["labels"][OPTED_IN_LABEL] = "true"
         assert role_labels(cluster.create(body))[0][OPTED_IN_LABEL] == "true"
     finally:
+        hooks.patch_mutating_webhook_configuration(
+            "stormtopo", [{"op": "replace", "path": "/webhooks", "value": cluster.api_client.sanitize_for_serialization(mutating.webhooks)}]
+        )
         binding["metadata"] = {"name": binding["metadata"]["name"], "labels": binding["metadata"].get("labels") or {}}
         cluster.custom.create_cluster_custom_object(*bindings, binding)
+
+
+def services_of(namespace: str) -> tuple[str, str, str, str]:
+    return ("orchestration.aibrix.ai", "v1alpha1", namespace, "stormservices")
