@@ -73,7 +73,16 @@ class DevCluster:
         kind = obj["kind"]
         ns = obj["metadata"].get("namespace")
         if kind == "StormService":
-            return dict(self.custom.create_namespaced_custom_object(*AIBRIX, ns, "stormservices", obj))
+            # 503 says "retry": the API server answers it for a moment after it starts, until it has loaded the
+            # CRD's schema that the opt-in label policy needs (docs/failures.md), as clients of a real cluster retry.
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    return dict(self.custom.create_namespaced_custom_object(*AIBRIX, ns, "stormservices", obj))
+                except ApiException as exc:
+                    if exc.status != 503 or time.monotonic() > deadline:
+                        raise
+                time.sleep(0.2)
         if kind == "Pod":
             return dict(self.api_client.sanitize_for_serialization(self.core.create_namespaced_pod(ns, obj)))
         if kind == "Node":
