@@ -244,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--background", type=int, default=10_000, help="StormServices opted in between the two rounds (default 10,000)")
     p.add_argument("--namespaces", type=int, default=100, help="namespaces they are spread over (default 100)")
+    p.add_argument(
+        "--labelled-by",
+        choices=("policy", "webhook"),
+        default="policy",
+        help="who labels new opted-in StormServices: the MutatingAdmissionPolicy (default), or stormtopo's webhook "
+        "(the policy's binding deleted: as on Kubernetes before 1.34)",
+    )
     _operator_source(p, "run the operator")
     p = add(
         "uninstall",
@@ -559,7 +566,7 @@ def run_optin_creates(args: argparse.Namespace, command: str) -> int:
     from bench import optin_creates
 
     _use_operator_source(args)
-    result = {**optin_creates.run(args.background, args.namespaces), "operator_source": args.operator_source or ""}
+    result = {**optin_creates.run(args.background, args.namespaces, args.labelled_by), "operator_source": args.operator_source or ""}
     path = record.write(args.name or ("optin-creates-before" if args.operator_source else "optin-creates"), command, result)
     print(f"results: {path}")
     _print_json(result)

@@ -126,7 +126,9 @@ def opt_in_patch(operation: str, stormservice: Mapping[str, Any], old: Mapping[s
     review may come from anyone): the opt-in label on its role templates, if it asks for a topology and is
     new, or was labelled on every role before this update."""
     annotations = _meta(stormservice).get("annotations") or {}
-    if not is_opted_in(annotations) or (operation != "CREATE" and not (operation == "UPDATE" and (labelled(old) or not _roles(old)))):
+    if not is_opted_in(annotations) or not _roles(stormservice):
+        return []  # no role to label (an update of one without roles, a finalizer: never waits on stormtopo)
+    if operation != "CREATE" and not (operation == "UPDATE" and (labelled(old) or not _roles(old))):
         return []
     return label_roles(stormservice)
 
@@ -143,8 +145,9 @@ def roleset_prefix(stormservice: str) -> str:
 
 def movable(stormservice: Mapping[str, Any] | None, prefix_shared_with: str | None = None) -> bool:
     """Its pods may be evicted to move its replicas: it asks for healing (lending room needs healing too),
-    and no other StormService of its namespace has RoleSets named with the same prefix (two names that agree
-    in their first 49 characters): the eviction policy could not tell their pods apart."""
+    and no other StormService of its namespace has a RoleSet name prefix that begins its own or that its
+    own begins (names that agree in their first 58 characters, or one named "<other>-roleset-..."): the
+    eviction policy could not tell their pods apart."""
     return asks_healing(stormservice) and prefix_shared_with is None
 
 
@@ -195,7 +198,8 @@ def labels_roles_condition() -> str:
     it instead."""
     return (
         f"({_opted_in_condition('object')}) && !({labelled_condition('object')}) "
-        f"&& (request.operation == 'CREATE' || ({labelled_condition('oldObject')}) || !{_has_roles('oldObject')})"
+        f"&& {_has_roles('object')} && (request.operation == 'CREATE' || ({labelled_condition('oldObject')}) "
+        f"|| !{_has_roles('oldObject')})"
     )
 
 

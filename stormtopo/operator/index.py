@@ -398,24 +398,24 @@ class Index:
 
     def roleset_prefix_shared(self, namespace: str, stormservice: str) -> str | None:
         """Another StormService of the namespace whose pods the chart's eviction policy could take for this
-        one's (core/optin.py movable): its RoleSet name prefix begins with this one's (the same, once AIBrix
-        cuts both to ROLESET_PREFIX characters, or "<this>-roleset-<more>")."""
-        prefixes = self._prefixes.get(namespace, [])
-        own = roleset_prefix(stormservice)
-        for prefix, name in prefixes[bisect.bisect_left(prefixes, (own, "")) :]:
-            if not prefix.startswith(own):
-                return None
-            if name != stormservice:
-                return name
-        return None
+        one's, or the other way round (core/optin.py movable): one of their RoleSet name prefixes begins the
+        other (the same, once AIBrix cuts both to ROLESET_PREFIX characters, or "<this>-roleset-<more>")."""
+        return next(iter(self.prefix_neighbours(namespace, stormservice)), None)
 
     def prefix_neighbours(self, namespace: str, stormservice: str) -> list[str]:
-        """The StormServices of the namespace for which this one is what roleset_prefix_shared finds (their
-        prefix begins this one's): once it comes or goes, whether they are movable may change."""
+        """Every other StormService of the namespace whose RoleSet name prefix begins this one's or that this
+        one's begins: whether either is movable depends on the other, so when one comes or goes the others are
+        reconciled again. O(log n) and the few found."""
         own = roleset_prefix(stormservice)
         prefixes = self._prefixes.get(namespace, [])
-        heads = {own} | {own[: at + len("-roleset-")] for at in range(len(own)) if own.startswith("-roleset-", at)}
         out = []
+        for prefix, name in prefixes[bisect.bisect_left(prefixes, (own, "")) :]:  # those that begin with this one's
+            if not prefix.startswith(own):
+                break
+            if name != stormservice:
+                out.append(name)
+        # Those this one's begins with: its whole prefix (found above) or a head ending in "-roleset-".
+        heads = {own[: at + len("-roleset-")] for at in range(len(own)) if own.startswith("-roleset-", at)} - {own}
         for head in sorted(heads):
             for prefix, name in prefixes[bisect.bisect_left(prefixes, (head, "")) :]:
                 if prefix != head:

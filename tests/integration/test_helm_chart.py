@@ -597,6 +597,8 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
     long = "l" * 52
     data = {"svc": "RoleSet" + MOVABLE, "plain": "RoleSet", "a": "RoleSet" + MOVABLE, long: "RoleSet" + MOVABLE}
     long_pod = (long + "-roleset-")[:58] + "bcdfg-prefill-7d9f-0"
+    # A stateless pod of that long name: "<RoleSet>-<role>-" cut to 58 by generateName, then 5 random characters.
+    long_stateless = (long + "-roleset-")[:58] + "x7k2p"
     # The list of the pods' own namespace (the operator writes one per namespace); another namespace has none.
     admin.core.create_namespaced_config_map(ns, {"metadata": {"name": "stormtopo-opted-in", "namespace": ns}, "data": data})
     elsewhere = "evict-other-ns"
@@ -626,6 +628,7 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
     pod(ns, "svc-roleset-abcde-prefill-0")
     pod(ns, "a-roleset-foo-roleset-abcde-prefill-0")  # of a-roleset-foo, which never asked for healing
     pod(ns, long_pod)
+    pod(ns, long_stateless)
     pod(elsewhere, "svc-roleset-abcde-prefill-0")  # another namespace's svc: its namespace lists nothing
     try:
         # In force, and its params (the opted-in list) read: probed with dry runs, which evict nothing.
@@ -645,6 +648,8 @@ def test_service_account_evicts_only_pods_of_opted_in_stormservices(chart_cluste
         allowed = evict(ns, "svc-roleset-abcde-prefill-0")
         assert allowed.returncode == 0, allowed.stderr
         allowed = evict(ns, long_pod)
+        assert allowed.returncode == 0, allowed.stderr
+        allowed = evict(ns, long_stateless)
         assert allowed.returncode == 0, allowed.stderr
 
         # Deletions (RBAC grants pods delete): only a pod stormtopo let go for a spread that no node runs.

@@ -322,6 +322,7 @@ def test_a_stormservice_whose_roleset_prefix_another_shares_is_found_both_ways_a
     assert index.roleset_prefix_shared("ns", "short") is None and index.roleset_prefix_shared("elsewhere", long_b) is None
     index.observe("StormService", "ADDED", stormservice("short-roleset-x", "ns"))  # its pods begin "short-roleset-": taken for short's
     assert index.roleset_prefix_shared("ns", "short") == "short-roleset-x"
+    assert index.roleset_prefix_shared("ns", "short-roleset-x") == "short"  # both ways: the policy matches either's pods by prefix
     assert index.prefix_neighbours("ns", long_b) == [long_a] and index.prefix_neighbours("ns", "short-roleset-x") == ["short"]
     assert index.prefix_neighbours("ns", "other") == []
     index.observe("StormService", "DELETED", stormservice(long_b, "ns"))
