@@ -1,7 +1,7 @@
 """The opted-in lists: in each namespace with a StormService opted in by an update or asking for healing, the
 ConfigMap the admission policies read (which services' pods must have been admitted by stormtopo, whose pods
 it may evict; see core/optin.py for why they exist), and what the fail-closed gate may add to them (checked
-against the cluster: core/optin.py, "what the gate may list")."""
+against the cluster: core/gate.py)."""
 
 from __future__ import annotations
 
@@ -13,22 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from stormtopo.core.optin import (
+from stormtopo.core.gate import (
     Unconfirmed,
     claimed_uid,
     confirmed,
     contradicted,
     expiry_verdict,
     gate_listing,
-    labelled,
-    listing,
-    opted_in_configmap,
-    opted_in_key,
-    split_key,
     still_at,
     unlabelled_create,
-    valid_names,
 )
+from stormtopo.core.optin import labelled, listing, opted_in_configmap, opted_in_key, split_key, valid_names
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
 from stormtopo.kube.client import MERGE_PATCH, Api, Conflict, NotFound
 from stormtopo.operator.loops import UNAVAILABLE_CAP, backoff
@@ -190,7 +185,7 @@ UPDATE_LAG = 2.0
 class Gate:
     """What the StormService gate lists, per operator replica. `indexed` answers from the watch (may
     lag by a moment), `stored` reads the API server (authoritative). A review is never trusted by
-    itself: see core/optin.py."""
+    itself: see core/gate.py."""
 
     def __init__(
         self,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from stormtopo.core.optin import CONFIRM_SECONDS
+from stormtopo.core.gate import CONFIRM_SECONDS
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, OPTED_IN_LABEL
 from stormtopo.devenv import components, webhook_auth

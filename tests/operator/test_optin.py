@@ -18,22 +18,8 @@ from aiohttp import web
 
 from stormtopo import certificates
 from stormtopo.core.admission import Decision
-from stormtopo.core.optin import (
-    CONFIRM_SECONDS,
-    MOVABLE,
-    REFUTED_LIMIT,
-    UNCONFIRMED_LIMIT,
-    Unconfirmed,
-    admission_policy,
-    confirmed,
-    expiry_verdict,
-    gate_listing,
-    labelled,
-    listing,
-    opt_in_patch,
-    opted_in_key,
-    split_key,
-)
+from stormtopo.core.gate import CONFIRM_SECONDS, REFUTED_LIMIT, UNCONFIRMED_LIMIT, Unconfirmed, confirmed, expiry_verdict, gate_listing
+from stormtopo.core.optin import MOVABLE, admission_policy, labelled, listing, opt_in_patch, opted_in_key, split_key
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE, OPTED_IN_LABEL, SCOPE
 from stormtopo.devenv import processes, webhook_auth
 from stormtopo.devenv.cluster import operator_env
