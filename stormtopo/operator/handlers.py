@@ -96,16 +96,14 @@ class Operator:
         """Record the object, and queue what it changes if this replica leads: a StormService or a
         RoleSet its StormService's PodGroups; a pod or a replica's PodGroup that replica's placement."""
         deleted = event.get("type") == "DELETED"
+        known = kind == "StormService" and key_of(body) in self.index.stormservices
         self.index.observe(kind, event.get("type"), body)
         if deleted:
             self.forget(kind, key_of(body))
         if not self.leadership.is_leader:
             return
-        if kind == "StormService" and event.get("type") in ("ADDED", "DELETED"):
-            # A name come or gone may make another service of its namespace movable, or no longer (core/optin.py).
-            namespace = key_of(body)[0]
-            for name in self.index.prefix_neighbours(*key_of(body)):
-                self.stormservices.add((namespace, name))
+        if kind == "StormService" and not deleted and not known:  # come, however it was delivered (gone: forget)
+            self.prefix_changed(key_of(body))
         if kind == "StormService" and not deleted:
             self.stormservices.add(key_of(body))
         elif kind == "RoleSet" and not deleted:
@@ -114,9 +112,17 @@ class Operator:
         elif kind in ("Pod", "PodGroup") and roleset_name(body):
             self.placements.add((key_of(body)[0], roleset_name(body) or ""))
 
+    def prefix_changed(self, key: Key) -> None:
+        """A StormService's name came or went: another of its namespace whose RoleSet prefix it shares may be
+        movable now, or no longer (core/optin.py movable). Reconciled again, if this replica leads."""
+        if self.leadership.is_leader:
+            for name in self.index.prefix_neighbours(*key):
+                self.stormservices.add((key[0], name))
+
     def forget(self, kind: str, key: Key) -> None:
         if kind == "StormService":
             self.reconciler.forget(key)
+            self.prefix_changed(key)
         elif kind == "RoleSet":
             self.reporter.forget(key)
 

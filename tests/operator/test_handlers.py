@@ -106,3 +106,34 @@ def test_a_relist_delivers_the_stormservices_and_rolesets_a_blind_watch_missed()
     assert healthy and report["kopf-watches"]["missed, delivered by the re-list"] == {"HyperNode": 1, "RoleSet": 1, "StormService": 1}
     asyncio.run(operator.relist(cast(Any, Api())))  # delivered once: the next re-list finds nothing missed
     assert operator.watch_missed == {"StormService": 1, "RoleSet": 1, "HyperNode": 1}
+
+
+def test_a_stormservice_come_or_gone_by_any_path_requeues_those_whose_roleset_prefix_it_shares() -> None:
+    """The second review of issue 43, item 3: a name delivered by kopf's first list (no event type), by the
+    re-list (MODIFIED), or pruned, changes whether another service is movable, as ADDED and DELETED do."""
+    from stormtopo.operator.index import Index
+
+    class Queue:
+        def __init__(self) -> None:
+            self.keys: list[Any] = []
+
+        def add(self, key: Any) -> None:
+            self.keys.append(key)
+
+    class Reconciler:
+        def forget(self, key: Any) -> None:
+            pass
+
+    index = Index(api=cast(Any, None))
+    leadership = Leadership(None, "default", "test", 15)  # no API: election off, it leads
+    operator = handlers.Operator(index, cast(Any, Reconciler()), cast(Any, None), leadership, cast(Any, None))
+    operator.stormservices = cast(Any, Queue())
+    operator.follow("StormService", {"type": None}, _stormservice("short", "1"))
+    operator.follow("StormService", {"type": "MODIFIED"}, _stormservice("short-roleset-x", "2"))  # first seen by a re-list
+    assert ("ns", "short") in operator.stormservices.keys  # type: ignore[attr-defined]
+    operator.stormservices.keys.clear()  # type: ignore[attr-defined]
+    operator.follow("StormService", {"type": "MODIFIED"}, _stormservice("short-roleset-x", "3"))  # known: nothing changes
+    assert ("ns", "short") not in operator.stormservices.keys  # type: ignore[attr-defined]
+    index.observe("StormService", "DELETED", _stormservice("short-roleset-x", "3"))
+    operator.forget("StormService", ("ns", "short-roleset-x"))  # pruned by a re-list
+    assert ("ns", "short") in operator.stormservices.keys  # type: ignore[attr-defined]
