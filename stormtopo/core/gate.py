@@ -96,11 +96,6 @@ def uid_of(obj: Mapping[str, Any] | None) -> str:
     return str(_meta(obj).get("uid") or "")
 
 
-def claimed_uid(operation: str, obj: Mapping[str, Any] | None, stored: Mapping[str, Any] | None) -> str:
-    """The uid a listing is for: the new object's on a CREATE, the stored one's on an UPDATE."""
-    return uid_of(obj) if operation == "CREATE" else uid_of(stored)
-
-
 def still_at(stormservice: Mapping[str, Any] | None, version: str) -> bool:
     """The StormService is still at the version an UPDATE review named as its old one: the update it
     reviewed has not happened (after a moment: a made-up or replayed review, or one refused after)."""
@@ -108,9 +103,9 @@ def still_at(stormservice: Mapping[str, Any] | None, version: str) -> bool:
 
 
 def contradicted(stormservice: Mapping[str, Any] | None, claimed: str) -> bool:
-    """The StormService exists under another uid than the listing was claimed for: the reviewed create
-    never happened (a made-up review, or one whose create failed). A claim without a uid is contradicted
-    by any StormService of the name (a genuine review always has one)."""
+    """The StormService exists under another uid than the listing was claimed for (the stored one's, when
+    its update was reviewed): deleted and made again since. A claim without a uid is contradicted by any
+    StormService of the name."""
     return stormservice is not None and (not claimed or uid_of(stormservice) != claimed)
 
 

@@ -15,12 +15,12 @@ from urllib.parse import quote
 
 from stormtopo.core.gate import (
     Unconfirmed,
-    claimed_uid,
     confirmed,
     contradicted,
     expiry_verdict,
     gate_listing,
     still_at,
+    uid_of,
     unlabelled_create,
 )
 from stormtopo.core.optin import labelled, listing, opted_in_configmap, opted_in_key, split_key, valid_names
@@ -232,7 +232,7 @@ class Gate:
             return self._full()
         old_meta = (request.get("oldObject") or {}).get("metadata") or {}
         version = str(old_meta.get("resourceVersion") or "") if operation == "UPDATE" else ""  # what an UPDATE was listed from
-        new = self.unconfirmed.add(key, self.clock(), claimed_uid(operation, obj, current), version)
+        new = self.unconfirmed.add(key, self.clock(), uid_of(current), version)
         if not new and self.opted_in.current(key) == want:
             return None  # listed by this replica moments ago: no rewrite of the ConfigMap
         try:
@@ -246,19 +246,16 @@ class Gate:
 
     @staticmethod
     def _is_oldobject(request: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
-        """The index holds exactly the version an UPDATE review names, or (CREATE) holds the name at all:
-        either way no API read is needed to judge it."""
+        """The index holds exactly the version the UPDATE review names: no API read is needed to judge it."""
         if current is None:
             return False
-        if request.get("operation") != "UPDATE":
-            return True
         old = (request.get("oldObject") or {}).get("metadata") or {}
         return bool(old.get("resourceVersion")) and old.get("resourceVersion") == (current.get("metadata") or {}).get("resourceVersion")
 
     async def _room_for(self, key: str) -> bool:
         """Room for `key` among the unconfirmed listings, waiting up to ROOM_WAIT for the watch to confirm
-        some: a burst of genuine creates (a GitOps sync) outruns the watch by a moment and is then let in;
-        made-up names stay bounded (each waits, then is refused)."""
+        some: a burst of genuine opt-ins (a GitOps sync) outruns the watch by a moment and is then let in;
+        replays stay bounded (each waits, then is refused)."""
         deadline = time.monotonic() + self.room_wait  # real time: the watch's lag, not the listings' clock
         self._waiting += 1  # the sweep reads the oldest listings meanwhile, in case the watch lags
         try:
