@@ -20,6 +20,8 @@ from stormtopo.core.topology.tree import Topology
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY_FILE = REPO / "examples" / "topology" / "aibrix-1730.yaml"
+# The chart renders only with an image (nothing publishes one): the tests name one, as docs/install.md does.
+CHART_IMAGE = "image.repository=registry.example.com/stormtopo"
 
 # The operators the tests start (dev up's, the chart's as installed, restarts) run with shorter periods than
 # production's (operator/config.py): the same behaviour, seen sooner. A test that needs another period

@@ -285,3 +285,76 @@ def test_the_layout_check_finds_a_missing_and_a_stale_line() -> None:
     page = "## Every module, one line each\n\n| module | what |\n|---|---|\n| `core/gang.py` | a gang |\n| `core/gone.py` | x |\n"
     assert modules_named_in_layout(page) == ["core/gang.py", "core/gone.py"]
     assert modules_named_in_layout(page + "\n### Beside the package\n\n| `bench/x.py` | y |\n") == ["core/gang.py", "core/gone.py"]
+
+
+# -- every flag a page names is one a parser takes (a contradiction class, tested) ---------------------------
+# Flags of other tools that the pages name, with the tool: anything else must be stormtopo's.
+OTHER_TOOLS_FLAGS = {
+    "--set": "helm",
+    "--timeout": "helm",
+    "--kube-version": "helm template",
+    "--runtime-config": "kube-apiserver",
+    "--admission-control-config-file": "kube-apiserver",
+    "--advertise-address": "kube-apiserver",
+    "--endpoint-reconciler-type": "kube-apiserver",
+    "--controllers": "kube-controller-manager, AIBrix's controller manager",
+    "--policy": "the SGLang router",
+    "--no-deps": "pip",
+}
+_SPAN = re.compile(r"`([^`\n]+)`")
+_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+
+
+def flags_named(text: str) -> set[str]:
+    """Flags a page names: a code span that is a flag (`--x` or `--x VALUE`), and every flag in a code span or a
+    code-block line that runs stormtopo (`stormtopo ...`, `kubectl stormtopo ...`, `python -m stormtopo...`)."""
+    found: set[str] = set()
+    runs = ("stormtopo ", "kubectl stormtopo ", "python -m stormtopo", "$ stormtopo ")
+    for span in _SPAN.findall(text):
+        if span.startswith("--") and (flag := _FLAG.match(span)):
+            found.add(flag.group(1))
+        elif span.startswith(runs):
+            found |= set(_FLAG.findall(span))
+    for line in text.splitlines():
+        if line.lstrip().startswith(runs):
+            found |= set(_FLAG.findall(line))
+    return found
+
+
+def stormtopos_flags() -> set[str]:
+    """Every option string of the CLI (with every subcommand's), of the operator and of the compatibility runner."""
+    import argparse
+
+    from stormtopo.cli import build_parser
+    from stormtopo.devenv.compat import build_parser as compat_parser
+    from stormtopo.operator.config import build_parser as operator_parser
+
+    found: set[str] = set()
+    parsers = [build_parser(), operator_parser(), compat_parser()]
+    while parsers:
+        parser = parsers.pop()
+        for action in parser._actions:
+            found |= {o for o in action.option_strings if o.startswith("--")}
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += list(action.choices.values())
+    return found
+
+
+def test_every_flag_a_page_names_is_one_a_parser_takes() -> None:
+    taken = stormtopos_flags()
+    assert {"--heal-interval", "--scheduler-config", "--without-operator", "--labelled-pods-binding"} <= taken  # the walk finds them
+    unknown = sorted(
+        f"{path.relative_to(REPO)}: {flag}"
+        for path in USER_PAGES
+        for flag in flags_named(path.read_text())
+        if flag not in taken and flag not in OTHER_TOOLS_FLAGS
+    )
+    assert unknown == [], "flags no parser of stormtopo takes (rename them, or name their tool in OTHER_TOOLS_FLAGS)"
+    assert not set(OTHER_TOOLS_FLAGS) & taken, "a flag listed as another tool's is stormtopo's"
+
+
+def test_the_flag_check_finds_a_flag_in_a_span_and_in_a_command() -> None:
+    page = "Set `--heal-intervall 5`; or run `stormtopo doctor --kubeconfg F`.\n\n```\nstormtopo dev up --state-dirr D\n```\n"
+    assert flags_named(page) == {"--heal-intervall", "--kubeconfg", "--state-dirr"}
+    assert not flags_named(page) & stormtopos_flags()
+    assert flags_named("`helm install x --wait`, a---b, `x--y`") == set()

@@ -20,6 +20,7 @@ from stormtopo.core.heal_request import tier_to_heal, wants_healing
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.healing import plan_healing
 from stormtopo.core.lending import resident
+from stormtopo.core.optin import not_movable_reason, shares_prefix_with
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.room import Resident, room_by_moving
 from stormtopo.core.verdict import Block, Why
@@ -60,6 +61,14 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
     if isinstance(request, RequestError):
         return {**report, "invalid": str(request)}
     report["request"] = request.describe() if request else None
+    if report["healing"]:  # the operator heals it only while no other service shares its pods' name prefix
+        try:
+            names = [str(s["metadata"]["name"]) for s in api.list_objects(AIBRIX, "stormservices", namespace)]
+        except ApiError as exc:
+            report["movableUnknown"] = str(exc)
+        else:
+            if (other := shares_prefix_with(name, names)) is not None:
+                report["notMovable"] = not_movable_reason(name, other)
     plan = plan_healing(snapshot, HealMemory(), opted_in_only=False)
     try:
         rooms = rooms_made(snapshot, plan, lambda: residents(api, snapshot, (namespace, name)), api.gpu_totals)
@@ -162,6 +171,10 @@ def render(report: Mapping[str, Any]) -> list[str]:
     lines = [f"{where}: {report['request']}"]
     if not report["healing"]:
         lines.append('  not opted in to healing (stormtopo.io/heal: "true"): the operator moves nothing; as if it were:')
+    elif report.get("notMovable"):
+        lines.append(f"  {report['notMovable']}: the operator moves nothing; as if it did:")
+    elif report.get("movableUnknown"):
+        lines.append(f"  whether another StormService shares its RoleSet name prefix is unknown: {report['movableUnknown']}")
     if not report["replicas"]:
         lines.append("  no replicas (RoleSets) yet")
     for entry in report["replicas"]:

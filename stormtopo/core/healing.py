@@ -37,7 +37,7 @@ from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.heal_target import _room, domain_left, room_for
 from stormtopo.core.jsonpatch import set_spec_fields
 from stormtopo.core.lending import not_lending
-from stormtopo.core.moves import HOLD, MOVE_RECORD_VERSION, recorded_moves, recorded_seconds, request_topology
+from stormtopo.core.moves import HOLD, MOVE_RECORD_VERSION, asks_healing, recorded_moves, recorded_seconds, request_topology
 from stormtopo.core.moves import MOVE_DEADLINE as MOVE_DEADLINE  # the hold's deadline too (core/moves.py); the shell's import
 from stormtopo.core.podgroup import desired_fields
 from stormtopo.core.request import Mode, TopologyRequest
@@ -255,6 +255,12 @@ def plan_stranded(snapshot: HealSnapshot, memory: HealMemory) -> tuple[list[Writ
     tier = tier_to_heal(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only=False)
     if request is None or tier is None or request.mode is not Mode.HARD:
         return [], memory
+    # A service here that asks for healing is one stormtopo may not move (core/optin.py movable): say so, not "set heal".
+    then = (
+        "It is not moved: healing stays off for this StormService, as its InvalidHealAnnotation Warning says"
+        if asks_healing(snapshot.stormservice)
+        else f'With {HEAL_ANNOTATION}: "true" stormtopo moves it there, whole'
+    )
     says = []
     for replica in snapshot.replicas:
         since = replica.pending_since()
@@ -269,7 +275,7 @@ def plan_stranded(snapshot: HealSnapshot, memory: HealMemory) -> tuple[list[Writ
         message = (
             f"replica {replica.name} is stranded: a pod of it has waited since {_timestamp(since)} in {where}, which cannot "
             f"hold it (Volcano keeps a gang with a running pod in its domain); {target.switch.name} (tier {target.switch.tier}) "
-            f'holds the whole replica now. With {HEAL_ANNOTATION}: "true" stormtopo moves it there, whole'
+            f"holds the whole replica now. {then}"
         )
         says.append((verdict, Say("Warning", "ReplicaStranded", message)))
     writes, memory = _say_once(memory, snapshot.stormservice, says)

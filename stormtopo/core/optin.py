@@ -28,7 +28,7 @@ This module is the pure part: keys, the label and the policy objects (the gate's
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stormtopo.core.jsonpatch import pointer
@@ -139,6 +139,25 @@ ROLESET_PREFIX = 58
 
 def roleset_prefix(stormservice: str) -> str:
     return f"{stormservice}-roleset-"[:ROLESET_PREFIX]
+
+
+def shares_prefix_with(stormservice: str, others: Iterable[str]) -> str | None:
+    """The first of `others` (StormServices of the same namespace) whose pods the eviction policy could take for
+    this one's, or the other way round: one's RoleSet name prefix begins the other's (as operator/index.py finds
+    them by bisection, for the operator; this is the plain scan a command makes once)."""
+    own = roleset_prefix(stormservice)
+    return next((o for o in others if o != stormservice and (own.startswith(p := roleset_prefix(o)) or p.startswith(own))), None)
+
+
+def not_movable_reason(stormservice: str, shared_with: str) -> str:
+    """Why healing stays off for a service that asks for it, while `shared_with` shares its RoleSet name prefix."""
+    return (
+        f"stormtopo.io/heal is on, but healing stays off: the RoleSets of StormService {shared_with!r} are named "
+        f"with the same prefix as this one's ({roleset_prefix(stormservice)!r}: AIBrix cuts "
+        f"'<name>-roleset-' to {ROLESET_PREFIX} characters), and an eviction names only the pod, so stormtopo could not be "
+        "kept from evicting that service's pods; rename one of them so that neither name with '-roleset-' after it begins "
+        "the other's prefix"
+    )
 
 
 def movable(stormservice: Mapping[str, Any] | None, prefix_shared_with: str | None = None) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 from stormtopo.core.gang import requests_resources, template_spec
 from stormtopo.core.jsonpatch import set_annotations, set_spec_fields
 from stormtopo.core.moves import asks_healing, heal_annotation_problem, moving_tier, released_topology
-from stormtopo.core.optin import ROLESET_PREFIX, listing, roleset_prefix
+from stormtopo.core.optin import listing, not_movable_reason
 from stormtopo.core.podgroup import (
     carries_constraint,
     desired_fields,
@@ -114,13 +114,7 @@ def not_movable(snapshot: ServiceSnapshot) -> str | None:
     """Why healing stays off for a service that asks for it, when its pods' names cannot be told apart."""
     if snapshot.prefix_shared_with is None or not asks_healing(snapshot.stormservice):
         return None
-    return (
-        f"stormtopo.io/heal is on, but healing stays off: the RoleSets of StormService {snapshot.prefix_shared_with!r} are named "
-        f"with the same prefix as this one's ({roleset_prefix(snapshot.stormservice['metadata']['name'])!r}: AIBrix cuts "
-        f"'<name>-roleset-' to {ROLESET_PREFIX} characters), and an eviction names only the pod, so stormtopo could not be "
-        "kept from evicting that service's pods; rename one of them so that neither name with '-roleset-' after it begins "
-        "the other's prefix"
-    )
+    return not_movable_reason(snapshot.stormservice["metadata"]["name"], snapshot.prefix_shared_with)
 
 
 def unanchored_roles(stormservice: Mapping[str, Any]) -> list[str]:

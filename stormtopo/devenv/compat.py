@@ -207,7 +207,7 @@ def describe(outcome: Outcome) -> str:
     return f"{outcome.result} ({timing})" if outcome.tests else outcome.result
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m stormtopo.devenv.compat", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--pair", nargs=2, action="append", metavar=("AIBRIX", "VOLCANO"), help="run only this pair on Kubernetes v1.35.3 (repeatable)"
@@ -216,7 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         "--kubernetes", action="append", metavar="VERSION", help="run only the newest pair on this Kubernetes release (repeatable)"
     )
     parser.add_argument("--no-record", action="store_true", help="leave COMPATIBILITY.md alone")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.pair or args.kubernetes:
         pairs = [Pair(a, v) for a, v in args.pair or []] + kubernetes_axis(args.kubernetes or [])
     else:

@@ -106,7 +106,8 @@ def _port(text: str) -> int:
     return int(text)
 
 
-def parse_args(argv: list[str] | None = None) -> OperatorConfig:
+def build_parser() -> argparse.ArgumentParser:
+    """The operator's flags, each defaulting to OperatorConfig's value."""
     d = OperatorConfig()
     p = argparse.ArgumentParser(prog="python -m stormtopo.operator")
     p.add_argument("--kubeconfig", help="kubeconfig file; in-cluster configuration when omitted")
@@ -217,6 +218,12 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         help="seconds a stopping replica still answers admission reviews, not ready and closing each connection after its"
         " answer, so that the API server's next review goes to a replica that stays",
     )
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> OperatorConfig:
+    d = OperatorConfig()
+    p = build_parser()
     a = vars(p.parse_args(argv))
     if a["node_tier_keep_runs"] and not a["node_tier"]:
         p.error("--node-tier-keep-runs: accepted only with --node-tier (it changes the node tier's list)")

@@ -168,17 +168,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--namespace",
         default="default",
-        help="the namespace the operator ran in (accepted as before, no longer needed: each namespace's opted-in list is found by name)",
+        help="ignored: each namespace's opted-in list is found by its name (kept so that existing scripts run)",
     )
     p.add_argument(
         "--delete-webhooks",
         action="store_true",
-        help="also delete the webhook configurations and admission policy the operator registered itself",
+        help="also delete the webhook configurations and admission policies the operator registered itself (an operator run without the chart)",
     )
     p.add_argument(
         "--labelled-pods-binding",
         metavar="NAME",
-        help="also delete this ValidatingAdmissionPolicyBinding: the chart's <release>-labelled-pods (its hook passes it)",
+        help="also delete this ValidatingAdmissionPolicyBinding: the chart's <release>-stormtopo-labelled-pods (its hook passes it)",
     )
 
 

@@ -55,3 +55,26 @@ def test_the_dry_run_says_when_the_installed_policy_would_refuse_the_move() -> N
     refusal = refusing_policy([other, old])
     assert refusal is not None and "rel-stormtopo-own-keys-only" in refusal and "stormtopo.io/moves" in refusal
     assert refusing_policy([new, other]) is None and refusing_policy([]) is None
+
+
+def test_the_dry_run_says_when_a_service_asking_for_healing_may_not_be_moved() -> None:
+    """The operator heals a service only while no other StormService of its namespace shares its RoleSet name
+    prefix (core/optin.py movable); the dry run says so, with the operator's own words, before what it would do."""
+    from stormtopo.core.optin import not_movable_reason
+
+    reason = not_movable_reason("svc-a", "svc-a-roleset-x")
+    entry = {
+        "replica": "svc-a-1",
+        "span": "s4, tier 2",
+        "wide": True,
+        "why": "soft-above-tier",
+        "wouldMove": True,
+        "to": "s0",
+        "toTier": 1,
+        "freeGPUs": 8,
+    }
+    report = {"namespace": "ns", "stormservice": "svc-a", "request": "soft, tier 1", "healing": True, "replicas": [entry]}
+    lines = render({**report, "notMovable": reason})
+    assert lines[1] == f"  {reason}: the operator moves nothing; as if it did:"
+    assert "'svc-a-roleset-x'" in lines[1] and "rename one of them" in lines[1]
+    assert not any("healing stays off" in line for line in render(report))

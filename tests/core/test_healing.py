@@ -571,6 +571,16 @@ def test_without_healing_a_stranded_replica_is_said_once_with_where_it_would_fit
     assert isinstance(event, PostEvent) and event.say.reason == "ReplicaStranded" and event.say.type == "Warning"
     assert "s1 (tier 1) holds the whole replica now" in event.say.message and "stormtopo.io/heal" in event.say.message
     assert plan_stranded(snapshot, memory)[0] == []  # once
+    # A service that asks for healing but may not be moved (its RoleSet names share a prefix with another's): the
+    # notice says it is not moved and why, not to set what is set.
+    asking = replace(snapshot, stormservice=service({MODE: "hard", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"}))
+    (event,) = plan_stranded(asking, HealMemory())[0]
+    assert isinstance(event, PostEvent) and "s1 (tier 1) holds the whole replica now" in event.say.message
+    assert (
+        "not moved" in event.say.message
+        and "InvalidHealAnnotation" in event.say.message
+        and "With stormtopo.io/heal" not in event.say.message
+    )
 
 
 def test_a_replica_volcano_is_preempting_is_not_healed_meanwhile() -> None:

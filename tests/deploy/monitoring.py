@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from stormtopo.devenv import components
-from tests.conftest import REPO
+from tests.conftest import CHART_IMAGE, REPO
 
 CHART = REPO / "deploy" / "helm" / "stormtopo"
 
@@ -21,7 +21,7 @@ def rendered(*sets: str, only: str = "templates/monitoring.yaml") -> list[dict[s
     """Every object of templates/monitoring.yaml (`only`: another template, or "" for all), with
     monitoring on unless `sets` turn it off."""
     args = ["template", "x", str(CHART), "--kube-version", "1.35.3", *(["--show-only", only] if only else [])]
-    for value in ("monitoring.enabled=true", *sets):
+    for value in (CHART_IMAGE, "monitoring.enabled=true", *sets):
         args += ["--set", value]
     done = subprocess.run([str(components.ensure_binary("helm")), *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -11,12 +11,15 @@ import pytest
 import yaml
 
 from stormtopo.devenv import components
+from tests.conftest import CHART_IMAGE
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "stormtopo"
 
 
-def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(components.ensure_binary("helm")), *args], capture_output=True, text=True, timeout=120)
+def helm(*args: str, image: bool = True) -> subprocess.CompletedProcess[str]:
+    """helm, with the chart's one required value set (`image`) as the docs set it."""
+    sets = ["--set", CHART_IMAGE] if image else []
+    return subprocess.run([str(components.ensure_binary("helm")), *args, *sets], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("sets", [[], ["--set", "monitoring.enabled=true"], ["--set", "nodeTier.enabled=true"]])
@@ -107,3 +110,19 @@ def test_the_uninstall_job_has_resources_and_ends_before_helms_default_timeout()
     assert longer["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "256Mi"}
     refused = helm("template", "x", str(CHART), "--kube-version", "1.35.3", "--set", "uninstallHook.activeDeadlineSeconds=5")
     assert refused.returncode != 0 and "activeDeadlineSeconds" in refused.stderr
+
+
+def test_without_an_image_the_chart_refuses_to_render_and_says_what_to_set() -> None:
+    """Nothing publishes an image of stormtopo: a default would install one that cannot be pulled (and its
+    fail-closed webhooks would refuse every opted-in create). helm install renders as template does."""
+    refused = helm("template", "x", str(CHART), "--kube-version", "1.35.3", image=False)
+    assert refused.returncode != 0, refused.stdout
+    said = refused.stdout + refused.stderr
+    assert "image.repository is not set" in said and "--set image.repository=REGISTRY/stormtopo" in said, said
+    assert "docs/install.md" in said
+    done = helm("template", "x", str(CHART), "--kube-version", "1.35.3", "--show-only", "templates/deployment.yaml")
+    assert done.returncode == 0, done.stderr
+    (deployment,) = [d for d in yaml.safe_load_all(done.stdout) if d]
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    chart_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert image == f"registry.example.com/stormtopo:{chart_version}"

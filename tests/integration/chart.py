@@ -20,7 +20,7 @@ from stormtopo.devenv import components, processes
 from stormtopo.devenv.client import DevCluster
 from stormtopo.kube.client import Api
 from stormtopo.operator import webhook
-from tests.conftest import REPO, stormtopo
+from tests.conftest import CHART_IMAGE, REPO, stormtopo
 
 NAMESPACE = "stormtopo-system"
 RELEASE = "rel"
@@ -50,6 +50,7 @@ def render(*sets: str, cluster: Path | None = None, api_versions: tuple[str, ...
     helm = components.ensure_binary("helm")
     cmd = [str(helm), "template", RELEASE, str(REPO / "deploy/helm/stormtopo"), "--namespace", NAMESPACE, "--kube-version", "1.35.3"]
     cmd += [f"--api-versions={v}" for v in api_versions]
+    cmd += ["--set", CHART_IMAGE]
     if cluster is not None:
         cmd += ["--dry-run=server", f"--kubeconfig={cluster / 'kubeconfig'}"]
     for s in sets:

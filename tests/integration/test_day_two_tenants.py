@@ -29,7 +29,7 @@ from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import stormservice
 from stormtopo.operator import webhook
 from stormtopo.operator.optin import SWEEP_SECONDS
-from tests.conftest import REPO
+from tests.conftest import CHART_IMAGE, REPO
 from tests.integration.operators import elected, follower
 
 HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
@@ -348,7 +348,7 @@ def _helm_template(*sets: str) -> subprocess.CompletedProcess[str]:
         "--kube-version",
         "1.35.3",
     ]
-    for s in sets:
+    for s in (CHART_IMAGE, *sets):
         cmd += ["--set", s]
     return subprocess.run(cmd, capture_output=True, text=True)
 

@@ -27,7 +27,7 @@ from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.nodes import node_manifests
 from stormtopo.devenv.workloads import Role, stormservice
 from stormtopo.operator import webhook
-from tests.conftest import REPO
+from tests.conftest import CHART_IMAGE, REPO
 from tests.integration.chart import (
     NAMESPACE,
     RELEASE,
@@ -108,7 +108,18 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
     assert "Certificate" in cm and "Secret" not in cm
     helm = components.ensure_binary("helm")
     bad = subprocess.run(
-        [str(helm), "template", "x", str(REPO / "deploy/helm/stormtopo"), "--kube-version", "1.35.3", "--set", "webhook.certMode=nope"],
+        [
+            str(helm),
+            "template",
+            "x",
+            str(REPO / "deploy/helm/stormtopo"),
+            "--kube-version",
+            "1.35.3",
+            "--set",
+            "webhook.certMode=nope",
+            "--set",
+            CHART_IMAGE,
+        ],
         capture_output=True,
         text=True,
     )
@@ -733,7 +744,7 @@ def test_helm_upgrade_keeps_the_ca_and_no_admission_fails(chart_cluster: tuple[P
         done = subprocess.run([*helm, *args], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
 
-    run_helm("install", release, chart, "--create-namespace", f"--set-string=webhook.url=https://127.0.0.1:{port}")
+    run_helm("install", release, chart, "--create-namespace", f"--set-string=webhook.url=https://127.0.0.1:{port}", "--set", CHART_IMAGE)
     secret_name = f"{release}-stormtopo-webhook-tls"
     installed = admin.core.read_namespaced_secret(secret_name, namespace).data
     certs = tmp_path / "tls"

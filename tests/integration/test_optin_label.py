@@ -6,6 +6,7 @@ by an update keeps its templates and is listed instead."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -14,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from stormtopo.core.vocabulary import ADMITTED_LABEL, HIGHEST_TIER, MODE, OPTED_IN_LABEL
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import stormservice
+from tests.conftest import stormtopo
 
 HARD_LEAF = {MODE: "hard", HIGHEST_TIER: "1"}
 
@@ -59,7 +61,9 @@ def test_a_service_that_opts_out_goes_free_and_one_opted_in_by_an_update_is_list
     assert cluster.opted_in().get(f"{namespace}.joining") == "RoleSet"  # listed by the gate before the update was stored
 
 
-def test_of_two_services_whose_roleset_prefix_agrees_neither_is_movable_until_one_goes(cluster: DevCluster, namespace: str) -> None:
+def test_of_two_services_whose_roleset_prefix_agrees_neither_is_movable_until_one_goes(
+    cluster: DevCluster, cluster_dir: Path, namespace: str
+) -> None:
     """Issue 43, item 3: the eviction policy knows a service's pods by "<name>-roleset-" cut to 58 characters;
     a service that asks for healing is marked `+heal` (its pods evictable) only while no other StormService of
     its namespace shares that prefix, and its request's Event says why not."""
@@ -78,6 +82,10 @@ def test_of_two_services_whose_roleset_prefix_agrees_neither_is_movable_until_on
         return any(e.reason == "InvalidHealAnnotation" and twin in (e.message or "") for e in events)
 
     cluster.wait(told, 30, "the Event naming the twin")
+    dry = stormtopo("heal", f"{namespace}/{healer}", "--dry-run", "--kubeconfig", str(cluster_dir / "kubeconfig"))
+    assert f"healing stays off: the RoleSets of StormService '{twin}'" in dry.stdout and "the operator moves nothing" in dry.stdout, (
+        dry.stdout
+    )
     cluster.delete_stormservice(namespace, twin)
     cluster.wait(lambda: cluster.opted_in().get(key) == "RoleSet+heal", 30, "+heal back once the twin is gone")
 

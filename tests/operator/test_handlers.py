@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import kopf
+import pytest
 
 from stormtopo.core.vocabulary import STORMSERVICE_LABEL
 from stormtopo.operator import handlers
@@ -137,3 +138,85 @@ def test_a_stormservice_come_or_gone_by_any_path_requeues_those_whose_roleset_pr
     index.observe("StormService", "DELETED", _stormservice("short-roleset-x", "3"))
     operator.forget("StormService", ("ns", "short-roleset-x"))  # pruned by a re-list
     assert ("ns", "short") in operator.stormservices.keys  # type: ignore[attr-defined]
+
+
+def test_kopf_retries_a_watch_through_an_outage_of_any_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf's own request loop, given stormtopo's settings: 200 failed attempts in a row (over an hour and a half
+    of refused connections, at 30 s apart) and the next one answered; kopf escalates none of them, so its watch
+    task lives on (a watch kopf gives up is never started again)."""
+    import asyncio
+
+    import aiohttp
+    from kopf._cogs.clients import api as kopf_api
+    from kopf._cogs.clients import errors as kopf_errors
+
+    settings = kopf.OperatorSettings()
+    handlers._configure(settings)
+    slept: list[float] = []
+    answered = object()
+
+    class Session:
+        closed = False
+        attempts = 0
+
+        async def request(self, **_: Any) -> object:
+            self.attempts += 1
+            if self.attempts <= 200:
+                raise aiohttp.ClientConnectionError("connection refused")
+            return answered
+
+    class Context:
+        server = "https://127.0.0.1:1"
+        session = Session()
+
+        def add_response(self, response: object) -> None:
+            pass
+
+    async def no_check(response: object) -> None:
+        pass
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    async def attempt() -> object:
+        request = kopf_api.request.__wrapped__  # type: ignore[attr-defined]  # without the vault: the context is given
+        return await request("get", "/apis", settings=settings, context=Context(), logger=logging.getLogger("test"))
+
+    import logging
+
+    monkeypatch.setattr(kopf_errors, "check_response", no_check)
+    monkeypatch.setattr(asyncio, "sleep", sleep)  # kopf's waits, counted rather than waited
+    assert asyncio.run(attempt()) is answered
+    assert len(slept) == 200 and slept[:9] == [1, 1, 2, 3, 5, 8, 13, 21, 30] and max(slept) == 30
+    assert sum(slept) > 90 * 60
+
+
+def test_a_kopf_watcher_that_ended_is_reported_stuck_until_kopf_starts_it_again() -> None:
+    import asyncio
+
+    from kopf._cogs.structs.references import Resource
+
+    async def scenario() -> list[str | None]:
+        watchers = handlers.KopfWatchers()
+        seen = [watchers.stuck(1.0)]  # kopf not started: nothing to say
+        forever = asyncio.Event()
+        # Named as kopf's orchestration names them: f"watcher for {resource}@{namespace}" (cluster-wide: None).
+        names = [f"watcher for {Resource(*gv, plural)}@None" for gv, plural in zip(handlers.WATCHED, handlers.WATCHED_PLURALS, strict=True)]
+        tasks = [asyncio.create_task(forever.wait(), name=n) for n in names]
+        other = asyncio.create_task(forever.wait(), name="watcher for pods.v1@None")  # not one of stormtopo's
+        await asyncio.sleep(0)
+        seen.append(watchers.stuck(1.0))
+        tasks[1].cancel()
+        other.cancel()
+        await asyncio.sleep(0)
+        seen.append(watchers.stuck(1.0))
+        again = asyncio.create_task(forever.wait(), name=names[1])  # kopf watches again once the CRD is back
+        await asyncio.sleep(0)
+        seen.append(watchers.stuck(1.0))
+        for task in [*tasks, again]:
+            task.cancel()
+        return seen
+
+    before, running, ended, restarted = asyncio.run(scenario())
+    assert before is None and running is None and restarted is None
+    assert ended is not None and "kopf's watch of rolesets has ended" in ended and "restart" in ended

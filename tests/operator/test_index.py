@@ -330,3 +330,33 @@ def test_a_stormservice_whose_roleset_prefix_another_shares_is_found_both_ways_a
     index.observe("StormService", "MODIFIED", stormservice(long_a, "ns"))  # an update keeps one entry
     index.observe("StormService", "DELETED", stormservice(long_a, "ns"))
     assert index.roleset_prefix_shared("ns", long_a) is None
+
+
+def test_the_commands_plain_scan_finds_the_same_prefix_neighbours_as_the_index() -> None:
+    """`stormtopo heal --dry-run` scans the namespace's names once (core/optin.py shares_prefix_with); the operator
+    bisects its sorted prefixes: over names made to share prefixes every way, they agree."""
+    import itertools
+
+    from stormtopo.core.optin import shares_prefix_with
+    from stormtopo.operator.index import Index
+
+    long = "inference-prod-use1-llama-70b-prefill-decode-disaggregated"
+    names = [
+        f"{long}-a",
+        f"{long}-b",
+        long[:44],
+        f"{long[:44]}-roleset-x",
+        "short",
+        "short-roleset-x",
+        "short-roleset-x-roleset-y",
+        "shorter",
+        "sho",
+    ]
+    for chosen in itertools.chain.from_iterable(itertools.combinations(names, k) for k in (2, 3, 4)):
+        index = Index(api=None)  # type: ignore[arg-type]  # observe makes no API calls
+        for name in chosen:
+            index.observe("StormService", "ADDED", stormservice(name, "ns"))
+        for name in chosen:
+            found = shares_prefix_with(name, chosen)
+            assert (found is None) == (index.roleset_prefix_shared("ns", name) is None), (name, chosen)
+            assert found is None or found in index.prefix_neighbours("ns", name), (name, chosen)

@@ -12,3 +12,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- define "stormtopo.serviceName" -}}{{ include "stormtopo.fullname" . }}-webhook{{- end -}}
 {{- define "stormtopo.tlsSecret" -}}{{ include "stormtopo.fullname" . }}-webhook-tls{{- end -}}
+{{- /* Nothing publishes an image of stormtopo: the one the user built and pushed (docs/install.md, step 1). */ -}}
+{{- define "stormtopo.image" -}}
+{{- $repository := required "image.repository is not set: build and push stormtopo's image (docs/install.md, step 1), then --set image.repository=REGISTRY/stormtopo --set image.tag=TAG" .Values.image.repository -}}
+{{ $repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
