@@ -173,7 +173,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--delete-webhooks",
         action="store_true",
-        help="also delete the webhook configurations and admission policies the operator registered itself (an operator run without the chart)",
+        help="also delete the webhook configurations and admission policies the operator registered itself (run without the chart)",
     )
     p.add_argument(
         "--labelled-pods-binding",
