@@ -64,13 +64,13 @@ demo: binaries
 bench-quick: binaries
 	$(BIN)/python -m bench quick
 
-# The scale simulator (issue 21): Volcano v1.15.1's allocate action and plugins without a cluster, on 1,024,
+# The scale simulator: Volcano v1.15.1's allocate action and plugins without a cluster, on 1,024,
 # 4,096 and 16,384 nodes; about 10 minutes on 2 cores (576 s on 2026-12-03). bench/results/sim.{json,md}; see BENCHMARKS.md.
 # `python -m bench sim --help` for smaller runs (--nodes 1024=16 --starts empty --settings shipped).
 bench-sim: $(BIN)/.installed
 	$(BIN)/python -m bench sim
 
-# Preemption (issue 41 item 3): Volcano v1.15.1's gangpreempt on fragmented 64- and 1,024-node clusters in the
+# Preemption: Volcano v1.15.1's gangpreempt on fragmented 64- and 1,024-node clusters in the
 # simulator, its victims against the exact minimum (HiGHS). bench/results/preemption.{json,md}; see BENCHMARKS.md
 # "Preemption: victims against the minimum". `python -m bench preemption --quick`: 64 nodes only, seconds.
 bench-preempt: $(BIN)/.installed
@@ -86,7 +86,7 @@ bench: binaries
 	$(BIN)/python -m bench admission
 	$(BIN)/python -m bench scale-nodes
 
-# Healing under churn (issue 23), BENCHMARKS.md "Healing": the same seeded stream of soft tier-1
+# Healing under churn, BENCHMARKS.md "Healing": the same seeded stream of soft tier-1
 # StormServices on 256 fragmented nodes, without and with stormtopo.io/heal; 6 simulated hours at 30x,
 # about 30 minutes on 2 cores (26 min 55 s on 2026-12-03) (`python -m bench heal --quick`: 2 simulated hours at 60x, 10.5 minutes).
 bench-heal: binaries

@@ -232,7 +232,7 @@ def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
             help="release of kube-apiserver, kube-controller-manager, kube-scheduler (default: $STORMTOPO_KUBERNETES_VERSION or v1.35.3)",
         )
     kube = argparse.ArgumentParser(add_help=False)
-    kube.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+    kube.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else the service account in a pod, else ~/.kube/config)")
     kube.add_argument("--context", help="the kubeconfig context to use (default: its current context)")
     topo = sub.add_parser("topology", help="declare HyperNodes and see the tree").add_subparsers(dest="topology_command", required=True)
     apply = topo.add_parser("apply", parents=[kube], help="create, update and prune HyperNodes from a switch-tree file")

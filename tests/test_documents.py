@@ -200,7 +200,11 @@ def test_github_slug(heading: str, slug: str) -> None:
 
 # -- references, not notebooks (issue 45, item 4) ------------------------------------------------------------
 USER_PAGES = [REPO / "README.md", REPO / "RELIABILITY.md", REPO / "COMPATIBILITY.md", *sorted((REPO / "docs").glob("*.md"))]
-DATED_PAGES = [REPO / "RELIABILITY.md", *sorted((REPO / "docs").glob("*.md"))]  # BENCHMARKS.md, COMPATIBILITY.md's runs: run records
+CHART_FILES = sorted(
+    p for p in (REPO / "deploy" / "helm" / "stormtopo").rglob("*") if p.is_file() and p.suffix in (".yaml", ".tpl", ".json")
+)
+# BENCHMARKS.md and COMPATIBILITY.md's runs are run records: they keep their dates, and the commits they measured.
+DATED_PAGES = [REPO / "README.md", REPO / "RELIABILITY.md", *sorted((REPO / "docs").glob("*.md")), *CHART_FILES]
 _ISSUE = re.compile(r"\bissues? [0-9]+|\(issue\b", re.IGNORECASE)
 _DATE = re.compile(r"\b20[0-9]{2}-[01][0-9]-[0-3][0-9]\b")
 _COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
@@ -218,7 +222,8 @@ def _findings(paths: list[Path], pattern: re.Pattern[str], what: str) -> list[st
 def test_user_pages_and_product_code_name_no_issue_of_ours() -> None:
     """The project's issue numbers mean nothing to a user: what a page or a comment says stands on its own."""
     code = sorted((REPO / "stormtopo").rglob("*.py"))
-    assert _findings([*USER_PAGES, *code], _ISSUE, "an issue number") == []
+    shipped = [REPO / "BENCHMARKS.md", REPO / "Makefile", REPO / "Dockerfile", *CHART_FILES]
+    assert _findings([*USER_PAGES, *code, *shipped], _ISSUE, "an issue number") == []
 
 
 def test_reference_pages_carry_no_dated_asides_nor_commits() -> None:
@@ -358,3 +363,13 @@ def test_the_flag_check_finds_a_flag_in_a_span_and_in_a_command() -> None:
     assert flags_named(page) == {"--heal-intervall", "--kubeconfg", "--state-dirr"}
     assert not flags_named(page) & stormtopos_flags()
     assert flags_named("`helm install x --wait`, a---b, `x--y`") == set()
+
+
+def test_every_docs_page_and_the_readme_lead_to_the_glossary() -> None:
+    """The words replica, gang, domain, tier, wide, held, gate and listing mean one thing each: every page
+    that uses them links the page that says what."""
+    pages = [README, *(p for p in sorted((REPO / "docs").glob("*.md")) if p.name != "glossary.md")]
+    assert [str(p.relative_to(REPO)) for p in pages if "glossary.md" not in p.read_text()] == []
+    glossary = (REPO / "docs" / "glossary.md").read_text()
+    for word in ("replica", "gang", "domain", "tier", "leaf", "wide", "held", "gate", "listing", "opted in"):
+        assert f"**{word}**" in glossary or f"**{word}" in glossary, word

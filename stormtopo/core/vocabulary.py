@@ -70,8 +70,8 @@ OPTED_IN_LABEL = "stormtopo.io/opted-in"
 # every pod of a replica, until stormtopo lets it go with its siblings' domains kept out (core/spread.py).
 DOMAIN_GATE = "stormtopo.io/domain"
 # Scheduling gate on every pod of a replica that preempts (exact preemption, core/preempting.py): held until
-# the fewest victims are on their way out, then let go into the domain they leave, so that Volcano's
-# gangpreempt never picks victims of its own for it.
+# the fewest victims are on their way out, then let go (not pinned: Volcano places it, on their room as it
+# pipelines onto it), so that Volcano's gangpreempt finds it no longer starving and picks no victims of its own.
 ROOM_GATE = "stormtopo.io/room"
 STORMTOPO_GATES = (DOMAIN_GATE, ROOM_GATE)
 # On a pod let go from that gate with its siblings' spread domains kept out: only such pods may be held

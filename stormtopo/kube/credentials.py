@@ -174,8 +174,8 @@ def materialize(data: str | bytes | None, path: str | None, base: Path, encoded:
 
 
 def kubeconfig_path(kubeconfig: str | None) -> str | None:
-    """The kubeconfig to use, as kubectl finds it: the flag, $KUBECONFIG (its first existing file), then
-    ~/.kube/config; None inside a pod without either (the service account)."""
+    """The kubeconfig to use: the flag, $KUBECONFIG (its first existing file); inside a pod then None (the
+    service account); elsewhere ~/.kube/config."""
     if kubeconfig:
         return kubeconfig
     listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]

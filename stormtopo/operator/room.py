@@ -2,8 +2,8 @@
 the API server's events.
 
 The node tier, healing, making room and the explanations of pending gangs all need every node's free
-GPUs. Each used to list every pod and node of the cluster for it, every few seconds, forever. This
-reading lists them once (a page at a time, selected on the server: bound pods that have not finished,
+GPUs. Listing every pod and node of the cluster for each of them, every few seconds, would cost the
+API server for ever. This reading lists them once (a page at a time, selected on the server: bound pods that have not finished,
 and nodes), then follows the watch; an idle cluster costs a watch, not a list. It starts the first time
 someone asks (the leader: the node tier, healing, a stranded replica or a pending gang to explain), so a
 follower never reads a pod of another tenant.

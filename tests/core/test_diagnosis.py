@@ -162,6 +162,18 @@ def test_missing_recommended_actions_and_plugins_are_a_warning() -> None:
     assert "action backfill" in finding.found and "plugin binpack" in finding.found and "docs/install.md#volcano" in finding.todo
 
 
+def test_gangpreempt_without_the_plugins_it_needs_is_a_warning() -> None:
+    """gangpreempt finds no victim without priority, and ignores the queues' shares without proportion."""
+    conf = yaml.safe_load(without("proportion"))
+    for tier in conf["tiers"]:
+        tier["plugins"] = [p for p in tier["plugins"] if p["name"] != "priority"]
+    finding = only(check_scheduler_config(healthy(scheduler_config=Source("file x.conf", yaml.safe_dump(conf)))), Level.WARNING)
+    assert "plugin priority (for gangpreempt), plugin proportion (for gangpreempt)" in finding.found, finding.found
+    conf["actions"] = "enqueue, allocate, backfill"  # no gangpreempt: its plugins are not asked for (its absence is)
+    findings = check_scheduler_config(healthy(scheduler_config=Source("file x.conf", yaml.safe_dump(conf))))
+    assert not any("(for gangpreempt)" in f.found for f in findings)
+
+
 def with_actions(actions: str) -> Source:
     conf = yaml.safe_load(SCHEDULER_CONF)
     conf["actions"] = actions

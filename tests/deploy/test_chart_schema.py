@@ -126,3 +126,11 @@ def test_without_an_image_the_chart_refuses_to_render_and_says_what_to_set() -> 
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
     chart_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert image == f"registry.example.com/stormtopo:{chart_version}"
+
+
+def test_more_than_one_replica_without_leader_election_is_refused() -> None:
+    """Without a Lease every replica would reconcile, heal and evict at once."""
+    refused = helm("template", "x", str(CHART), "--kube-version", "1.35.3", "--set", "leaderElection.enabled=false")
+    assert refused.returncode != 0 and "replicaCount above 1 needs leaderElection.enabled: true" in refused.stderr, refused.stderr
+    one = helm("template", "x", str(CHART), "--kube-version", "1.35.3", "--set", "leaderElection.enabled=false", "--set", "replicaCount=1")
+    assert one.returncode == 0, one.stderr

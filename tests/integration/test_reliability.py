@@ -24,7 +24,7 @@ TIERS = ClusterTiers(frozenset({1, 2, 3}), frozenset({"leaf", "spine", "core"}))
 @pytest.mark.timeout(600)
 def test_webhook_load_2000_admissions_at_concurrency_50(cluster: DevCluster, namespace: str) -> None:
     """Proves: the webhook answers 2,000 pod admissions from 50 concurrent clients with no failure and a
-    p99 far below the API server's 5 s webhook timeout. Server-side dry run: full admission, no storage."""
+    p99 far below the pod webhook's 3 s timeout. Server-side dry run: full admission, no storage."""
     cluster.create(stormservice("load", namespace, annotations=HARD_LEAF, scheduler_name="nobody"))
     roleset = cluster.wait(lambda: cluster.rolesets(namespace, "load"), 90, "the RoleSet")[0]["metadata"]["name"]
 
@@ -49,7 +49,7 @@ def test_webhook_load_2000_admissions_at_concurrency_50(cluster: DevCluster, nam
     p99 = latencies[int(0.99 * len(latencies))]
     print(f"\n  2000 admissions, concurrency 50: p50 {statistics.median(latencies) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms")
     assert len(latencies) == 2000
-    assert p99 < 2.5  # half of the webhook's 5 s timeout, on a loaded 2-core machine
+    assert p99 < 2.5  # under the pod webhook's 3 s timeout, on a loaded 2-core machine
 
 
 bad_values = st.one_of(

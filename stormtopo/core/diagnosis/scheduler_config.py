@@ -21,6 +21,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Volcano v1.15.1's preempt skips every job with a network topology: gangpreempt is the one action that preempts
 # for them (docs/install.md "Priority and preemption"); preempt before it keeps every other job's preemption.
 GANG_PREEMPT, PREEMPT = "gangpreempt", "preempt"
+# What gangpreempt asks of the plugins (docs/install.md "Priority and preemption"): without them it finds no
+# victim (priority, gang), may take critical pods (conformance), or ignores the queues' shares (proportion).
+GANG_PREEMPT_PLUGINS = ("priority", "gang", "conformance", "predicates", "proportion")
 
 
 def _arguments(option: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -98,6 +101,8 @@ def check_scheduler_config(snapshot: Snapshot) -> list[Finding]:
     missing = [f"action {a}" for a in RECOMMENDED_ACTIONS if a not in actions]
     missing += [f"plugin {p}" for p in RECOMMENDED_PLUGINS if p not in plugins]
     findings += _preemption(actions, source.where)
+    if GANG_PREEMPT in actions:
+        missing += [f"plugin {p} (for {GANG_PREEMPT})" for p in GANG_PREEMPT_PLUGINS if p not in plugins and p not in RECOMMENDED_PLUGINS]
     binpack = plugins.get("binpack")
     if binpack is not None and GPU_RESOURCE not in str(_arguments(binpack).get("binpack.resources", "")):
         missing.append(f"binpack.resources: {GPU_RESOURCE} (GPUs packed rather than spread)")
