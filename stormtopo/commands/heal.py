@@ -1,8 +1,9 @@
 """`stormtopo heal NAMESPACE/STORMSERVICE --dry-run`: which replicas healing would move now, where to and
-why, or why not; by the operator's own planner (core/healing.py) over what the API says now. For a wide
-replica with nowhere to go, also which replica of another opted-in service an operator started with
---heal-make-room would move out of its way (core/room.py). It never moves anything: the operator moves
-replicas of StormServices annotated stormtopo.io/heal: "true"."""
+why, or why not; by the operator's own planner (core/heal_pass.py plan_alone: a pass of this one service,
+against the cluster's moves under way and its cap) over what the API says now. For a wide replica with
+nowhere to go, also which replica of another opted-in service an operator started with --heal-make-room
+would move out of its way (core/room.py). It never moves anything: the operator moves replicas of
+StormServices annotated stormtopo.io/heal: "true"."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from typing import Any
 from rich.console import Console
 
 from stormtopo.commands.report import NotFound, cluster_view, print_report
-from stormtopo.core.heal_plan import HealMemory, HealPlan
+from stormtopo.core.heal_pass import ServiceReading, in_play, plan_alone
+from stormtopo.core.heal_plan import HealPlan
 from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_request import tier_to_heal, wants_healing
 from stormtopo.core.heal_snapshot import HealSnapshot
-from stormtopo.core.healing import plan_healing
 from stormtopo.core.lending import resident
 from stormtopo.core.optin import not_movable_reason, shares_prefix_with
 from stormtopo.core.request import RequestError, request_of
@@ -45,10 +46,7 @@ def heal_snapshot(api: Api, namespace: str, name: str) -> HealSnapshot:
     topology, tiers = cluster_view(api)
     pods = api.raw_list(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"{STORMSERVICE_LABEL}={name}")
     rolesets = api.list_objects(AIBRIX, "rolesets", namespace, label_selector=f"{STORMSERVICE_LABEL}={name}")
-    replicas = tuple(
-        Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))
-        for r in sorted(rolesets, key=lambda r: r["metadata"]["name"])
-    )
+    replicas = tuple(Replica(r, tuple(replica_pods(pods, r))) for r in sorted(rolesets, key=lambda r: r["metadata"]["name"]))
     room = NodeRoom.read(api)  # the operator's reading of room, GPUs and where pods could run at all
     budgets = tuple(api.disruption_budgets(namespace))
     return HealSnapshot(stormservice, replicas, tiers, topology, room.free_now(), budgets, time.time(), nodes=room.facts_now())
@@ -69,7 +67,7 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
         else:
             if (other := shares_prefix_with(name, names)) is not None:
                 report["notMovable"] = not_movable_reason(name, other)
-    plan = plan_healing(snapshot, HealMemory(), opted_in_only=False)
+    plan = pass_plan(api, snapshot, (namespace, name))
     try:
         rooms = rooms_made(snapshot, plan, lambda: residents(api, snapshot, (namespace, name)), api.gpu_totals)
     except ApiError as exc:  # e.g. no right to list StormServices in every namespace: the rest still holds
@@ -96,6 +94,28 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
             if refusal := refusing_policy(policies):
                 report["policyRefuses"] = refusal
     return report
+
+
+def pass_plan(api: Api, snapshot: HealSnapshot, key: tuple[str, str]) -> HealPlan:
+    """The plan the operator's healing pass would make of this service now (core/heal_pass.py plan_alone):
+    every StormService in play read for the cluster's moves, and the replicas of those with moves recorded."""
+    services: dict[tuple[str, str], Mapping[str, Any]] = {
+        (s["metadata"].get("namespace", ""), s["metadata"]["name"]): s for s in api.list_objects(AIBRIX, "stormservices") if in_play(s)
+    }
+    moving = tuple(service_reading(api, k, s) for k, s in services.items() if MOVES_ANNOTATION in (s["metadata"].get("annotations") or {}))
+    return plan_alone(snapshot, key, services, moving)
+
+
+def service_reading(api: Api, key: tuple[str, str], stormservice: Mapping[str, Any]) -> ServiceReading:
+    """A StormService with moves recorded, each RoleSet with its pods: what the pass sets aside for its moves."""
+    namespace, name = key
+    pods = api.raw_list(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"{STORMSERVICE_LABEL}={name}")
+    rolesets = api.list_objects(AIBRIX, "rolesets", namespace, label_selector=f"{STORMSERVICE_LABEL}={name}")
+    return ServiceReading(key, stormservice, tuple((r, tuple(replica_pods(pods, r))) for r in rolesets))
+
+
+def replica_pods(pods: Sequence[Mapping[str, Any]], roleset: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == roleset["metadata"]["name"]]
 
 
 def refusing_policy(policies: Sequence[Mapping[str, Any]]) -> str | None:

@@ -39,11 +39,12 @@ from stormtopo.core.lending import MakeRoom, making_room_under_way, resident, ro
 from stormtopo.core.node_fit import NodeFacts
 from stormtopo.core.optin import movable
 from stormtopo.core.priority import replica_priority
-from stormtopo.core.request import ClusterTiers
+from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.room import Resident, Room, resident_key, room_by_moving
 from stormtopo.core.stranded import pending_since
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.verdict import Block, Why
+from stormtopo.core.vocabulary import MOVES_ANNOTATION
 from stormtopo.core.writes import Write
 
 ServiceKey = tuple[str, str]  # (namespace, StormService)
@@ -170,12 +171,25 @@ class ServicePlan:
     heal_pass: HealPass
 
 
-def plan_service(heal_pass: HealPass, read: ServiceRead, memory: HealMemory) -> ServicePlan:
+def plan_service(heal_pass: HealPass, read: ServiceRead, memory: HealMemory, opted_in_only: bool = True) -> ServicePlan:
     """One service's healing plan (core/healing.py) over the pass's free room and moves, and the pass as
-    it goes on."""
+    it goes on. `opted_in_only=False`: `stormtopo heal --dry-run` of a service that does not ask for healing."""
     snapshot, heal_pass = _in_pass(heal_pass, read)
-    plan = plan_healing(snapshot, memory)
+    plan = plan_healing(snapshot, memory, opted_in_only)
     return ServicePlan(snapshot, plan, heal_pass.planned(read.key, snapshot, plan))
+
+
+def plan_alone(
+    snapshot: HealSnapshot, key: ServiceKey, in_play: Mapping[ServiceKey, Mapping[str, Any]], moving: tuple[ServiceReading, ...]
+) -> HealPlan:
+    """`stormtopo heal --dry-run`: the plan a pass would make of this one service now (plan_service), over
+    `snapshot.free` less the targets of the moves under way (`moving`: the services with move records, with
+    their replicas), against the cap counted over every StormService `in_play`; as if the service asked for
+    healing where it does not."""
+    services = {**in_play, key: snapshot.stormservice}
+    heal_pass, _ = begin_pass(HealerMemory(), services.values(), 0, snapshot.now, snapshot.recheck, snapshot.stranded_after)
+    read = ServiceRead(key, snapshot, tuple(services.items()), snapshot.free, moving)
+    return plan_service(heal_pass, read, HealMemory(), opted_in_only=False).plan
 
 
 def plan_notice(heal_pass: HealPass, read: ServiceRead, memory: HealMemory) -> tuple[list[Write], HealMemory, HealPass]:
@@ -191,6 +205,12 @@ def _in_pass(heal_pass: HealPass, read: ServiceRead) -> tuple[HealSnapshot, Heal
     assert heal_pass.free is not None  # read with the pass's first service
     moving = heal_pass.moving_elsewhere(read.key, read.others, read.snapshot.now)
     return replace(read.snapshot, free=heal_pass.free, moving_elsewhere=moving), heal_pass
+
+
+def in_play(stormservice: Mapping[str, Any]) -> bool:
+    """What a healing pass looks at: a StormService opted in, or one still carrying move records."""
+    annotations = (stormservice.get("metadata") or {}).get("annotations") or {}
+    return is_opted_in(annotations) or MOVES_ANNOTATION in annotations
 
 
 def begin_pass(

@@ -52,6 +52,7 @@ from stormtopo.core.lending import MakeRoom
 from stormtopo.core.room import Resident
 from stormtopo.core.stranded import STRANDED_AFTER
 from stormtopo.core.topology.node_tier import node_tier_members
+from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
 from stormtopo.core.writes import EvictPod, RecordMove, Write
 from stormtopo.kube.client import Api, ApiError, Conflict, Forbidden, Invalid
@@ -160,14 +161,19 @@ class Healer:
             self._memory = self._memory.healed(key, plan.memory)
             if not self.leading():  # deposed while it read: the next leader decides from its own reading
                 return Healed(None, heal_pass)
-            if not await self.record_plan(snapshot, plan):
-                return Healed(None, heal_pass)
             # The move's target is taken for the rest of the pass: as the index has it once recorded.
-            taken = (self._readings(only=key), self.index.topology()) if plan.moving is not None else None
+            taken: list[tuple[list[ServiceReading], Topology]] = []
+
+            def recorded() -> None:
+                if plan.moving is not None:
+                    taken.append((self._readings(only=key), self.index.topology()))
+
             try:
-                await self.execute_plan(key, snapshot, plan)
+                done = await self.carry_out(key, snapshot, plan, recorded)
             finally:
-                heal_pass = heal_pass if taken is None else heal_pass.moved(*taken)
+                heal_pass = heal_pass.moved(*taken[0]) if taken else heal_pass
+            if not done:
+                return Healed(None, heal_pass)
         except Exception as error:
             return Healed(None, heal_pass, error)
         return Healed(plan, heal_pass)
@@ -284,11 +290,12 @@ class Healer:
         )
         return ServiceRead(key, snapshot, others, free, readings)
 
-    async def carry_out(self, key: Key, snapshot: HealSnapshot, plan: HealPlan) -> bool:
-        """The plan's records, then the rest of it (execute_plan). False: nothing was done (its records could
-        not be written)."""
+    async def carry_out(self, key: Key, snapshot: HealSnapshot, plan: HealPlan, recorded: Callable[[], None] = lambda: None) -> bool:
+        """The plan's records, then (`recorded` told) the rest of it (execute_plan). False: nothing was done
+        (its records could not be written)."""
         if not await self.record_plan(snapshot, plan):
             return False
+        recorded()
         await self.execute_plan(key, snapshot, plan)
         return True
 

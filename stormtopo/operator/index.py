@@ -17,19 +17,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stormtopo.core.capabilities import cluster_tiers
+from stormtopo.core.heal_pass import in_play
 from stormtopo.core.optin import roleset_prefix
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.podgroup import carries_constraint, service_group_name
 from stormtopo.core.reconciliation import ServiceSnapshot
 from stormtopo.core.replica import KnownNodes, ReplicaSnapshot
-from stormtopo.core.request import ClusterTiers, is_opted_in
+from stormtopo.core.request import ClusterTiers
 from stormtopo.core.spread import Replica
 from stormtopo.core.topology.hypernodes import selector_label_keys, selects_among_nodes, topology_from_hypernodes
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import (
     AIBRIX,
     HOSTNAME_LABEL,
-    MOVES_ANNOTATION,
     OPTED_IN_LABEL,
     PODGROUP_CRD,
     REPLICA_SPREAD_TIER,
@@ -305,12 +305,11 @@ class Index:
             _member(self._rolesets_by_service, service_key_of(obj), key[1], not deleted)
         if kind == "StormService":
             self._keep_prefix(key, present=not deleted)
-            annotations = (obj.get("metadata") or {}).get("annotations") or {}
-            in_play = not deleted and (is_opted_in(annotations) or MOVES_ANNOTATION in annotations)
-            if in_play and key not in self._in_play:
+            playing = not deleted and in_play(obj)
+            if playing and key not in self._in_play:
                 self._in_play.add(key)
                 self._in_play_sorted = None
-            elif not in_play and key in self._in_play:
+            elif not playing and key in self._in_play:
                 self._in_play.discard(key)
                 self._in_play_sorted = None
         if kind in SHARED_SPECS:

@@ -136,3 +136,24 @@ def test_a_service_is_planned_over_the_passs_room_read_with_its_first_service() 
     # The next service is planned over the pass's reading (the move's target is set aside once recorded: HealPass.moved).
     second = plan_service(first.heal_pass, replace(read, key=("ns", "other"), free=None), HealMemory())
     assert second.snapshot.free == first.heal_pass.free and second.snapshot.moving_elsewhere == 1
+
+
+def test_the_dry_run_plans_one_service_as_a_pass_would_against_the_clusters_moves() -> None:
+    """`stormtopo heal --dry-run` (plan_alone): the same planner as the operator's pass, so the cap counts the
+    cluster's moves under way and their targets are not offered as room; a service that does not ask for
+    healing is judged as if it did."""
+    from stormtopo.core.heal_pass import plan_alone
+    from stormtopo.core.verdict import Block
+
+    snapshot = replace(snap(service(SOFT1), WIDE), max_moving=2)
+    assert plan_alone(snapshot, KEY, {}, ()).moving is not None  # alone in the cluster: it moves, as plan_healing says
+    movers = {}
+    for name in ("a", "b"):  # two services that ask for healing, each with a move under way
+        mover = service({**SOFT1, MOVES_ANNOTATION: json.dumps({f"{name}-0": {"at": stamp(NOW - 5), "toTier": 1}})})
+        mover["metadata"]["name"] = name
+        movers[("other", name)] = mover
+    capped = plan_alone(snapshot, KEY, movers, ())
+    assert capped.moving is None and any(v.block is Block.CLUSTER_CAP for v in capped.verdicts)
+    assert plan_healing(snapshot, HealMemory()).moving is not None  # what the dry run said before: a move the pass would not make
+    plain = replace(snapshot, stormservice=service({k: v for k, v in SOFT1.items() if k != "stormtopo.io/heal"}))
+    assert plan_alone(plain, KEY, {}, ()).moving is not None  # judged as if it asked
