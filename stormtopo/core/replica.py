@@ -23,10 +23,10 @@ from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.preempting import HOLD_MAX, HeldReplica, RoomHold, RoomPlan, RoomReading, plan_room
 from stormtopo.core.priority import known_replica_priority
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
-from stormtopo.core.spread import SPREAD_GIVE_UP, Replica, kept_out_left_behind, plan_spread, shared_domain, spread_tier
+from stormtopo.core.spread import SPREAD_GIVE_UP, Replica, SpreadMemory, kept_out_left_behind, plan_spread, shared_domain, spread_tier
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import ADMITTED_LABEL, GROUP_NAME_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL, TASK_SPEC_ANNOTATION
-from stormtopo.core.writes import AdoptPod, PostEvent, RecordPlacement, Say, Write
+from stormtopo.core.writes import AdoptPod, DeleteUnboundPod, PostEvent, RecordPlacement, Say, Write
 
 # Seconds between two capacity checks of one pending gang; doubled while its explanation stays the
 # same (a gang pending for an hour is explained about every EXPLAIN_INTERVAL_MAX, not 360 times).
@@ -144,6 +144,21 @@ class ReplicaPlan:
     def all_writes(self, stormservice: Mapping[str, Any]) -> tuple[Write, ...]:
         """Everything to carry out, in order: the Events on the StormService, then the writes."""
         return tuple(PostEvent(stormservice, say) for say in self.says) + self.writes
+
+    def spread_memory(self, kept: SpreadMemory) -> SpreadMemory | None:
+        """The StormService's spread memory after this plan (what it does not say stays as `kept`); None: the
+        plan says nothing of the spread."""
+        if self.settling is None and self.unspread is None:
+            return None
+        settling = self.settling if self.settling is not None else kept.settling
+        return SpreadMemory(settling, self.unspread if self.unspread is not None else kept.unspread)
+
+    @property
+    def spread_kept_first(self) -> bool:
+        """When the shell keeps the spread memory: before the writes, so that two workers never let two
+        siblings go together; but for a replica held again, only once its pods are deleted (after the
+        writes), so that a delete that failed is planned again."""
+        return not any(isinstance(w, DeleteUnboundPod) for w in self.writes)
 
 
 @dataclass(frozen=True)

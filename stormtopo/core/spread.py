@@ -173,6 +173,26 @@ def settling_since(
 
 
 @dataclass(frozen=True)
+class SpreadMemory:
+    """What the leader keeps of one StormService's spread between plans: its replicas let go and not placed
+    yet (-> since when, monotonic), and those held again after a spread that did not place."""
+
+    settling: Mapping[str, float] = field(default_factory=dict)
+    unspread: frozenset[str] = frozenset()
+
+    @property
+    def empty(self) -> bool:
+        return not self.settling and not self.unspread
+
+    def concerns(self, replica: str) -> bool:
+        return replica in self.settling or replica in self.unspread
+
+    def without(self, replica: str) -> SpreadMemory:
+        """A replica deleted: nothing is kept of it."""
+        return SpreadMemory({r: t for r, t in self.settling.items() if r != replica}, self.unspread - {replica})
+
+
+@dataclass(frozen=True)
 class SpreadPlan:
     writes: tuple[PatchPod, ...] = ()
     settling: Mapping[str, float] = field(default_factory=dict)  # the StormService's settling replicas, to remember

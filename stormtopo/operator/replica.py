@@ -31,9 +31,9 @@ from stormtopo.core.replica import (
     replica_state,
 )
 from stormtopo.core.request import is_opted_in
-from stormtopo.core.spread import SETTLE_SECONDS, SPREAD_GIVE_UP
+from stormtopo.core.spread import SETTLE_SECONDS, SPREAD_GIVE_UP, SpreadMemory
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.writes import DeleteUnboundPod, PreemptPods
+from stormtopo.core.writes import PreemptPods
 from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
@@ -68,11 +68,9 @@ class PlacementReporter:
     _explanations: WorkQueue[Key] | None = None
     _reading_nodes: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: Callable[[Key], None] | None = None  # queues a replica's placement check (the operator's placements queue)
-    # (namespace, StormService) -> its replicas let go for the spread and not yet placed -> since (monotonic)
-    _settling: dict[Key, dict[str, float]] = field(default_factory=dict)
+    # (namespace, StormService) -> its spread, as the planner returned it (only services with something to keep)
+    _spread: dict[Key, SpreadMemory] = field(default_factory=dict)
     _rechecks: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
-    # (namespace, StormService) -> its replicas held again after a spread that did not place, until placed
-    _unspread: dict[Key, frozenset[str]] = field(default_factory=dict)
 
     async def replica_changed(self, key: Key) -> None:
         """From the placements queue, a few replicas at a time: a pod of replica `key` (namespace,
@@ -103,12 +101,12 @@ class PlacementReporter:
 
     def _plan(self, snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPlan:
         """The planner over the snapshot and the settling replicas as remembered now, not before an await."""
-        service = _service_of(snapshot)
+        spread = self._spread.get(_service_of(snapshot), SpreadMemory())
         return plan_replica(
             replace(
                 snapshot,
-                settling=dict(self._settling.get(service, {})),
-                unspread=self._unspread.get(service, frozenset()),
+                settling=spread.settling,
+                unspread=spread.unspread,
                 spread_give_up=self.spread_give_up,
                 room_hold=self.room_hold,
                 exact_preemption=self.exact_preemption,
@@ -195,18 +193,14 @@ class PlacementReporter:
     async def _carry_out(self, key: Key, snapshot: ReplicaSnapshot, plan: ReplicaPlan) -> None:
         recorded = self._memory.get(key, ReplicaMemory()).recorded
         self._remember(key, replace(plan.memory, recorded=recorded))  # what was said stays said, even if a write fails
-        # Settling is remembered before the first await (two workers never let two siblings go together);
-        # a replica held again only once its pods are deleted: a failed delete is planned again.
-        held_again = any(isinstance(w, DeleteUnboundPod) for w in plan.writes)
-        if plan.settling is not None and not held_again:
-            self._remember_settling(_service_of(snapshot), plan.settling)
-        if plan.unspread is not None and not held_again:
-            self._remember_unspread(_service_of(snapshot), plan.unspread)
+        service = _service_of(snapshot)
+        spread = plan.spread_memory(self._spread.get(service, SpreadMemory()))
+        if spread is not None and plan.spread_kept_first:  # before the first await (ReplicaPlan.spread_kept_first)
+            self._keep_spread(service, spread)
         metrics.TOPOLOGY_VIOLATIONS.inc(plan.violations)
         await execute(self.api, plan.all_writes(snapshot.stormservice), self.report)
-        if held_again and plan.settling is not None and plan.unspread is not None:
-            self._remember_settling(_service_of(snapshot), plan.settling)
-            self._remember_unspread(_service_of(snapshot), plan.unspread)
+        if spread is not None and not plan.spread_kept_first:
+            self._keep_spread(service, spread)
         self._remember(key, plan.memory)  # the record, only once written: a failed one is written again next time
         self._wake_siblings(key, plan)
         if plan.first is not None:
@@ -224,17 +218,11 @@ class PlacementReporter:
         if was != memory.unsatisfiable:
             metrics.PENDING_GANGS.set(sum(m.unsatisfiable for m in self._memory.values()))
 
-    def _remember_settling(self, service: Key, settling: Mapping[str, float]) -> None:
-        if settling:
-            self._settling[service] = dict(settling)
+    def _keep_spread(self, service: Key, spread: SpreadMemory) -> None:
+        if spread.empty:
+            self._spread.pop(service, None)
         else:
-            self._settling.pop(service, None)
-
-    def _remember_unspread(self, service: Key, unspread: frozenset[str]) -> None:
-        if unspread:
-            self._unspread[service] = unspread
-        else:
-            self._unspread.pop(service, None)
+            self._spread[service] = spread
 
     def _wake_siblings(self, key: Key, plan: ReplicaPlan) -> None:
         """Plan again the siblings this replica's placement lets go, and this replica once the sibling it
@@ -285,12 +273,9 @@ class PlacementReporter:
         timer = self._rechecks.pop(key, None)
         if timer is not None:
             timer.cancel()
-        for service, settling in list(self._settling.items()):
-            if service[0] == key[0] and key[1] in settling:
-                self._remember_settling(service, {r: t for r, t in settling.items() if r != key[1]})
-        for service, unspread in list(self._unspread.items()):
-            if service[0] == key[0] and key[1] in unspread:
-                self._remember_unspread(service, unspread - {key[1]})
+        for service, spread in list(self._spread.items()):  # (only services whose spread is under way)
+            if service[0] == key[0] and spread.concerns(key[1]):
+                self._keep_spread(service, spread.without(key[1]))
 
 
 def _service_of(snapshot: ReplicaSnapshot) -> Key:

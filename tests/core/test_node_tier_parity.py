@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from stormtopo.core import node_tier_pass
 from stormtopo.core.topology import node_tier
 from stormtopo.core.topology.node_tier import (
     node_hypernode_name,
@@ -39,7 +40,6 @@ from stormtopo.core.topology.node_tier import (
 from stormtopo.core.topology.tree import NodeSpec, Switch, Topology
 from stormtopo.core.vocabulary import MANAGED_BY, NODE_TIER_LABEL
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode
-from stormtopo.operator import node_tier as operator_node_tier
 from stormtopo.operator.config import OperatorConfig, parse_args
 from stormtopo.operator.node_tier import NodeTier
 
@@ -222,9 +222,9 @@ def _operator_call(keep_runs: bool = NodeTier.keep_runs) -> dict[str, Any]:
     given = {f.name: readings for f in fields(NodeTier) if f.init and f.default is MISSING and f.default_factory is MISSING}
     tier = NodeTier(**{**given, "index": index, "keep_runs": keep_runs})
     mp = pytest.MonkeyPatch()
-    mp.setattr(operator_node_tier, "plan_node_tier", capture)
-    mp.setattr(operator_node_tier, "_shape", lambda s, warned: (8, 8))
-    mp.setattr(operator_node_tier, "is_opted_in", lambda annotations: True)
+    mp.setattr(node_tier_pass, "plan_node_tier", capture)  # the pass's planner, as the operator's shell calls it
+    mp.setattr(node_tier_pass, "replica_shape", lambda s: ((8, 8), None))
+    mp.setattr(node_tier_pass, "is_opted_in", lambda annotations: True)
     try:
         asyncio.run(tier.check())
     finally:

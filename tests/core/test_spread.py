@@ -429,3 +429,19 @@ def test_a_replica_let_go_with_domains_kept_out_leaves_nothing_behind_once_no_sp
     objects = let_go_kept_out_of("svc-a", ["node0", "node1"])
     objects[1]["spec"]["nodeName"] = "node4"
     assert not [w for w in plan_for(index_of(*objects, annotations=annotations)).writes if isinstance(w, DeleteUnboundPod)]
+
+
+def test_when_the_shell_keeps_the_spread_memory_is_the_plans_to_say() -> None:
+    """Before the writes (two workers never let two siblings go together), but for a replica held again only
+    after them (its pods deleted: a delete that failed is planned again); what a plan does not say is kept."""
+    from stormtopo.core.replica import ReplicaPlan
+    from stormtopo.core.spread import SpreadMemory
+
+    kept = SpreadMemory({"svc-b": NOW - 1}, frozenset({"svc-c"}))
+    assert ReplicaPlan().spread_memory(kept) is None and ReplicaPlan().spread_kept_first
+    letting_go = ReplicaPlan(settling={"svc-a": NOW})
+    assert letting_go.spread_memory(kept) == SpreadMemory({"svc-a": NOW}, frozenset({"svc-c"})) and letting_go.spread_kept_first
+    held_again = ReplicaPlan((DeleteUnboundPod("ns", "svc-a-p", "1"),), settling={}, unspread=frozenset({"svc-a"}))
+    assert not held_again.spread_kept_first and held_again.spread_memory(kept) == SpreadMemory({}, frozenset({"svc-a"}))
+    assert kept.without("svc-c") == SpreadMemory({"svc-b": NOW - 1}) and not kept.without("svc-b").without("svc-c").settling
+    assert kept.without("svc-b").without("svc-c").empty and kept.concerns("svc-b") and not kept.concerns("svc-a")

@@ -58,19 +58,19 @@ def test_workers_planning_held_replicas_together_let_one_go_then_the_next_when_i
         first = sorted(api.patched)
         assert first in (["svc-a-d", "svc-a-p"], ["svc-b-d", "svc-b-p"]), api.patched  # one replica, not both
         went, waits = first[0][:5], ("svc-b" if first[0].startswith("svc-a") else "svc-a")
-        assert set(reporter._settling[("ns", "svc")]) == {went}
+        assert set(reporter._spread[("ns", "svc")].settling) == {went}
         assert ("ns", waits) in reporter._rechecks  # looked at again once the first no longer counts
 
         for pod in replica(went, ("node0", "node1"))[1:]:  # Volcano binds it in s0
             index.observe("Pod", "MODIFIED", pod)
         await reporter.replica_changed(("ns", went))
-        assert woken == [("ns", waits)] and ("ns", "svc") not in reporter._settling
+        assert woken == [("ns", waits)] and ("ns", "svc") not in reporter._spread
         await reporter.replica_changed(("ns", waits))
         assert sorted(api.patched[2:]) == [f"{waits}-d", f"{waits}-p"]
         excluded = api.ops[f"{waits}-p"][2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert excluded["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["node0", "node1", "node6", "node7"]
         reporter.forget(("ns", waits))
-        assert ("ns", "svc") not in reporter._settling and ("ns", waits) not in reporter._rechecks
+        assert ("ns", "svc") not in reporter._spread and ("ns", waits) not in reporter._rechecks
 
     asyncio.run(scenario())
 
