@@ -67,7 +67,10 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
         else:
             if (other := shares_prefix_with(name, names)) is not None:
                 report["notMovable"] = not_movable_reason(name, other)
-    plan = pass_plan(api, snapshot, (namespace, name))
+    try:
+        plan = pass_plan(api, snapshot, (namespace, name))
+    except ApiError as exc:  # no right to list StormServices in every namespace: the plan as if nothing else moved
+        plan, report["movesUnknown"] = plan_alone(snapshot, (namespace, name), {}, ()), str(exc)
     try:
         rooms = rooms_made(snapshot, plan, lambda: residents(api, snapshot, (namespace, name)), api.gpu_totals)
     except ApiError as exc:  # e.g. no right to list StormServices in every namespace: the rest still holds
@@ -218,6 +221,8 @@ def render(report: Mapping[str, Any]) -> list[str]:
         lines.append(f"  but: {report['policyRefuses']}")
     if report.get("policyUnknown"):
         lines.append(f"  whether the installed admission policies allow the move is unknown: {report['policyUnknown']}")
+    if report.get("movesUnknown"):
+        lines.append(f"  planned as if no other replica were moving (the cluster's moves and its cap unknown): {report['movesUnknown']}")
     if report.get("makeRoomUnknown"):
         lines.append(f"  which replica --heal-make-room would move is unknown: {report['makeRoomUnknown']}")
     lines.append("  (dry run: nothing was moved)")

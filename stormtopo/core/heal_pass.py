@@ -84,6 +84,10 @@ class HealerMemory:
     def noticed(self, key: ServiceKey, memory: HealMemory) -> HealerMemory:
         return replace(self, stranded={**self.stranded, key: memory})
 
+    def unnoticed(self, key: ServiceKey) -> HealerMemory:
+        """A stranded notice that could not be planned (its read failed): looked at again at the next pass."""
+        return replace(self, stranded_pods=_without(self.stranded_pods, key))
+
     def forget(self, key: ServiceKey) -> HealerMemory:
         """Nothing to look at in the service any more: what was remembered of it goes (not its waking)."""
         if key not in self.services and key not in self.stranded and key not in self.stranded_pods:

@@ -138,6 +138,7 @@ class ReplicaPlan:
     needs_room: bool = False  # a spread release needs every node's free GPUs: read them and plan again
     settling: Mapping[str, float] | None = None  # with a spread tier: the StormService's replicas let go, to remember
     unspread: frozenset[str] | None = None  # with a spread tier: the StormService's replicas held again, to remember
+    spread_over: SpreadMemory = field(default_factory=SpreadMemory)  # the spread memory the plan was made over
     wake: tuple[str, ...] = ()  # sibling replicas held for the spread: plan them again (this one took its domain)
     recheck_in: float | None = None  # seconds until a sibling no longer holds this replica back: plan it again then
 
@@ -146,12 +147,16 @@ class ReplicaPlan:
         return tuple(PostEvent(stormservice, say) for say in self.says) + self.writes
 
     def spread_memory(self, kept: SpreadMemory) -> SpreadMemory | None:
-        """The StormService's spread memory after this plan (what it does not say stays as `kept`); None: the
-        plan says nothing of the spread."""
+        """The StormService's spread memory after this plan, kept now as `kept`: what the plan says, and what
+        other workers kept since the plan was made (a sibling let go meanwhile stays let go: the shell may
+        keep this after awaits); None: the plan says nothing of the spread."""
         if self.settling is None and self.unspread is None:
             return None
-        settling = self.settling if self.settling is not None else kept.settling
-        return SpreadMemory(settling, self.unspread if self.unspread is not None else kept.unspread)
+        over = self.spread_over
+        settling = dict(self.settling if self.settling is not None else over.settling)
+        settling |= {r: t for r, t in kept.settling.items() if r not in over.settling and r not in settling}
+        unspread = (self.unspread if self.unspread is not None else over.unspread) | (kept.unspread - over.unspread)
+        return SpreadMemory(settling, unspread)
 
     @property
     def spread_kept_first(self) -> bool:
@@ -249,6 +254,7 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
     spread_fields: dict[str, Any] = {}
     if spreading and spread is not None:
         spread_fields = {"settling": spread.settling, "recheck_in": spread.recheck_in, "unspread": spread.unspread}
+        spread_fields["spread_over"] = SpreadMemory(snapshot.settling, snapshot.unspread)
         if replica.placed(request):  # its domain is taken now: a sibling held for the spread may go
             spread_fields["wake"] = tuple(s.name for s in snapshot.siblings if any(is_held(p) for p in s.members(request)))
     if room.recheck_in is not None and not spreading:

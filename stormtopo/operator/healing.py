@@ -134,6 +134,7 @@ class Healer:
                     heal_pass = await self.notice_stranded(key, heal_pass)
                 except Exception:
                     log.exception("checking %s/%s for a stranded replica failed; trying again at the next pass", *key)
+                    self._memory = self._memory.unnoticed(key)  # else the next pass is quiet while these pods wait
             elif look is Look.HEAL:
                 healed = await self.heal(key, heal_pass)
                 heal_pass = healed.heal_pass

@@ -78,3 +78,10 @@ def test_the_dry_run_says_when_a_service_asking_for_healing_may_not_be_moved() -
     assert lines[1] == f"  {reason}: the operator moves nothing; as if it did:"
     assert "'svc-a-roleset-x'" in lines[1] and "rename one of them" in lines[1]
     assert not any("healing stays off" in line for line in render(report))
+
+
+def test_without_the_right_to_list_every_namespace_the_dry_run_says_what_it_could_not_count() -> None:
+    entry = {"replica": "svc-a", "span": "s4, tier 2", "wide": True, "why": "soft-above-tier", "wouldMove": False}
+    report = {"namespace": "ns", "stormservice": "svc", "request": "soft, tier 1", "healing": True, "replicas": [entry]}
+    lines = render({**report, "movesUnknown": "HTTP 403: stormservices is forbidden"})
+    assert any(line.startswith("  planned as if no other replica were moving") and "HTTP 403" in line for line in lines)

@@ -157,3 +157,13 @@ def test_the_dry_run_plans_one_service_as_a_pass_would_against_the_clusters_move
     assert plan_healing(snapshot, HealMemory()).moving is not None  # what the dry run said before: a move the pass would not make
     plain = replace(snapshot, stormservice=service({k: v for k, v in SOFT1.items() if k != "stormtopo.io/heal"}))
     assert plan_alone(plain, KEY, {}, ()).moving is not None  # judged as if it asked
+
+
+def test_a_stranded_notice_whose_read_failed_is_looked_at_again_at_the_next_pass() -> None:
+    """plan_look marks the waiting pods as said before the shell reads the service; a read that fails takes that
+    back (HealerMemory.unnoticed), else every next pass would be quiet for as long as those pods wait."""
+    reading = ServiceReading(KEY, wide_service(), prefix_shared_with="svc-twin")  # not movable: noticed, not healed
+    first, memory = plan_look(a_pass(), HealerMemory(), reading, TIERS, TOPOLOGY)
+    assert first is Look.NOTICE
+    assert plan_look(a_pass(), memory, reading, TIERS, TOPOLOGY)[0] is Look.QUIET  # said: quiet while they wait
+    assert plan_look(a_pass(), memory.unnoticed(KEY), reading, TIERS, TOPOLOGY)[0] is Look.NOTICE

@@ -439,9 +439,15 @@ def test_when_the_shell_keeps_the_spread_memory_is_the_plans_to_say() -> None:
 
     kept = SpreadMemory({"svc-b": NOW - 1}, frozenset({"svc-c"}))
     assert ReplicaPlan().spread_memory(kept) is None and ReplicaPlan().spread_kept_first
-    letting_go = ReplicaPlan(settling={"svc-a": NOW})
-    assert letting_go.spread_memory(kept) == SpreadMemory({"svc-a": NOW}, frozenset({"svc-c"})) and letting_go.spread_kept_first
-    held_again = ReplicaPlan((DeleteUnboundPod("ns", "svc-a-p", "1"),), settling={}, unspread=frozenset({"svc-a"}))
-    assert not held_again.spread_kept_first and held_again.spread_memory(kept) == SpreadMemory({}, frozenset({"svc-a"}))
+    letting_go = ReplicaPlan(settling={"svc-b": NOW - 1, "svc-a": NOW}, spread_over=kept)
+    assert letting_go.spread_memory(kept) == SpreadMemory({"svc-b": NOW - 1, "svc-a": NOW}, frozenset({"svc-c"}))
+    assert letting_go.spread_kept_first
+    over = SpreadMemory({"svc-a": NOW - 5})
+    held_again = ReplicaPlan((DeleteUnboundPod("ns", "svc-a-p", "1"),), settling={}, unspread=frozenset({"svc-a"}), spread_over=over)
+    assert not held_again.spread_kept_first
+    assert held_again.spread_memory(over) == SpreadMemory({}, frozenset({"svc-a"}))
+    # Kept after its writes' awaits: a sibling another worker let go meanwhile stays let go.
+    meanwhile = SpreadMemory({"svc-a": NOW - 5, "svc-d": NOW}, frozenset())
+    assert held_again.spread_memory(meanwhile) == SpreadMemory({"svc-d": NOW}, frozenset({"svc-a"}))
     assert kept.without("svc-c") == SpreadMemory({"svc-b": NOW - 1}) and not kept.without("svc-b").without("svc-c").settling
     assert kept.without("svc-b").without("svc-c").empty and kept.concerns("svc-b") and not kept.concerns("svc-a")
