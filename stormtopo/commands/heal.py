@@ -14,18 +14,19 @@ from typing import Any
 
 from rich.console import Console
 
+from stormtopo.commands.explain import priority_values
 from stormtopo.commands.report import NotFound, cluster_view, print_report
-from stormtopo.core.heal_pass import ServiceReading, in_play, plan_alone
+from stormtopo.core.heal_pass import RoomSearch, ServiceReading, in_play, lenders, next_offer, plan_alone
 from stormtopo.core.heal_plan import HealPlan
 from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_request import tier_to_heal, wants_healing
 from stormtopo.core.heal_snapshot import HealSnapshot
-from stormtopo.core.lending import resident
 from stormtopo.core.optin import not_movable_reason, shares_prefix_with
 from stormtopo.core.request import RequestError, request_of
-from stormtopo.core.room import Resident, room_by_moving
+from stormtopo.core.room import Resident
+from stormtopo.core.topology.node_tier import node_tier_members
 from stormtopo.core.verdict import Block, Why
-from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, PLACEMENT_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
+from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, PLACEMENT_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator.room import NodeRoom
 
@@ -72,7 +73,14 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
     except ApiError as exc:  # no right to list StormServices in every namespace: the plan as if nothing else moved
         plan, report["movesUnknown"] = plan_alone(snapshot, (namespace, name), {}, ()), str(exc)
     try:
-        rooms = rooms_made(snapshot, plan, lambda: residents(api, snapshot, (namespace, name)), api.gpu_totals)
+        rooms = rooms_made(
+            snapshot,
+            plan,
+            lambda: residents(api, snapshot, (namespace, name)),
+            api.gpu_totals,
+            frozenset(node_tier_members(api.list_objects(VOLCANO_TOPOLOGY, "hypernodes")).values()),
+            priority_values(api),
+        )
     except ApiError as exc:  # e.g. no right to list StormServices in every namespace: the rest still holds
         rooms, report["makeRoomUnknown"] = {}, str(exc)
     report["replicas"] = [
@@ -137,21 +145,30 @@ def refusing_policy(policies: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def rooms_made(
-    snapshot: HealSnapshot, plan: HealPlan, read_residents: Callable[[], list[Resident]], read_allocatable: Callable[[], dict[str, int]]
+    snapshot: HealSnapshot,
+    plan: HealPlan,
+    read_residents: Callable[[], list[Resident]],
+    read_allocatable: Callable[[], dict[str, int]],
+    listed: frozenset[str] = frozenset(),
+    priorities: Mapping[str, int] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """For each wide replica with nowhere to go, the first replica of another opted-in service that
-    making room would move out of its way, as the operator's make_room offers it (its own plan may
-    still refuse it: a budget, not ready). The other services are read only if some replica needs it."""
+    """For each wide replica with nowhere to go, the first replica of another service that lends room that
+    the operator's search (core/heal_pass.py next_offer) would offer to move out of its way: not one on the
+    node tier's short list (`listed`), nor one of higher priority, nor one where the wide replica's pods could
+    not run (its own plan may still refuse it: a budget, not ready). The others are read only if needed."""
     tier = tier_to_heal(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only=False)
     stuck = [v for v in plan.verdicts if v.block is Block.NO_ROOM and v.why in (Why.SOFT_WIDE, Why.VIOLATION)]
     if tier is None or not stuck:
         return {}
-    others, allocatable = read_residents(), read_allocatable()
+    others, allocatable = tuple(read_residents()), read_allocatable()
+    meta = snapshot.stormservice["metadata"]
+    key = (str(meta.get("namespace", "")), str(meta["name"]))
     out = {}
     for verdict in stuck:
         replica = next(r for r in snapshot.replicas if r.name == verdict.replica)
-        room = room_by_moving(replica.wanted(), replica.gpus_by_node(), tier, others, snapshot.free, allocatable, snapshot.topology)
-        if room is not None:
+        search = RoomSearch(((key, replica, tier),), others, allocatable, snapshot.nodes, snapshot.topology, listed, priorities or {})
+        if (offer := next_offer(search, snapshot.free)) is not None:
+            room = offer.room
             out[verdict.replica] = {
                 "replica": room.resident.replica,
                 "stormservice": f"{room.resident.namespace}/{room.resident.stormservice}",
@@ -162,12 +179,20 @@ def rooms_made(
 
 
 def residents(api: Api, snapshot: HealSnapshot, own: tuple[str, str]) -> list[Resident]:
-    """Replicas of the other StormServices opted in to healing that may make room: three cluster-wide
-    lists (StormServices, their RoleSets, their pods), not a read per service."""
+    """Replicas of the other StormServices that lend room and may make it, as the operator finds them
+    (core/heal_pass.py lenders), and only of services whose pods the eviction policy can tell apart (no other
+    StormService of the namespace shares their RoleSet name prefix): three cluster-wide lists (StormServices,
+    their RoleSets, their pods), not a read per service."""
+    everything = api.list_objects(AIBRIX, "stormservices")
+    names: dict[str, list[str]] = {}
+    for s in everything:
+        names.setdefault(str(s["metadata"].get("namespace", "")), []).append(str(s["metadata"]["name"]))
     services = {
-        (s["metadata"].get("namespace", ""), s["metadata"]["name"]): s
-        for s in api.list_objects(AIBRIX, "stormservices")
-        if wants_healing(s) and (s["metadata"].get("namespace"), s["metadata"]["name"]) != own
+        (namespace, name): s
+        for s in everything
+        if wants_healing(s)
+        and (namespace := str(s["metadata"].get("namespace", "")), name := str(s["metadata"]["name"])) != own
+        and shares_prefix_with(name, names[namespace]) is None
     }
     if not services:
         return []
@@ -175,14 +200,13 @@ def residents(api: Api, snapshot: HealSnapshot, own: tuple[str, str]) -> list[Re
     for pod in api.raw_list("/api/v1/pods", labelSelector=ROLESET_LABEL):
         labels = pod["metadata"].get("labels") or {}
         pods.setdefault((pod["metadata"].get("namespace", ""), labels[ROLESET_LABEL]), []).append(pod)
-    out = []
+    found = []
     for roleset in api.list_objects(AIBRIX, "rolesets", label_selector=STORMSERVICE_LABEL):
         meta = roleset["metadata"]
         service = services.get((meta.get("namespace", ""), (meta.get("labels") or {}).get(STORMSERVICE_LABEL, "")))
-        own_pods = pods.get((meta.get("namespace", ""), meta["name"]), [])
-        if service is not None and (found := resident(service, roleset, own_pods, snapshot.tiers, snapshot.topology, snapshot.now)):
-            out.append(found)
-    return out
+        if service is not None:
+            found.append((service, roleset, pods.get((meta.get("namespace", ""), meta["name"]), [])))
+    return lenders(found, snapshot.tiers, snapshot.topology, snapshot.now, snapshot.cooldown)
 
 
 def render(report: Mapping[str, Any]) -> list[str]:

@@ -85,3 +85,15 @@ def test_without_the_right_to_list_every_namespace_the_dry_run_says_what_it_coul
     report = {"namespace": "ns", "stormservice": "svc", "request": "soft, tier 1", "healing": True, "replicas": [entry]}
     lines = render({**report, "movesUnknown": "HTTP 403: stormservices is forbidden"})
     assert any(line.startswith("  planned as if no other replica were moving") and "HTTP 403" in line for line in lines)
+
+
+def test_the_dry_run_offers_only_whom_the_operators_search_would() -> None:
+    """The same search as the operator's make_room (core/heal_pass.py next_offer): never a resident of higher
+    priority than the wide replica, nor one on the node tier's short list."""
+    from dataclasses import replace
+
+    snapshot = snap(service(SOFT1), WIDE, busy=STUCK)
+    plan = plan_healing(snapshot, HealMemory())
+    assert rooms_made(snapshot, plan, lambda: [SMALL], dict) != {}
+    assert rooms_made(snapshot, plan, lambda: [replace(SMALL, priority=1000)], dict) == {}  # the wide replica runs at 0
+    assert rooms_made(snapshot, plan, lambda: [SMALL], dict, listed=frozenset({"node0"})) == {}
