@@ -54,6 +54,11 @@ class NodeTierPlan:
     said: tuple[str, ...] = ()  # warnings for the log
     planned: tuple[object, ...] | None = None  # to remember once the writes are carried out; None: nothing new
 
+    def carried_out(self, memory: NodeTierMemory) -> NodeTierMemory:
+        """Once its writes are done: what it was planned over is remembered (a write that failed is planned
+        again at the next pass), and the refusals said are forgotten once a write went through."""
+        return replace(memory, planned=self.planned, refused={} if self.writes else memory.refused)
+
 
 def generation(stormservice: Mapping[str, Any]) -> Generation:
     meta = stormservice.get("metadata") or {}

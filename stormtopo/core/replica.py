@@ -146,6 +146,12 @@ class ReplicaPlan:
         """Everything to carry out, in order: the Events on the StormService, then the writes."""
         return tuple(PostEvent(stormservice, say) for say in self.says) + self.writes
 
+    def memory_before_writes(self, kept: ReplicaMemory) -> ReplicaMemory:
+        """The replica's memory to keep before the writes: what was said stays said even if a write fails,
+        but the placement record as it was until it is written (a failed one is written again next time);
+        after the writes, `memory` whole."""
+        return replace(self.memory, recorded=kept.recorded)
+
     def spread_memory(self, kept: SpreadMemory) -> SpreadMemory | None:
         """The StormService's spread memory after this plan, kept now as `kept`: what the plan says, and what
         other workers kept since the plan was made (a sibling let go meanwhile stays let go: the shell may

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from stormtopo.core.node_tier_pass import NodeTierMemory, NodeTierPlan, NodeTierReading, plan_off, plan_pass, refusals_to_say
 from stormtopo.kube.client import Api
@@ -96,4 +96,4 @@ class NodeTier:
                     body = {"apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode", **hypernode}
                     self.report(body, "Warning", "NodeTierWriteRefused", f"the node tier's {kind} of HyperNode {name} was refused: {why}")
             raise
-        self._memory = replace(self._memory, planned=plan.planned, refused={} if plan.writes else self._memory.refused)
+        self._memory = plan.carried_out(self._memory)

@@ -191,8 +191,7 @@ class PlacementReporter:
             self.index.set_nodes({name: {k: v for k, v in labels.items() if k in keys} for name, labels in nodes.items()}, started)
 
     async def _carry_out(self, key: Key, snapshot: ReplicaSnapshot, plan: ReplicaPlan) -> None:
-        recorded = self._memory.get(key, ReplicaMemory()).recorded
-        self._remember(key, replace(plan.memory, recorded=recorded))  # what was said stays said, even if a write fails
+        self._remember(key, plan.memory_before_writes(self._memory.get(key, ReplicaMemory())))
         service = _service_of(snapshot)
         spread = plan.spread_memory(self._spread.get(service, SpreadMemory()))
         if spread is not None and plan.spread_kept_first:  # before the first await (ReplicaPlan.spread_kept_first)
@@ -201,7 +200,7 @@ class PlacementReporter:
         await execute(self.api, plan.all_writes(snapshot.stormservice), self.report)
         if spread is not None and not plan.spread_kept_first:
             self._keep_spread(service, spread)
-        self._remember(key, plan.memory)  # the record, only once written: a failed one is written again next time
+        self._remember(key, plan.memory)  # (ReplicaPlan.memory_before_writes)
         self._wake_siblings(key, plan)
         if plan.first is not None:
             if plan.first.tier is not None:
