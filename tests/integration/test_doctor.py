@@ -170,6 +170,18 @@ def test_a_node_with_a_second_parent_is_an_error(cluster: DevCluster, cluster_di
     )
 
 
+def test_hypernodes_naming_one_another_are_an_error(cluster_dir: Path) -> None:
+    """A cycle: Volcano refuses to build the tree (and places no topology gang until it is gone)."""
+    tag = uuid.uuid4().hex[:6]
+    upper, lower = f"doctor-up-{tag}", f"doctor-down-{tag}"
+    with present(cluster_dir, hypernode(upper, 3, [member("HyperNode", lower)]), hypernode(lower, 2, [member("HyperNode", upper)])):
+        code, findings = doctor(cluster_dir)
+    assert code == 1
+    (error,) = errors(findings, "hypernodes")
+    assert "HyperNodes name one another in a cycle" in error and upper in error and lower in error, error
+    assert "remove the member that points back up the tree" in error
+
+
 def test_a_scheduler_config_without_network_topology_aware_is_an_error(cluster_dir: Path, tmp_path: Path) -> None:
     conf = yaml.safe_load(dev.SCHEDULER_CONF)
     for tier in conf["tiers"]:
