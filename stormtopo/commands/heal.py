@@ -10,18 +10,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rich.console import Console
 
 from stormtopo.commands.explain import priority_values
 from stormtopo.commands.report import NotFound, cluster_view, print_report
+from stormtopo.core.cluster_moves import moves_under_way
 from stormtopo.core.heal_pass import RoomSearch, ServiceReading, in_play, lenders, next_offer, plan_alone
 from stormtopo.core.heal_plan import HealPlan
 from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_request import tier_to_heal, wants_healing
 from stormtopo.core.heal_snapshot import HealSnapshot
-from stormtopo.core.optin import not_movable_reason, shares_prefix_with
+from stormtopo.core.optin import not_movable_reason, prefix_sharing, shares_prefix_with
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.room import Resident
 from stormtopo.core.topology.node_tier import node_tier_members
@@ -73,14 +75,7 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
     except ApiError as exc:  # no right to list StormServices in every namespace: the plan as if nothing else moved
         plan, report["movesUnknown"] = plan_alone(snapshot, (namespace, name), {}, ()), str(exc)
     try:
-        rooms = rooms_made(
-            snapshot,
-            plan,
-            lambda: residents(api, snapshot, (namespace, name)),
-            api.gpu_totals,
-            frozenset(node_tier_members(api.list_objects(VOLCANO_TOPOLOGY, "hypernodes")).values()),
-            priority_values(api),
-        )
+        rooms = rooms_made(snapshot, plan, lambda: read_lenders(api, snapshot, (namespace, name)))
     except ApiError as exc:  # e.g. no right to list StormServices in every namespace: the rest still holds
         rooms, report["makeRoomUnknown"] = {}, str(exc)
     report["replicas"] = [
@@ -113,7 +108,7 @@ def pass_plan(api: Api, snapshot: HealSnapshot, key: tuple[str, str]) -> HealPla
     services: dict[tuple[str, str], Mapping[str, Any]] = {
         (s["metadata"].get("namespace", ""), s["metadata"]["name"]): s for s in api.list_objects(AIBRIX, "stormservices") if in_play(s)
     }
-    moving = tuple(service_reading(api, k, s) for k, s in services.items() if MOVES_ANNOTATION in (s["metadata"].get("annotations") or {}))
+    moving = tuple(service_reading(api, k, s) for k, s in services.items() if moves_under_way(s, snapshot.now))
     return plan_alone(snapshot, key, services, moving)
 
 
@@ -144,29 +139,48 @@ def refusing_policy(policies: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def rooms_made(
-    snapshot: HealSnapshot,
-    plan: HealPlan,
-    read_residents: Callable[[], list[Resident]],
-    read_allocatable: Callable[[], dict[str, int]],
-    listed: frozenset[str] = frozenset(),
-    priorities: Mapping[str, int] | None = None,
-) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class Lenders:
+    """What making room's search reads beyond the service: the replicas that may be moved, every node's
+    allocatable GPUs, the node tier's short list and each PriorityClass's value."""
+
+    residents: tuple[Resident, ...]
+    allocatable: Mapping[str, int]
+    listed: frozenset[str] = frozenset()
+    priorities: Mapping[str, int] = field(default_factory=dict)
+
+
+def read_lenders(api: Api, snapshot: HealSnapshot, own: tuple[str, str]) -> Lenders:
+    values = priority_values(api) or {}  # none where this user may not list them: every replica counts as 0
+    listed = frozenset(node_tier_members(api.list_objects(VOLCANO_TOPOLOGY, "hypernodes")).values())
+    tiers = replace(snapshot.tiers, priority_values=tuple(sorted(values.items())))
+    return Lenders(tuple(residents(api, replace(snapshot, tiers=tiers), own)), api.gpu_totals(), listed, values)
+
+
+def rooms_made(snapshot: HealSnapshot, plan: HealPlan, read: Callable[[], Lenders]) -> dict[str, dict[str, Any]]:
     """For each wide replica with nowhere to go, the first replica of another service that lends room that
     the operator's search (core/heal_pass.py next_offer) would offer to move out of its way: not one on the
-    node tier's short list (`listed`), nor one of higher priority, nor one where the wide replica's pods could
-    not run (its own plan may still refuse it: a budget, not ready). The others are read only if needed."""
+    node tier's short list, nor one of higher priority, nor one where the wide replica's pods could not run
+    (its own plan may still refuse it: a budget, not ready). The others are read only if needed."""
     tier = tier_to_heal(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only=False)
     stuck = [v for v in plan.verdicts if v.block is Block.NO_ROOM and v.why in (Why.SOFT_WIDE, Why.VIOLATION)]
     if tier is None or not stuck:
         return {}
-    others, allocatable = tuple(read_residents()), read_allocatable()
+    lenders_read = read()
     meta = snapshot.stormservice["metadata"]
     key = (str(meta.get("namespace", "")), str(meta["name"]))
     out = {}
     for verdict in stuck:
         replica = next(r for r in snapshot.replicas if r.name == verdict.replica)
-        search = RoomSearch(((key, replica, tier),), others, allocatable, snapshot.nodes, snapshot.topology, listed, priorities or {})
+        search = RoomSearch(
+            ((key, replica, tier),),
+            lenders_read.residents,
+            lenders_read.allocatable,
+            snapshot.nodes,
+            snapshot.topology,
+            lenders_read.listed,
+            lenders_read.priorities,
+        )
         if (offer := next_offer(search, snapshot.free)) is not None:
             room = offer.room
             out[verdict.replica] = {
@@ -187,12 +201,11 @@ def residents(api: Api, snapshot: HealSnapshot, own: tuple[str, str]) -> list[Re
     names: dict[str, list[str]] = {}
     for s in everything:
         names.setdefault(str(s["metadata"].get("namespace", "")), []).append(str(s["metadata"]["name"]))
+    shared = {(namespace, name) for namespace, listed in names.items() for name in prefix_sharing(listed)}
     services = {
-        (namespace, name): s
+        key: s
         for s in everything
-        if wants_healing(s)
-        and (namespace := str(s["metadata"].get("namespace", "")), name := str(s["metadata"]["name"])) != own
-        and shares_prefix_with(name, names[namespace]) is None
+        if wants_healing(s) and (key := (str(s["metadata"].get("namespace", "")), str(s["metadata"]["name"]))) != own and key not in shared
     }
     if not services:
         return []

@@ -44,6 +44,11 @@ def _under_way(move: Mapping[str, Any], at: float, now: float) -> bool:
     return not move.get("done") and now - at <= MOVE_DEADLINE
 
 
+def moves_under_way(stormservice: Mapping[str, Any], now: float) -> bool:
+    """A trusted move of the service not settled and within its deadline: its target is set aside."""
+    return any(_under_way(m, at, now) for m, at in trusted_moves(stormservice, now))
+
+
 def moving_in_cluster(stormservices: Iterable[Mapping[str, Any]], now: float) -> int:
     """Replicas moving now across the cluster: trusted moves (trusted_moves), not settled, within their
     deadline; at most one per service, as the healer moves one replica of a service at a time (so a

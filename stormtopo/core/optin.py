@@ -28,6 +28,7 @@ This module is the pure part: keys, the label and the policy objects (the gate's
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -147,6 +148,21 @@ def shares_prefix_with(stormservice: str, others: Iterable[str]) -> str | None:
     them by bisection, for the operator; this is the plain scan a command makes once)."""
     own = roleset_prefix(stormservice)
     return next((o for o in others if o != stormservice and (own.startswith(p := roleset_prefix(o)) or p.startswith(own))), None)
+
+
+def prefix_sharing(names: Iterable[str]) -> set[str]:
+    """Of the StormServices of one namespace, those that share a RoleSet name prefix with another (as
+    shares_prefix_with says of each), in O(n log n): sorted, the prefixes a prefix begins come right after it,
+    and the prefixes that begin it end in "-roleset-" (or equal it, cut to ROLESET_PREFIX)."""
+    pairs = sorted((roleset_prefix(n), n) for n in set(names))
+    count = Counter(p for p, _ in pairs)
+    shared = set()
+    for at, (prefix, name) in enumerate(pairs):
+        later = pairs[at + 1][0] if at + 1 < len(pairs) else ""
+        heads = {prefix[: i + len("-roleset-")] for i in range(len(prefix)) if prefix.startswith("-roleset-", i)} - {prefix}
+        if count[prefix] > 1 or (later != prefix and later.startswith(prefix)) or any(h in count for h in heads):
+            shared.add(name)
+    return shared
 
 
 def not_movable_reason(stormservice: str, shared_with: str) -> str:

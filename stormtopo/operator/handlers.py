@@ -221,7 +221,6 @@ class Operator:
         # kopf's watches of StormServices and RoleSets, as the re-lists see them: what they missed is
         # delivered (never a reason to restart: a watch the API server refuses is not stormtopo's fault).
         self.loops.note("kopf-watches", lambda: {"missed, delivered by the re-list": dict(sorted(self.watch_missed.items()))})
-        self.loops.probe("kopf-watchers", KopfWatchers(WATCHED).stuck)
         if self.leadership.api is not None:  # election on (--leader-elect)
             self.loops.supervise("leader-election", self.leadership.retry_period, self.leadership.run)
         self.streams = WatchStreams(self.index.api)
@@ -239,47 +238,13 @@ class Operator:
             await self.streams.close()
 
 
-# What kopf watches for stormtopo (register's handlers), as kopf names each watch's task.
-WATCHED = (AIBRIX, AIBRIX, VOLCANO_TOPOLOGY)
-WATCHED_PLURALS = ("stormservices", "rolesets", "hypernodes")
-WATCHER_TASK = "watcher for "
-
-
-class KopfWatchers:
-    """kopf's watch of each resource stormtopo follows is a task that never ends by itself: kopf retries a
-    watch through any outage (ForeverBackoffs) and never starts one again once it has ended, so an ended one
-    means a blind replica until it restarts; /healthz says so (stuck). Each watcher is found once among the
-    loop's tasks, when first seen alive, and only looked for again once it has ended (kopf starts a new one
-    when a CRD comes back)."""
-
-    def __init__(self, watched: tuple[tuple[str, str], ...] = WATCHED, plurals: tuple[str, ...] = WATCHED_PLURALS) -> None:
-        self._names = {
-            plural: f"{WATCHER_TASK}{plural}.{version}.{group}" for (group, version), plural in zip(watched, plurals, strict=True)
-        }
-        self._tasks: dict[str, asyncio.Task[Any]] = {}
-
-    def _find(self) -> None:
-        for task in asyncio.all_tasks():
-            name = task.get_name()
-            if name.startswith(WATCHER_TASK) and not task.done():
-                for plural, prefix in self._names.items():
-                    if name.startswith(f"{prefix}@"):
-                        self._tasks[plural] = task
-
-    def stuck(self, hang: float) -> str | None:
-        if len(self._tasks) < len(self._names) or any(t.done() for t in self._tasks.values()):
-            self._find()
-        ended = sorted(p for p, t in self._tasks.items() if t.done())  # a watcher never seen yet: kopf is starting
-        if not ended:
-            return None
-        return f"kopf's watch of {', '.join(ended)} has ended, and kopf does not start it again: restart to watch again"
-
-
 class ForeverBackoffs:
     """kopf's waits between the attempts of one request: 1, 1, 2, ... 21 s, then every 30 s without end. kopf
-    gives a request up, a watch stream's too, once its backoffs run out, and a watch given up never comes back;
-    so a watch outlasts an outage of any length and resumes within 30 s of the API server's return. kopf makes
-    no other request for stormtopo (raw event handlers only, no diff base, no peering)."""
+    gives a request up, a watch stream's too, once its backoffs run out, and a watch given up ends kopf and
+    the process with it (its orchestrator re-raises a watcher's error); so a watch now outlasts an outage of
+    any length and resumes within 30 s of the API server's return. Its other requests are the resource
+    discovery and the CRD watch, which retry the same way (raw event handlers only: no patch, no diff base,
+    no peering; events post with their own backoffs). Every wait is a cancellable sleep: a stop is not held."""
 
     def __iter__(self) -> Iterator[float]:
         return itertools.chain((1, 1, 2, 3, 5, 8, 13, 21), itertools.repeat(30))

@@ -137,7 +137,7 @@ class LoopHealth(Collector):
                 # A loop that never succeeded counts from its start, so the alert's age grows from there.
                 last = loop.last_success if loop.last_success is not None else loop.started
                 succeeded.add_metric([name], wall - (now - last))
-            for name, probe in sorted(self.loops.probes.items()):  # the work queues and kopf's watchers: stuck only
+            for name, probe in sorted(self.loops.probes.items()):  # the work queues: stuck only
                 stuck.add_metric([name], 0.0 if probe(self.loops.hang) is None else 1.0)
         yield stuck
         yield failures

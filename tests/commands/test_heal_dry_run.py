@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stormtopo.commands.heal import render, rooms_made
+from stormtopo.commands.heal import Lenders, render, rooms_made
 from stormtopo.core.heal_plan import HealMemory
 from stormtopo.core.healing import plan_healing
 from stormtopo.core.room import Resident
@@ -18,7 +18,7 @@ def test_a_wide_replica_with_nowhere_to_go_says_which_replica_would_make_room() 
     snapshot = snap(service(SOFT1), WIDE, busy=STUCK)
     plan = plan_healing(snapshot, HealMemory())
     assert plan.moving is None  # no leaf holds it now
-    rooms = rooms_made(snapshot, plan, lambda: [SMALL], dict)
+    rooms = rooms_made(snapshot, plan, lambda: Lenders((SMALL,), {}))
     assert rooms == {"svc-a": {"replica": "small-0", "stormservice": "other/small", "to": "s2", "frees": "s0"}}
     entry = {
         "replica": "svc-a",
@@ -35,10 +35,10 @@ def test_a_wide_replica_with_nowhere_to_go_says_which_replica_would_make_room() 
 def test_others_are_read_only_when_a_wide_replica_has_nowhere_to_go() -> None:
     snapshot = snap(service(SOFT1), WIDE)  # s0 has room: it moves without help
 
-    def unread() -> list[Resident]:
+    def unread() -> Lenders:
         raise AssertionError("read")
 
-    assert rooms_made(snapshot, plan_healing(snapshot, HealMemory()), unread, dict) == {}
+    assert rooms_made(snapshot, plan_healing(snapshot, HealMemory()), unread) == {}
 
 
 def test_the_dry_run_says_when_the_installed_policy_would_refuse_the_move() -> None:
@@ -94,6 +94,6 @@ def test_the_dry_run_offers_only_whom_the_operators_search_would() -> None:
 
     snapshot = snap(service(SOFT1), WIDE, busy=STUCK)
     plan = plan_healing(snapshot, HealMemory())
-    assert rooms_made(snapshot, plan, lambda: [SMALL], dict) != {}
-    assert rooms_made(snapshot, plan, lambda: [replace(SMALL, priority=1000)], dict) == {}  # the wide replica runs at 0
-    assert rooms_made(snapshot, plan, lambda: [SMALL], dict, listed=frozenset({"node0"})) == {}
+    assert rooms_made(snapshot, plan, lambda: Lenders((SMALL,), {})) != {}
+    assert rooms_made(snapshot, plan, lambda: Lenders((replace(SMALL, priority=1000),), {})) == {}  # the wide replica runs at 0
+    assert rooms_made(snapshot, plan, lambda: Lenders((SMALL,), {}, listed=frozenset({"node0"}))) == {}

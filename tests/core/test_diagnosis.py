@@ -169,6 +169,9 @@ def test_gangpreempt_without_the_plugins_it_needs_is_a_warning() -> None:
         tier["plugins"] = [p for p in tier["plugins"] if p["name"] != "priority"]
     finding = only(check_scheduler_config(healthy(scheduler_config=Source("file x.conf", yaml.safe_dump(conf)))), Level.WARNING)
     assert "plugin priority (for gangpreempt), plugin proportion (for gangpreempt)" in finding.found, finding.found
+    conf["tiers"][-1]["plugins"] += [{"name": "priority"}, {"name": "capacity"}]  # capacity in place of proportion
+    findings = check_scheduler_config(healthy(scheduler_config=Source("file x.conf", yaml.safe_dump(conf))))
+    assert not any("(for gangpreempt)" in f.found for f in findings), findings
     conf["actions"] = "enqueue, allocate, backfill"  # no gangpreempt: its plugins are not asked for (its absence is)
     findings = check_scheduler_config(healthy(scheduler_config=Source("file x.conf", yaml.safe_dump(conf))))
     assert not any("(for gangpreempt)" in f.found for f in findings)

@@ -167,3 +167,13 @@ def test_a_stranded_notice_whose_read_failed_is_looked_at_again_at_the_next_pass
     assert first is Look.NOTICE
     assert plan_look(a_pass(), memory, reading, TIERS, TOPOLOGY)[0] is Look.QUIET  # said: quiet while they wait
     assert plan_look(a_pass(), memory.unnoticed(KEY), reading, TIERS, TOPOLOGY)[0] is Look.NOTICE
+
+
+def test_only_a_service_with_a_move_under_way_has_its_replicas_read_for_the_dry_run() -> None:
+    """Settled records stay on a StormService for ever: the dry run reads the replicas of those moving now."""
+    from stormtopo.core.cluster_moves import moves_under_way
+
+    moving = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"svc-a": {"at": stamp(NOW - 5), "toTier": 1}})})
+    settled = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"svc-a": {"at": stamp(NOW - 5), "toTier": 1, "done": True}})})
+    forged = service({k: v for k, v in SOFT1.items() if k != "stormtopo.io/heal"} | {MOVES_ANNOTATION: "{}"})
+    assert moves_under_way(moving, NOW) and not moves_under_way(settled, NOW) and not moves_under_way(forged, NOW)

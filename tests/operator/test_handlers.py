@@ -189,34 +189,3 @@ def test_kopf_retries_a_watch_through_an_outage_of_any_length(monkeypatch: pytes
     assert asyncio.run(attempt()) is answered
     assert len(slept) == 200 and slept[:9] == [1, 1, 2, 3, 5, 8, 13, 21, 30] and max(slept) == 30
     assert sum(slept) > 90 * 60
-
-
-def test_a_kopf_watcher_that_ended_is_reported_stuck_until_kopf_starts_it_again() -> None:
-    import asyncio
-
-    from kopf._cogs.structs.references import Resource
-
-    async def scenario() -> list[str | None]:
-        watchers = handlers.KopfWatchers()
-        seen = [watchers.stuck(1.0)]  # kopf not started: nothing to say
-        forever = asyncio.Event()
-        # Named as kopf's orchestration names them: f"watcher for {resource}@{namespace}" (cluster-wide: None).
-        names = [f"watcher for {Resource(*gv, plural)}@None" for gv, plural in zip(handlers.WATCHED, handlers.WATCHED_PLURALS, strict=True)]
-        tasks = [asyncio.create_task(forever.wait(), name=n) for n in names]
-        other = asyncio.create_task(forever.wait(), name="watcher for pods.v1@None")  # not one of stormtopo's
-        await asyncio.sleep(0)
-        seen.append(watchers.stuck(1.0))
-        tasks[1].cancel()
-        other.cancel()
-        await asyncio.sleep(0)
-        seen.append(watchers.stuck(1.0))
-        again = asyncio.create_task(forever.wait(), name=names[1])  # kopf watches again once the CRD is back
-        await asyncio.sleep(0)
-        seen.append(watchers.stuck(1.0))
-        for task in [*tasks, again]:
-            task.cancel()
-        return seen
-
-    before, running, ended, restarted = asyncio.run(scenario())
-    assert before is None and running is None and restarted is None
-    assert ended is not None and "kopf's watch of rolesets has ended" in ended and "restart" in ended

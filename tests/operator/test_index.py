@@ -360,3 +360,29 @@ def test_the_commands_plain_scan_finds_the_same_prefix_neighbours_as_the_index()
             found = shares_prefix_with(name, chosen)
             assert (found is None) == (index.roleset_prefix_shared("ns", name) is None), (name, chosen)
             assert found is None or found in index.prefix_neighbours("ns", name), (name, chosen)
+
+
+def test_prefix_sharing_of_a_whole_namespace_finds_whom_the_plain_scan_finds() -> None:
+    """The dry run's O(n log n) pass over a namespace (core/optin.py prefix_sharing) against the scan per name."""
+    import itertools
+    import random
+
+    from stormtopo.core.optin import prefix_sharing, shares_prefix_with
+
+    long = "inference-prod-use1-llama-70b-prefill-decode-disaggregated"
+    pool = [
+        f"{long}-a",
+        f"{long}-b",
+        long[:44],
+        f"{long[:44]}-roleset-x",
+        "short",
+        "short-roleset-x",
+        "short-roleset-x-roleset-y",
+        "s",
+        "sh",
+    ]
+    cases = [list(c) for k in (1, 2, 3, 4) for c in itertools.combinations(pool, k)]
+    rng = random.Random(7)
+    cases += [rng.sample(pool, rng.randint(2, len(pool))) for _ in range(200)]
+    for names in cases:
+        assert prefix_sharing(names) == {n for n in names if shares_prefix_with(n, names) is not None}, names

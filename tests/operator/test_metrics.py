@@ -45,12 +45,12 @@ def test_leader_and_loop_health_are_read_at_each_scrape() -> None:
     assert last is not None and abs(time.time() - last) < 5
     assert sample("stormtopo_loop_consecutive_failures", loop="resync") == 0.0
     assert sample("stormtopo_loop_failures_total", loop="resync") == 1.0
-    # A probe (a work queue, kopf's watchers) is stuck in the metric when /healthz says so.
+    # A probe (a work queue) is stuck in the metric when /healthz says so.
     said: list[str | None] = [None]
-    loops.probe("kopf-watchers", lambda hang: said[0])
-    assert sample("stormtopo_loop_stuck", loop="kopf-watchers") == 0.0
-    said[0] = "kopf's watch of rolesets has ended"
-    assert sample("stormtopo_loop_stuck", loop="kopf-watchers") == 1.0
+    loops.probe("queue-placements", lambda hang: said[0])
+    assert sample("stormtopo_loop_stuck", loop="queue-placements") == 0.0
+    said[0] = "a worker has held one key for 200 s"
+    assert sample("stormtopo_loop_stuck", loop="queue-placements") == 1.0
 
 
 def test_a_follower_exports_that_it_does_not_lead() -> None:

@@ -102,7 +102,9 @@ def check_scheduler_config(snapshot: Snapshot) -> list[Finding]:
     missing += [f"plugin {p}" for p in RECOMMENDED_PLUGINS if p not in plugins]
     findings += _preemption(actions, source.where)
     if GANG_PREEMPT in actions:
-        missing += [f"plugin {p} (for {GANG_PREEMPT})" for p in GANG_PREEMPT_PLUGINS if p not in plugins and p not in RECOMMENDED_PLUGINS]
+        shares = "capacity" if "capacity" in plugins else "proportion"  # capacity replaces proportion (queues' shares)
+        wanted = [p if p != "proportion" else shares for p in GANG_PREEMPT_PLUGINS]
+        missing += [f"plugin {p} (for {GANG_PREEMPT})" for p in wanted if p not in plugins and p not in RECOMMENDED_PLUGINS]
     binpack = plugins.get("binpack")
     if binpack is not None and GPU_RESOURCE not in str(_arguments(binpack).get("binpack.resources", "")):
         missing.append(f"binpack.resources: {GPU_RESOURCE} (GPUs packed rather than spread)")
