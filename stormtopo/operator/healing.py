@@ -27,6 +27,7 @@ from typing import Any
 
 from stormtopo.core.cluster_moves import MAX_MOVING
 from stormtopo.core.cooldown import COOLDOWN, NO_ROOM_RECHECK
+from stormtopo.core.evictions import EvictionFailure, Failure, plan_evicted
 from stormtopo.core.heal_pass import (
     WIDE_TRIED,
     HealerMemory,
@@ -47,7 +48,6 @@ from stormtopo.core.heal_pass import (
 from stormtopo.core.heal_plan import HealMemory, HealPlan
 from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_snapshot import HealSnapshot
-from stormtopo.core.healing import plan_refused
 from stormtopo.core.lending import MakeRoom
 from stormtopo.core.room import Resident
 from stormtopo.core.stranded import STRANDED_AFTER
@@ -75,6 +75,19 @@ def is_budget_refusal(exc: ApiError) -> bool:
     or 500 for a pod under several budgets. Anything else (RBAC, API priority and fairness, a server
     error) is no refusal: the move stays under way and the next pass resumes it."""
     return exc.refused_by_budget
+
+
+def failure_of(error: BaseException) -> Failure:
+    """What the API's answer to an eviction was, for core/evictions.py to decide on."""
+    if isinstance(error, ApiError) and error.namespace_terminating:
+        return Failure.TERMINATING
+    if isinstance(error, ApiError) and is_budget_refusal(error):
+        return Failure.BUDGET
+    return Failure.REFUSED if isinstance(error, REFUSED) else Failure.OTHER
+
+
+def _message(error: BaseException) -> str:
+    return status_message(error) if isinstance(error, ApiError) else str(error)
 
 
 def status_message(exc: ApiError) -> str:
@@ -323,26 +336,23 @@ class Healer:
         outcome = await evict(self.api, evictions, plan.one_at_a_time, lambda: not self._deposed(key), self.report)
         if outcome is None:
             return  # no longer leading: the next leader resumes the move
-        failed = outcome.failed
-        if failed and all(isinstance(e, ApiError) and e.namespace_terminating for _, e in failed):
+        failures = [EvictionFailure(write.name, failure_of(error), _message(error)) for write, error in outcome.failed]
+        after = plan_evicted(snapshot, plan, failures, outcome.evicted, self._memory.of(key))
+        if after.quiet:
             log.info("%s/%s: its namespace is being deleted; the move ends with it", *key)
-            return  # nothing to say: no Event can be posted there, and no refusal of anyone's
-        refused = [(w, o) for w, o in failed if plan.moving is not None and isinstance(o, ApiError) and is_budget_refusal(o)]
-        for write, error in failed:
-            if (write, error) not in refused:
-                log.warning("evicting pod %s/%s failed: %s", write.namespace, write.name, error)
-        forbidden = [(w, e) for w, e in failed if isinstance(e, REFUSED) and (w, e) not in refused]
-        if forbidden:  # said once a pass, whatever the number of pods: the move stays under way
-            self._refused(snapshot.stormservice, "eviction", f"evicting pod {forbidden[0][0].name}", forbidden[0][1])
-        if not refused:
-            if failed:
-                raise failed[0][1]  # logged by the pass; the move stays under way and is resumed
             return
-        write, error = refused[0]
-        metrics.EVICTIONS_REFUSED.inc(len(refused))
-        writes, memory = plan_refused(snapshot, plan, write.name, status_message(error), self._memory.of(key), evicted=outcome.evicted)
-        self._memory = self._memory.healed(key, memory)
-        await execute(self.api, writes, self.report)  # the record merged into what our own write left
+        for failure in after.logged:
+            log.warning("evicting pod %s/%s failed: %s", snapshot.stormservice["metadata"].get("namespace"), failure.pod, failure.message)
+        if after.say_refused is not None:  # said once a pass, whatever the number of pods: the move stays under way
+            error = next(e for w, e in outcome.failed if w.name == after.say_refused.pod)
+            assert isinstance(error, ApiError)
+            self._refused(snapshot.stormservice, "eviction", f"evicting pod {after.say_refused.pod}", error)
+        if after.resume is not None:
+            raise next(e for w, e in outcome.failed if w.name == after.resume.pod)  # logged by the pass; resumed at the next
+        if after.memory is not None:
+            metrics.EVICTIONS_REFUSED.inc(after.refused_by_budget)
+            self._memory = self._memory.healed(key, after.memory)
+            await execute(self.api, list(after.writes), self.report)  # the record merged into what our own write left
 
     def _refused(self, stormservice: Mapping[str, Any], what: str, doing: str, exc: ApiError) -> None:
         metrics.HEALING_WRITES_REFUSED.labels(what).inc()
