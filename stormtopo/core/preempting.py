@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from stormtopo.core.gang import container_gpus
 from stormtopo.core.node_fit import NodeFacts, nodes_for
@@ -41,6 +41,7 @@ from stormtopo.core.victims import GangSize
 from stormtopo.core.vocabulary import GROUP_NAME_ANNOTATION, ROOM_GATE
 from stormtopo.core.writes import EvictPod, PreemptPods, Say, Victim, Write
 
+K = TypeVar("K")  # a replica's key in the shell
 HOLD_MAX = 30.0  # seconds a replica is held at the room gate at most, from its oldest pod's creation (--exact-preemption-hold)
 
 
@@ -180,3 +181,35 @@ def _matches(pod: Mapping[str, Any], victim: Victim) -> bool:
     group = (meta.get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
     gang = f"{meta.get('namespace', '')}/{group}" if group else None
     return preemptable and priority == victim.priority and container_gpus(pod.get("spec") or {}) == victim.gpus and gang == victim.gang
+
+
+@dataclass(frozen=True)
+class RoomClaim:
+    """The room a held replica's victims free, kept from the next held replica's reading (so that none takes
+    the same victims again or counts their room as its own) until the replica is placed, gone, or past its
+    hold (monotonic `until`)."""
+
+    gpus: Mapping[str, int]  # per node
+    until: float
+
+
+def room_claim(writes: Sequence[Write], now: float, hold: float) -> RoomClaim | None:
+    """The claim of a plan that preempts: its victims' GPUs per node, for as long as its hold."""
+    taken = next((w for w in writes if isinstance(w, PreemptPods)), None)
+    if taken is None:
+        return None
+    gpus: dict[str, int] = {}
+    for victim in taken.victims:
+        gpus[victim.node] = gpus.get(victim.node, 0) + victim.gpus
+    return RoomClaim(gpus, now + hold)
+
+
+def claimed_room(claims: Mapping[K, RoomClaim], now: float, settled: Collection[K]) -> tuple[dict[str, int], dict[K, RoomClaim]]:
+    """The GPUs per node still claimed, and the claims kept: those of replicas not `settled` (placed or gone)
+    and within their hold."""
+    kept = {key: claim for key, claim in claims.items() if now <= claim.until and key not in settled}
+    total: dict[str, int] = {}
+    for claim in kept.values():
+        for node, gpus in claim.gpus.items():
+            total[node] = total.get(node, 0) + gpus
+    return total, kept

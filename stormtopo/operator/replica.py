@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from stormtopo.core.placement import is_held, is_held_for_room
-from stormtopo.core.preempting import HOLD_MAX, RoomReading
+from stormtopo.core.preempting import HOLD_MAX, RoomClaim, RoomReading, claimed_room, room_claim
 from stormtopo.core.replica import (
     Explain,
     ReplicaMemory,
@@ -33,7 +33,6 @@ from stormtopo.core.replica import (
 from stormtopo.core.request import is_opted_in
 from stormtopo.core.spread import SETTLE_SECONDS, SPREAD_GIVE_UP, SpreadMemory
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.writes import PreemptPods
 from stormtopo.kube.client import Api
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
@@ -62,7 +61,7 @@ class PlacementReporter:
     victim_namespaces: frozenset[str] | None = None  # --exact-preemption-victim-namespace (None: any)
     _planner: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="room-planner"))
     _room_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held replicas are planned one at a time
-    _claims: dict[Key, tuple[dict[str, int], float]] = field(default_factory=dict)  # replica -> GPUs taken per node, until
+    _claims: dict[Key, RoomClaim] = field(default_factory=dict)  # replica -> the room its victims free (core/preempting.py)
     _memory: dict[Key, ReplicaMemory] = field(default_factory=dict)  # only replicas with something to remember
     _asks: dict[Key, tuple[Explain, Topology]] = field(default_factory=dict)  # explanations waiting for the worker
     _explanations: WorkQueue[Key] | None = None
@@ -131,30 +130,25 @@ class PlacementReporter:
             plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
             if not self.leading():
                 return  # deposed while it planned: the new leader plans again
-            taken = next((w for w in plan.writes if isinstance(w, PreemptPods)), None)
-            if taken is not None:
-                claim: dict[str, int] = {}
-                for victim in taken.victims:
-                    claim[victim.node] = claim.get(victim.node, 0) + victim.gpus
-                self._claims[key] = (claim, time.monotonic() + self.room_hold)
+            claim = room_claim(plan.writes, time.monotonic(), self.room_hold)
+            if claim is not None:
+                self._claims[key] = claim
             await self._carry_out(key, snapshot, plan)
-            if taken is not None:
-                await self._until_leaving(self._claims[key][0])
+            if claim is not None:
+                await self._until_leaving(claim.gpus)
 
     def _room_reading(self, free: Mapping[str, int]) -> RoomReading:
         """The free-room reading for exact preemption: the room of pods being deleted counts as free (it is
         on its way: no plan takes more for it), less the room this leader took for a held replica not
         placed yet; victims only in the namespaces given."""
         releasing = self.room.releasing_now()
-        claimed: dict[str, int] = {}
         now = time.monotonic()
-        for replica, (claim, until) in list(self._claims.items()):
-            snapshot = self.index.replica_snapshot(replica, now)
-            if now > until or snapshot is None or replica_state(snapshot).complete:
-                del self._claims[replica]  # placed, gone, or past its hold: its room is its own or free again
-                continue
-            for node, gpus in claim.items():
-                claimed[node] = claimed.get(node, 0) + gpus
+        settled = {
+            replica
+            for replica in self._claims
+            if (found := self.index.replica_snapshot(replica, now)) is None or replica_state(found).complete
+        }
+        claimed, self._claims = claimed_room(self._claims, now, settled)  # placed, gone or past its hold: its room is its own or free
         room = {node: max(0, gpus + releasing.get(node, 0) - claimed.get(node, 0)) for node, gpus in free.items()}
         holders = self.room.holders_now(self.victim_namespaces)
         return RoomReading(room, holders, self.room.gangs_now(), self.room.facts_now(), self.victim_namespaces)

@@ -221,3 +221,16 @@ def test_a_victim_of_a_gang_costs_the_whole_gang_and_is_matched_within_it() -> N
     stranger = bound("s", "node0", 10)
     assert pick_victims([Victim("node0", 4, 10, "batch/g")], {"node0": [stranger, member]}) == [EvictPod("batch", "m", "u-m")]
     assert pick_victims([Victim("node0", 4, 10)], {"node0": [member]}) == []
+
+
+def test_the_room_a_preempting_replica_claims_is_kept_until_it_is_placed_gone_or_past_its_hold() -> None:
+    from stormtopo.core.preempting import RoomClaim, claimed_room, room_claim
+    from stormtopo.core.writes import PreemptPods, Victim
+
+    victims = tuple(Victim(node, 4, 0) for node in ("n0", "n0", "n1"))
+    claim = room_claim([PreemptPods("ns", "svc-a", victims)], 100.0, 30.0)
+    assert claim == RoomClaim({"n0": 8, "n1": 4}, 130.0) and room_claim([], 100.0, 30.0) is None
+    other = RoomClaim({"n1": 2}, 200.0)
+    assert claimed_room({"a": claim, "b": other}, 120.0, set()) == ({"n0": 8, "n1": 6}, {"a": claim, "b": other})
+    assert claimed_room({"a": claim, "b": other}, 131.0, set()) == ({"n1": 2}, {"b": other})  # a's hold is over
+    assert claimed_room({"a": claim, "b": other}, 120.0, {"b"}) == ({"n0": 8, "n1": 4}, {"a": claim})  # b placed

@@ -136,6 +136,7 @@ def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for
     """Exact preemption's reading: a pod being deleted is no victim and its GPUs are free; the room the
     leader took for a held replica is kept from the next one until that replica is placed; victims only in
     the namespaces given."""
+    from stormtopo.core.preempting import RoomClaim
     from stormtopo.kube.client import Api
     from stormtopo.operator.loops import Loops
     from stormtopo.operator.room import NodeRoom
@@ -170,7 +171,7 @@ def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for
     }
     index.observe("StormService", "ADDED", service)
     index.observe("RoleSet", "ADDED", roleset)
-    reporter._claims[("ns", "svc-rs")] = ({"n0": 4}, float("inf"))
+    reporter._claims[("ns", "svc-rs")] = RoomClaim({"n0": 4}, float("inf"))
     assert reporter._room_reading({"n0": 0, "n1": 0}).free == {"n0": 0, "n1": 0}
     # ... until it is gone (or placed, or past its hold): then the claim is dropped.
     index.observe("RoleSet", "DELETED", roleset)
