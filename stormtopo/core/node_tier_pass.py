@@ -43,6 +43,7 @@ class NodeTierReading:
     allocatable: Mapping[str, int] = field(default_factory=dict)
     stormservices: tuple[Mapping[str, Any], ...] = ()  # in play, read only with keep_runs
     node_labels: Mapping[str, Mapping[str, str]] | None = None  # what labelMatch members read; None: not read yet
+    node_reads: int = 0  # their version: labels read anew that changed plan the list again
     named_leaves: frozenset[str] = frozenset()  # --node-tier-leaf
     keep_runs: bool = False  # --node-tier-keep-runs
 
@@ -99,7 +100,7 @@ def plan_pass(reading: NodeTierReading, memory: NodeTierMemory) -> NodeTierPlan:
             shapes.add(shape)
     memory = replace(memory, unusable=unusable, warned=warned)
     # A node's allocatable GPUs change the list too (a device plugin registering late, a GPU lost).
-    planned = (reading.hypernode_changes, tuple(sorted(used.items())), tuple(sorted(taking.items())), frozenset(shapes))
+    planned = (reading.hypernode_changes, reading.node_reads, tuple(sorted(used.items())), tuple(sorted(taking.items())), frozenset(shapes))
     if planned == memory.planned:
         return NodeTierPlan(memory, said=tuple(said))  # nothing moved since the last plan was carried out
     writes = plan_node_tier(

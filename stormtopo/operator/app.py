@@ -202,6 +202,7 @@ async def run(config: OperatorConfig) -> None:
             keep_runs=config.node_tier_keep_runs,
             named_leaves=frozenset(config.node_tier_leaf),
             report=events,
+            read_nodes=lambda: reporter.read_nodes(NODES_TTL),
         )
         loops.every("node-tier", NODE_TIER_INTERVAL, node_tier.check, wake=bound_or_gone, min_gap=NODE_TIER_MIN_GAP)
     else:

@@ -492,6 +492,11 @@ class Index:
             self.nodes = labels
             self._node_reads += 1
 
+    @property
+    def node_reads(self) -> int:
+        """How many times the nodes' labels (as kept) changed: a version of them, as hypernode_changes is of the tree."""
+        return self._node_reads
+
     def node_label_keys(self) -> frozenset[str]:
         """What to keep of a node's labels: its hostname and what the HyperNodes' labelMatch reads."""
         return selector_label_keys(self.hypernodes.values()) | {HOSTNAME_LABEL}

@@ -11,7 +11,7 @@ tenant's pods is planned over at the next pass (NODE_TIER_INTERVAL)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from stormtopo.core.node_tier_pass import NodeTierMemory, NodeTierPlan, NodeTierReading, plan_off, plan_pass, refusals_to_say
@@ -42,6 +42,9 @@ class NodeTier:
     # HyperNodes go, once, from the watched HyperNodes alone (no GPU reading); then nothing to write.
     enabled: bool = True
     report: Report | None = None  # a refused write is said on its HyperNode, once per kind of refusal
+    # Reads the nodes' labels into the index when the tree depends on them (labelMatch, regexMatch members):
+    # the placement path's reading (operator/replica.py read_nodes), the one owner of node labels.
+    read_nodes: Callable[[], Awaitable[None]] | None = None
     _memory: NodeTierMemory = field(default_factory=NodeTierMemory)  # as the planners returned it (core/node_tier_pass.py)
 
     async def check(self) -> None:
@@ -55,6 +58,8 @@ class NodeTier:
                 log.info("node tier off: %d HyperNode writes put the leaves back", len(plan.writes))
             await self._carry_out(plan)
             return
+        if self.read_nodes is not None and self.index.known_nodes(fresh=False).shapes_tree:
+            await self.read_nodes()  # labels kept by the selectors the HyperNodes have now, not those they had
         # Nodes that take new pods only: no other node is listed.
         free = await self.room.free_gpus(taking_new_pods=True)
         allocatable = await self.room.allocatable_gpus()
@@ -65,7 +70,8 @@ class NodeTier:
             allocatable,
             tuple(self.index.stormservices_in_play().values()) if self.keep_runs else (),
             # The labels labelMatch members read (Index.node_label_keys).
-            node_labels=dict(self.index.nodes) if self.index.nodes else None,
+            node_labels=dict(self.index.nodes) if self.index.nodes and self.index.nodes_read_at > float("-inf") else None,
+            node_reads=self.index.node_reads,
             named_leaves=self.named_leaves,
             keep_runs=self.keep_runs,
         )

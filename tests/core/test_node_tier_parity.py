@@ -215,6 +215,8 @@ def _operator_call(keep_runs: bool = NodeTier.keep_runs) -> dict[str, Any]:
         hypernodes={},
         stormservices=services,
         nodes={},
+        nodes_read_at=0.0,
+        node_reads=0,
         stormservices_in_play=lambda: services,
     )
     # Whatever else the node tier is given to read the GPUs with (its fields without a default but the index).

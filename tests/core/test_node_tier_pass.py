@@ -49,3 +49,12 @@ def test_a_refusal_is_said_once_per_kind_until_a_pass_writes_without_one() -> No
     assert said == refused
     again, memory = refusals_to_say([("s1", "patch", "denied"), ("s2", "create", "denied")], memory)
     assert again == [("s2", "create", "denied")]
+
+
+def test_labels_read_anew_that_changed_plan_the_list_again() -> None:
+    """A labelMatch leaf selects by node labels: a new version of them (Index.node_reads) is a new plan."""
+    reading = NodeTierReading((), 3, {"n1": 8}, {"n1": 8}, node_labels={"n1": {"rack": "a"}}, node_reads=1)
+    first = plan_pass(reading, NodeTierMemory())
+    carried = first.carried_out(first.memory)
+    assert plan_pass(reading, carried).planned is None
+    assert plan_pass(replace(reading, node_labels={"n1": {"rack": "b"}}, node_reads=2), carried).planned is not None
