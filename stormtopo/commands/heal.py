@@ -18,7 +18,7 @@ from rich.console import Console
 from stormtopo.commands.explain import priority_values
 from stormtopo.commands.report import NotFound, cluster_view, print_report
 from stormtopo.core.cluster_moves import moves_under_way
-from stormtopo.core.heal_pass import RoomSearch, ServiceReading, in_play, lenders, next_offer, plan_alone
+from stormtopo.core.heal_pass import ServiceReading, in_play, plan_alone
 from stormtopo.core.heal_plan import HealPlan
 from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_request import tier_to_heal, wants_healing
@@ -26,6 +26,7 @@ from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.optin import not_movable_reason, prefix_sharing, shares_prefix_with
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.room import Resident
+from stormtopo.core.room_search import RoomSearch, lenders, next_offer
 from stormtopo.core.topology.node_tier import node_tier_members
 from stormtopo.core.verdict import Block, Why
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, PLACEMENT_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY

@@ -29,27 +29,22 @@ from stormtopo.core.cluster_moves import MAX_MOVING
 from stormtopo.core.cooldown import COOLDOWN, NO_ROOM_RECHECK
 from stormtopo.core.evictions import EvictionFailure, Failure, plan_evicted
 from stormtopo.core.heal_pass import (
-    WIDE_TRIED,
     HealerMemory,
     HealPass,
     Look,
-    RoomSearch,
     ServiceRead,
     ServiceReading,
     begin_pass,
-    lenders,
-    made_room,
-    next_offer,
     plan_look,
     plan_notice,
     plan_service,
-    wide_waiting,
 )
 from stormtopo.core.heal_plan import HealMemory, HealPlan
 from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.lending import MakeRoom
 from stormtopo.core.room import Resident
+from stormtopo.core.room_search import WIDE_TRIED, RoomSearch, lenders, made_room, next_offer, wide_waiting
 from stormtopo.core.stranded import STRANDED_AFTER
 from stormtopo.core.topology.node_tier import node_tier_members
 from stormtopo.core.topology.tree import Topology
@@ -219,7 +214,7 @@ class Healer:
         room moved out of the way (core/room.py, core/heal_pass.py): each resident the search offers is
         read and planned as its own service; one its own plan refuses is followed by the next."""
         now = time.time()
-        waiting = wide_waiting(heal_pass, self.index.stormservices_in_play().values(), now, self.cooldown)
+        waiting = wide_waiting(heal_pass.no_room, self.index.stormservices_in_play().values(), now, self.cooldown)
         if not waiting or heal_pass.free is None:
             return
         residents = await self._residents({key for key, _, _ in heal_pass.no_room}, now)

@@ -7,23 +7,12 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from stormtopo.core.heal_pass import (
-    HealerMemory,
-    HealPass,
-    Look,
-    RoomSearch,
-    ServiceRead,
-    ServiceReading,
-    begin_pass,
-    made_room,
-    next_offer,
-    plan_look,
-    plan_service,
-)
+from stormtopo.core.heal_pass import HealerMemory, HealPass, Look, ServiceRead, ServiceReading, begin_pass, plan_look, plan_service
 from stormtopo.core.heal_plan import HealMemory, HealPlan
 from stormtopo.core.healing import plan_healing
 from stormtopo.core.lending import MakeRoom, wide_replica
 from stormtopo.core.room import Resident
+from stormtopo.core.room_search import RoomSearch, made_room, next_offer
 from stormtopo.core.verdict import Verdict, Why
 from stormtopo.core.vocabulary import MOVES_ANNOTATION
 from tests.core.healing_cases import NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, service, snap, stamp, wide_service
