@@ -46,8 +46,9 @@ import numpy as np
 from bench.fabric import fabric_yaml
 from bench.leaf_optimum import demand, most_integer, most_within_leaves, room, size_classes
 from stormtopo.core.packing import fits
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.room import take, volcano_choices
-from stormtopo.core.spread import Replica, _kept_out
+from stormtopo.core.spread import _kept_out
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import GPU

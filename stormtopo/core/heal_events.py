@@ -9,8 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 from stormtopo.core.heal_plan import HealMemory
-from stormtopo.core.heal_replica import Replica
 from stormtopo.core.lending import MakeRoom
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import TopologyRequest
 from stormtopo.core.verdict import Block, Verdict, Why
 from stormtopo.core.writes import PostEvent, Say, Write

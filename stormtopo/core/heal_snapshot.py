@@ -11,10 +11,10 @@ from typing import Any
 
 from stormtopo.core.cluster_moves import MAX_MOVING
 from stormtopo.core.cooldown import COOLDOWN, NO_ROOM_RECHECK
-from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_request import tier_to_heal
 from stormtopo.core.lending import MakeRoom
 from stormtopo.core.node_fit import NodeFacts
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers, TopologyRequest, valid_request
 from stormtopo.core.stranded import STRANDED_AFTER
 from stormtopo.core.topology.tree import Topology

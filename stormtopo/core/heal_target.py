@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.node_fit import NodeFacts, nodes_for, without_pins
 from stormtopo.core.packing import DomainFit, domains_at_tier
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.room import freed
 from stormtopo.core.topology.tree import Topology
 

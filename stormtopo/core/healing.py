@@ -31,7 +31,6 @@ from stormtopo.core.cooldown import COOLDOWN_MAX, GIVE_UP_AFTER, _cooldown, _mis
 from stormtopo.core.disruption import _disruption_budgets, _selects, lender_budget, replica_budget, rollout_under_way
 from stormtopo.core.heal_events import _moving, _not_moved, _say_once
 from stormtopo.core.heal_plan import HealMemory, HealPlan, Settled
-from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_request import tier_to_heal
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.heal_target import _room, domain_left, room_for
@@ -40,6 +39,7 @@ from stormtopo.core.lending import not_lending
 from stormtopo.core.moves import HOLD, MOVE_RECORD_VERSION, asks_healing, recorded_moves, recorded_seconds, request_topology
 from stormtopo.core.moves import MOVE_DEADLINE as MOVE_DEADLINE  # the hold's deadline too (core/moves.py); the shell's import
 from stormtopo.core.podgroup import desired_fields
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.room import placed_elsewhere
 from stormtopo.core.verdict import Block, Verdict, Why

@@ -19,10 +19,10 @@ from typing import Any
 from stormtopo.core.cluster_moves import _under_way, trusted_moves
 from stormtopo.core.cooldown import COOLDOWN, _cooldown
 from stormtopo.core.disruption import replica_budget
-from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_request import may_need_healing, tier_to_heal, wants_healing
 from stormtopo.core.moves import recorded_moves, recorded_seconds
 from stormtopo.core.priority import replica_priority
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.room import Resident
 from stormtopo.core.switches import switched_on

@@ -22,8 +22,9 @@ from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_held_for_room, 
 from stormtopo.core.podgroup import service_group_name
 from stormtopo.core.preempting import HOLD_MAX, HeldReplica, RoomHold, RoomPlan, RoomReading, plan_room
 from stormtopo.core.priority import known_replica_priority
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
-from stormtopo.core.spread import SPREAD_GIVE_UP, Replica, SpreadMemory, kept_out_left_behind, plan_spread, shared_domain, spread_tier
+from stormtopo.core.spread import SPREAD_GIVE_UP, SpreadMemory, kept_out_left_behind, plan_spread, shared_domain, spread_tier
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import ADMITTED_LABEL, GROUP_NAME_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL, TASK_SPEC_ANNOTATION
 from stormtopo.core.writes import AdoptPod, DeleteUnboundPod, PostEvent, RecordPlacement, Say, Write

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stormtopo.core.heal_plan import HealPlan
-from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_target import room_of
 from stormtopo.core.lending import MakeRoom, making_room_under_way, resident, room_made_for, wide_replica
 from stormtopo.core.node_fit import NodeFacts
 from stormtopo.core.priority import replica_priority
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.room import Resident, Room, resident_key, room_by_moving
 from stormtopo.core.topology.tree import Topology

@@ -59,13 +59,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.gang import followers, gang_of, replica_pods
-from stormtopo.core.ownership import roleset_name
+from stormtopo.core.gang import replica_pods
 from stormtopo.core.packing import fits
-from stormtopo.core.placement import by_hostname, is_held, is_live
-from stormtopo.core.request import Mode, TierLimit, TopologyRequest
+from stormtopo.core.placement import by_hostname, is_held
+from stormtopo.core.replica_pods import Replica
+from stormtopo.core.request import TierLimit, TopologyRequest
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import DOMAIN_GATE, HOSTNAME_LABEL, ROLE_LABEL, SPREAD_KEPT_OUT_LABEL
+from stormtopo.core.vocabulary import DOMAIN_GATE, HOSTNAME_LABEL, SPREAD_KEPT_OUT_LABEL
 from stormtopo.core.writes import DeleteUnboundPod, PatchPod, Say
 
 # Seconds a replica that was let go keeps its siblings waiting while it is not bound. Volcano binds a gang
@@ -74,47 +74,6 @@ SETTLE_SECONDS = 20.0
 # Seconds a replica let go with domains kept out may stay unplaced, its gang unschedulable, before it is
 # held again and let go without them: a few of Volcano's retries, each with the cluster as it is then.
 SPREAD_GIVE_UP = 60.0
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One replica of the StormService: its RoleSet and its pods as the index knows them."""
-
-    roleset: Mapping[str, Any]
-    pods: tuple[Mapping[str, Any], ...]
-
-    @property
-    def name(self) -> str:
-        return str(self.roleset["metadata"]["name"])
-
-    def members(self, request: TopologyRequest | None) -> list[Mapping[str, Any]]:
-        """Its live pods that Volcano places as its gang. Routers (roles that ask for no resources) are in a
-        soft gang; otherwise they follow the gang into its domain later, as the last valid request asked
-        (core/placement.py), so they are not let go here."""
-        following = self._following(request)
-        return [p for p in self.pods if is_live(p) and roleset_name(p) == self.name and _role(p) not in following]
-
-    def expected(self, request: TopologyRequest | None) -> int:
-        return gang_of(self.roleset.get("spec") or {}, self._following(request)).min_member
-
-    def _following(self, request: TopologyRequest | None) -> frozenset[str]:
-        soft = request is not None and request.mode is Mode.SOFT
-        return frozenset() if soft else followers(self.roleset.get("spec") or {})
-
-    def bound_nodes(self, request: TopologyRequest | None) -> list[str]:
-        return [str(p["spec"]["nodeName"]) for p in self.members(request) if (p.get("spec") or {}).get("nodeName")]
-
-    def placed(self, request: TopologyRequest | None) -> bool:
-        """Every pod of its gang is bound: where it is will not change."""
-        return len(self.bound_nodes(request)) >= max(1, self.expected(request))
-
-    def let_go(self, request: TopologyRequest | None) -> bool:
-        """Some pod of its gang is past the gate and not bound: Volcano is placing it."""
-        return any(not is_held(p) and not (p.get("spec") or {}).get("nodeName") for p in self.members(request))
-
-
-def _role(pod: Mapping[str, Any]) -> str | None:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
 
 
 def spread_tier(request: TopologyRequest | None, topology: Topology) -> int | None:

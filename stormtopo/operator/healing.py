@@ -40,9 +40,9 @@ from stormtopo.core.heal_pass import (
     plan_service,
 )
 from stormtopo.core.heal_plan import HealMemory, HealPlan
-from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.lending import MakeRoom
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.room import Resident
 from stormtopo.core.room_search import WIDE_TRIED, RoomSearch, lenders, made_room, next_offer, wide_waiting
 from stormtopo.core.stranded import STRANDED_AFTER

@@ -23,8 +23,8 @@ from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.podgroup import carries_constraint, service_group_name
 from stormtopo.core.reconciliation import ServiceSnapshot
 from stormtopo.core.replica import KnownNodes, ReplicaSnapshot
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers
-from stormtopo.core.spread import Replica
 from stormtopo.core.topology.hypernodes import selector_label_keys, selects_among_nodes, topology_from_hypernodes
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import (

@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from stormtopo.core.capabilities import cluster_tiers
-from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_snapshot import HealSnapshot
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, MODE, PLACEMENT_ANNOTATION

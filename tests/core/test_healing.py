@@ -13,10 +13,10 @@ import pytest
 from stormtopo.core.cooldown import BACKOFF, NO_ROOM_RECHECK
 from stormtopo.core.disruption import replica_budget
 from stormtopo.core.heal_plan import HealMemory
-from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_request import may_need_healing
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.healing import plan_healing, plan_refused
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.verdict import Block, Why
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import EvictPod, PatchPodGroup, PostEvent, RecordMove

@@ -10,11 +10,11 @@ from typing import Any
 
 from stormtopo.core.disruption import lender_budget
 from stormtopo.core.heal_plan import HealMemory
-from stormtopo.core.heal_replica import Replica
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.healing import plan_healing
 from stormtopo.core.lending import MakeRoom, recorded_for, resident, room_made_for, wide_replica
 from stormtopo.core.packing import domains_at_tier
+from stormtopo.core.replica_pods import Replica
 from stormtopo.core.room import Resident, room_by_moving, take
 from stormtopo.core.verdict import Block, Why
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, LEND_ROOM_ANNOTATION, MOVES_ANNOTATION, PLACEMENT_ANNOTATION

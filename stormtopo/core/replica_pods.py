@@ -1,5 +1,6 @@
-"""A replica as healing reads it (Replica): one RoleSet and every pod carrying its label; which of them
-are its own, live, bound and ready, where they run and what they hold there.
+"""A replica (Replica): one RoleSet and its pods, the one model healing, spread and the index share;
+which of them are its own, live, bound and ready, where they run and what they hold there, and which
+form its gang as Volcano places it (members, placed, let go).
 """
 
 from __future__ import annotations
@@ -8,9 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stormtopo.core.gang import gpus_per_pod, replica_pods
+from stormtopo.core.gang import followers, gang_of, gpus_per_pod, replica_pods
 from stormtopo.core.node_fit import pod_requests
-from stormtopo.core.placement import is_live
+from stormtopo.core.ownership import roleset_name
+from stormtopo.core.placement import is_held, is_live
+from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.stranded import pending_since
 from stormtopo.core.vocabulary import ROLE_LABEL
 
@@ -78,6 +81,35 @@ class Replica:
             held[pod["spec"]["nodeName"]] = held.get(pod["spec"]["nodeName"], 0) + per_role.get(role, 0)
         return held
 
+    def members(self, request: TopologyRequest | None) -> list[Mapping[str, Any]]:
+        """Its live pods that Volcano places as its gang. Routers (roles that ask for no resources) are in a
+        soft gang; otherwise they follow the gang into its domain later, as the last valid request asked
+        (core/placement.py), so they are not let go here."""
+        following = self._following(request)
+        return [p for p in self.pods if is_live(p) and roleset_name(p) == self.name and _role(p) not in following]
+
+    def expected(self, request: TopologyRequest | None) -> int:
+        return gang_of(self.roleset.get("spec") or {}, self._following(request)).min_member
+
+    def _following(self, request: TopologyRequest | None) -> frozenset[str]:
+        soft = request is not None and request.mode is Mode.SOFT
+        return frozenset() if soft else followers(self.roleset.get("spec") or {})
+
+    def bound_nodes(self, request: TopologyRequest | None) -> list[str]:
+        return [str(p["spec"]["nodeName"]) for p in self.members(request) if (p.get("spec") or {}).get("nodeName")]
+
+    def placed(self, request: TopologyRequest | None) -> bool:
+        """Every pod of its gang is bound: where it is will not change."""
+        return len(self.bound_nodes(request)) >= max(1, self.expected(request))
+
+    def let_go(self, request: TopologyRequest | None) -> bool:
+        """Some pod of its gang is past the gate and not bound: Volcano is placing it."""
+        return any(not is_held(p) and not (p.get("spec") or {}).get("nodeName") for p in self.members(request))
+
 
 def _is_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _role(pod: Mapping[str, Any]) -> str | None:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
