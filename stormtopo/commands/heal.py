@@ -22,7 +22,7 @@ from stormtopo.core.heal_pass import ServiceReading, in_play, plan_alone
 from stormtopo.core.heal_plan import HealPlan
 from stormtopo.core.heal_request import tier_to_heal, wants_healing
 from stormtopo.core.heal_snapshot import HealSnapshot
-from stormtopo.core.optin import not_movable_reason, prefix_sharing, shares_prefix_with
+from stormtopo.core.movable import not_movable_reason, prefix_sharing, shares_prefix_with
 from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.room import Resident

@@ -33,7 +33,7 @@ from stormtopo.core.heal_request import may_need_healing
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.healing import MOVE_DEADLINE, plan_healing, plan_stranded
 from stormtopo.core.lending import room_made_for
-from stormtopo.core.optin import movable
+from stormtopo.core.movable import movable
 from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.room_search import NoRoom, ServiceKey
 from stormtopo.core.stranded import pending_since

@@ -255,7 +255,7 @@ def plan_stranded(snapshot: HealSnapshot, memory: HealMemory) -> tuple[list[Writ
     tier = tier_to_heal(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only=False)
     if request is None or tier is None or request.mode is not Mode.HARD:
         return [], memory
-    # A service here that asks for healing is one stormtopo may not move (core/optin.py movable): say so, not "set heal".
+    # A service here that asks for healing is one stormtopo may not move (core/movable.py): say so, not "set heal".
     then = (
         "It is not moved: healing stays off for this StormService, as its InvalidHealAnnotation Warning says"
         if asks_healing(snapshot.stormservice)

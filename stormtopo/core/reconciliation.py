@@ -13,8 +13,9 @@ from typing import Any
 
 from stormtopo.core.gang import requests_resources, template_spec
 from stormtopo.core.jsonpatch import set_annotations, set_spec_fields
+from stormtopo.core.movable import not_movable_reason
 from stormtopo.core.moves import asks_healing, heal_annotation_problem, moving_tier, released_topology
-from stormtopo.core.optin import listing, not_movable_reason
+from stormtopo.core.optin import listing
 from stormtopo.core.podgroup import (
     carries_constraint,
     desired_fields,
@@ -36,7 +37,7 @@ class ServiceSnapshot:
     rolesets: tuple[Mapping[str, Any], ...]
     podgroups: Mapping[str, Mapping[str, Any]]  # by name, in the StormService's namespace
     tiers: ClusterTiers
-    prefix_shared_with: str | None = None  # another StormService of its namespace its pods could be taken for (core/optin.py movable)
+    prefix_shared_with: str | None = None  # another StormService of its namespace its pods could be taken for (core/movable.py)
 
 
 @dataclass(frozen=True)

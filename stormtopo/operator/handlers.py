@@ -115,7 +115,7 @@ class Operator:
 
     def prefix_changed(self, key: Key) -> None:
         """A StormService's name came or went: another of its namespace whose RoleSet prefix it shares may be
-        movable now, or no longer (core/optin.py movable). Reconciled again, if this replica leads."""
+        movable now, or no longer (core/movable.py). Reconciled again, if this replica leads."""
         if self.leadership.is_leader:
             for name in self.index.prefix_neighbours(*key):
                 self.stormservices.add((key[0], name))

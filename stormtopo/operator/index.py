@@ -18,7 +18,7 @@ from typing import Any
 
 from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.heal_pass import in_play
-from stormtopo.core.optin import roleset_prefix
+from stormtopo.core.movable import roleset_prefix
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.podgroup import carries_constraint, service_group_name
 from stormtopo.core.reconciliation import ServiceSnapshot
@@ -397,7 +397,7 @@ class Index:
 
     def roleset_prefix_shared(self, namespace: str, stormservice: str) -> str | None:
         """Another StormService of the namespace whose pods the chart's eviction policy could take for this
-        one's, or the other way round (core/optin.py movable): one of their RoleSet name prefixes begins the
+        one's, or the other way round (core/movable.py): one of their RoleSet name prefixes begins the
         other (the same, once AIBrix cuts both to ROLESET_PREFIX characters, or "<this>-roleset-<more>")."""
         return next(iter(self.prefix_neighbours(namespace, stormservice)), None)
 

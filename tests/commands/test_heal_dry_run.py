@@ -59,8 +59,8 @@ def test_the_dry_run_says_when_the_installed_policy_would_refuse_the_move() -> N
 
 def test_the_dry_run_says_when_a_service_asking_for_healing_may_not_be_moved() -> None:
     """The operator heals a service only while no other StormService of its namespace shares its RoleSet name
-    prefix (core/optin.py movable); the dry run says so, with the operator's own words, before what it would do."""
-    from stormtopo.core.optin import not_movable_reason
+    prefix (core/movable.py); the dry run says so, with the operator's own words, before what it would do."""
+    from stormtopo.core.movable import not_movable_reason
 
     reason = not_movable_reason("svc-a", "svc-a-roleset-x")
     entry = {

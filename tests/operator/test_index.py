@@ -332,26 +332,20 @@ def test_a_stormservice_whose_roleset_prefix_another_shares_is_found_both_ways_a
     assert index.roleset_prefix_shared("ns", long_a) is None
 
 
+_LONG = "inference-prod-use1-llama-70b-prefill-decode-disaggregated"
+# StormService names whose RoleSet name prefixes begin one another every way (AIBrix cuts them to 58).
+TWIN_NAMES = (f"{_LONG}-a", f"{_LONG}-b", _LONG[:44], f"{_LONG[:44]}-roleset-x", "short", "short-roleset-x", "short-roleset-x-roleset-y")
+
+
 def test_the_commands_plain_scan_finds_the_same_prefix_neighbours_as_the_index() -> None:
-    """`stormtopo heal --dry-run` scans the namespace's names once (core/optin.py shares_prefix_with); the operator
+    """`stormtopo heal --dry-run` scans the namespace's names once (core/movable.py shares_prefix_with); the operator
     bisects its sorted prefixes: over names made to share prefixes every way, they agree."""
     import itertools
 
-    from stormtopo.core.optin import shares_prefix_with
+    from stormtopo.core.movable import shares_prefix_with
     from stormtopo.operator.index import Index
 
-    long = "inference-prod-use1-llama-70b-prefill-decode-disaggregated"
-    names = [
-        f"{long}-a",
-        f"{long}-b",
-        long[:44],
-        f"{long[:44]}-roleset-x",
-        "short",
-        "short-roleset-x",
-        "short-roleset-x-roleset-y",
-        "shorter",
-        "sho",
-    ]
+    names = [*TWIN_NAMES, "shorter", "sho"]
     for chosen in itertools.chain.from_iterable(itertools.combinations(names, k) for k in (2, 3, 4)):
         index = Index(api=None)  # type: ignore[arg-type]  # observe makes no API calls
         for name in chosen:
@@ -363,24 +357,13 @@ def test_the_commands_plain_scan_finds_the_same_prefix_neighbours_as_the_index()
 
 
 def test_prefix_sharing_of_a_whole_namespace_finds_whom_the_plain_scan_finds() -> None:
-    """The dry run's O(n log n) pass over a namespace (core/optin.py prefix_sharing) against the scan per name."""
+    """The dry run's O(n log n) pass over a namespace (core/movable.py prefix_sharing) against the scan per name."""
     import itertools
     import random
 
-    from stormtopo.core.optin import prefix_sharing, shares_prefix_with
+    from stormtopo.core.movable import prefix_sharing, shares_prefix_with
 
-    long = "inference-prod-use1-llama-70b-prefill-decode-disaggregated"
-    pool = [
-        f"{long}-a",
-        f"{long}-b",
-        long[:44],
-        f"{long[:44]}-roleset-x",
-        "short",
-        "short-roleset-x",
-        "short-roleset-x-roleset-y",
-        "s",
-        "sh",
-    ]
+    pool = [*TWIN_NAMES, "s", "sh"]
     cases = [list(c) for k in (1, 2, 3, 4) for c in itertools.combinations(pool, k)]
     rng = random.Random(7)
     cases += [rng.sample(pool, rng.randint(2, len(pool))) for _ in range(200)]
