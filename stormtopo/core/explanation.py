@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from stormtopo.core.packing import DomainFit, best_tier, domains_at_tier
 from stormtopo.core.preemption import Holder, Preemption, plan_preemption
-from stormtopo.core.request import Mode, TopologyRequest
+from stormtopo.core.request import Mode, TierLimit, TopologyRequest
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.victims import GangSize
 
@@ -96,12 +96,15 @@ def explain(
     return Explanation(tuple(pods), highest_tier, tuple(verdicts), beyond, preemption)
 
 
+def limit_tier(limit: TierLimit, topology: Topology) -> int | None:
+    """A limit's tier number, a tier name resolved through the tree's tierNames (ClusterTiers.number does the
+    same from the HyperNodes alone); None if it names none."""
+    return limit.tier if limit.tier is not None else topology.tier_of_name(limit.tier_name)
+
+
 def allowed_tier(request: TopologyRequest, topology: Topology) -> int | None:
-    """The tier number a request allows, resolving a tier name through the HyperNodes' tierNames."""
-    if request.limit.tier is not None:
-        return request.limit.tier
-    names = {name: tier for tier, name in topology.tier_names.items()}
-    return names.get(request.limit.tier_name or "")
+    """The tier number a request allows."""
+    return limit_tier(request.limit, topology)
 
 
 @dataclass(frozen=True)

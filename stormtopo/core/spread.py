@@ -59,11 +59,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stormtopo.core.explanation import limit_tier
 from stormtopo.core.gang import replica_pods
 from stormtopo.core.packing import fits
 from stormtopo.core.placement import by_hostname, is_held
 from stormtopo.core.replica_pods import Replica
-from stormtopo.core.request import TierLimit, TopologyRequest
+from stormtopo.core.request import TopologyRequest
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import DOMAIN_GATE, HOSTNAME_LABEL, SPREAD_KEPT_OUT_LABEL
 from stormtopo.core.writes import DeleteUnboundPod, PatchPod, Say
@@ -80,19 +81,13 @@ def spread_tier(request: TopologyRequest | None, topology: Topology) -> int | No
     """The spread tier as a number (a tier name through the HyperNodes' tierNames); None: no spread."""
     if request is None or request.spread is None:
         return None
-    return _number(request.spread, topology)
-
-
-def _number(limit: TierLimit, topology: Topology) -> int | None:
-    if limit.tier is not None:
-        return limit.tier
-    return {name: tier for tier, name in topology.tier_names.items()}.get(limit.tier_name or "")
+    return limit_tier(request.spread, topology)
 
 
 def own_tier(request: TopologyRequest, topology: Topology, spread: int) -> int:
     """The tier within which the replica must fit, for the room check: its own limit (a soft request
     without one: the spread tier), never above the spread tier."""
-    own = _number(request.limit, topology)
+    own = limit_tier(request.limit, topology)
     return min(own, spread) if own is not None else spread
 
 

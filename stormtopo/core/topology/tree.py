@@ -66,6 +66,10 @@ class Topology:
     def tiers(self) -> int:
         return max((s.tier for s in self.switches.values()), default=0)
 
+    def tier_of_name(self, name: str | None) -> int | None:
+        """The tier a tierName names in this tree (the HyperNodes' spec.tierName); None if none is named so."""
+        return next((tier for tier, named in self.tier_names.items() if named == name), None) if name else None
+
     def ancestors(self, node: str) -> list[str]:
         """Switches above a node, closest first."""
         chain: list[str] = []
