@@ -266,6 +266,7 @@ class Index:
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     nodes_read_at: float = float("-inf")  # monotonic; -inf: never, or HyperNodes changed what to keep of them
     _node_reads: int = 0
+    _selects: tuple[int, bool] | None = None  # (_hypernode_changes, some HyperNode selects by label or pattern)
     _topology: tuple[int, int, Topology, KnownNodes] | None = None  # (_hypernode_changes, _node_reads, tree, nodes)
 
     # -- watch events --------------------------------------------------------------------------
@@ -496,6 +497,13 @@ class Index:
     def node_reads(self) -> int:
         """How many times the nodes' labels (as kept) changed: a version of them, as hypernode_changes is of the tree."""
         return self._node_reads
+
+    def selects_by_label(self) -> bool:
+        """Some HyperNode selects its nodes by label or pattern: the tree depends on the nodes' labels. Kept per
+        version of the HyperNodes (a scan of them, not a rebuild of the tree)."""
+        if self._selects is None or self._selects[0] != self._hypernode_changes:
+            self._selects = (self._hypernode_changes, selects_among_nodes(self.hypernodes.values()))
+        return self._selects[1]
 
     def node_label_keys(self) -> frozenset[str]:
         """What to keep of a node's labels: its hostname and what the HyperNodes' labelMatch reads."""

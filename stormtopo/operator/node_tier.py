@@ -58,7 +58,7 @@ class NodeTier:
                 log.info("node tier off: %d HyperNode writes put the leaves back", len(plan.writes))
             await self._carry_out(plan)
             return
-        if self.read_nodes is not None and self.index.known_nodes(fresh=False).shapes_tree:
+        if self.read_nodes is not None and self.index.selects_by_label():
             await self.read_nodes()  # labels kept by the selectors the HyperNodes have now, not those they had
         # Nodes that take new pods only: no other node is listed.
         free = await self.room.free_gpus(taking_new_pods=True)
@@ -70,7 +70,7 @@ class NodeTier:
             allocatable,
             tuple(self.index.stormservices_in_play().values()) if self.keep_runs else (),
             # The labels labelMatch members read (Index.node_label_keys).
-            node_labels=dict(self.index.nodes) if self.index.nodes and self.index.nodes_read_at > float("-inf") else None,
+            node_labels=self._node_labels(),
             node_reads=self.index.node_reads,
             named_leaves=self.named_leaves,
             keep_runs=self.keep_runs,
@@ -84,6 +84,12 @@ class NodeTier:
         if plan.writes:
             log.info("node tier: %d HyperNode writes", len(plan.writes))
         await self._carry_out(plan)
+
+    def _node_labels(self) -> dict[str, dict[str, str]] | None:
+        """The labels labelMatch members read; None (planned blind: such a member may select any node, and no
+        node it might select is listed) while none are read, or while they were kept for an older tree."""
+        stale = self.read_nodes is not None and self.index.nodes_read_at == float("-inf")
+        return dict(self.index.nodes) if self.index.nodes and not stale else None
 
     async def _carry_out(self, plan: NodeTierPlan) -> None:
         """The plan's writes; what they were planned over is remembered only once written, so that a failed

@@ -182,6 +182,8 @@ class PlacementReporter:
             keys = self.index.node_label_keys()
             started = time.monotonic()
             nodes = await self.room.node_labels()
+            if self.index.node_label_keys() != keys:
+                return  # the HyperNodes changed meanwhile: labels kept for the old selectors are no reading (read again)
             self.index.set_nodes({name: {k: v for k, v in labels.items() if k in keys} for name, labels in nodes.items()}, started)
 
     async def _carry_out(self, key: Key, snapshot: ReplicaSnapshot, plan: ReplicaPlan) -> None:

@@ -56,3 +56,24 @@ def test_bad_descriptions_name_the_offending_line_and_item(text: str, expected: 
     with pytest.raises(TopologyError) as caught:
         parse_topology(text)
     assert expected in str(caught.value)
+
+
+def test_a_tier_name_resolves_on_the_tree_as_on_the_hypernodes_alone_the_highest_where_two_tiers_share_it() -> None:
+    """Topology.tier_of_name (explanations, spread, healing) and ClusterTiers.number (request checking) agree,
+    whatever order the HyperNodes came in."""
+    from stormtopo.core.capabilities import cluster_tiers
+    from stormtopo.core.request import TierLimit
+    from stormtopo.core.topology.hypernodes import topology_from_hypernodes
+
+    def hypernode(name: str, tier: int, tier_name: str, members: list[dict[str, object]]) -> dict[str, object]:
+        return {"metadata": {"name": name}, "spec": {"tier": tier, "tierName": tier_name, "members": members}}
+
+    leaf = hypernode("r0", 1, "rack", [{"type": "Node", "selector": {"exactMatch": {"name": "n0"}}}])
+    spine = hypernode("s0", 2, "rack", [{"type": "HyperNode", "selector": {"exactMatch": {"name": "r0"}}}])
+    zone = hypernode("z0", 3, "zone", [{"type": "HyperNode", "selector": {"exactMatch": {"name": "s0"}}}])
+    for hypernodes in ([leaf, spine, zone], [zone, spine, leaf]):
+        tree = topology_from_hypernodes(hypernodes, {"n0": {}})
+        tiers = cluster_tiers(hypernodes, None)
+        for name in ("rack", "zone", "nowhere"):
+            assert tree.tier_of_name(name) == tiers.number(TierLimit(tier_name=name)), (name, [h["metadata"] for h in hypernodes])
+    assert topology_from_hypernodes([leaf, spine], {"n0": {}}).tier_of_name("rack") == 2

@@ -176,3 +176,23 @@ def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for
     # ... until it is gone (or placed, or past its hold): then the claim is dropped.
     index.observe("RoleSet", "DELETED", roleset)
     assert reporter._room_reading({"n0": 0, "n1": 0}).free == {"n0": 4, "n1": 0} and not reporter._claims
+
+
+def test_labels_read_while_the_hypernodes_changed_their_selectors_are_no_reading() -> None:
+    """read_nodes keeps of each node the keys the HyperNodes' labelMatch reads; a HyperNode that comes while
+    the labels are read may read other keys: what was read is not kept as current (read again next time)."""
+    index = Index(cast(Any, None))
+    hypernode = {"metadata": {"name": "r0"}, "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "n0"}}}]}}
+    index.observe("HyperNode", "ADDED", hypernode)
+
+    class Room:
+        async def node_labels(self) -> dict[str, dict[str, str]]:
+            by_label = {"type": "Node", "selector": {"labelMatch": {"matchLabels": {"rack": "r1"}}}}
+            index.observe("HyperNode", "ADDED", {"metadata": {"name": "r1"}, "spec": {"tier": 1, "members": [by_label]}})
+            return {"n0": {"rack": "r1", "kubernetes.io/hostname": "n0"}}
+
+    reporter = PlacementReporter(index, cast(Any, None), lambda *_: None, cast(Any, None), cast(Any, Room()))
+    asyncio.run(reporter.read_nodes(0.0))
+    assert index.nodes_read_at == float("-inf") and index.nodes == {}
+    asyncio.run(reporter.read_nodes(0.0))  # read again, with the selectors as they are now: kept
+    assert index.nodes_read_at > float("-inf") and index.nodes == {"n0": {"rack": "r1", "kubernetes.io/hostname": "n0"}}

@@ -67,8 +67,9 @@ class Topology:
         return max((s.tier for s in self.switches.values()), default=0)
 
     def tier_of_name(self, name: str | None) -> int | None:
-        """The tier a tierName names in this tree (the HyperNodes' spec.tierName); None if none is named so."""
-        return next((tier for tier, named in self.tier_names.items() if named == name), None) if name else None
+        """The tier a tierName names in this tree (the HyperNodes' spec.tierName), the highest where several
+        tiers carry it (as ClusterTiers.number); None if none is named so."""
+        return max((tier for tier, named in self.tier_names.items() if named == name), default=None) if name else None
 
     def ancestors(self, node: str) -> list[str]:
         """Switches above a node, closest first."""
