@@ -50,7 +50,7 @@ def heal_snapshot(api: Api, namespace: str, name: str) -> HealSnapshot:
     topology, tiers = cluster_view(api)
     pods = api.raw_list(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"{STORMSERVICE_LABEL}={name}")
     rolesets = api.list_objects(AIBRIX, "rolesets", namespace, label_selector=f"{STORMSERVICE_LABEL}={name}")
-    replicas = tuple(Replica(r, tuple(replica_pods(pods, r))) for r in sorted(rolesets, key=lambda r: r["metadata"]["name"]))
+    replicas = tuple(Replica.of(r, pods) for r in sorted(rolesets, key=lambda r: r["metadata"]["name"]))
     room = NodeRoom.read(api)  # the operator's reading of room, GPUs and where pods could run at all
     budgets = tuple(api.disruption_budgets(namespace))
     return HealSnapshot(stormservice, replicas, tiers, topology, room.free_now(), budgets, time.time(), nodes=room.facts_now())
@@ -118,11 +118,7 @@ def service_reading(api: Api, key: tuple[str, str], stormservice: Mapping[str, A
     namespace, name = key
     pods = api.raw_list(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"{STORMSERVICE_LABEL}={name}")
     rolesets = api.list_objects(AIBRIX, "rolesets", namespace, label_selector=f"{STORMSERVICE_LABEL}={name}")
-    return ServiceReading(key, stormservice, tuple((r, tuple(replica_pods(pods, r))) for r in rolesets))
-
-
-def replica_pods(pods: Sequence[Mapping[str, Any]], roleset: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return [p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == roleset["metadata"]["name"]]
+    return ServiceReading(key, stormservice, tuple((r, Replica.of(r, pods).pods) for r in rolesets))
 
 
 def refusing_policy(policies: Sequence[Mapping[str, Any]]) -> str | None:
@@ -160,7 +156,7 @@ def read_lenders(api: Api, snapshot: HealSnapshot, own: tuple[str, str]) -> Lend
 
 def rooms_made(snapshot: HealSnapshot, plan: HealPlan, read: Callable[[], Lenders]) -> dict[str, dict[str, Any]]:
     """For each wide replica with nowhere to go, the first replica of another service that lends room that
-    the operator's search (core/heal_pass.py next_offer) would offer to move out of its way: not one on the
+    the operator's search (core/room_search.py next_offer) would offer to move out of its way: not one on the
     node tier's short list, nor one of higher priority, nor one where the wide replica's pods could not run
     (its own plan may still refuse it: a budget, not ready). The others are read only if needed."""
     tier = tier_to_heal(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only=False)
@@ -195,7 +191,7 @@ def rooms_made(snapshot: HealSnapshot, plan: HealPlan, read: Callable[[], Lender
 
 def residents(api: Api, snapshot: HealSnapshot, own: tuple[str, str]) -> list[Resident]:
     """Replicas of the other StormServices that lend room and may make it, as the operator finds them
-    (core/heal_pass.py lenders), and only of services whose pods the eviction policy can tell apart (no other
+    (core/room_search.py lenders), and only of services whose pods the eviction policy can tell apart (no other
     StormService of the namespace shares their RoleSet name prefix): three cluster-wide lists (StormServices,
     their RoleSets, their pods), not a read per service."""
     everything = api.list_objects(AIBRIX, "stormservices")

@@ -5,7 +5,7 @@ form its gang as Volcano places it (members, placed, let go).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +15,7 @@ from stormtopo.core.ownership import roleset_name
 from stormtopo.core.placement import is_held, is_live
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.stranded import pending_since
-from stormtopo.core.vocabulary import ROLE_LABEL
+from stormtopo.core.vocabulary import ROLE_LABEL, ROLESET_LABEL
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,12 @@ class Replica:
 
     roleset: Mapping[str, Any]
     pods: tuple[Mapping[str, Any], ...]
+
+    @classmethod
+    def of(cls, roleset: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Replica:
+        """The RoleSet with those of `pods` (its StormService's, read by label) that carry its label."""
+        name = roleset["metadata"]["name"]
+        return cls(roleset, tuple(p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(ROLESET_LABEL) == name))
 
     @property
     def name(self) -> str:

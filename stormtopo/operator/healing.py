@@ -48,7 +48,7 @@ from stormtopo.core.room_search import WIDE_TRIED, RoomSearch, lenders, made_roo
 from stormtopo.core.stranded import STRANDED_AFTER
 from stormtopo.core.topology.node_tier import node_tier_members
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL
+from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, STORMSERVICE_LABEL
 from stormtopo.core.writes import EvictPod, RecordMove, Write
 from stormtopo.kube.client import Api, ApiError, Conflict, Forbidden, Invalid
 from stormtopo.operator import metrics
@@ -274,10 +274,7 @@ class Healer:
         if heal_pass.free is None:
             free, readings = await self.room.free_gpus(taking_new_pods=True), await self._all_readings()
         rolesets = self.index.rolesets_of(namespace, name)
-        replicas = tuple(
-            Replica(r, tuple(p for p in pods if (p["metadata"].get("labels") or {}).get(ROLESET_LABEL) == r["metadata"]["name"]))
-            for r in rolesets
-        )
+        replicas = tuple(Replica.of(r, pods) for r in rolesets)
         podgroups = {r["metadata"]["name"]: pg for r in rolesets if (pg := self.index.podgroups.get((namespace, r["metadata"]["name"])))}
         others = tuple(self.index.stormservices_in_play().items())  # the moves in the cluster, as the index has them now
         snapshot = HealSnapshot(

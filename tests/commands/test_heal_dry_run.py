@@ -88,7 +88,7 @@ def test_without_the_right_to_list_every_namespace_the_dry_run_says_what_it_coul
 
 
 def test_the_dry_run_offers_only_whom_the_operators_search_would() -> None:
-    """The same search as the operator's make_room (core/heal_pass.py next_offer): never a resident of higher
+    """The same search as the operator's make_room (core/room_search.py next_offer): never a resident of higher
     priority than the wide replica, nor one on the node tier's short list."""
     from dataclasses import replace
 
