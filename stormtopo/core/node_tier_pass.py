@@ -9,7 +9,7 @@ change, not every pass."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,7 +37,7 @@ class NodeTierReading:
     """What one pass reads: the HyperNodes as the watch has them, and the GPUs per node from the free-room
     reading (`free`: nodes that take new pods only)."""
 
-    hypernodes: tuple[Mapping[str, Any], ...]
+    hypernodes: Collection[Mapping[str, Any]]  # (a view of the index's: read within the pass, never kept)
     hypernode_changes: int  # the index's count of HyperNode changes: the tree's version
     free: Mapping[str, int] = field(default_factory=dict)
     allocatable: Mapping[str, int] = field(default_factory=dict)

@@ -11,7 +11,7 @@ tenant's pods is planned over at the next pass (NODE_TIER_INTERVAL)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from stormtopo.core.node_tier_pass import NodeTierMemory, NodeTierPlan, NodeTierReading, plan_off, plan_pass, refusals_to_say
@@ -64,7 +64,7 @@ class NodeTier:
         free = await self.room.free_gpus(taking_new_pods=True)
         allocatable = await self.room.allocatable_gpus()
         reading = NodeTierReading(
-            tuple(self.index.hypernodes.values()),
+            self.index.hypernodes.values(),  # no copy per pass: copied only when something moved
             self.index.hypernode_changes,
             free,
             allocatable,
@@ -85,11 +85,11 @@ class NodeTier:
             log.info("node tier: %d HyperNode writes", len(plan.writes))
         await self._carry_out(plan)
 
-    def _node_labels(self) -> dict[str, dict[str, str]] | None:
+    def _node_labels(self) -> Mapping[str, dict[str, str]] | None:
         """The labels labelMatch members read; None (planned blind: such a member may select any node, and no
         node it might select is listed) while none are read, or while they were kept for an older tree."""
         stale = self.read_nodes is not None and self.index.nodes_read_at == float("-inf")
-        return dict(self.index.nodes) if self.index.nodes and not stale else None
+        return self.index.nodes if self.index.nodes and not stale else None
 
     async def _carry_out(self, plan: NodeTierPlan) -> None:
         """The plan's writes; what they were planned over is remembered only once written, so that a failed
