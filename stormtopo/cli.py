@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stormtopo.core.topology.tree import TopologyError
+from stormtopo.core.volcano_conf import SCHEDULER_CONFIGMAP, VOLCANO_NAMESPACE
 
 if TYPE_CHECKING:
     from stormtopo.kube.client import Api, ApiError
@@ -151,7 +152,7 @@ def _explain(args: argparse.Namespace) -> int:
     if target is None:
         return 2
     try:
-        return explain.run(_api(args), *target, Console(), args.output)
+        return explain.run(_api(args), *target, Console(), args.output, args.volcano_scheduler_configmap)
     except explain.NotFound as exc:
         print(f"stormtopo: {exc}", file=sys.stderr)
         return 1
@@ -249,6 +250,12 @@ def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
     explain.add_argument("target", metavar="[NAMESPACE/]STORMSERVICE")
     explain.add_argument("-n", "--namespace", help="the StormService's namespace, with a bare STORMSERVICE (default: default)")
     explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    explain.add_argument(
+        "--volcano-scheduler-configmap",
+        default=f"{VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP}",
+        metavar="NAMESPACE/NAME",
+        help="where vc-scheduler's configuration is kept, read to say whether Volcano preempts for a Pending replica ('' reads none)",
+    )
     explain.set_defaults(func=_explain)
     doctor = sub.add_parser("doctor", parents=[kube], help="read-only checks: Volcano's configuration, HyperNodes, webhooks, PodGroups")
     doctor.add_argument("--scheduler-config", metavar="FILE", help="vc-scheduler's configuration (default: its ConfigMap)")

@@ -17,20 +17,23 @@ from stormtopo.core.replica import ReplicaSnapshot, gang_name, replica_state
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.spread import replicas_per_domain, spread_tier
 from stormtopo.core.vocabulary import AIBRIX, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
+from stormtopo.core.volcano_conf import SchedulerConf
 from stormtopo.kube.client import Api, Forbidden, Unauthorized
 from stormtopo.operator.room import NodeRoom
+from stormtopo.operator.scheduler_conf import read_scheduler_conf
 
 __all__ = ["NotFound", "explain_stormservice", "render", "run"]
 
 
-def run(api: Api, namespace: str, name: str, console: Console, output: str = "text") -> int:
-    """Print where each replica landed or why it is Pending: as text, or as json or yaml for tools."""
-    report = explain_stormservice(api, namespace, name)
+def run(api: Api, namespace: str, name: str, console: Console, output: str = "text", scheduler_configmap: str = "") -> int:
+    """Print where each replica landed or why it is Pending: as text, or as json or yaml for tools; with
+    `scheduler_configmap` (NAMESPACE/NAME), whether Volcano's scheduler preempts for a Pending replica."""
+    report = explain_stormservice(api, namespace, name, scheduler_configmap)
     print_report(report, render, console, output)
     return 1 if report.get("invalid") else 0
 
 
-def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
+def explain_stormservice(api: Api, namespace: str, name: str, scheduler_configmap: str = "") -> dict[str, Any]:
     """The same state the operator's planner reads, as data."""
     stormservice = api.get(AIBRIX, "stormservices", namespace, name)
     if stormservice is None:
@@ -38,6 +41,7 @@ def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
     room = NodeRoom.read(api)  # the operator's reading: each node's free GPUs and the pods that hold them
     free, holders, gangs = room.free_now(taking_new_pods=False), room.holders_now(), room.gangs_now()
     values = priority_values(api)
+    volcano = read_scheduler_conf(api, scheduler_configmap) if scheduler_configmap and values is not None else None
     topology, tiers = cluster_view(api)
     request = request_of(stormservice, tiers)
     report: dict[str, Any] = {"namespace": namespace, "stormservice": name}
@@ -68,9 +72,9 @@ def explain_stormservice(api: Api, namespace: str, name: str) -> dict[str, Any]:
             tier = allowed_tier(request, topology) if request else None
             if tier is not None:
                 priority = gang_priority(podgroup, roleset, values)
-                explanation = explain(
-                    topology, free, state.wanted, tier, holders, priority, gangs
-                )  # nothing of preemption without a priority
+                conf = volcano if isinstance(volcano, SchedulerConf) else None  # unread: nothing said of it
+                # (nothing of preemption without a priority)
+                explanation = explain(topology, free, state.wanted, tier, holders, priority, gangs, conf)
                 entry["pending"] = {"fits": explanation.fits, "explanation": explanation.render()}
         report["replicas"].append(entry)
     tier = spread_tier(request, topology)

@@ -7,13 +7,14 @@ satisfied". The operator's Event and `stormtopo explain` both render this one ex
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stormtopo.core.packing import DomainFit, best_tier, domains_at_tier
 from stormtopo.core.preemption import Holder, Preemption, plan_preemption
 from stormtopo.core.request import Mode, TierLimit, TopologyRequest
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.victims import GangSize
+from stormtopo.core.volcano_conf import SchedulerConf
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,11 @@ def explain(
     holders: Mapping[str, Sequence[Holder]] | None = None,
     priority: int | None = None,
     gangs: Mapping[str, GangSize] | None = None,
+    volcano: SchedulerConf | None = None,
 ) -> Explanation:
     """Why the gang does not fit now; with `holders` (the pods holding each node's GPUs) and the gang's
-    `priority`, also what it could preempt within its tier (a victim of one of `gangs` costs its gang)."""
+    `priority`, also what it could preempt within its tier (a victim of one of `gangs` costs its gang), and,
+    with Volcano's scheduler configuration, whether anything there would preempt for it."""
     verdicts = []
     for tier in range(1, min(highest_tier, topology.tiers) + 1):
         domains = domains_at_tier(topology, free, pods, tier)
@@ -93,6 +96,8 @@ def explain(
     preemption = None
     if holders is not None and priority is not None:
         preemption = plan_preemption(topology, free, holders, pods, priority, highest_tier, gangs)
+        if volcano is not None:
+            preemption = replace(preemption, nothing_preempts=volcano.no_topology_preemption())
     return Explanation(tuple(pods), highest_tier, tuple(verdicts), beyond, preemption)
 
 
@@ -130,13 +135,15 @@ def plan_pending(
     holders: Mapping[str, Sequence[Holder]] | None = None,
     priority: int | None = None,
     gangs: Mapping[str, GangSize] | None = None,
+    volcano: SchedulerConf | None = None,
 ) -> Pending | None:
     """Why a hard replica is Pending; None when there is nothing to explain yet (or ever: soft
     requests never hold a gang back, and Volcano calls a gang unschedulable while AIBrix is still
-    creating its pods). With `holders` and the gang's `priority`, also what it could preempt."""
+    creating its pods). With `holders` and the gang's `priority`, also what it could preempt; with `volcano`,
+    whether Volcano's scheduler preempts for it at all."""
     if not is_explainable(request, pods, pods_created):
         return None
     tier = allowed_tier(request, topology)
     if tier is None:
         return None
-    return Pending(tier, explain(topology, free, pods, tier, holders, priority, gangs))
+    return Pending(tier, explain(topology, free, pods, tier, holders, priority, gangs, volcano))

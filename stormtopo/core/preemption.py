@@ -71,12 +71,20 @@ class Preemption:
     priority: int
     victims: DomainVictims | None  # the domain it would take, with the fewest victims
     protected: Protected | None  # when no domain qualifies
+    # Why Volcano preempts nothing for the gang whatever the victims (its configuration runs no gangpreempt,
+    # core/volcano_conf.py); None where it does, or where its configuration was not read.
+    nothing_preempts: str | None = None
 
     def render(self) -> str:
         if self.victims is not None:
             v = self.victims
             pods = ", ".join(f"{n} of priority {p}" for p, n in v.by_priority)
             where = "across the cluster" if v.domain == CLUSTER else f"in tier-{v.tier} {v.domain}"
+            if self.nothing_preempts is not None:
+                return (
+                    f"at priority {self.priority}, the fewest victims would be {where}: {v.pods} pod(s) holding "
+                    f"{v.gpus} GPUs ({pods}); but {self.nothing_preempts}"
+                )
             return (
                 f"at priority {self.priority}, the fewest victims are {where}: preempting {v.pods} pod(s) holding "
                 f"{v.gpus} GPUs ({pods}); Volcano's gangpreempt may take more"

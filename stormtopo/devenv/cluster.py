@@ -31,6 +31,7 @@ from stormtopo import certificates
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.topology.tree import Topology
+from stormtopo.core.volcano_conf import SCHEDULER_CONFIG_KEY, SCHEDULER_CONFIGMAP, VOLCANO_NAMESPACE
 from stormtopo.devenv import components, processes, webhook_auth
 from stormtopo.devenv.crds import crd_files
 from stormtopo.devenv.nodes import node_manifests
@@ -198,6 +199,46 @@ def up(
         raise
     _say(f"cluster ready in {time.monotonic() - built:.1f}s (binaries {built - started:.1f}s); kubeconfig: {state_dir / 'kubeconfig'}")
     return state_dir / "kubeconfig"
+
+
+def scheduler_conf_objects(text: str) -> list[dict[str, Any]]:
+    """Where Volcano's chart keeps vc-scheduler's configuration (and stormtopo reads it): a ConfigMap in
+    volcano-system. The local vc-scheduler runs the same text from its file (DIR/volcano-scheduler.conf)."""
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": VOLCANO_NAMESPACE}},
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": SCHEDULER_CONFIGMAP, "namespace": VOLCANO_NAMESPACE},
+            "data": {SCHEDULER_CONFIG_KEY: text},
+        },
+    ]
+
+
+def set_scheduler_conf(state_dir: Path, text: str) -> None:
+    """Change vc-scheduler's configuration as a Volcano install changes it: the file it runs and the ConfigMap
+    it is kept in. vc-scheduler reloads the file on any write in its directory: the text is written whole
+    elsewhere (DIR/run) and renamed into place, so that the one reload reads all of it."""
+    state_dir = state_dir.resolve()
+    staged = state_dir / "run" / "volcano-scheduler.conf.new"
+    staged.write_text(text)
+    staged.replace(state_dir / "volcano-scheduler.conf")
+    proc = subprocess.run(
+        [
+            str(state_dir / "bin" / "kubectl"),
+            f"--kubeconfig={state_dir / 'kubeconfig'}",
+            "apply",
+            "--server-side",
+            "--field-manager=stormtopo-dev",
+            "-f",
+            "-",
+        ],
+        input=yaml.safe_dump_all(scheduler_conf_objects(text)),
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise ClusterError(f"kubectl apply of the scheduler's ConfigMap failed: {proc.stderr.strip()}")
 
 
 OPERATOR_ARGS_ENV = "STORMTOPO_OPERATOR_ARGS"  # more operator flags, e.g. shorter periods for tests
@@ -379,6 +420,7 @@ class _Starter:
         self._await(timeout, self._start_apiserver())
         self._write_kubeconfig()
         self._install_crds()
+        self.apply(scheduler_conf_objects(SCHEDULER_CONF))
         # The controllers and schedulers only need the API server: start them all, then wait, so
         # their start-ups overlap.
         self._await(

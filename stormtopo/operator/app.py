@@ -33,6 +33,7 @@ from stormtopo.operator.optin import OptedInList
 from stormtopo.operator.reconciliation import Reconciler
 from stormtopo.operator.replica import NODES_TTL, PlacementReporter
 from stormtopo.operator.room import NodeRoom
+from stormtopo.operator.scheduler_conf import VolcanoConf
 
 log = logging.getLogger("stormtopo.operator")
 
@@ -171,6 +172,7 @@ async def run(config: OperatorConfig) -> None:
         room_hold=config.exact_preemption_hold,
         exact_preemption=config.exact_preemption,
         victim_namespaces=frozenset(config.exact_preemption_victim_namespace) or None,
+        volcano=VolcanoConf(api, config.volcano_scheduler_configmap),
     )
     operator = handlers.register(
         registry, index, Reconciler(index, api, events, opted_in), reporter, leadership, loops, config.resync_seconds, config.relist_seconds

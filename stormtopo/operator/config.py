@@ -4,6 +4,7 @@ naming it and what is accepted, before anything is started."""
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 
 from stormtopo.core.cluster_moves import MAX_MOVING
@@ -11,6 +12,7 @@ from stormtopo.core.cooldown import COOLDOWN
 from stormtopo.core.preempting import HOLD_MAX
 from stormtopo.core.spread import SPREAD_GIVE_UP
 from stormtopo.core.stranded import STRANDED_AFTER
+from stormtopo.core.volcano_conf import SCHEDULER_CONFIG_KEY, SCHEDULER_CONFIGMAP, VOLCANO_NAMESPACE
 from stormtopo.operator.loops import HANG_SECONDS
 
 HEAL_INTERVAL = 10.0  # seconds between two healing passes
@@ -62,6 +64,9 @@ class OperatorConfig:
     exact_preemption: bool = False  # hold a preempting replica and evict the fewest victims itself (core/preempting.py)
     exact_preemption_hold: float = HOLD_MAX  # seconds a replica may be held for it at most
     exact_preemption_victim_namespace: tuple[str, ...] = ()  # the only namespaces it may take victims in (empty: any)
+    # Where Volcano's chart keeps vc-scheduler's configuration: read to say when nothing would preempt for a
+    # Pending replica (core/volcano_conf.py); "" reads nothing.
+    volcano_scheduler_configmap: str = f"{VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP}"
     node_tier: bool = False  # keep a short list of tier-0 HyperNodes current (docs/node-tier.md)
     node_tier_keep_runs: bool = False  # the node tier keeps runs of empty nodes for whole-node replicas
     node_tier_leaf: tuple[str, ...] = ()  # leaves another writer keeps that the node tier may change anyway
@@ -85,6 +90,15 @@ def service_ref(text: str) -> ServiceRef:
     if not slash or not namespace or not name or "/" in name or (colon and not port.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r}: accepted: NAMESPACE/NAME or NAMESPACE/NAME:PORT, e.g. stormtopo/stormtopo-webhook:443")
     return ServiceRef(namespace, name, int(port) if colon else 443)
+
+
+def configmap_ref(text: str) -> str:
+    """NAMESPACE/NAME of a ConfigMap, or "" for none, as --volcano-scheduler-configmap takes it."""
+    if text and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: accepted: NAMESPACE/NAME, e.g. {VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP}, or '' for none"
+        )
+    return text
 
 
 def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
@@ -165,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAMESPACE",
         help="with --exact-preemption: a namespace whose pods may be victims; repeat for more. Without it, any namespace"
         " (the chart always names them, and its admission policy refuses evictions elsewhere)",
+    )
+    p.add_argument(
+        "--volcano-scheduler-configmap",
+        type=configmap_ref,
+        default=d.volcano_scheduler_configmap,
+        metavar="NAMESPACE/NAME",
+        help=f"the ConfigMap holding vc-scheduler's configuration (key {SCHEDULER_CONFIG_KEY}), read to say in a Pending replica's"
+        " Warning when Volcano runs nothing that preempts for it (no gangpreempt); an empty value reads nothing",
     )
     p.add_argument(
         "--node-tier",

@@ -23,6 +23,7 @@ from stormtopo.core.preemption import Holder
 from stormtopo.core.replica import Explain
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.victims import GangSize
+from stormtopo.core.volcano_conf import SchedulerConf
 from stormtopo.operator import metrics
 
 log = logging.getLogger(__name__)
@@ -77,13 +78,14 @@ class Explainer:
         free: dict[str, int],
         holders: dict[str, list[Holder]],
         gangs: dict[str, GangSize] | None = None,
+        volcano: SchedulerConf | None = None,
     ) -> Pending | None:
         """Plan the explanation in the worker, over the operator's own tree (the one its placement checks use,
-        built from every node), the free GPUs it read and the pods holding them."""
+        built from every node), the free GPUs it read and the pods holding them, and Volcano's configuration."""
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            args = (ask.request, list(ask.pods), ask.created, topology, free, holders, ask.priority, gangs)
+            args = (ask.request, list(ask.pods), ask.created, topology, free, holders, ask.priority, gangs, volcano)
             work = loop.run_in_executor(self._executor(), plan_pending, *args)
             pending = await asyncio.wait_for(work, EXPLAIN_TIMEOUT)
             metrics.EXPLANATION_SECONDS.observe(time.monotonic() - started)

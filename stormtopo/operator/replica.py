@@ -39,6 +39,7 @@ from stormtopo.operator.events import Report
 from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index, Key, slim_listed_pods
 from stormtopo.operator.room import NodeRoom
+from stormtopo.operator.scheduler_conf import VolcanoConf
 from stormtopo.operator.workqueue import WorkQueue
 from stormtopo.operator.writer import execute
 
@@ -59,6 +60,7 @@ class PlacementReporter:
     room_hold: float = HOLD_MAX  # --exact-preemption-hold (core/preempting.py)
     exact_preemption: bool = False  # --exact-preemption
     victim_namespaces: frozenset[str] | None = None  # --exact-preemption-victim-namespace (None: any)
+    volcano: VolcanoConf | None = None  # --volcano-scheduler-configmap: does anything preempt for a topology job
     _planner: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="room-planner"))
     _room_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held replicas are planned one at a time
     _claims: dict[Key, RoomClaim] = field(default_factory=dict)  # replica -> the room its victims free (core/preempting.py)
@@ -251,7 +253,8 @@ class PlacementReporter:
         explain, topology = ask
         free = await self.room.free_gpus(taking_new_pods=False)
         holders = self.room.holders_now()
-        pending = await self.explainer.explain(explain, topology, free, holders, self.room.gangs_now())
+        volcano = await self.volcano.scheduler() if self.volcano is not None and explain.priority is not None else None
+        pending = await self.explainer.explain(explain, topology, free, holders, self.room.gangs_now(), volcano)
         snapshot = self.index.replica_snapshot(key, time.monotonic())
         memory = self._memory.get(key, ReplicaMemory())
         if snapshot is None or snapshot.request is None or not self.leading():

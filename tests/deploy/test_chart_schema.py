@@ -42,6 +42,7 @@ def test_the_chart_lints_strictly(sets: list[str]) -> None:
         ("monitoring.alerts.noLeader.for=2 minutes", "/monitoring/alerts/noLeader/for"),
         ("monitoring.alerts.workQueueBacklog.depth=-1", "/monitoring/alerts/workQueueBacklog/depth"),
         ("monitoring.alerts.admissionSlow.p99=1", "'p99' not allowed"),
+        ("volcano.schedulerConfigMap=volcano-scheduler-configmap", "/volcano/schedulerConfigMap"),
     ],
 )
 def test_a_bad_value_is_refused_naming_it(value: str, named: str) -> None:
@@ -134,3 +135,33 @@ def test_more_than_one_replica_without_leader_election_is_refused() -> None:
     assert refused.returncode != 0 and "replicaCount above 1 needs leaderElection.enabled: true" in refused.stderr, refused.stderr
     one = helm("template", "x", str(CHART), "--kube-version", "1.35.3", "--set", "leaderElection.enabled=false", "--set", "replicaCount=1")
     assert one.returncode == 0, one.stderr
+
+
+def test_volcanos_scheduler_configuration_is_read_in_its_namespace_by_name_only_or_not_at_all() -> None:
+    """volcano.schedulerConfigMap: a Role in Volcano's namespace granting `get` of that one ConfigMap, and the
+    operator told where it is; empty, neither (the operator reads nothing)."""
+
+    def render(*sets: str) -> tuple[list[str], list[dict[str, Any]]]:
+        done = helm("template", "x", str(CHART), "--kube-version", "1.35.3", *sets)
+        assert done.returncode == 0, done.stderr
+        objects = [o for o in yaml.safe_load_all(done.stdout) if o]
+        (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+        roles = [
+            o for o in objects if o["kind"] in ("Role", "RoleBinding") and o["metadata"]["name"] == "x-stormtopo-volcano-scheduler-conf"
+        ]
+        return deployment["spec"]["template"]["spec"]["containers"][0]["args"], roles
+
+    args, objects = render()
+    assert "--volcano-scheduler-configmap=volcano-system/volcano-scheduler-configmap" in args
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == "volcano-system"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["volcano-scheduler-configmap"], "verbs": ["get"]}
+    ]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == "volcano-system" and binding["subjects"][0]["name"] == "x-stormtopo"
+    args, objects = render("--set", "volcano.schedulerConfigMap=batch-sched/vc-conf")
+    assert "--volcano-scheduler-configmap=batch-sched/vc-conf" in args
+    assert {o["metadata"]["namespace"] for o in objects} == {"batch-sched"} and objects[0]["rules"][0]["resourceNames"] == ["vc-conf"]
+    args, objects = render("--set", "volcano.schedulerConfigMap=")
+    assert "--volcano-scheduler-configmap=" in args and not objects

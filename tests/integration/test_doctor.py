@@ -132,8 +132,9 @@ def test_the_healthy_dev_cluster_has_no_error(cluster: DevCluster, cluster_dir: 
     *lines, summary = text.stdout.splitlines()
     assert lines and all(line.split()[0] in ("ok", "warning") for line in lines), text.stdout
     assert summary.startswith("0 error(s)")
-    # No ConfigMap here: vc-scheduler reads the file `dev up` wrote, and the doctor asks for it.
-    assert any(line.startswith("warning scheduler-config") and "--scheduler-config FILE" in line for line in lines), text.stdout
+    # `dev up` keeps vc-scheduler's configuration where Volcano's chart does (its file holds the same): read there.
+    where = f"ConfigMap {VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP} key {SCHEDULER_CONFIG_KEY}"
+    assert any(line.split()[:2] == ["ok", "scheduler-config"] and where in line for line in lines), text.stdout
 
     conf = cluster_dir / "volcano-scheduler.conf"
     code, findings = doctor(cluster_dir, "--scheduler-config", str(conf))
@@ -264,18 +265,13 @@ def test_volcano_and_aibrix_releases_are_read_from_their_controllers_images(clus
 
 
 def test_the_scheduler_configuration_is_read_where_volcanos_install_keeps_it(cluster_dir: Path) -> None:
-    """Volcano's chart keeps vc-scheduler's configuration in a ConfigMap: read there, task-topology is an error
-    (it panics vc-scheduler); the dev cluster's own configuration, there, is not."""
-    namespaces(cluster_dir, VOLCANO_NAMESPACE)
+    """Volcano's chart keeps vc-scheduler's configuration in a ConfigMap (as `stormtopo dev up` does): read there,
+    task-topology is an error (it panics vc-scheduler); the dev cluster's own configuration, there, is not."""
     conf = yaml.safe_load(dev.SCHEDULER_CONF)
     conf["tiers"][-1]["plugins"].append({"name": "task-topology"})
-    configmap: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": SCHEDULER_CONFIGMAP, "namespace": VOLCANO_NAMESPACE},
-        "data": {SCHEDULER_CONFIG_KEY: yaml.safe_dump(conf)},
-    }
-    with present(cluster_dir, configmap):
+    (_, configmap) = dev.scheduler_conf_objects(yaml.safe_dump(conf))
+    run_kubectl(cluster_dir, "apply", "--server-side", "--field-manager=stormtopo-dev", "-f", "-", stdin=json.dumps(configmap))
+    try:
         code, findings = doctor(cluster_dir)
         assert code == 1
         (error,) = errors(findings, "scheduler-config")
@@ -283,10 +279,10 @@ def test_the_scheduler_configuration_is_read_where_volcanos_install_keeps_it(clu
             error
         )
         assert "remove task-topology" in error
-
-        configmap["data"][SCHEDULER_CONFIG_KEY] = dev.SCHEDULER_CONF
-        run_kubectl(cluster_dir, "replace", "-f", "-", stdin=json.dumps(configmap))
-        code, findings = doctor(cluster_dir)
+    finally:  # (only the ConfigMap: the scheduler's file never had it)
+        (_, configmap) = dev.scheduler_conf_objects(dev.SCHEDULER_CONF)
+        run_kubectl(cluster_dir, "apply", "--server-side", "--field-manager=stormtopo-dev", "-f", "-", stdin=json.dumps(configmap))
+    code, findings = doctor(cluster_dir)
     assert code == 0 and not errors(findings, "scheduler-config"), findings
     assert any(f"ConfigMap {VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP}" in f["found"] for f in findings if f["check"] == "scheduler-config")
 

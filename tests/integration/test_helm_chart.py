@@ -22,6 +22,7 @@ from stormtopo.core.optin import MOVABLE
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.vocabulary import HIGHEST_TIER, MANAGED_BY, MODE, OPTED_IN_LABEL
+from stormtopo.core.volcano_conf import SCHEDULER_CONFIGMAP, VOLCANO_NAMESPACE
 from stormtopo.devenv import components, processes
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.nodes import node_manifests
@@ -80,6 +81,8 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
             "ClusterRole",  # the opted-in lists, in every namespace, by name
             "ClusterRoleBinding",
             "Role",  # the uninstall hook stops the Deployment
+            "RoleBinding",
+            "Role",  # Volcano's scheduler configuration, read (its one ConfigMap)
             "RoleBinding",
             "PodDisruptionBudget",  # two replicas
             "Secret",
@@ -721,6 +724,13 @@ def test_service_account_writes_only_opted_in_lists_among_configmaps(chart_clust
         assert every.returncode == 0, every.stderr
         assert _refused(kubectl(state, "get", "configmaps", "-A", kubeconfig=sa))
         assert _refused(kubectl(state, "get", "configmap", "kube-root-ca.crt", "-n", ns, kubeconfig=sa))
+        # Volcano's scheduler configuration (volcano.schedulerConfigMap): that one ConfigMap, read only.
+        conf = kubectl(state, "get", "configmap", SCHEDULER_CONFIGMAP, "-n", VOLCANO_NAMESPACE, kubeconfig=sa)
+        assert conf.returncode == 0, conf.stderr
+        assert _refused(kubectl(state, "get", "configmap", "kube-root-ca.crt", "-n", VOLCANO_NAMESPACE, kubeconfig=sa))
+        assert _refused(kubectl(state, "get", "configmaps", "-n", VOLCANO_NAMESPACE, kubeconfig=sa))
+        edit = ["patch", "configmap", SCHEDULER_CONFIGMAP, "-n", VOLCANO_NAMESPACE, "--dry-run=server", "-p", '{"data":{"x":"y"}}']
+        assert _refused(kubectl(state, *edit, kubeconfig=sa))
     finally:
         admin.delete_namespace(ns)
 

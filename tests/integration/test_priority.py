@@ -23,6 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, ROLESET_LABEL
+from stormtopo.devenv import cluster as dev
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import Role, stormservice
 from tests.builders import BATCH_LABEL, batch_pod
@@ -131,6 +132,62 @@ def test_without_the_annotations_volcanos_preempt_still_takes_room_for_it(
     domain = topology.lowest_common_switch(node_names(placed))
     where = domain.name if domain else "?"
     print(f"\n  without stormtopo: {len(gone)} batch pods preempted; the replica on {node_names(placed)}, under {where}")
+
+
+def test_where_volcano_runs_no_gangpreempt_the_warning_and_explain_say_nothing_will_preempt_for_it(
+    cluster: DevCluster, cluster_dir: Path, topology: Topology, namespace: str, priority_classes: None
+) -> None:
+    """Issue 41, items 4 and 5: a Volcano whose actions lack gangpreempt (its default configuration has none)
+    preempts nothing for a job with a network topology. The full cluster and the high-priority hard replica
+    of the first test: it stays Pending and nothing is preempted; its Warning and `stormtopo explain` say
+    that Volcano runs no gangpreempt, where that was read (the ConfigMap, read under the chart's Role), and
+    the actions to set, rather than naming victims nobody takes. With gangpreempt back, it preempts and runs."""
+    without = dev.SCHEDULER_CONF.replace(
+        'actions: "enqueue, allocate, preempt, gangpreempt, backfill"', 'actions: "enqueue, allocate, preempt, backfill"'
+    )
+    assert without != dev.SCHEDULER_CONF
+    loaded = scheduler_loads(cluster_dir)
+    dev.set_scheduler_conf(cluster_dir, without)
+    try:
+        cluster.wait(lambda: scheduler_loads(cluster_dir) > loaded, 60, "vc-scheduler reloading its configuration")
+        assert last_loaded_actions(cluster_dir) == "enqueue allocate preempt backfill"
+        before = fill_with_batch(cluster, namespace, len(topology.nodes))
+        roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
+        cluster.create(stormservice("stuck", namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+        why = "Volcano's scheduler runs no gangpreempt (ConfigMap volcano-system/volcano-scheduler-configmap key volcano-scheduler.conf"
+
+        def warning() -> str | None:
+            said = [e["message"] for e in cluster.events(namespace, "stuck") if e["reason"] == "TopologyUnsatisfiable"]
+            return next((m for m in said if why in m), None)
+
+        message = cluster.wait(warning, 120, "the Warning saying nothing preempts for the replica")
+        assert "the fewest victims would be in tier-1 s0: 4 pod(s) holding 16 GPUs (4 of priority 100)" in message, message
+        assert 'set actions: "enqueue, allocate, preempt, gangpreempt, backfill"' in message, message
+        out = " ".join(stormtopo("explain", f"{namespace}/stuck", "--kubeconfig", str(cluster.kubeconfig)).stdout.split())
+        assert why in out and "so nothing is preempted for it" in out, out  # (the console wraps long lines)
+        assert not preempted(cluster, namespace, BATCH, before)
+        assert not [p["metadata"]["name"] for p in cluster.pods(namespace, "storm-service-name=stuck") if p["spec"].get("nodeName")]
+        print(f"\n  {message}")
+    finally:
+        dev.set_scheduler_conf(cluster_dir, dev.SCHEDULER_CONF)
+    # gangpreempt back: it preempts one leaf's batch pods and runs there.
+    placed = cluster.bound_pods(namespace, "storm-service-name=stuck", 2, timeout=120)
+    domain = topology.lowest_common_switch(node_names(placed))
+    assert domain is not None and domain.tier == 1, f"the replica crossed its leaf: {node_names(placed)}"
+    assert len(preempted(cluster, namespace, BATCH, before)) == 4
+
+
+LOADED = "Finished loading scheduler config. Final state: actions=["
+
+
+def scheduler_loads(cluster_dir: Path) -> int:
+    """How many times vc-scheduler has loaded its configuration (its log, at -v=2)."""
+    return (cluster_dir / "logs" / "vc-scheduler.log").read_text(errors="replace").count(LOADED)
+
+
+def last_loaded_actions(cluster_dir: Path) -> str:
+    text = (cluster_dir / "logs" / "vc-scheduler.log").read_text(errors="replace")
+    return text[text.rindex(LOADED) + len(LOADED) :].split("]", 1)[0]
 
 
 def preempted(cluster: DevCluster, namespace: str, selector: str, before: dict[str, tuple[str, str]]) -> set[str]:

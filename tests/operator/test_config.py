@@ -18,6 +18,8 @@ def test_the_charts_flags_become_a_typed_config() -> None:
     assert parse_args([]) == OperatorConfig()
     assert not OperatorConfig().node_tier and parse_args(["--node-tier"]).node_tier  # off unless asked for
     assert not parse_args(["--node-tier"]).node_tier_keep_runs and parse_args(["--node-tier", "--node-tier-keep-runs"]).node_tier_keep_runs
+    assert OperatorConfig().volcano_scheduler_configmap == "volcano-system/volcano-scheduler-configmap"  # where Volcano's chart keeps it
+    assert parse_args(["--volcano-scheduler-configmap", ""]).volcano_scheduler_configmap == ""  # read none
     assert parse_args(["--webhook-service", "ns/svc"]).webhook_service == ServiceRef("ns", "svc", 443)
     assert parse_args(["--webhook-url-host", "127.0.0.1", "--webhook-port", "9444"]).webhook_url_base == "https://127.0.0.1:9444"
 
@@ -43,6 +45,10 @@ def test_periods_are_configuration_with_the_production_defaults() -> None:
         (["--node-tier-keep-runs"], "--node-tier-keep-runs: accepted only with --node-tier"),
         (["--resync-seconds", "0"], "--resync-seconds: '0': accepted: a positive float"),
         (["--spread-give-up", "never"], "--spread-give-up: 'never': accepted: a positive float"),
+        (
+            ["--volcano-scheduler-configmap", "volcano-scheduler-configmap"],
+            "--volcano-scheduler-configmap: 'volcano-scheduler-configmap': accepted: NAMESPACE/NAME, e.g. volcano-system/",
+        ),
     ],
 )
 def test_a_bad_flag_is_refused_before_anything_starts(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,9 +23,6 @@ from stormtopo.core.diagnosis.snapshot import (
     CONTROLLER_CONFIG_KEY,
     CONTROLLER_CONFIGMAP,
     SAMPLE,
-    SCHEDULER_CONFIG_KEY,
-    SCHEDULER_CONFIGMAP,
-    VOLCANO_NAMESPACE,
     ServiceSample,
     Snapshot,
     Source,
@@ -33,6 +30,7 @@ from stormtopo.core.diagnosis.snapshot import (
 from stormtopo.core.diagnosis.tree import check_hypernodes
 from stormtopo.core.diagnosis.versions import check_versions, image_tag, parse_version
 from stormtopo.core.diagnosis.webhooks import check_admission
+from stormtopo.core.volcano_conf import SCHEDULER_CONFIG_KEY, SCHEDULER_CONFIGMAP, VOLCANO_NAMESPACE
 
 __all__ = [
     "AIBRIX_NAMESPACE",

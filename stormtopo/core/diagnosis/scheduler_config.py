@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
 from stormtopo.core.diagnosis.findings import Finding, Level
 from stormtopo.core.diagnosis.snapshot import Snapshot
 from stormtopo.core.diagnosis.tree import _node_tier
+from stormtopo.core.volcano_conf import GANG_PREEMPT, PREEMPT, PREEMPTION_DOC, SchedulerConf, SchedulerConfError, parse_scheduler_conf
 
 NTA = "network-topology-aware"
 # docs/install.md, "Volcano": Volcano's default actions (backfill places pods that ask for no resources), and the
@@ -18,9 +17,6 @@ NTA = "network-topology-aware"
 RECOMMENDED_ACTIONS = ("enqueue", "allocate", "backfill")
 RECOMMENDED_PLUGINS = ("gang", "predicates", "nodeorder", "binpack")
 GPU_RESOURCE = "nvidia.com/gpu"
-# Volcano v1.15.1's preempt skips every job with a network topology: gangpreempt is the one action that preempts
-# for them (docs/install.md "Priority and preemption"); preempt before it keeps every other job's preemption.
-GANG_PREEMPT, PREEMPT = "gangpreempt", "preempt"
 # What gangpreempt asks of the plugins (docs/install.md "Priority and preemption"): without them it finds no
 # victim (priority, gang), may take critical pods (conformance), or ignores the queues' shares (proportion).
 GANG_PREEMPT_PLUGINS = ("priority", "gang", "conformance", "predicates", "proportion")
@@ -45,27 +41,17 @@ def check_scheduler_config(snapshot: Snapshot) -> list[Finding]:
             )
         ]
     try:
-        conf = yaml.safe_load(source.text)
-    except yaml.YAMLError as exc:
-        conf, problem = None, f"not valid YAML ({str(exc).splitlines()[0]})"
-    else:
-        problem = "not a mapping with actions and tiers"
-    if not isinstance(conf, Mapping):
+        conf = parse_scheduler_conf(source.text, source.where)
+    except SchedulerConfError as exc:
         return [
             Finding(
                 Level.ERROR,
                 check,
-                f"{source.where}: {problem}; vc-scheduler keeps its previous configuration, at start Volcano's default (without {NTA})",
+                f"{source.where}: {exc}; vc-scheduler keeps its previous configuration, at start Volcano's default (without {NTA})",
                 "fix the file",
             )
         ]
-    plugins: dict[str, Mapping[str, Any]] = {}
-    for tier in conf.get("tiers") or []:
-        options = tier.get("plugins") if isinstance(tier, Mapping) else None
-        for option in options if isinstance(options, list) else []:
-            if isinstance(option, Mapping) and option.get("name"):
-                plugins.setdefault(str(option["name"]), option)
-    actions = [a.strip() for a in str(conf.get("actions") or "").split(",") if a.strip()]
+    plugins, actions = conf.plugins, list(conf.actions)
     findings: list[Finding] = []
     nta = plugins.get(NTA)
     install = "docs/install.md#volcano"
@@ -100,7 +86,7 @@ def check_scheduler_config(snapshot: Snapshot) -> list[Finding]:
         )
     missing = [f"action {a}" for a in RECOMMENDED_ACTIONS if a not in actions]
     missing += [f"plugin {p}" for p in RECOMMENDED_PLUGINS if p not in plugins]
-    findings += _preemption(actions, source.where)
+    findings += _preemption(conf)
     if GANG_PREEMPT in actions:
         shares = "capacity" if "capacity" in plugins else "proportion"  # capacity replaces proportion (queues' shares)
         wanted = [p if p != "proportion" else shares for p in GANG_PREEMPT_PLUGINS]
@@ -136,10 +122,11 @@ def check_scheduler_config(snapshot: Snapshot) -> list[Finding]:
     return findings
 
 
-def _preemption(actions: list[str], where: str) -> list[Finding]:
+def _preemption(conf: SchedulerConf) -> list[Finding]:
     """Without gangpreempt, an opted-in replica never preempts lower-priority work (it waits for room); with it
     before preempt, jobs without a topology preempt only after every topology job's turn."""
-    todo = f'actions: "{", ".join(_with_preemption(actions))}" (docs/install.md#priority-and-preemption)'
+    actions, where = list(conf.actions), conf.where
+    todo = f'actions: "{", ".join(conf.actions_with_preemption())}" ({PREEMPTION_DOC})'
     if GANG_PREEMPT not in actions:
         return [
             Finding(
@@ -160,10 +147,3 @@ def _preemption(actions: list[str], where: str) -> list[Finding]:
             )
         ]
     return []
-
-
-def _with_preemption(actions: list[str]) -> list[str]:
-    """`actions` with preempt then gangpreempt right after allocate (where docs/install.md puts them)."""
-    kept = [a for a in actions if a not in (PREEMPT, GANG_PREEMPT)]
-    at = kept.index("allocate") + 1 if "allocate" in kept else len(kept)
-    return [*kept[:at], PREEMPT, GANG_PREEMPT, *kept[at:]]

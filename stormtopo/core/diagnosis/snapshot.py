@@ -7,10 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# Where Volcano's own install keeps its configuration (its chart, release "volcano").
-VOLCANO_NAMESPACE = "volcano-system"
-SCHEDULER_CONFIGMAP = "volcano-scheduler-configmap"
-SCHEDULER_CONFIG_KEY = "volcano-scheduler.conf"
+# Where Volcano's own install keeps its controllers' configuration (its chart, release "volcano").
 CONTROLLER_CONFIGMAP = "volcano-controller-configmap"
 CONTROLLER_CONFIG_KEY = "volcano-controller.conf"
 AIBRIX_NAMESPACE = "aibrix-system"

@@ -8,7 +8,8 @@ from collections.abc import Iterable
 
 from stormtopo.core.capabilities import MIN_VOLCANO, TESTED_AIBRIX, TESTED_VOLCANO, TIER_NAMES_VOLCANO, cluster_tiers
 from stormtopo.core.diagnosis.findings import Finding, Level
-from stormtopo.core.diagnosis.snapshot import AIBRIX_NAMESPACE, VOLCANO_NAMESPACE, Snapshot
+from stormtopo.core.diagnosis.snapshot import AIBRIX_NAMESPACE, Snapshot
+from stormtopo.core.volcano_conf import VOLCANO_NAMESPACE
 
 _VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+][0-9A-Za-z.-]+)?")
 
