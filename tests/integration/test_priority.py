@@ -96,17 +96,9 @@ def test_a_replica_that_no_preemption_can_place_says_why_in_its_warning_and_in_e
     takes. The replica stays Pending; its TopologyUnsatisfiable Warning and `stormtopo explain` say that no
     domain qualifies for preemption and why: in the best leaf, all 16 GPUs are held by pods of its
     priority or higher. Nothing is preempted."""
-    nodes = len(topology.nodes)
-    before = fill_with_batch(cluster, namespace, nodes, priority_class=HIGH)
-    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
-    cluster.create(stormservice("equal", namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+    before = fill_with_batch(cluster, namespace, len(topology.nodes), priority_class=HIGH)
     why = "no domain qualifies for preemption: in the best, tier-1 s0, 16 GPUs are held by pods of priority 1000000 or higher"
-
-    def warning() -> str | None:
-        said = [e["message"] for e in cluster.events(namespace, "equal") if e["reason"] == "TopologyUnsatisfiable"]
-        return next((m for m in said if why in m), None)
-
-    message = cluster.wait(warning, 120, "the Warning saying why the replica cannot preempt")
+    message = pending_with_warning(cluster, namespace, "equal", why)
     assert why in message and "0 by pods it does not preempt; 16 GPUs short" in message, message
     out = stormtopo("explain", f"{namespace}/equal", "--kubeconfig", str(cluster.kubeconfig)).stdout
     assert why in " ".join(out.split()), out  # the console wraps long lines
@@ -152,15 +144,8 @@ def test_where_volcano_runs_no_gangpreempt_the_warning_and_explain_say_nothing_w
         cluster.wait(lambda: scheduler_loads(cluster_dir) > loaded, 60, "vc-scheduler reloading its configuration")
         assert last_loaded_actions(cluster_dir) == "enqueue allocate preempt backfill"
         before = fill_with_batch(cluster, namespace, len(topology.nodes))
-        roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
-        cluster.create(stormservice("stuck", namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
         why = "Volcano's scheduler runs no gangpreempt (ConfigMap volcano-system/volcano-scheduler-configmap key volcano-scheduler.conf"
-
-        def warning() -> str | None:
-            said = [e["message"] for e in cluster.events(namespace, "stuck") if e["reason"] == "TopologyUnsatisfiable"]
-            return next((m for m in said if why in m), None)
-
-        message = cluster.wait(warning, 120, "the Warning saying nothing preempts for the replica")
+        message = pending_with_warning(cluster, namespace, "stuck", why)
         assert "the fewest victims would be in tier-1 s0: 4 pod(s) holding 16 GPUs (4 of priority 100)" in message, message
         assert 'set actions: "enqueue, allocate, preempt, gangpreempt, backfill"' in message, message
         out = " ".join(stormtopo("explain", f"{namespace}/stuck", "--kubeconfig", str(cluster.kubeconfig)).stdout.split())
@@ -175,6 +160,20 @@ def test_where_volcano_runs_no_gangpreempt_the_warning_and_explain_say_nothing_w
     domain = topology.lowest_common_switch(node_names(placed))
     assert domain is not None and domain.tier == 1, f"the replica crossed its leaf: {node_names(placed)}"
     assert len(preempted(cluster, namespace, BATCH, before)) == 4
+
+
+def pending_with_warning(cluster: DevCluster, namespace: str, name: str, why: str) -> str:
+    """A high-priority hard tier-1 replica of 2 x 8 GPUs created; its TopologyUnsatisfiable Warning once it says `why`."""
+    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
+    cluster.create(stormservice(name, namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+
+    def warning() -> str | None:
+        said = [e["message"] for e in cluster.events(namespace, name) if e["reason"] == "TopologyUnsatisfiable"]
+        return next((m for m in said if why in m), None)
+
+    message = cluster.wait(warning, 120, f"the replica's Warning saying {why!r}")
+    assert message is not None
+    return message
 
 
 LOADED = "Finished loading scheduler config. Final state: actions=["
