@@ -22,12 +22,19 @@ took for one from the next (operator/replica.py). A replica preempts at the lowe
 its pods' own priorities (admitted from their classes, which quota governs), so naming a higher class in the
 scheduling strategy buys no victims; victims are only in the namespaces the operator is given, and only on
 nodes that take new pods and where the held pods could run.
+
+Victims are only in the replica's own queue, as gangpreempt takes them: across queues, a team's share is
+Volcano's to judge (gangreclaim, from queues marked reclaimable), not stormtopo's. The free-room reading
+knows each victim's gang but not its queue, and reading every gang's PodGroup would cost a list of every
+team's jobs per plan: so the plan asks for the queues of the gangs it would take (`needs_queues`), the
+shell reads those PodGroups, and the plan runs again over what it learnt, a few rounds at most
+(QUEUE_ROUNDS); a gang whose queue is still not known after them is left alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from stormtopo.core.gang import container_gpus
@@ -43,6 +50,8 @@ from stormtopo.core.writes import EvictPod, PreemptPods, Say, Victim, Write
 
 K = TypeVar("K")  # a replica's key in the shell
 HOLD_MAX = 30.0  # seconds a replica is held at the room gate at most, from its oldest pod's creation (--exact-preemption-hold)
+DEFAULT_QUEUE = "default"  # Volcano's queue for a PodGroup that names none
+QUEUE_ROUNDS = 4  # reads of victims' PodGroups one plan may ask for, before a gang of unknown queue is left alone
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class RoomReading:
     gangs: Mapping[str, GangSize]
     nodes: Mapping[str, NodeFacts] | None = None  # labels and taints: where the replica's pods could run at all
     namespaces: frozenset[str] | None = None  # where victims may be (the chart's victimNamespaces); None: anywhere
+    queues: Mapping[str, str] = field(default_factory=dict)  # gang -> its PodGroup's queue, as read so far ("": unreadable)
+    queues_read: bool = False  # no more reads: a gang whose queue is not known is not the replica's queue's
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,7 @@ class RoomPlan:
     says: tuple[Say, ...] = ()
     hold: RoomHold | None = None  # None: nothing held any more
     needs_room: bool = False  # the free-room reading is needed: read it and plan again
+    needs_queues: frozenset[str] = frozenset()  # gangs it would take whose queue is not known: read their PodGroups, plan again
     recheck_in: float | None = None  # seconds until the hold's limit: plan again then
 
 
@@ -84,6 +96,7 @@ class HeldReplica:
     bound: int
     specs: Sequence[Mapping[str, Any]]  # its held pods' specs: where they could run
     held_for: float  # seconds since its oldest held pod was created
+    queue: str | None = DEFAULT_QUEUE  # its PodGroup's queue; None: its PodGroup not known yet
 
 
 def plan_room(
@@ -109,15 +122,16 @@ def plan_room(
         why = f"replica {replica.name} let go after {hold_max:.0f} s at the room gate, to Volcano's own preemption"
         return RoomPlan(let_go.writes, (Say("Normal", "ReplicaLetGo", why),))
     wait = RoomPlan(hold=hold, recheck_in=hold_max - replica.held_for)
-    if replica.created < len(replica.wanted) or priority is None:
-        return wait  # the gang is judged whole, at its priority
+    if replica.created < len(replica.wanted) or priority is None or replica.queue is None:
+        return wait  # the gang is judged whole, at its priority, in its queue
     if reading is None:
         return RoomPlan(hold=hold, needs_room=True)
     free = reading.free  # nodes that take new pods only
     if reading.nodes is not None:  # only nodes every pod could run on (selectors, affinity, taints): GPUs elsewhere are no room
         eligible = nodes_for([placement_of(spec) for spec in replica.specs], reading.nodes)
         free = {n: g for n, g in free.items() if n in eligible}
-    holders = {n: h for n, h in reading.holders.items() if n in free}  # never victims where the replica cannot go
+    # Never victims where the replica cannot go, nor of another queue (nor of a gang whose queue cannot be known).
+    holders = {n: [h for h in hs if _same_queue(h, replica.queue, reading)] for n, hs in reading.holders.items() if n in free}
     soft = request.mode is Mode.SOFT
     wanted = replica.wanted
     if any(d.fits for level in range(1, allowed_tier + 1) for d in domains_at_tier(topology, free, wanted, level)[:1]):
@@ -128,6 +142,9 @@ def plan_room(
     if plan.victims is None:
         return let_go
     v = plan.victims
+    unknown = frozenset(h.gang for node, i in v.chosen if (h := holders[node][i]).gang is not None and h.gang not in reading.queues)
+    if unknown:
+        return RoomPlan(hold=hold, needs_queues=unknown)
     victims = tuple(Victim(node, holders[node][i].gpus, holders[node][i].priority, holders[node][i].gang) for node, i in v.chosen)
     where = "across the cluster" if v.domain == CLUSTER else f"in tier-{v.tier} {v.domain}"
     pods = ", ".join(f"{n} of priority {p}" for p, n in v.by_priority)
@@ -137,6 +154,21 @@ def plan_room(
     # (in every case of BENCHMARKS.md); pinned, a replica whose room another took would wait for ever.
     preempt = PreemptPods(replica.namespace, replica.name, victims, namespaces)
     return RoomPlan((preempt, *let_go.writes), (Say("Normal", "ReplicaPreempting", message),), RoomHold(preempted=True))
+
+
+def _same_queue(holder: Holder, queue: str, reading: RoomReading) -> bool:
+    """A holder the replica may take as to queues: of its queue, or of a gang whose queue is still to be read."""
+    if holder.gang is None:
+        return False  # no PodGroup named: no queue to judge by
+    known = reading.queues.get(holder.gang)
+    return known == queue if known is not None else not reading.queues_read
+
+
+def queue_of(podgroup: Mapping[str, Any] | None) -> str | None:
+    """A PodGroup's queue as Volcano reads it (none named: the default queue); None without a PodGroup."""
+    if podgroup is None:
+        return None
+    return str((podgroup.get("spec") or {}).get("queue") or DEFAULT_QUEUE)
 
 
 def placement_of(pod_spec: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -20,7 +20,7 @@ from stormtopo.core.node_fit import without_pins
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_held_for_room, is_live, plan_placed, plan_release, recorded_placement
 from stormtopo.core.podgroup import service_group_name
-from stormtopo.core.preempting import HOLD_MAX, HeldReplica, RoomHold, RoomPlan, RoomReading, plan_room
+from stormtopo.core.preempting import HOLD_MAX, HeldReplica, RoomHold, RoomPlan, RoomReading, plan_room, queue_of
 from stormtopo.core.priority import known_replica_priority
 from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
@@ -137,6 +137,7 @@ class ReplicaPlan:
     needs_all_pods: bool = False  # pods are held and their anchors are not all known: read every pod and plan again
     needs_nodes: bool = False  # a bound pod is on a node the last reading did not have: read the nodes and plan again
     needs_room: bool = False  # a spread release needs every node's free GPUs: read them and plan again
+    needs_queues: frozenset[str] = frozenset()  # a held replica's victims' gangs: read their queues and plan again
     settling: Mapping[str, float] | None = None  # with a spread tier: the StormService's replicas let go, to remember
     unspread: frozenset[str] | None = None  # with a spread tier: the StormService's replicas held again, to remember
     spread_over: SpreadMemory = field(default_factory=SpreadMemory)  # the spread memory the plan was made over
@@ -253,8 +254,8 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
             return ReplicaPlan(memory=memory, needs_all_pods=True)
         writes += release
     room = _room(snapshot, state, memory)
-    if room.needs_room:
-        return ReplicaPlan(memory=memory, needs_room=True)
+    if room.needs_room or room.needs_queues:
+        return ReplicaPlan(memory=memory, needs_room=room.needs_room, needs_queues=room.needs_queues)
     writes += room.writes
     writes += tuple(PostEvent(snapshot.stormservice, say) for say in room.says)
     memory = replace(memory, room=room.hold)
@@ -408,7 +409,9 @@ def _room(snapshot: ReplicaSnapshot, state: ReplicaState, memory: ReplicaMemory)
     oldest = min((t.timestamp() for t in created if t is not None), default=snapshot.wall)
     specs = [without_pins(p.get("spec") or {}) for p in held]  # as admitted: what admission added counts
     held_for = snapshot.wall - oldest
-    replica = HeldReplica(snapshot.key[0], snapshot.key[1], held, state.wanted, state.created, len(state.bound), specs, held_for)
+    replica = HeldReplica(
+        snapshot.key[0], snapshot.key[1], held, state.wanted, state.created, len(state.bound), specs, held_for, queue_of(snapshot.podgroup)
+    )
     return plan_room(
         replica,
         request,

@@ -13,13 +13,14 @@ two replicas of one service go together.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from stormtopo.core.placement import is_held, is_held_for_room
-from stormtopo.core.preempting import HOLD_MAX, RoomClaim, RoomReading, claimed_room, room_claim
+from stormtopo.core.preempting import HOLD_MAX, QUEUE_ROUNDS, RoomClaim, RoomReading, claimed_room, queue_of, room_claim
 from stormtopo.core.replica import (
     Explain,
     ReplicaMemory,
@@ -33,7 +34,9 @@ from stormtopo.core.replica import (
 from stormtopo.core.request import is_opted_in
 from stormtopo.core.spread import SETTLE_SECONDS, SPREAD_GIVE_UP, SpreadMemory
 from stormtopo.core.topology.tree import Topology
+from stormtopo.core.vocabulary import VOLCANO_SCHEDULING
 from stormtopo.kube.client import Api
+from stormtopo.kube.errors import KubeError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.explainer import Explainer
@@ -42,6 +45,8 @@ from stormtopo.operator.room import NodeRoom
 from stormtopo.operator.scheduler_conf import VolcanoConf
 from stormtopo.operator.workqueue import WorkQueue
 from stormtopo.operator.writer import execute
+
+log = logging.getLogger(__name__)
 
 NODES_TTL = 30.0  # seconds a reading of the nodes is reused for the switch tree and releases
 NODES_FRESH = 5.0  # a reading this recent knows every node: one it lacks is not in the cluster
@@ -128,8 +133,14 @@ class PlacementReporter:
                 return
             memory = self._memory.get(key, ReplicaMemory())
             free = await self.room.free_gpus()
-            snapshot = replace(snapshot, free_gpus=free, room=self._room_reading(free))
-            plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
+            reading = self._room_reading(free)
+            for round in range(1, QUEUE_ROUNDS + 2):  # the victims' queues read as the plan asks (core/preempting.py)
+                snapshot = replace(snapshot, free_gpus=free, room=reading)
+                plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
+                if not plan.needs_queues or not self.leading():
+                    break
+                queues = await asyncio.to_thread(self._queues_of, plan.needs_queues)
+                reading = replace(reading, queues={**reading.queues, **queues}, queues_read=round >= QUEUE_ROUNDS)
             if not self.leading():
                 return  # deposed while it planned: the new leader plans again
             claim = room_claim(plan.writes, time.monotonic(), self.room_hold)
@@ -138,6 +149,19 @@ class PlacementReporter:
             await self._carry_out(key, snapshot, plan)
             if claim is not None:
                 await self._until_leaving(claim.gpus)
+
+    def _queues_of(self, gangs: frozenset[str]) -> dict[str, str]:
+        """Each gang's queue (`namespace/podgroup`), read from its PodGroup; "" where it cannot be read (gone,
+        or refused): such a gang is not taken."""
+        queues = {}
+        for gang in sorted(gangs):
+            namespace, _, name = gang.partition("/")
+            try:
+                queues[gang] = queue_of(self.api.get(VOLCANO_SCHEDULING, "podgroups", namespace, name)) or ""
+            except KubeError as exc:
+                log.info("the queue of victim gang %s is not read (%s); it is not preempted", gang, exc)
+                queues[gang] = ""
+        return queues
 
     def _room_reading(self, free: Mapping[str, int]) -> RoomReading:
         """The free-room reading for exact preemption: the room of pods being deleted counts as free (it is

@@ -4,12 +4,13 @@ feature request's tree: leaves s0..s3 of two 8-GPU nodes each, spines s4 (s0, s1
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from stormtopo.core.admission import admit_pod
 from stormtopo.core.node_fit import NodeFacts
-from stormtopo.core.preempting import HeldReplica, RoomHold, RoomReading, pick_victims, plan_room
+from stormtopo.core.preempting import DEFAULT_QUEUE, HeldReplica, RoomHold, RoomReading, pick_victims, plan_room, queue_of
 from stormtopo.core.preemption import Holder
 from stormtopo.core.replica import preemptor_priority
 from stormtopo.core.request import ClusterTiers, Mode, TierLimit, TopologyRequest
@@ -38,8 +39,14 @@ def batch(priority: int = 100) -> list[Holder]:
     return [Holder(4, priority, True), Holder(4, priority, True)]
 
 
+ALL = {n: batch() for n in NODES}
+
+
 def plan(**kw: Any) -> Any:
-    """plan_room for replica rs (2 pods of 8 GPUs, both created and held) in the full cluster; `kw` overrides."""
+    """plan_room for replica rs (2 pods of 8 GPUs, both created and held, in the default queue) in the full
+    cluster; `kw` overrides. Every holder is of a gang (Volcano's pg-controller gives each pod a PodGroup):
+    a lone one is named for its node and place there; every gang's queue is read and the default one, unless
+    `queues` says otherwise."""
     replica = HeldReplica(
         "ns",
         "rs",
@@ -49,8 +56,17 @@ def plan(**kw: Any) -> Any:
         kw.pop("bound", 0),
         kw.pop("specs", [{}]),
         kw.pop("held_for", 0.0),
+        kw.pop("queue", DEFAULT_QUEUE),
     )
-    reading = RoomReading(kw.pop("free", FULL), kw.pop("holders", {n: batch() for n in NODES}), kw.pop("gangs", {}), kw.pop("nodes", None))
+    holders = {
+        n: [h if h.gang else replace(h, gang=f"batch/{n}-{i}") for i, h in enumerate(hs)] for n, hs in kw.pop("holders", ALL).items()
+    }
+    queues = kw.pop("queues", None)
+    if queues is None:
+        queues = {h.gang: DEFAULT_QUEUE for hs in holders.values() for h in hs if h.gang}
+    reading = RoomReading(
+        kw.pop("free", FULL), holders, kw.pop("gangs", {}), kw.pop("nodes", None), queues=queues, queues_read=kw.pop("queues_read", False)
+    )
     args: dict[str, Any] = {
         "request": HARD1,
         "allowed_tier": 1,
@@ -61,6 +77,11 @@ def plan(**kw: Any) -> Any:
         "hold": None,
     }
     return plan_room(replica, **(args | kw))
+
+
+def taken(preempt: PreemptPods) -> tuple[tuple[str, int, int], ...]:
+    """(node, GPUs, priority) of each victim."""
+    return tuple((v.node, v.gpus, v.priority) for v in preempt.victims)
 
 
 def preempts(room: Any) -> PreemptPods:
@@ -76,7 +97,7 @@ def test_a_full_cluster_preempts_exactly_one_leafs_four_pods_and_lets_the_replic
     room = plan()
     preempt = preempts(room)
     assert room.writes[0] is preempt  # evicted before the replica goes
-    assert preempt.victims == tuple(Victim(n, 4, 100) for n in ("node0", "node0", "node1", "node1"))
+    assert taken(preempt) == tuple((n, 4, 100) for n in ("node0", "node0", "node1", "node1"))
     patches = releases(room.writes)
     assert [p.name for p in patches] == ["rs-prefill-0", "rs-decode-0"]
     # Not pinned to s0: Volcano places it onto the victims' room as they leave, and a replica whose room
@@ -91,9 +112,37 @@ def test_a_full_cluster_preempts_exactly_one_leafs_four_pods_and_lets_the_replic
     assert room.hold == RoomHold(preempted=True)
 
 
+def test_victims_are_only_of_the_replicas_own_queue_the_others_are_volcanos_to_reclaim() -> None:
+    """s1 (one 8-GPU pod a node: 2 victims) is the cheapest leaf, but of another team's queue: the replica, in
+    the default queue, takes s0's four of its own queue instead. In queue team-b it takes s1. A pod Volcano
+    gave no PodGroup is of no queue and never a victim."""
+    holders = ALL | {"node2": [Holder(8, 10, True, "b/one")], "node3": [Holder(8, 10, True, "b/two")]}
+    queues = {f"batch/{n}-{i}": DEFAULT_QUEUE for n in NODES for i in (0, 1)} | {"b/one": "team-b", "b/two": "team-b"}
+    assert {v.node for v in preempts(plan(holders=holders, queues=queues)).victims} == {"node0", "node1"}
+    assert taken(preempts(plan(holders=holders, queues=queues, queue="team-b"))) == (("node2", 8, 10), ("node3", 8, 10))
+    assert queue_of({"spec": {"queue": "team-b"}}) == "team-b" and queue_of({"spec": {}}) == DEFAULT_QUEUE and queue_of(None) is None
+    unknown = plan(queue=None)  # its PodGroup not read yet: held, nothing evicted
+    assert not unknown.writes and unknown.hold == RoomHold()
+
+
+def test_the_queues_of_the_gangs_it_would_take_are_asked_for_then_it_plans_again() -> None:
+    """Queues not read yet: the plan names the gangs it would take and evicts nothing; once they are read as
+    another queue's, it asks for the next leaf's; once reads are over, a gang still unknown is left alone."""
+    holders = ALL | {"node2": [Holder(8, 10, True, "b/one")], "node3": [Holder(8, 10, True, "b/two")]}
+    first = plan(holders=holders, queues={})
+    assert first.needs_queues == {"b/one", "b/two"} and not first.writes and first.hold == RoomHold()
+    second = plan(holders=holders, queues={"b/one": "team-b", "b/two": "team-b"})
+    assert second.needs_queues == {"batch/node0-0", "batch/node0-1", "batch/node1-0", "batch/node1-1"} and not second.writes
+    over = plan(holders=holders, queues={"b/one": "team-b", "b/two": "team-b"}, queues_read=True)
+    assert not [w for w in over.writes if isinstance(w, PreemptPods)] and not over.needs_queues  # none of its queue: let go
+    assert len(releases(over.writes)) == 2 and over.hold is None
+    gone = plan(holders=holders, queues={"b/one": "", "b/two": ""}, queues_read=True)  # "": PodGroup unreadable
+    assert not [w for w in gone.writes if isinstance(w, PreemptPods)]
+
+
 def test_the_cheapest_leaf_is_taken_not_the_first() -> None:
     holders = {n: batch() for n in NODES} | {"node4": [Holder(8, 10, True)], "node5": [Holder(8, 10, True)]}
-    assert preempts(plan(holders=holders)).victims == (Victim("node4", 8, 10), Victim("node5", 8, 10))
+    assert taken(preempts(plan(holders=holders))) == (("node4", 8, 10), ("node5", 8, 10))
 
 
 def test_a_replica_that_fits_now_goes_at_once_as_it_is() -> None:
@@ -163,7 +212,7 @@ def test_soft_takes_the_fewest_anywhere() -> None:
     soft = TopologyRequest(Mode.SOFT, TierLimit(tier=1))
     holders = {n: batch() for n in NODES} | {"node0": [Holder(8, 10, True)], "node7": [Holder(8, 10, True)]}
     preempt = preempts(plan(request=soft, holders=holders))
-    assert preempt.victims == (Victim("node0", 8, 10), Victim("node7", 8, 10))  # two leaves apart: 2 pods, not 4
+    assert taken(preempt) == (("node0", 8, 10), ("node7", 8, 10))  # two leaves apart: 2 pods, not 4
 
 
 def bound(name: str, node: str, priority: int, gpus: int = 4, **spec: Any) -> dict[str, Any]:
@@ -215,7 +264,8 @@ def test_a_victim_of_a_gang_costs_the_whole_gang_and_is_matched_within_it() -> N
     (g runs at 10). The victims name their gang, and only a pod of that gang matches."""
     g = [Holder(4, 10, True, "batch/g"), Holder(4, 100, True)]
     preempt = preempts(plan(holders={n: batch() for n in NODES} | {"node0": g, "node1": g}, gangs={"batch/g": GangSize(2, 2, 8)}))
-    assert {v.gang for v in preempt.victims} == {"batch/g", None} and {v.node for v in preempt.victims} == {"node0", "node1"}
+    assert {v.gang for v in preempt.victims} == {"batch/g", "batch/node0-1", "batch/node1-1"}
+    assert {v.node for v in preempt.victims} == {"node0", "node1"}
     member = bound("m", "node0", 10)
     member["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "g"}
     stranger = bound("s", "node0", 10)
