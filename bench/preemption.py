@@ -36,7 +36,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from stormtopo.core.preemption import Holder, plan_preemption
 from stormtopo.core.topology.tree import NodeSpec, Switch, Topology
-from stormtopo.core.victims import GangSize
+from stormtopo.core.victims import Fewest, GangSize
 
 NODE_GPUS = 8
 PREEMPTOR_PRIORITY = 100
@@ -46,8 +46,8 @@ SHAPES: tuple[tuple[int, ...], ...] = ((8, 8), (4, 4))
 MODES = ("hard", "soft")
 # volcano: Volcano alone picks the victims. stormtopo: stormtopo's plan (core/preemption.py, as exact
 # preemption runs it: core/preempting.py) is evicted first, then the gang goes to Volcano, which finds the room
-# releasing.
-ARMS = ("volcano", "stormtopo")
+# releasing. stormtopo-gpus: the same, asked for the fewest GPUs first (--exact-preemption-fewest gpus).
+ARMS = ("volcano", "stormtopo", "stormtopo-gpus")
 SESSIONS = 4
 # Per size: nodes -> seeds. quick: 64 nodes only.
 SIZES: dict[str, dict[int, tuple[int, ...]]] = {
@@ -194,7 +194,7 @@ def topology_of(c: Cluster) -> Topology:
     return Topology(switches=switches, nodes=nodes)
 
 
-def stormtopo_victims(c: Cluster, gang: Gang) -> tuple[list[str], float]:
+def stormtopo_victims(c: Cluster, gang: Gang, fewest: Fewest = Fewest.PODS) -> tuple[list[str], float]:
     """The pods stormtopo preempts for the gang (its plan over the cluster as the operator reads it: every
     pod's GPUs, priority and gang, each gang taken to run at its minMember, as the operator reads no other
     team's PodGroup: operator/room.py gangs_now), and the seconds the plan took."""
@@ -206,7 +206,7 @@ def stormtopo_victims(c: Cluster, gang: Gang) -> tuple[list[str], float]:
             names[pod.node].append(pod.name)
     gangs = {j.name: GangSize(len(j.pods), len(j.pods), sum(p.gpus for p in j.pods)) for j in c.jobs}
     started = time.perf_counter()
-    plan = plan_preemption(topology_of(c), c.free(), holders, gang.pods, gang.priority, 1, gangs, soft=gang.mode == "soft")
+    plan = plan_preemption(topology_of(c), c.free(), holders, gang.pods, gang.priority, 1, gangs, soft=gang.mode == "soft", fewest=fewest)
     seconds = time.perf_counter() - started
     return ([] if plan.victims is None else sorted(names[n][i] for n, i in plan.victims.chosen)), seconds
 
@@ -506,8 +506,9 @@ def run(size: str) -> dict[str, Any]:
                         name = case_name(nodes, seed, gang, arm)
                         gangs[name] = (nodes, seed, gang, arm)
                         evicted: list[str] = []
-                        if arm == "stormtopo":
-                            evicted, planned[name] = stormtopo_victims(c, gang)
+                        if arm != "volcano":
+                            fewest = Fewest.GPUS if arm == "stormtopo-gpus" else Fewest.PODS
+                            evicted, planned[name] = stormtopo_victims(c, gang, fewest)
                         specs.append(spec_case(name, c, gang, evicted))
     records = simulate(specs)
     simulated = time.monotonic() - started
@@ -519,7 +520,7 @@ def run(size: str) -> dict[str, Any]:
         if (nodes, seed, gang) not in minima:
             minima[(nodes, seed, gang)] = (minimum(c, gang, "pods"), minimum(c, gang, "gpus"))
         reduced = reduce(c, gang, record, *minima[(nodes, seed, gang)])
-        extra = {"plan_seconds": round(planned[record["case"]], 4)} if arm == "stormtopo" else {}
+        extra = {"plan_seconds": round(planned[record["case"]], 4)} if arm != "volcano" else {}
         case = {"case": record["case"], "nodes": nodes, "seed": seed, "shape": list(gang.pods), "mode": gang.mode, "arm": arm}
         cases.append(case | reduced | extra)
     rows = summarise(cases)

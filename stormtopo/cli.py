@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stormtopo.core.topology.tree import TopologyError
-from stormtopo.core.volcano_conf import SCHEDULER_CONFIGMAP, VOLCANO_NAMESPACE
+from stormtopo.core.volcano_conf import SCHEDULER_CONFIGMAP, VOLCANO_NAMESPACE, configmap_ref
 
 if TYPE_CHECKING:
     from stormtopo.kube.client import Api, ApiError
@@ -143,6 +143,13 @@ def _stormservice_target(args: argparse.Namespace) -> tuple[str, str] | None:
     return namespace, name
 
 
+def _configmap_ref(text: str) -> str:
+    try:
+        return configmap_ref(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _explain(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -252,6 +259,7 @@ def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
     explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     explain.add_argument(
         "--volcano-scheduler-configmap",
+        type=_configmap_ref,
         default=f"{VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP}",
         metavar="NAMESPACE/NAME",
         help="where vc-scheduler's configuration is kept, read to say whether Volcano preempts for a Pending replica ('' reads none)",

@@ -44,7 +44,7 @@ from stormtopo.core.placement import release_into
 from stormtopo.core.preemption import CLUSTER, Holder, plan_preemption, rank_of
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.victims import GangSize
+from stormtopo.core.victims import Fewest, GangSize
 from stormtopo.core.vocabulary import GROUP_NAME_ANNOTATION, ROOM_GATE
 from stormtopo.core.writes import EvictPod, PreemptPods, Say, Victim, Write
 
@@ -110,6 +110,7 @@ def plan_room(
     hold: RoomHold | None,
     enabled: bool = True,
     hold_max: float = HOLD_MAX,
+    fewest: Fewest = Fewest.PODS,
 ) -> RoomPlan:
     """For a replica with pods at the room gate: wait, let it go, or evict its fewest victims and let it go."""
     if not replica.held:
@@ -138,7 +139,7 @@ def plan_room(
         return let_go
     if soft and fits(list(free.values()), wanted):
         return let_go
-    plan = plan_preemption(topology, free, holders, wanted, priority, allowed_tier, reading.gangs, soft=soft)
+    plan = plan_preemption(topology, free, holders, wanted, priority, allowed_tier, reading.gangs, soft=soft, fewest=fewest)
     if plan.victims is None:
         return let_go
     v = plan.victims
@@ -148,7 +149,9 @@ def plan_room(
     victims = tuple(Victim(node, holders[node][i].gpus, holders[node][i].priority, holders[node][i].gang) for node, i in v.chosen)
     where = "across the cluster" if v.domain == CLUSTER else f"in tier-{v.tier} {v.domain}"
     pods = ", ".join(f"{n} of priority {p}" for p, n in v.by_priority)
-    message = f"replica {replica.name} preempts {v.pods} pod(s) holding {v.gpus} GPUs ({pods}) {where}, the fewest that make room for it"
+    fewest_of = "pods" if fewest is Fewest.PODS else "GPUs"
+    taken = f"{v.pods} pod(s) holding {v.gpus} GPUs ({pods}) {where}"
+    message = f"replica {replica.name} preempts {taken}, the fewest {fewest_of} that make room for it"
     namespaces = None if reading.namespaces is None else tuple(sorted(reading.namespaces))
     # Let go as it is, not pinned to the victims' domain: Volcano places it onto their room as they leave
     # (in every case of BENCHMARKS.md); pinned, a replica whose room another took would wait for ever.

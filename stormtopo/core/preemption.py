@@ -23,7 +23,7 @@ from typing import Any
 
 from stormtopo.core.packing import fits
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.victims import Budget, Candidate, Cost, GangSize, Victims, fewest_victims
+from stormtopo.core.victims import Budget, Candidate, Cost, Fewest, GangSize, Victims, fewest_victims
 from stormtopo.core.vocabulary import VOLCANO_SCHEDULER
 
 PREEMPTABLE = "volcano.sh/preemptable"  # on a pod, annotation first, then label; Volcano's default: true
@@ -125,11 +125,12 @@ def plan_preemption(
     tier: int,
     gangs: Mapping[str, GangSize] | None = None,
     soft: bool = False,
+    fewest: Fewest = Fewest.PODS,
 ) -> Preemption:
     """Hard: the domain of `tier` or below (the lowest tier first: a hard gang stays within its tier) where
     the gang fits once candidates are preempted, with the fewest victims. Soft: the fewest victims of any
     domain or of the whole cluster (it may span domains, and takes only as much as it must), the lowest
-    tier of equals. Else what protects the best domain."""
+    tier of equals. Else what protects the best domain. The fewest pods first, or the fewest GPUs (`fewest`)."""
     best: Protected | None = None
     best_room = -1
     found: list[DomainVictims] = []
@@ -139,7 +140,7 @@ def plan_preemption(
             if switch.tier != level:
                 continue
             nodes = sorted(topology.nodes_under(switch.name))
-            victims = _fewest_victims(nodes, free, holders, pods, priority, gangs or {}, budget)
+            victims = _fewest_victims(nodes, free, holders, pods, priority, gangs or {}, budget, fewest)
             if victims is not None:
                 found.append(DomainVictims(switch.name, level, victims.lost, victims.gpus, victims.chosen, victims.cost))
                 continue
@@ -156,11 +157,11 @@ def plan_preemption(
         if found and not soft:
             break
     if soft:
-        victims = _fewest_victims(sorted(topology.nodes), free, holders, pods, priority, gangs or {}, budget)
+        victims = _fewest_victims(sorted(topology.nodes), free, holders, pods, priority, gangs or {}, budget, fewest)
         if victims is not None:
             found.append(DomainVictims(CLUSTER, topology.tiers + 1, victims.lost, victims.gpus, victims.chosen, victims.cost))
     if found:
-        return Preemption(priority, min(found, key=lambda v: (v.cost, v.tier, v.domain)), None)
+        return Preemption(priority, min(found, key=lambda v: (fewest.rank(v.cost), v.tier, v.domain)), None)
     return Preemption(priority, None, best)
 
 
@@ -176,6 +177,7 @@ def _fewest_victims(
     priority: int,
     gangs: Mapping[str, GangSize],
     budget: Budget,
+    fewest: Fewest = Fewest.PODS,
 ) -> Victims | None:
     """The fewest victims in these nodes that make room for the gang (core/victims.py); None if it does not
     fit even with every candidate gone. Indices in the answer are those of each node's holders."""
@@ -188,7 +190,7 @@ def _fewest_victims(
                 index.setdefault(n, []).append(i)
     if not fits([max(0, free.get(n, 0)) + sum(c.gpus for c in candidates.get(n, ())) for n in nodes], pods):
         return None
-    found = fewest_victims(nodes, free, candidates, pods, gangs, budget)
+    found = fewest_victims(nodes, free, candidates, pods, gangs, budget, fewest)
     if found is None:
         return None  # the search found no packing where one exists: say nothing rather than guess
     return Victims(tuple((n, index[n][i]) for n, i in found.chosen), found.cost, found.lost)

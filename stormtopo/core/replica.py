@@ -26,6 +26,7 @@ from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, is_opted_in, valid_request
 from stormtopo.core.spread import SPREAD_GIVE_UP, SpreadMemory, kept_out_left_behind, plan_spread, shared_domain, spread_tier
 from stormtopo.core.topology.tree import Topology
+from stormtopo.core.victims import Fewest
 from stormtopo.core.vocabulary import ADMITTED_LABEL, GROUP_NAME_ANNOTATION, PLACEMENT_ANNOTATION, ROLE_LABEL, TASK_SPEC_ANNOTATION
 from stormtopo.core.writes import AdoptPod, DeleteUnboundPod, PostEvent, RecordPlacement, Say, Write
 
@@ -76,6 +77,7 @@ class ReplicaSnapshot:
     exact_preemption: bool = False
     room: RoomReading | None = None
     room_hold: float = HOLD_MAX
+    exact_fewest: Fewest = Fewest.PODS  # what its victims minimise first (--exact-preemption-fewest)
     wall: float = 0.0
 
     @property
@@ -423,6 +425,7 @@ def _room(snapshot: ReplicaSnapshot, state: ReplicaState, memory: ReplicaMemory)
         memory.room,
         snapshot.exact_preemption,
         snapshot.room_hold,
+        snapshot.exact_fewest,
     )
 
 

@@ -7,7 +7,10 @@ covers the gang, then evicts every bundle it took, on nodes the gang will not us
 A victim's cost is what its gang loses: a pod of a gang with slack (running pods above its minMember) costs
 itself; one pod more than the slack leaves the gang below its minimum, and then every pod it runs is lost
 (Volcano's "whole" bundle). Costs compare as (pods lost, GPUs lost, the sum of their priorities): the fewest
-pods, then the least work, then the lowest priorities.
+pods, then the least work, then the lowest priorities; or, asked for the fewest GPUs (Fewest.GPUS), as (GPUs
+lost, pods lost, priorities). The two are different choices in a fragmented cluster (one 8-GPU pod, or two
+pods holding 3 between them), and no choice is near both (BENCHMARKS.md, "Preemption"): an SRE who would
+rather disrupt fewer jobs keeps the default, one who would rather lose less GPU work asks for GPUs.
 
 The search: each assignment of the gang's pods to nodes (pods of equal size in node order, on the
 NODES_TRIED nodes that are cheapest to free on their own), then for every node the assignment uses, its
@@ -24,6 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from itertools import product
 
 EXACT_PODS = 4  # gangs up to this many pods are searched; larger ones take the ladder
@@ -33,7 +37,18 @@ SUBSET_LIMIT = 4096  # ways to choose among one node's candidates enumerated; be
 BUDGET = 200_000  # steps one plan may spend over all its domains (well under a second of Python)
 
 Cost = tuple[int, int, int]  # pods lost, GPUs lost, the sum of their priorities
-NEVER: Cost = (1 << 60, 0, 0)
+NEVER: Cost = (1 << 60, 1 << 60, 0)
+
+
+class Fewest(Enum):
+    """What a choice of victims minimises first (--exact-preemption-fewest)."""
+
+    PODS = "pods"
+    GPUS = "gpus"
+
+    def rank(self, cost: Cost) -> Cost:
+        """The cost as this choice compares it: pods first, or GPUs first."""
+        return cost if self is Fewest.PODS else (cost[1], cost[0], cost[2])
 
 
 @dataclass(frozen=True)
@@ -107,9 +122,10 @@ def fewest_victims(
     pods: Sequence[int],
     gangs: Mapping[str, GangSize] | None = None,
     budget: Budget | None = None,
+    fewest: Fewest = Fewest.PODS,
 ) -> Victims | None:
-    """The cheapest victims on these nodes that let pods of these GPU requests fit; None when no choice of
-    candidates does (or none was found within the budget)."""
+    """The cheapest victims on these nodes that let pods of these GPU requests fit, the fewest pods or GPUs
+    first; None when no choice of candidates does (or none was found within the budget)."""
     gangs = gangs or {}
     budget = budget or Budget()
     demand = sorted((p for p in pods if p > 0), reverse=True)
@@ -118,9 +134,9 @@ def fewest_victims(
         return Victims((), (0, 0, 0), ())
     if len(demand) > EXACT_PODS or not budget.spend(len(nodes)):
         return _ladder(nodes, room, candidates, demand, gangs)
-    search = _Search(room, candidates, gangs, budget)
+    search = _Search(room, candidates, gangs, budget, fewest)
     tried = search.cheapest_nodes(nodes, demand[0])
-    best: tuple[Cost, tuple[tuple[str, int], ...]] | None = None
+    best: tuple[Cost, tuple[tuple[str, int], ...]] | None = None  # (ranked cost, victims)
     for assignment in _assignments(tried, demand, search.capacity):
         if not budget.spend():
             break
@@ -135,7 +151,7 @@ def fewest_victims(
             if not budget.spend():
                 break
             chosen = tuple(sorted(v for _, picked in combination for v in picked))
-            cost, _ = cost_of(chosen, candidates, gangs)
+            cost = fewest.rank(cost_of(chosen, candidates, gangs)[0])
             if best is None or (cost, chosen) < best:
                 best = (cost, chosen)
         if not budget.left or (best is not None and best[0][0] == 0):
@@ -168,19 +184,27 @@ class Budget:
 
 class _Search:
     def __init__(
-        self, room: Mapping[str, int], candidates: Mapping[str, Sequence[Candidate]], gangs: Mapping[str, GangSize], budget: Budget
+        self,
+        room: Mapping[str, int],
+        candidates: Mapping[str, Sequence[Candidate]],
+        gangs: Mapping[str, GangSize],
+        budget: Budget,
+        fewest: Fewest = Fewest.PODS,
     ) -> None:
-        self.room, self.candidates, self.gangs, self.budget = room, candidates, gangs, budget
+        self.room, self.candidates, self.gangs, self.budget, self.fewest = room, candidates, gangs, budget, fewest
         self._options: dict[tuple[str, int], list[tuple[Cost, tuple[tuple[str, int], ...]]]] = {}
 
     def capacity(self, node: str) -> int:
         return self.room[node] + sum(c.gpus for c in self.candidates.get(node, ()))
 
     def options(self, node: str, need: int) -> list[tuple[Cost, tuple[tuple[str, int], ...]]]:
-        """The node's minimal victim sets that free `need` GPUs, cheapest first (OPTIONS_PER_NODE of them)."""
+        """The node's minimal victim sets that free `need` GPUs, cheapest first (OPTIONS_PER_NODE of them), each
+        with its cost as ranked."""
         key = (node, need)
         if key not in self._options:
-            found = [(cost_of(picked, self.candidates, self.gangs)[0], picked) for picked in self._minimal_sets(node, need)]
+            found = [
+                (self.fewest.rank(cost_of(picked, self.candidates, self.gangs)[0]), picked) for picked in self._minimal_sets(node, need)
+            ]
             self._options[key] = sorted(found)[:OPTIONS_PER_NODE]
         return self._options[key]
 

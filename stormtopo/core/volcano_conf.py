@@ -10,6 +10,7 @@ would have preempted: its Warning must say so, not name victims that nobody will
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,14 @@ SCHEDULER_CONFIGMAP = "volcano-scheduler-configmap"
 SCHEDULER_CONFIG_KEY = "volcano-scheduler.conf"
 GANG_PREEMPT, PREEMPT = "gangpreempt", "preempt"
 PREEMPTION_DOC = "docs/install.md#priority-and-preemption"
+
+
+def configmap_ref(text: str) -> str:
+    """NAMESPACE/NAME of the ConfigMap holding vc-scheduler's configuration, or "" for none; ValueError saying
+    what is accepted otherwise."""
+    if text and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?", text):
+        raise ValueError(f"{text!r}: accepted: NAMESPACE/NAME, e.g. {VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP}, or '' for none")
+    return text
 
 
 class SchedulerConfError(ValueError):

@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from stormtopo.core.cooldown import NO_ROOM_RECHECKS
+from stormtopo.core.victims import Fewest
 from stormtopo.core.vocabulary import AIBRIX
 from stormtopo.kube.client import Api, NotFound
 from stormtopo.operator import handlers, healing, metrics, webhook
@@ -171,6 +172,7 @@ async def run(config: OperatorConfig) -> None:
         spread_give_up=config.spread_give_up,
         room_hold=config.exact_preemption_hold,
         exact_preemption=config.exact_preemption,
+        exact_fewest=Fewest(config.exact_preemption_fewest),
         victim_namespaces=frozenset(config.exact_preemption_victim_namespace) or None,
         volcano=VolcanoConf(api, config.volcano_scheduler_configmap),
     )

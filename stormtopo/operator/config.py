@@ -4,9 +4,9 @@ naming it and what is accepted, before anything is started."""
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import dataclass
 
+from stormtopo.core import volcano_conf
 from stormtopo.core.cluster_moves import MAX_MOVING
 from stormtopo.core.cooldown import COOLDOWN
 from stormtopo.core.preempting import HOLD_MAX
@@ -64,6 +64,7 @@ class OperatorConfig:
     exact_preemption: bool = False  # hold a preempting replica and evict the fewest victims itself (core/preempting.py)
     exact_preemption_hold: float = HOLD_MAX  # seconds a replica may be held for it at most
     exact_preemption_victim_namespace: tuple[str, ...] = ()  # the only namespaces it may take victims in (empty: any)
+    exact_preemption_fewest: str = "pods"  # what its victims minimise first: pods (jobs disrupted) or gpus (work lost)
     # Where Volcano's chart keeps vc-scheduler's configuration: read to say when nothing would preempt for a
     # Pending replica (core/volcano_conf.py); "" reads nothing.
     volcano_scheduler_configmap: str = f"{VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP}"
@@ -94,11 +95,10 @@ def service_ref(text: str) -> ServiceRef:
 
 def configmap_ref(text: str) -> str:
     """NAMESPACE/NAME of a ConfigMap, or "" for none, as --volcano-scheduler-configmap takes it."""
-    if text and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?", text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: accepted: NAMESPACE/NAME, e.g. {VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP}, or '' for none"
-        )
-    return text
+    try:
+        return volcano_conf.configmap_ref(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
@@ -171,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.exact_preemption_hold,
         help="with --exact-preemption: seconds a replica may be held at most (its pods not all created, its class not read yet),"
         " after which it goes to Volcano as it is",
+    )
+    p.add_argument(
+        "--exact-preemption-fewest",
+        choices=("pods", "gpus"),
+        default=d.exact_preemption_fewest,
+        help="with --exact-preemption: the victims taken are the fewest pods (then GPUs), or the fewest GPUs (then pods);"
+        " in a fragmented cluster the two differ",
     )
     p.add_argument(
         "--exact-preemption-victim-namespace",
@@ -252,8 +259,15 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
     if a["node_tier_leaf"] and not a["node_tier"]:
         p.error("--node-tier-leaf: accepted only with --node-tier (it names leaves the node tier may change)")
     a["node_tier_leaf"] = tuple(a["node_tier_leaf"])
-    if (a["exact_preemption_victim_namespace"] or a["exact_preemption_hold"] != d.exact_preemption_hold) and not a["exact_preemption"]:
-        p.error("--exact-preemption-victim-namespace, --exact-preemption-hold: accepted only with --exact-preemption")
+    others = (
+        a["exact_preemption_victim_namespace"],
+        a["exact_preemption_hold"] != d.exact_preemption_hold,
+        a["exact_preemption_fewest"] != "pods",
+    )
+    if any(others) and not a["exact_preemption"]:
+        p.error(
+            "--exact-preemption-victim-namespace, --exact-preemption-hold, --exact-preemption-fewest: accepted only with --exact-preemption"
+        )
     a["exact_preemption_victim_namespace"] = tuple(a["exact_preemption_victim_namespace"])
     a["register_webhook"] = not a.pop("no_register_webhook")  # the flag says what not to do; the config, what to do
     return OperatorConfig(**a)

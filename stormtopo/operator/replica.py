@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from stormtopo.core.placement import is_held, is_held_for_room
-from stormtopo.core.preempting import HOLD_MAX, QUEUE_ROUNDS, RoomClaim, RoomReading, claimed_room, queue_of, room_claim
+from stormtopo.core.preempting import HOLD_MAX, QUEUE_ROUNDS, RoomClaim, RoomReading, claimed_room, room_claim
 from stormtopo.core.replica import (
     Explain,
     ReplicaMemory,
@@ -34,15 +34,15 @@ from stormtopo.core.replica import (
 from stormtopo.core.request import is_opted_in
 from stormtopo.core.spread import SETTLE_SECONDS, SPREAD_GIVE_UP, SpreadMemory
 from stormtopo.core.topology.tree import Topology
-from stormtopo.core.vocabulary import VOLCANO_SCHEDULING
+from stormtopo.core.victims import Fewest
 from stormtopo.kube.client import Api
-from stormtopo.kube.errors import KubeError
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index, Key, slim_listed_pods
 from stormtopo.operator.room import NodeRoom
 from stormtopo.operator.scheduler_conf import VolcanoConf
+from stormtopo.operator.victim_queues import VictimQueues
 from stormtopo.operator.workqueue import WorkQueue
 from stormtopo.operator.writer import execute
 
@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 NODES_TTL = 30.0  # seconds a reading of the nodes is reused for the switch tree and releases
 NODES_FRESH = 5.0  # a reading this recent knows every node: one it lacks is not in the cluster
 LEAVING_TIMEOUT = 5.0  # seconds the next held replica waits for the last one's victims to show as leaving
+QUEUE_RETRY = 2.0  # seconds before a preemption whose victims' queues went unread is planned again
 
 
 @dataclass
@@ -64,6 +65,7 @@ class PlacementReporter:
     spread_give_up: float = SPREAD_GIVE_UP  # --spread-give-up (core/spread.py)
     room_hold: float = HOLD_MAX  # --exact-preemption-hold (core/preempting.py)
     exact_preemption: bool = False  # --exact-preemption
+    exact_fewest: Fewest = Fewest.PODS  # --exact-preemption-fewest
     victim_namespaces: frozenset[str] | None = None  # --exact-preemption-victim-namespace (None: any)
     volcano: VolcanoConf | None = None  # --volcano-scheduler-configmap: does anything preempt for a topology job
     _planner: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="room-planner"))
@@ -77,6 +79,7 @@ class PlacementReporter:
     # (namespace, StormService) -> its spread, as the planner returned it (only services with something to keep)
     _spread: dict[Key, SpreadMemory] = field(default_factory=dict)
     _rechecks: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
+    _queues: VictimQueues | None = None  # the victims' queues exact preemption reads (victim_queues.py)
 
     async def replica_changed(self, key: Key) -> None:
         """From the placements queue, a few replicas at a time: a pod of replica `key` (namespace,
@@ -116,6 +119,7 @@ class PlacementReporter:
                 spread_give_up=self.spread_give_up,
                 room_hold=self.room_hold,
                 exact_preemption=self.exact_preemption,
+                exact_fewest=self.exact_fewest,
                 wall=time.time(),
             ),
             memory,
@@ -139,7 +143,11 @@ class PlacementReporter:
                 plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
                 if not plan.needs_queues or not self.leading():
                     break
-                queues = await asyncio.to_thread(self._queues_of, plan.needs_queues)
+                queues = await self._victim_queues().read(plan.needs_queues)
+                if queues is None:  # no answer: nothing is evicted on a half-read cluster; planned again shortly
+                    log.info("the queues of %s's victims could not be read; its preemption is planned again shortly", key[1])
+                    self._recheck_in(key, QUEUE_RETRY)
+                    return
                 reading = replace(reading, queues={**reading.queues, **queues}, queues_read=round >= QUEUE_ROUNDS)
             if not self.leading():
                 return  # deposed while it planned: the new leader plans again
@@ -149,19 +157,6 @@ class PlacementReporter:
             await self._carry_out(key, snapshot, plan)
             if claim is not None:
                 await self._until_leaving(claim.gpus)
-
-    def _queues_of(self, gangs: frozenset[str]) -> dict[str, str]:
-        """Each gang's queue (`namespace/podgroup`), read from its PodGroup; "" where it cannot be read (gone,
-        or refused): such a gang is not taken."""
-        queues = {}
-        for gang in sorted(gangs):
-            namespace, _, name = gang.partition("/")
-            try:
-                queues[gang] = queue_of(self.api.get(VOLCANO_SCHEDULING, "podgroups", namespace, name)) or ""
-            except KubeError as exc:
-                log.info("the queue of victim gang %s is not read (%s); it is not preempted", gang, exc)
-                queues[gang] = ""
-        return queues
 
     def _room_reading(self, free: Mapping[str, int]) -> RoomReading:
         """The free-room reading for exact preemption: the room of pods being deleted counts as free (it is
@@ -253,10 +248,19 @@ class PlacementReporter:
         for name in plan.wake:
             self.wake((key[0], name))
         if plan.recheck_in is not None:
-            previous = self._rechecks.pop(key, None)
-            if previous is not None:
-                previous.cancel()
-            self._rechecks[key] = asyncio.get_running_loop().call_later(min(plan.recheck_in, SETTLE_SECONDS) + 0.5, self._recheck, key)
+            self._recheck_in(key, min(plan.recheck_in, SETTLE_SECONDS) + 0.5)
+
+    def _victim_queues(self) -> VictimQueues:
+        if self._queues is None:
+            self._queues = VictimQueues(self.api)
+        return self._queues
+
+    def _recheck_in(self, key: Key, seconds: float) -> None:
+        """Plan the replica again in `seconds` (one timer per replica: the later ask replaces the earlier)."""
+        previous = self._rechecks.pop(key, None)
+        if previous is not None:
+            previous.cancel()
+        self._rechecks[key] = asyncio.get_running_loop().call_later(seconds, self._recheck, key)
 
     def _recheck(self, key: Key) -> None:
         self._rechecks.pop(key, None)

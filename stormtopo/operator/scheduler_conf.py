@@ -2,8 +2,10 @@
 explanation: whether anything there preempts for a job with a network topology (core/volcano_conf.py).
 
 Read only when an explanation is about to be said, at most once every CONF_TTL seconds: a cluster with no Pending hard
-replica never reads it, whatever its size. What cannot be read (no such ConfigMap, no right to it, the API
-server away) leaves the explanation as it was without it, and is logged once per reason.
+replica never reads it, whatever its size. What is not there to read (no such ConfigMap or key, no right to
+it, text vc-scheduler would not load) leaves the explanation as it is without it, logged when the reason
+changes. A read the API server does not answer (slow, throttled, a 5xx) keeps the last reading: a Warning
+does not change, and is not said again, for a moment's outage.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 
 from stormtopo.core.volcano_conf import SCHEDULER_CONFIG_KEY, SchedulerConf, SchedulerConfError, parse_scheduler_conf
 from stormtopo.kube.client import Api
-from stormtopo.kube.errors import KubeError, NotFound
+from stormtopo.kube.errors import Forbidden, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -24,14 +26,15 @@ READ_TIMEOUT = 5.0  # an explanation waits no longer for it (a slow API server):
 
 
 def read_scheduler_conf(api: Api, configmap: str) -> SchedulerConf | str:
-    """The configuration in ConfigMap `configmap` (NAMESPACE/NAME), or why it could not be read."""
-    namespace, name = configmap.split("/", 1)
+    """The configuration in ConfigMap `configmap` (NAMESPACE/NAME), or why there is none to read. A read the
+    API server did not answer raises (KubeError)."""
+    namespace, _, name = configmap.partition("/")
     where = f"ConfigMap {configmap} key {SCHEDULER_CONFIG_KEY}"
     try:
         found = api.get(("", "v1"), "configmaps", namespace, name)
     except NotFound:
         found = None
-    except KubeError as exc:
+    except Forbidden as exc:
         return f"{where}: {exc}"
     if found is None:
         return f"{where}: not found"
@@ -65,7 +68,8 @@ class VolcanoConf:
         try:
             read = await asyncio.wait_for(asyncio.to_thread(read_scheduler_conf, self.api, self.configmap), READ_TIMEOUT)
         except Exception as exc:  # advisory: an explanation is never held up by it for long, nor fails with it
-            read = f"ConfigMap {self.configmap}: {exc!r}"
+            log.info("Volcano's scheduler configuration (ConfigMap %s) was not read (%r): the last reading stands", self.configmap, exc)
+            return self._conf
         if isinstance(read, str):
             if read != self._said:
                 log.info("Volcano's scheduler configuration is not read (%s): explanations do not say whether it preempts", read)

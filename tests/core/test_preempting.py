@@ -15,7 +15,7 @@ from stormtopo.core.preemption import Holder
 from stormtopo.core.replica import preemptor_priority
 from stormtopo.core.request import ClusterTiers, Mode, TierLimit, TopologyRequest
 from stormtopo.core.topology.fabric import parse_topology
-from stormtopo.core.victims import GangSize
+from stormtopo.core.victims import Fewest, GangSize
 from stormtopo.core.vocabulary import DOMAIN_GATE, HIGHEST_TIER, MODE, REPLICA_SPREAD_TIER, ROOM_GATE, VOLCANO_SCHEDULER
 from stormtopo.core.writes import EvictPod, PatchPod, PreemptPods, Victim
 from stormtopo.devenv.workloads import stormservice
@@ -138,6 +138,23 @@ def test_the_queues_of_the_gangs_it_would_take_are_asked_for_then_it_plans_again
     assert len(releases(over.writes)) == 2 and over.hold is None
     gone = plan(holders=holders, queues={"b/one": "", "b/two": ""}, queues_read=True)  # "": PodGroup unreadable
     assert not [w for w in gone.writes if isinstance(w, PreemptPods)]
+
+
+def test_asked_for_the_fewest_gpus_it_takes_the_least_work_not_the_fewest_pods() -> None:
+    """s2 holds one 8-GPU pod a node (2 pods, 16 GPUs); s0 two 4-GPU pods a node (4 pods, 16 GPUs); s1 is
+    half free, its other halves held by 2-GPU pods (4 pods, 8 GPUs). The fewest pods: s2's two. The fewest
+    GPUs: s1's four, and the Event says which it minimised."""
+    holders = ALL | {"node2": [Holder(2, 100, True)] * 2, "node3": [Holder(2, 100, True)] * 2}
+    holders |= {"node4": [Holder(8, 100, True)], "node5": [Holder(8, 100, True)]}
+    free = FULL | {"node2": 4, "node3": 4}
+    pods_first = plan(holders=holders, free=free)
+    assert {v.node for v in preempts(pods_first).victims} == {"node4", "node5"}
+    assert "the fewest pods that make room" in pods_first.says[0].message
+    gpus_first = plan(holders=holders, free=free, fewest=Fewest.GPUS)
+    assert taken(preempts(gpus_first)) == (("node2", 2, 100),) * 2 + (("node3", 2, 100),) * 2
+    assert (
+        "preempts 4 pod(s) holding 8 GPUs" in gpus_first.says[0].message and "the fewest GPUs that make room" in gpus_first.says[0].message
+    )
 
 
 def test_the_cheapest_leaf_is_taken_not_the_first() -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import random
 from itertools import combinations
 
+import pytest
+
 from stormtopo.core.packing import fits
-from stormtopo.core.victims import Candidate, GangSize, cost_of, fewest_victims
+from stormtopo.core.victims import Candidate, Fewest, GangSize, cost_of, fewest_victims
 
 
 def test_one_gang_across_two_nodes_is_cheaper_than_two_strangers() -> None:
@@ -37,12 +39,28 @@ def test_of_equal_counts_the_lowest_priorities() -> None:
     assert found is not None and found.chosen == (("a", 1),)
 
 
+def test_the_fewest_gpus_first_takes_two_small_pods_where_the_fewest_pods_take_one_large() -> None:
+    """The replica needs 4 GPUs on one node: node a frees them by its one 8-GPU pod, node b by its 1- and 2-GPU
+    pods beside 1 GPU free. Fewest pods: a's one pod (8 GPUs lost). Fewest GPUs: b's two (3 GPUs lost)."""
+    candidates = {"a": [Candidate(8, 10)], "b": [Candidate(1, 10), Candidate(2, 10)]}
+    free = {"a": 0, "b": 1}
+    pods_first = fewest_victims(["a", "b"], free, candidates, [4])
+    assert pods_first is not None and pods_first.chosen == (("a", 0),) and pods_first.cost == (1, 8, 10)
+    gpus_first = fewest_victims(["a", "b"], free, candidates, [4], fewest=Fewest.GPUS)
+    assert gpus_first is not None and gpus_first.chosen == (("b", 0), ("b", 1)) and gpus_first.cost == (2, 3, 20)
+
+
 def test_none_when_nothing_frees_enough() -> None:
     assert fewest_victims(["a"], {"a": 2}, {"a": [Candidate(4, 10)]}, [8]) is None
 
 
 def _brute_force(
-    nodes: list[str], free: dict[str, int], candidates: dict[str, list[Candidate]], pods: list[int], gangs: dict[str, GangSize]
+    nodes: list[str],
+    free: dict[str, int],
+    candidates: dict[str, list[Candidate]],
+    pods: list[int],
+    gangs: dict[str, GangSize],
+    fewest: Fewest = Fewest.PODS,
 ) -> tuple[int, int, int] | None:
     every = [(n, i) for n in nodes for i in range(len(candidates.get(n, [])))]
     best: tuple[int, int, int] | None = None
@@ -54,12 +72,14 @@ def _brute_force(
             if not fits([room[n] for n in nodes], pods):
                 continue
             cost, _ = cost_of(chosen, candidates, gangs)
-            if best is None or cost < best:
+            if best is None or fewest.rank(cost) < fewest.rank(best):
                 best = cost
     return best
 
 
-def test_the_search_matches_every_set_tried_on_small_fragmented_domains() -> None:
+@pytest.mark.parametrize("fewest", list(Fewest))
+def test_the_search_matches_every_set_tried_on_small_fragmented_domains(fewest: Fewest) -> None:
+    """The fewest pods first (the default), or the fewest GPUs first: the same cost as trying every set."""
     rng = random.Random(41)
     for case in range(150):
         nodes = [f"n{i}" for i in range(rng.randint(2, 4))]
@@ -81,9 +101,11 @@ def test_the_search_matches_every_set_tried_on_small_fragmented_domains() -> Non
             if members:
                 gangs[gang] = GangSize(len(members), rng.randint(1, len(members)), sum(c.gpus for c in members))
         pods = rng.choice(([8], [8, 8], [4, 4], [4, 8], [2, 2, 4], [4, 4, 4, 4]))
-        found = fewest_victims(nodes, free, candidates, pods, gangs)
-        exact = _brute_force(nodes, free, candidates, pods, gangs)
-        assert (found.cost if found else None) == exact, f"case {case}: {nodes} {free} {candidates} {gangs} {pods}"
+        found = fewest_victims(nodes, free, candidates, pods, gangs, fewest=fewest)
+        exact = _brute_force(nodes, free, candidates, pods, gangs, fewest)
+        assert (fewest.rank(found.cost) if found else None) == (fewest.rank(exact) if exact else None), (
+            f"case {case}: {nodes} {free} {candidates} {gangs} {pods}"
+        )
         if found is not None:  # and what it chose does let the gang fit
             room = dict(free)
             for n, i in found.chosen:

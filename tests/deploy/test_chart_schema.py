@@ -43,6 +43,7 @@ def test_the_chart_lints_strictly(sets: list[str]) -> None:
         ("monitoring.alerts.workQueueBacklog.depth=-1", "/monitoring/alerts/workQueueBacklog/depth"),
         ("monitoring.alerts.admissionSlow.p99=1", "'p99' not allowed"),
         ("volcano.schedulerConfigMap=volcano-scheduler-configmap", "/volcano/schedulerConfigMap"),
+        ("preemption.exact.fewest=jobs", "/preemption/exact/fewest"),
     ],
 )
 def test_a_bad_value_is_refused_naming_it(value: str, named: str) -> None:
@@ -137,31 +138,41 @@ def test_more_than_one_replica_without_leader_election_is_refused() -> None:
     assert one.returncode == 0, one.stderr
 
 
-def test_volcanos_scheduler_configuration_is_read_in_its_namespace_by_name_only_or_not_at_all() -> None:
-    """volcano.schedulerConfigMap: a Role in Volcano's namespace granting `get` of that one ConfigMap, and the
-    operator told where it is; empty, neither (the operator reads nothing)."""
+def test_volcanos_scheduler_configuration_is_read_by_name_only_or_not_at_all() -> None:
+    """volcano.schedulerConfigMap: `get` of ConfigMaps of that one name (a ClusterRole: Volcano's namespace need
+    not exist at install), and the operator told where it is; empty or null, neither (it reads nothing)."""
 
     def render(*sets: str) -> tuple[list[str], list[dict[str, Any]]]:
         done = helm("template", "x", str(CHART), "--kube-version", "1.35.3", *sets)
         assert done.returncode == 0, done.stderr
         objects = [o for o in yaml.safe_load_all(done.stdout) if o]
         (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
-        roles = [
-            o for o in objects if o["kind"] in ("Role", "RoleBinding") and o["metadata"]["name"] == "x-stormtopo-volcano-scheduler-conf"
-        ]
+        roles = [o for o in objects if o["metadata"]["name"] == "x-stormtopo-volcano-scheduler-conf"]
         return deployment["spec"]["template"]["spec"]["containers"][0]["args"], roles
 
     args, objects = render()
     assert "--volcano-scheduler-configmap=volcano-system/volcano-scheduler-configmap" in args
-    (role,) = [o for o in objects if o["kind"] == "Role"]
-    assert role["metadata"]["namespace"] == "volcano-system"
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["volcano-scheduler-configmap"], "verbs": ["get"]}
     ]
-    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
-    assert binding["metadata"]["namespace"] == "volcano-system" and binding["subjects"][0]["name"] == "x-stormtopo"
+    (binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"][0]["name"] == "x-stormtopo" and binding["roleRef"]["name"] == role["metadata"]["name"]
     args, objects = render("--set", "volcano.schedulerConfigMap=batch-sched/vc-conf")
     assert "--volcano-scheduler-configmap=batch-sched/vc-conf" in args
-    assert {o["metadata"]["namespace"] for o in objects} == {"batch-sched"} and objects[0]["rules"][0]["resourceNames"] == ["vc-conf"]
-    args, objects = render("--set", "volcano.schedulerConfigMap=")
-    assert "--volcano-scheduler-configmap=" in args and not objects
+    assert [o["rules"][0]["resourceNames"] for o in objects if o["kind"] == "ClusterRole"] == [["vc-conf"]]
+    for unset in ("volcano.schedulerConfigMap=", "volcano=null"):
+        args, objects = render("--set", unset)
+        assert "--volcano-scheduler-configmap=" in args and not objects, unset
+
+
+def test_exact_preemption_takes_what_it_minimises_first_from_its_value() -> None:
+    def args(*sets: str) -> list[str]:
+        on = ("--set", "preemption.exact.enabled=true", "--set", "preemption.exact.victimNamespaces={batch}")
+        done = helm("template", "x", str(CHART), "--kube-version", "1.35.3", *on, *sets)
+        assert done.returncode == 0, done.stderr
+        (deployment,) = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] == "Deployment"]
+        return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert "--exact-preemption-fewest=pods" in args()  # the default: the fewest jobs disrupted
+    assert "--exact-preemption-fewest=gpus" in args("--set", "preemption.exact.fewest=gpus")

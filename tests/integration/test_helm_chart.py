@@ -82,8 +82,8 @@ def test_chart_renders_for_every_certificate_mode_and_rejects_a_bad_one() -> Non
             "ClusterRoleBinding",
             "Role",  # the uninstall hook stops the Deployment
             "RoleBinding",
-            "Role",  # Volcano's scheduler configuration, read (its one ConfigMap)
-            "RoleBinding",
+            "ClusterRole",  # Volcano's scheduler configuration, read (ConfigMaps of its one name)
+            "ClusterRoleBinding",
             "PodDisruptionBudget",  # two replicas
             "Secret",
             "Service",
@@ -724,7 +724,7 @@ def test_service_account_writes_only_opted_in_lists_among_configmaps(chart_clust
         assert every.returncode == 0, every.stderr
         assert _refused(kubectl(state, "get", "configmaps", "-A", kubeconfig=sa))
         assert _refused(kubectl(state, "get", "configmap", "kube-root-ca.crt", "-n", ns, kubeconfig=sa))
-        # Volcano's scheduler configuration (volcano.schedulerConfigMap): that one ConfigMap, read only.
+        # Volcano's scheduler configuration (volcano.schedulerConfigMap): ConfigMaps of that one name, read only.
         conf = kubectl(state, "get", "configmap", SCHEDULER_CONFIGMAP, "-n", VOLCANO_NAMESPACE, kubeconfig=sa)
         assert conf.returncode == 0, conf.stderr
         assert _refused(kubectl(state, "get", "configmap", "kube-root-ca.crt", "-n", VOLCANO_NAMESPACE, kubeconfig=sa))

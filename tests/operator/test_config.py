@@ -20,6 +20,8 @@ def test_the_charts_flags_become_a_typed_config() -> None:
     assert not parse_args(["--node-tier"]).node_tier_keep_runs and parse_args(["--node-tier", "--node-tier-keep-runs"]).node_tier_keep_runs
     assert OperatorConfig().volcano_scheduler_configmap == "volcano-system/volcano-scheduler-configmap"  # where Volcano's chart keeps it
     assert parse_args(["--volcano-scheduler-configmap", ""]).volcano_scheduler_configmap == ""  # read none
+    assert OperatorConfig().exact_preemption_fewest == "pods"
+    assert parse_args(["--exact-preemption", "--exact-preemption-fewest", "gpus"]).exact_preemption_fewest == "gpus"
     assert parse_args(["--webhook-service", "ns/svc"]).webhook_service == ServiceRef("ns", "svc", 443)
     assert parse_args(["--webhook-url-host", "127.0.0.1", "--webhook-port", "9444"]).webhook_url_base == "https://127.0.0.1:9444"
 
@@ -43,6 +45,8 @@ def test_periods_are_configuration_with_the_production_defaults() -> None:
         (["--heal-cooldown", "-1"], "--heal-cooldown: '-1': accepted: a positive float"),
         (["--lease-duration", "soon"], "--lease-duration: 'soon': accepted: a positive int"),
         (["--node-tier-keep-runs"], "--node-tier-keep-runs: accepted only with --node-tier"),
+        (["--exact-preemption-fewest", "gpus"], "--exact-preemption-fewest: accepted only with --exact-preemption"),
+        (["--exact-preemption", "--exact-preemption-fewest", "jobs"], "argument --exact-preemption-fewest: invalid choice: 'jobs'"),
         (["--resync-seconds", "0"], "--resync-seconds: '0': accepted: a positive float"),
         (["--spread-give-up", "never"], "--spread-give-up: 'never': accepted: a positive float"),
         (

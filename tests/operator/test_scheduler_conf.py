@@ -69,10 +69,22 @@ def test_a_reading_is_reused_for_its_ttl_and_a_failure_is_logged_once(caplog: py
     assert asyncio.run(unread.scheduler()) is None and api.gets == 1  # "" reads nothing
 
 
-def test_a_read_the_api_server_does_not_answer_is_no_reading_after_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_the_api_server_does_not_answer_keeps_the_last_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow, throttled or a 5xx: the last reading stands (a Warning does not flip for a moment's outage); with
+    none yet, none."""
     monkeypatch.setattr(scheduler_conf, "READ_TIMEOUT", 0.2)
+    api = FakeApi(configmap(SCHEDULER_CONF))
+    reader = VolcanoConf(api, WHERE, ttl=0.0)  # type: ignore[arg-type]
+    good = asyncio.run(reader.scheduler())
+    assert good is not None
+    api.answer = ApiError.of(503, "GET", "/api/v1/namespaces/volcano-system/configmaps/x", "unavailable")
+    assert asyncio.run(reader.scheduler()) is good
     hung = threading.Event()
+    api.answer = hung
     try:
+        assert asyncio.run(reader.scheduler()) is good
         assert asyncio.run(VolcanoConf(FakeApi(hung), WHERE).scheduler()) is None  # type: ignore[arg-type]
     finally:
         hung.set()
+    api.answer = None  # gone: no reading any more
+    assert asyncio.run(reader.scheduler()) is None
