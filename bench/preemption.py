@@ -49,6 +49,7 @@ MODES = ("hard", "soft")
 # releasing. stormtopo-gpus: the same, asked for the fewest GPUs first (--exact-preemption-fewest gpus).
 ARMS = ("volcano", "stormtopo", "stormtopo-gpus")
 SESSIONS = 4
+NEAR = 1.1  # the issue's bound: victims within 1.1 times the minimum
 # Per size: nodes -> seeds. quick: 64 nodes only.
 SIZES: dict[str, dict[int, tuple[int, ...]]] = {
     "quick": {64: (1, 2, 3)},
@@ -214,20 +215,30 @@ def stormtopo_victims(c: Cluster, gang: Gang, fewest: Fewest = Fewest.PODS) -> t
 # ---- the exact minimum ------------------------------------------------------------------------------------
 
 
-def minimum(c: Cluster, gang: Gang, objective: str = "pods") -> Minimum | None:
+def minimum(c: Cluster, gang: Gang, objective: str = "pods", pods_at_most: int | None = None) -> Minimum | None:
     """The fewest victim pods (objective "pods") or GPUs ("gpus") that let the gang fit: within one leaf
-    (hard; each leaf solved on its own, the least kept) or anywhere (soft). None: no choice does."""
+    (hard; each leaf solved on its own, the least kept) or anywhere (soft), losing at most `pods_at_most` pods
+    where given. None: no choice does."""
     if gang.mode == "soft":
-        return _solve(c, gang, c.free(), list(c.leaf_of), objective)
+        return _solve(c, gang, c.free(), list(c.leaf_of), objective, pods_at_most=pods_at_most)
     best: Minimum | None = None
     free = c.free()
     for nodes in c.leaves.values():
         if len(nodes) * c.node_gpus < sum(gang.pods) or (best is not None and best.cost == 0):
             continue
-        found = _solve(c, gang, free, list(nodes), objective, bound=None if best is None else best.cost)
+        found = _solve(c, gang, free, list(nodes), objective, bound=None if best is None else best.cost, pods_at_most=pods_at_most)
         if found is not None and (best is None or (found.cost, found.victims) < (best.cost, best.victims)):
             best = found
     return best
+
+
+def near_both(c: Cluster, gang: Gang, fewest: Minimum | None, least: Minimum | None, within: float = NEAR) -> bool | None:
+    """Whether any choice of victims is within `within` of both minima at once (pods and GPUs): the fewest GPUs
+    among choices losing at most `within` times the fewest pods, against `within` times the fewest GPUs."""
+    if fewest is None or least is None:
+        return None
+    joint = minimum(c, gang, "gpus", pods_at_most=int(within * fewest.cost + 1e-9))
+    return joint is not None and joint.cost <= int(within * least.cost + 1e-9)
 
 
 def minimum_in_leaf(c: Cluster, gang: Gang, leaf: str, objective: str = "pods") -> Minimum | None:
@@ -236,7 +247,13 @@ def minimum_in_leaf(c: Cluster, gang: Gang, leaf: str, objective: str = "pods") 
 
 
 def _solve(
-    c: Cluster, gang: Gang, free: Mapping[str, int], nodes: Sequence[str], objective: str, bound: int | None = None
+    c: Cluster,
+    gang: Gang,
+    free: Mapping[str, int],
+    nodes: Sequence[str],
+    objective: str,
+    bound: int | None = None,
+    pods_at_most: int | None = None,
 ) -> Minimum | None:
     """One program: the gang's pods on `nodes`, victims among the pods of lower priority (a job left below its
     minMember evicted whole, wherever its other pods run)."""
@@ -292,6 +309,12 @@ def _solve(
         rows.append(cost.copy())
         lower.append(-np.inf)
         upper.append(bound)
+    if pods_at_most is not None:  # the pods lost, bounded (is anything near both minima?)
+        r = row()
+        r[:n_pods] = 1
+        rows.append(r)
+        lower.append(-np.inf)
+        upper.append(pods_at_most)
     high = np.concatenate([np.ones(n_pods + n_jobs), np.full(n_place, max(gang.pods.count(s) for s, _ in sizes))])
     result = milp(
         c=cost,
@@ -415,6 +438,9 @@ def summarise(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "victim_gpus_total": sum(g["victim_gpus"] for g in group),
                 "minimum_gpus_total": sum(g["minimum_gpus"] or 0 for g in group),
                 "sessions_max": max(g["sessions"] for g in group),
+                # Cases where some choice of victims is within NEAR of both minima at once (any arm: the same).
+                "near_both_minima": sum(g.get("near_both_minima_exists") is True for g in group),
+                "near_both_minima_of": sum(g.get("near_both_minima_exists") is not None for g in group),
             }
         )
     return rows
@@ -514,12 +540,14 @@ def run(size: str) -> dict[str, Any]:
     simulated = time.monotonic() - started
     cases = []
     minima: dict[tuple[int, int, Gang], tuple[Minimum | None, Minimum | None]] = {}
+    near: dict[tuple[int, int, Gang], bool | None] = {}
     for record in records:
         nodes, seed, gang, arm = gangs[record["case"]]
         c = clusters[(nodes, seed)]
         if (nodes, seed, gang) not in minima:
-            minima[(nodes, seed, gang)] = (minimum(c, gang, "pods"), minimum(c, gang, "gpus"))
-        reduced = reduce(c, gang, record, *minima[(nodes, seed, gang)])
+            minima[(nodes, seed, gang)] = fewest_pods, least_gpus = minimum(c, gang, "pods"), minimum(c, gang, "gpus")
+            near[(nodes, seed, gang)] = near_both(c, gang, fewest_pods, least_gpus)
+        reduced = reduce(c, gang, record, *minima[(nodes, seed, gang)]) | {"near_both_minima_exists": near[(nodes, seed, gang)]}
         extra = {"plan_seconds": round(planned[record["case"]], 4)} if arm != "volcano" else {}
         case = {"case": record["case"], "nodes": nodes, "seed": seed, "shape": list(gang.pods), "mode": gang.mode, "arm": arm}
         cases.append(case | reduced | extra)

@@ -23,12 +23,13 @@ its pods' own priorities (admitted from their classes, which quota governs), so 
 scheduling strategy buys no victims; victims are only in the namespaces the operator is given, and only on
 nodes that take new pods and where the held pods could run.
 
-Victims are only in the replica's own queue, as gangpreempt takes them: across queues, a team's share is
-Volcano's to judge (gangreclaim, from queues marked reclaimable), not stormtopo's. The free-room reading
-knows each victim's gang but not its queue, and reading every gang's PodGroup would cost a list of every
-team's jobs per plan: so the plan asks for the queues of the gangs it would take (`needs_queues`), the
-shell reads those PodGroups, and the plan runs again over what it learnt, a few rounds at most
-(QUEUE_ROUNDS); a gang whose queue is still not known after them is left alone.
+Victims are jobs Volcano ranks below the replica, in the replica's own queue, as gangpreempt takes them:
+a job's rank is its PodGroup's class (a pod's own priority only orders tasks within its job), and across
+queues a team's share is Volcano's to judge (gangreclaim, from queues marked reclaimable), not stormtopo's.
+The free-room reading knows each victim's gang but not its PodGroup, and reading every gang's PodGroup
+would cost a list of every team's jobs per plan: so the plan asks for the PodGroups of the gangs it would
+take (`needs_groups`), the shell reads them, and the plan runs again over what it learnt, a few rounds at
+most (GROUP_ROUNDS); a gang whose PodGroup is still not known after them is left alone.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from stormtopo.core.node_fit import NodeFacts, nodes_for
 from stormtopo.core.packing import domains_at_tier, fits
 from stormtopo.core.placement import release_into
 from stormtopo.core.preemption import CLUSTER, Holder, plan_preemption, rank_of
+from stormtopo.core.priority import job_priority
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.victims import Fewest, GangSize
@@ -51,7 +53,7 @@ from stormtopo.core.writes import EvictPod, PreemptPods, Say, Victim, Write
 K = TypeVar("K")  # a replica's key in the shell
 HOLD_MAX = 30.0  # seconds a replica is held at the room gate at most, from its oldest pod's creation (--exact-preemption-hold)
 DEFAULT_QUEUE = "default"  # Volcano's queue for a PodGroup that names none
-QUEUE_ROUNDS = 4  # reads of victims' PodGroups one plan may ask for, before a gang of unknown queue is left alone
+GROUP_ROUNDS = 4  # reads of victims' PodGroups one plan may ask for, before a gang not read is left alone
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,8 @@ class RoomReading:
     gangs: Mapping[str, GangSize]
     nodes: Mapping[str, NodeFacts] | None = None  # labels and taints: where the replica's pods could run at all
     namespaces: frozenset[str] | None = None  # where victims may be (the chart's victimNamespaces); None: anywhere
-    queues: Mapping[str, str] = field(default_factory=dict)  # gang -> its PodGroup's queue, as read so far ("": unreadable)
-    queues_read: bool = False  # no more reads: a gang whose queue is not known is not the replica's queue's
+    groups: Mapping[str, VictimGroup] = field(default_factory=dict)  # gang -> its PodGroup, as read so far
+    groups_read: bool = False  # no more reads: a gang whose PodGroup is not known is not taken
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class RoomPlan:
     says: tuple[Say, ...] = ()
     hold: RoomHold | None = None  # None: nothing held any more
     needs_room: bool = False  # the free-room reading is needed: read it and plan again
-    needs_queues: frozenset[str] = frozenset()  # gangs it would take whose queue is not known: read their PodGroups, plan again
+    needs_groups: frozenset[str] = frozenset()  # gangs it would take whose PodGroup is not known: read them, plan again
     recheck_in: float | None = None  # seconds until the hold's limit: plan again then
 
 
@@ -111,10 +113,12 @@ def plan_room(
     enabled: bool = True,
     hold_max: float = HOLD_MAX,
     fewest: Fewest = Fewest.PODS,
+    values: Mapping[str, int] | None = None,
 ) -> RoomPlan:
     """For a replica with pods at the room gate: wait, let it go, or evict its fewest victims and let it go."""
     if not replica.held:
         return RoomPlan()
+    values = values or {}
     hold = hold or RoomHold()
     let_go = RoomPlan(tuple(release_into([], hostnames, replica.held, ROOM_GATE)))
     if not enabled or request is None or allowed_tier is None or replica.bound or hold.preempted:
@@ -131,8 +135,11 @@ def plan_room(
     if reading.nodes is not None:  # only nodes every pod could run on (selectors, affinity, taints): GPUs elsewhere are no room
         eligible = nodes_for([placement_of(spec) for spec in replica.specs], reading.nodes)
         free = {n: g for n, g in free.items() if n in eligible}
-    # Never victims where the replica cannot go, nor of another queue (nor of a gang whose queue cannot be known).
-    holders = {n: [h for h in hs if _same_queue(h, replica.queue, reading)] for n, hs in reading.holders.items() if n in free}
+    # Never victims where the replica cannot go, nor of another queue or a job Volcano ranks as high (nor of a gang
+    # whose PodGroup cannot be known).
+    holders = {
+        n: [h for h in hs if _takeable(h, replica.queue, priority, reading, values)] for n, hs in reading.holders.items() if n in free
+    }
     soft = request.mode is Mode.SOFT
     wanted = replica.wanted
     if any(d.fits for level in range(1, allowed_tier + 1) for d in domains_at_tier(topology, free, wanted, level)[:1]):
@@ -143,9 +150,9 @@ def plan_room(
     if plan.victims is None:
         return let_go
     v = plan.victims
-    unknown = frozenset(h.gang for node, i in v.chosen if (h := holders[node][i]).gang is not None and h.gang not in reading.queues)
+    unknown = frozenset(h.gang for node, i in v.chosen if (h := holders[node][i]).gang is not None and h.gang not in reading.groups)
     if unknown:
-        return RoomPlan(hold=hold, needs_queues=unknown)
+        return RoomPlan(hold=hold, needs_groups=unknown)
     victims = tuple(Victim(node, holders[node][i].gpus, holders[node][i].priority, holders[node][i].gang) for node, i in v.chosen)
     where = "across the cluster" if v.domain == CLUSTER else f"in tier-{v.tier} {v.domain}"
     pods = ", ".join(f"{n} of priority {p}" for p, n in v.by_priority)
@@ -159,12 +166,34 @@ def plan_room(
     return RoomPlan((preempt, *let_go.writes), (Say("Normal", "ReplicaPreempting", message),), RoomHold(preempted=True))
 
 
-def _same_queue(holder: Holder, queue: str, reading: RoomReading) -> bool:
-    """A holder the replica may take as to queues: of its queue, or of a gang whose queue is still to be read."""
+@dataclass(frozen=True)
+class VictimGroup:
+    """A victim gang's PodGroup as Volcano ranks its job: its queue, and its priority class ("": none named)."""
+
+    queue: str
+    priority_class: str = ""
+
+
+UNREADABLE = VictimGroup("")  # a PodGroup gone, or not to be read: its gang is never taken
+
+
+def group_of(podgroup: Mapping[str, Any] | None) -> VictimGroup:
+    """What of a victim's PodGroup preemption judges by; UNREADABLE without one."""
+    if podgroup is None:
+        return UNREADABLE
+    spec = podgroup.get("spec") or {}
+    return VictimGroup(queue_of(podgroup) or "", str(spec.get("priorityClassName") or ""))
+
+
+def _takeable(holder: Holder, queue: str, priority: int, reading: RoomReading, values: Mapping[str, int]) -> bool:
+    """A holder the replica may take as its job is ranked: of its queue and a lower job priority (its PodGroup's
+    class, as Volcano ranks jobs), or of a gang whose PodGroup is still to be read."""
     if holder.gang is None:
-        return False  # no PodGroup named: no queue to judge by
-    known = reading.queues.get(holder.gang)
-    return known == queue if known is not None else not reading.queues_read
+        return False  # no PodGroup named: no job Volcano would preempt
+    group = reading.groups.get(holder.gang)
+    if group is None:
+        return not reading.groups_read
+    return group != UNREADABLE and group.queue == queue and job_priority(group.priority_class, values) < priority
 
 
 def queue_of(podgroup: Mapping[str, Any] | None) -> str | None:

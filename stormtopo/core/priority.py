@@ -15,6 +15,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+# In the priority values (every PriorityClass's, by name): the cluster's default under this key, the value of
+# the globalDefault class (0 without one). Volcano ranks a job whose PodGroup names no class, or one that does
+# not exist, at it. No class is named "" (Kubernetes requires a name).
+DEFAULT_CLASS = ""
+
+
+def job_priority(priority_class: str, values: Mapping[str, int]) -> int:
+    """The priority Volcano ranks a job at: its PodGroup's class's value, else the cluster's default."""
+    return values.get(priority_class, values.get(DEFAULT_CLASS, 0)) if priority_class else values.get(DEFAULT_CLASS, 0)
+
 
 def strategy_priority_class(roleset_spec: Mapping[str, Any]) -> str | None:
     """The class AIBrix's scheduling strategy names for the replica's PodGroup, if any."""
@@ -34,10 +44,9 @@ def role_priority_classes(roleset_spec: Mapping[str, Any]) -> frozenset[str]:
 
 
 def replica_priority(roleset_spec: Mapping[str, Any], values: Mapping[str, int]) -> int:
-    """The priority Volcano gives the replica's gang: its class's value (0 without a class, or with one
-    whose value is not known: Volcano's own default without a globalDefault class)."""
-    name = replica_priority_class(roleset_spec, values)
-    return values.get(name, 0) if name is not None else 0
+    """The priority Volcano gives the replica's gang: its class's value (the cluster's default without a class,
+    or with one whose value is not known: the globalDefault class's value, 0 without one)."""
+    return job_priority(replica_priority_class(roleset_spec, values) or "", values)
 
 
 def known_replica_priority(roleset_spec: Mapping[str, Any], values: Mapping[str, int]) -> int | None:

@@ -139,7 +139,7 @@ class ReplicaPlan:
     needs_all_pods: bool = False  # pods are held and their anchors are not all known: read every pod and plan again
     needs_nodes: bool = False  # a bound pod is on a node the last reading did not have: read the nodes and plan again
     needs_room: bool = False  # a spread release needs every node's free GPUs: read them and plan again
-    needs_queues: frozenset[str] = frozenset()  # a held replica's victims' gangs: read their queues and plan again
+    needs_groups: frozenset[str] = frozenset()  # a held replica's victims' gangs: read their PodGroups and plan again
     settling: Mapping[str, float] | None = None  # with a spread tier: the StormService's replicas let go, to remember
     unspread: frozenset[str] | None = None  # with a spread tier: the StormService's replicas held again, to remember
     spread_over: SpreadMemory = field(default_factory=SpreadMemory)  # the spread memory the plan was made over
@@ -256,8 +256,8 @@ def plan_replica(snapshot: ReplicaSnapshot, memory: ReplicaMemory) -> ReplicaPla
             return ReplicaPlan(memory=memory, needs_all_pods=True)
         writes += release
     room = _room(snapshot, state, memory)
-    if room.needs_room or room.needs_queues:
-        return ReplicaPlan(memory=memory, needs_room=room.needs_room, needs_queues=room.needs_queues)
+    if room.needs_room or room.needs_groups:
+        return ReplicaPlan(memory=memory, needs_room=room.needs_room, needs_groups=room.needs_groups)
     writes += room.writes
     writes += tuple(PostEvent(snapshot.stormservice, say) for say in room.says)
     memory = replace(memory, room=room.hold)
@@ -426,6 +426,7 @@ def _room(snapshot: ReplicaSnapshot, state: ReplicaState, memory: ReplicaMemory)
         snapshot.exact_preemption,
         snapshot.room_hold,
         snapshot.exact_fewest,
+        dict(snapshot.tiers.priority_values),
     )
 
 

@@ -28,15 +28,22 @@ DONORS_TRIED = 3  # residents offered in turn to one wide replica, when the firs
 
 
 def wide_waiting(
-    no_room: Iterable[NoRoom], stormservices: Collection[Mapping[str, Any]], now: float, cooldown: float
+    no_room: Iterable[NoRoom],
+    stormservices: Collection[Mapping[str, Any]],
+    now: float,
+    cooldown: float,
+    priorities: Mapping[str, int] | None = None,
 ) -> tuple[NoRoom, ...]:
-    """This pass's wide replicas with nowhere to go that room may be made for now: none while a move to
-    make room is under way in the cluster, and none made for the same wide replica within its cool-down
-    (both read from the move records, so a new leader knows them as the last one did)."""
+    """This pass's wide replicas with nowhere to go that room may be made for now, the highest priority first
+    (one move to make room runs in the cluster at a time: it goes to the replica Volcano ranks highest):
+    none while a move to make room is under way, and none made for the same wide replica within its
+    cool-down (both read from the move records, so a new leader knows them as the last one did)."""
     if making_room_under_way(stormservices, now):
         return ()
     made = room_made_for(stormservices, now)
-    return tuple((k, r, t) for k, r, t in no_room if now - made.get((*k, r.name), float("-inf")) >= cooldown)
+    waiting = [(k, r, t) for k, r, t in no_room if now - made.get((*k, r.name), float("-inf")) >= cooldown]
+    values = priorities or {}
+    return tuple(sorted(waiting, key=lambda w: -replica_priority(w[1].roleset.get("spec") or {}, values)))  # (stable)
 
 
 def lenders(

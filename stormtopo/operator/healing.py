@@ -214,7 +214,8 @@ class Healer:
         room moved out of the way (core/room.py, core/heal_pass.py): each resident the search offers is
         read and planned as its own service; one its own plan refuses is followed by the next."""
         now = time.time()
-        waiting = wide_waiting(heal_pass.no_room, self.index.stormservices_in_play().values(), now, self.cooldown)
+        priorities = dict(self.index.cluster_tiers().priority_values)
+        waiting = wide_waiting(heal_pass.no_room, self.index.stormservices_in_play().values(), now, self.cooldown, priorities)
         if not waiting or heal_pass.free is None:
             return
         residents = await self._residents({key for key, _, _ in heal_pass.no_room}, now)
@@ -222,7 +223,6 @@ class Healer:
             return
         allocatable, nodes = await self.room.allocatable_gpus(), await self.room.node_facts()
         listed = frozenset(node_tier_members(self.index.hypernodes.values()).values())  # the node tier's short list
-        priorities = dict(self.index.cluster_tiers().priority_values)
         search = RoomSearch(waiting[:WIDE_TRIED], tuple(residents), allocatable, nodes, self.index.topology(), listed, priorities)
         while heal_pass.free is not None and (offer := await asyncio.to_thread(next_offer, search, heal_pass.free)) is not None:
             healed = await self.heal(offer.lender, heal_pass, offer.order, allocatable)

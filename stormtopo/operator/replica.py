@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from stormtopo.core.placement import is_held, is_held_for_room
-from stormtopo.core.preempting import HOLD_MAX, QUEUE_ROUNDS, RoomClaim, RoomReading, claimed_room, room_claim
+from stormtopo.core.preempting import GROUP_ROUNDS, HOLD_MAX, RoomClaim, RoomReading, claimed_room, room_claim
 from stormtopo.core.replica import (
     Explain,
     ReplicaMemory,
@@ -42,7 +42,7 @@ from stormtopo.operator.explainer import Explainer
 from stormtopo.operator.index import Index, Key, slim_listed_pods
 from stormtopo.operator.room import NodeRoom
 from stormtopo.operator.scheduler_conf import VolcanoConf
-from stormtopo.operator.victim_queues import VictimQueues
+from stormtopo.operator.victim_groups import VictimGroups
 from stormtopo.operator.workqueue import WorkQueue
 from stormtopo.operator.writer import execute
 
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 NODES_TTL = 30.0  # seconds a reading of the nodes is reused for the switch tree and releases
 NODES_FRESH = 5.0  # a reading this recent knows every node: one it lacks is not in the cluster
 LEAVING_TIMEOUT = 5.0  # seconds the next held replica waits for the last one's victims to show as leaving
-QUEUE_RETRY = 2.0  # seconds before a preemption whose victims' queues went unread is planned again
+GROUP_RETRY = 2.0  # seconds before a preemption whose victims' PodGroups went unread is planned again
 
 
 @dataclass
@@ -79,7 +79,7 @@ class PlacementReporter:
     # (namespace, StormService) -> its spread, as the planner returned it (only services with something to keep)
     _spread: dict[Key, SpreadMemory] = field(default_factory=dict)
     _rechecks: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
-    _queues: VictimQueues | None = None  # the victims' queues exact preemption reads (victim_queues.py)
+    _groups: VictimGroups | None = None  # the victims' PodGroups exact preemption reads (victim_groups.py)
 
     async def replica_changed(self, key: Key) -> None:
         """From the placements queue, a few replicas at a time: a pod of replica `key` (namespace,
@@ -138,17 +138,17 @@ class PlacementReporter:
             memory = self._memory.get(key, ReplicaMemory())
             free = await self.room.free_gpus()
             reading = self._room_reading(free)
-            for round in range(1, QUEUE_ROUNDS + 2):  # the victims' queues read as the plan asks (core/preempting.py)
+            for round in range(1, GROUP_ROUNDS + 2):  # the victims' PodGroups read as the plan asks (core/preempting.py)
                 snapshot = replace(snapshot, free_gpus=free, room=reading)
                 plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
-                if not plan.needs_queues or not self.leading():
+                if not plan.needs_groups or not self.leading():
                     break
-                queues = await self._victim_queues().read(plan.needs_queues)
-                if queues is None:  # no answer: nothing is evicted on a half-read cluster; planned again shortly
-                    log.info("the queues of %s's victims could not be read; its preemption is planned again shortly", key[1])
-                    self._recheck_in(key, QUEUE_RETRY)
+                groups = await self._victim_groups().read(plan.needs_groups)
+                if groups is None:  # no answer: nothing is evicted on a half-read cluster; planned again shortly
+                    log.info("the PodGroups of %s's victims could not be read; its preemption is planned again shortly", key[1])
+                    self._recheck_in(key, GROUP_RETRY)
                     return
-                reading = replace(reading, queues={**reading.queues, **queues}, queues_read=round >= QUEUE_ROUNDS)
+                reading = replace(reading, groups={**reading.groups, **groups}, groups_read=round >= GROUP_ROUNDS)
             if not self.leading():
                 return  # deposed while it planned: the new leader plans again
             claim = room_claim(plan.writes, time.monotonic(), self.room_hold)
@@ -250,10 +250,10 @@ class PlacementReporter:
         if plan.recheck_in is not None:
             self._recheck_in(key, min(plan.recheck_in, SETTLE_SECONDS) + 0.5)
 
-    def _victim_queues(self) -> VictimQueues:
-        if self._queues is None:
-            self._queues = VictimQueues(self.api)
-        return self._queues
+    def _victim_groups(self) -> VictimGroups:
+        if self._groups is None:
+            self._groups = VictimGroups(self.api)
+        return self._groups
 
     def _recheck_in(self, key: Key, seconds: float) -> None:
         """Plan the replica again in `seconds` (one timer per replica: the later ask replaces the earlier)."""

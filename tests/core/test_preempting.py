@@ -10,8 +10,20 @@ from typing import Any
 
 from stormtopo.core.admission import admit_pod
 from stormtopo.core.node_fit import NodeFacts
-from stormtopo.core.preempting import DEFAULT_QUEUE, HeldReplica, RoomHold, RoomReading, pick_victims, plan_room, queue_of
+from stormtopo.core.preempting import (
+    DEFAULT_QUEUE,
+    UNREADABLE,
+    HeldReplica,
+    RoomHold,
+    RoomReading,
+    VictimGroup,
+    group_of,
+    pick_victims,
+    plan_room,
+    queue_of,
+)
 from stormtopo.core.preemption import Holder
+from stormtopo.core.priority import DEFAULT_CLASS
 from stormtopo.core.replica import preemptor_priority
 from stormtopo.core.request import ClusterTiers, Mode, TierLimit, TopologyRequest
 from stormtopo.core.topology.fabric import parse_topology
@@ -45,8 +57,8 @@ ALL = {n: batch() for n in NODES}
 def plan(**kw: Any) -> Any:
     """plan_room for replica rs (2 pods of 8 GPUs, both created and held, in the default queue) in the full
     cluster; `kw` overrides. Every holder is of a gang (Volcano's pg-controller gives each pod a PodGroup):
-    a lone one is named for its node and place there; every gang's queue is read and the default one, unless
-    `queues` says otherwise."""
+    a lone one is named for its node and place there; every gang's PodGroup is read, in the default queue and
+    naming no class, unless `groups` says otherwise."""
     replica = HeldReplica(
         "ns",
         "rs",
@@ -61,11 +73,11 @@ def plan(**kw: Any) -> Any:
     holders = {
         n: [h if h.gang else replace(h, gang=f"batch/{n}-{i}") for i, h in enumerate(hs)] for n, hs in kw.pop("holders", ALL).items()
     }
-    queues = kw.pop("queues", None)
-    if queues is None:
-        queues = {h.gang: DEFAULT_QUEUE for hs in holders.values() for h in hs if h.gang}
+    groups = kw.pop("groups", None)
+    if groups is None:
+        groups = {h.gang: VictimGroup(DEFAULT_QUEUE) for hs in holders.values() for h in hs if h.gang}
     reading = RoomReading(
-        kw.pop("free", FULL), holders, kw.pop("gangs", {}), kw.pop("nodes", None), queues=queues, queues_read=kw.pop("queues_read", False)
+        kw.pop("free", FULL), holders, kw.pop("gangs", {}), kw.pop("nodes", None), groups=groups, groups_read=kw.pop("groups_read", False)
     )
     args: dict[str, Any] = {
         "request": HARD1,
@@ -117,26 +129,43 @@ def test_victims_are_only_of_the_replicas_own_queue_the_others_are_volcanos_to_r
     the default queue, takes s0's four of its own queue instead. In queue team-b it takes s1. A pod Volcano
     gave no PodGroup is of no queue and never a victim."""
     holders = ALL | {"node2": [Holder(8, 10, True, "b/one")], "node3": [Holder(8, 10, True, "b/two")]}
-    queues = {f"batch/{n}-{i}": DEFAULT_QUEUE for n in NODES for i in (0, 1)} | {"b/one": "team-b", "b/two": "team-b"}
-    assert {v.node for v in preempts(plan(holders=holders, queues=queues)).victims} == {"node0", "node1"}
-    assert taken(preempts(plan(holders=holders, queues=queues, queue="team-b"))) == (("node2", 8, 10), ("node3", 8, 10))
+    groups = {f"batch/{n}-{i}": VictimGroup(DEFAULT_QUEUE) for n in NODES for i in (0, 1)}
+    groups |= {"b/one": VictimGroup("team-b"), "b/two": VictimGroup("team-b")}
+    assert {v.node for v in preempts(plan(holders=holders, groups=groups)).victims} == {"node0", "node1"}
+    assert taken(preempts(plan(holders=holders, groups=groups, queue="team-b"))) == (("node2", 8, 10), ("node3", 8, 10))
     assert queue_of({"spec": {"queue": "team-b"}}) == "team-b" and queue_of({"spec": {}}) == DEFAULT_QUEUE and queue_of(None) is None
     unknown = plan(queue=None)  # its PodGroup not read yet: held, nothing evicted
     assert not unknown.writes and unknown.hold == RoomHold()
 
 
-def test_the_queues_of_the_gangs_it_would_take_are_asked_for_then_it_plans_again() -> None:
-    """Queues not read yet: the plan names the gangs it would take and evicts nothing; once they are read as
+def test_a_victim_is_ranked_by_its_jobs_class_not_its_pods_own_priority() -> None:
+    """s1's pods run at priority 10, but their PodGroups name class inference-high (1,000,000), which Volcano ranks
+    their jobs by: never victims of a replica at 1,000. A PodGroup naming no class (or an unknown one) ranks at the
+    cluster's default (its globalDefault class): at 2,000, s2's are spared too; without a default, taken."""
+    holders = ALL | {"node2": [Holder(8, 10, True, "b/one")], "node3": [Holder(8, 10, True, "b/two")]}
+    high = {"b/one": VictimGroup(DEFAULT_QUEUE, "inference-high"), "b/two": VictimGroup(DEFAULT_QUEUE, "inference-high")}
+    groups = {f"batch/{n}-{i}": VictimGroup(DEFAULT_QUEUE) for n in NODES for i in (0, 1)} | high
+    values = {"inference-high": 1_000_000}
+    assert {v.node for v in preempts(plan(holders=holders, groups=groups, values=values)).victims} == {"node0", "node1"}
+    assert {v.node for v in preempts(plan(holders=holders, groups=groups, values={})).victims} == {"node2", "node3"}  # unknown: default 0
+    spared = plan(holders=holders, groups=groups, values=values | {DEFAULT_CLASS: 2000})  # every classless job above 1,000
+    assert not [w for w in spared.writes if isinstance(w, PreemptPods)]
+    assert group_of({"spec": {"queue": "q", "priorityClassName": "c"}}) == VictimGroup("q", "c") and group_of(None) == UNREADABLE
+
+
+def test_the_podgroups_of_the_gangs_it_would_take_are_asked_for_then_it_plans_again() -> None:
+    """PodGroups not read yet: the plan names the gangs it would take and evicts nothing; once they are read as
     another queue's, it asks for the next leaf's; once reads are over, a gang still unknown is left alone."""
     holders = ALL | {"node2": [Holder(8, 10, True, "b/one")], "node3": [Holder(8, 10, True, "b/two")]}
-    first = plan(holders=holders, queues={})
-    assert first.needs_queues == {"b/one", "b/two"} and not first.writes and first.hold == RoomHold()
-    second = plan(holders=holders, queues={"b/one": "team-b", "b/two": "team-b"})
-    assert second.needs_queues == {"batch/node0-0", "batch/node0-1", "batch/node1-0", "batch/node1-1"} and not second.writes
-    over = plan(holders=holders, queues={"b/one": "team-b", "b/two": "team-b"}, queues_read=True)
-    assert not [w for w in over.writes if isinstance(w, PreemptPods)] and not over.needs_queues  # none of its queue: let go
+    first = plan(holders=holders, groups={})
+    assert first.needs_groups == {"b/one", "b/two"} and not first.writes and first.hold == RoomHold()
+    team_b = {"b/one": VictimGroup("team-b"), "b/two": VictimGroup("team-b")}
+    second = plan(holders=holders, groups=team_b)
+    assert second.needs_groups == {"batch/node0-0", "batch/node0-1", "batch/node1-0", "batch/node1-1"} and not second.writes
+    over = plan(holders=holders, groups=team_b, groups_read=True)
+    assert not [w for w in over.writes if isinstance(w, PreemptPods)] and not over.needs_groups  # none of its queue: let go
     assert len(releases(over.writes)) == 2 and over.hold is None
-    gone = plan(holders=holders, queues={"b/one": "", "b/two": ""}, queues_read=True)  # "": PodGroup unreadable
+    gone = plan(holders=holders, groups={"b/one": UNREADABLE, "b/two": UNREADABLE}, groups_read=True)  # gone or refused
     assert not [w for w in gone.writes if isinstance(w, PreemptPods)]
 
 

@@ -72,3 +72,16 @@ def test_podgroups_stormtopo_creates_carry_the_class_and_the_reconciler_adds_it_
     plan = plan_stormservice(ServiceSnapshot(ss, (rs,), {rs["metadata"]["name"]: existing}, CLUSTER))
     ops = [op for w in plan.writes for op in getattr(w, "ops", [])]
     assert {"op": "add", "path": "/spec/priorityClassName", "value": "inference-high"} in ops
+
+
+def test_a_job_naming_no_class_or_an_unknown_one_ranks_at_the_clusters_default_as_volcano_ranks_it() -> None:
+    """Volcano v1.15.1 ranks a job at its PodGroup's class's value, else at the globalDefault class's (0 without
+    one): so do the priorities healing, making room and exact preemption compare (core/priority.py)."""
+    from stormtopo.core.priority import DEFAULT_CLASS, job_priority, replica_priority
+
+    values = {"batch": 100, DEFAULT_CLASS: 1000}  # the operator's reading, the globalDefault class's value under ""
+    assert job_priority("batch", values) == 100
+    assert job_priority("", values) == job_priority("deleted-class", values) == 1000
+    assert job_priority("", {}) == 0
+    classless = {"roles": [{"name": "r", "template": {"spec": {}}}]}
+    assert replica_priority(classless, values) == 1000 and replica_priority(classless, {"batch": 100}) == 0

@@ -310,3 +310,19 @@ def test_room_made_for_a_wide_replica_is_read_back_from_the_lenders_record() -> 
     assert room_made_for([older, lender], NOW) == {("ns", "svc", "svc-a"): NOW}
     healed = small_service({"small-0": {**record, "reason": "soft-above-tier"}})
     assert room_made_for([healed, small_service()], NOW) == {}  # a move of its own, for no one
+
+
+def test_of_the_wide_replicas_waiting_for_room_the_one_volcano_ranks_highest_comes_first() -> None:
+    """One move to make room runs in the cluster at a time: it goes to the highest priority waiting, the
+    cluster's default class for one naming none; of equals, the order the pass found them in."""
+    from stormtopo.core.priority import DEFAULT_CLASS
+    from stormtopo.core.room_search import wide_waiting
+
+    def wide(name: str, priority_class: str | None) -> Any:
+        roles = (Role("prefill", gpus=8, priority_class=priority_class), Role("decode", gpus=8, priority_class=priority_class))
+        return (("ns", name), Replica(roleset(f"{name}-rs", roles, service=name), ()), 1)
+
+    waiting = [wide("batchy", "batch"), wide("plain", None), wide("urgent", "inference"), wide("also-batch", "batch")]
+    values = {"batch": 100, "inference": 1_000_000, DEFAULT_CLASS: 500}
+    order = [w[0][1] for w in wide_waiting(waiting, [], NOW, 900.0, values)]
+    assert order == ["urgent", "plain", "batchy", "also-batch"]

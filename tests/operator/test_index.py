@@ -369,3 +369,21 @@ def test_prefix_sharing_of_a_whole_namespace_finds_whom_the_plain_scan_finds() -
     cases += [rng.sample(pool, rng.randint(2, len(pool))) for _ in range(200)]
     for names in cases:
         assert prefix_sharing(names) == {n for n in names if shares_prefix_with(n, names) is not None}, names
+
+
+def test_the_operator_reads_the_clusters_default_class_with_the_others() -> None:
+    from typing import cast
+
+    from stormtopo.core.priority import DEFAULT_CLASS
+    from stormtopo.operator.index import Index
+
+    class Api:
+        def list_objects(self, group: tuple[str, str], plural: str) -> list[dict[str, Any]]:
+            return [
+                {"metadata": {"name": "batch"}, "value": 100},
+                {"metadata": {"name": "everyone"}, "value": 1000, "globalDefault": True},
+            ]
+
+    index = Index(cast(Any, Api()))
+    index.read_priority_classes()
+    assert dict(index.priority_values) == {DEFAULT_CLASS: 1000, "batch": 100, "everyone": 1000}
