@@ -46,6 +46,17 @@ def desired_fields(
     return fields
 
 
+def stale_priority_class(current: Mapping[str, Any], desired_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The op that takes a priority class off a PodGroup stormtopo created once its replica's pods name none any
+    more (else the gang kept outranking the work it no longer ranks above). AIBrix's own PodGroups are left:
+    AIBrix rewrites their spec from its strategy, and the webhook adds the roles' class only where they name one."""
+    managed = ((current.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == OPERATOR_NAME
+    spec = current.get("spec") or {}
+    if managed and "priorityClassName" in spec and "priorityClassName" not in desired_spec:
+        return [{"op": "remove", "path": "/spec/priorityClassName"}]
+    return []
+
+
 def owned_fields(podgroup_spec: Mapping[str, Any] | None) -> dict[str, Any]:
     """The fields stormtopo owns, as a PodGroup carries them now (to keep them while a request is invalid)."""
     return {k: v for k, v in (podgroup_spec or {}).items() if k in OWNED_FIELDS}

@@ -23,6 +23,7 @@ from stormtopo.core.podgroup import (
     owned_podgroup,
     service_group_name,
     service_podgroup,
+    stale_priority_class,
     withdraw,
 )
 from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of
@@ -130,7 +131,8 @@ def _service_group(snapshot: ServiceSnapshot, request: TopologyRequest, current:
     desired = service_podgroup(snapshot.stormservice, request, priorities=dict(snapshot.tiers.priority_values))
     if current is None:
         return [CreatePodGroup(desired)]
-    ops = set_spec_fields(current.get("spec"), {k: v for k, v in desired["spec"].items() if k != "queue"})
+    wanted = {k: v for k, v in desired["spec"].items() if k != "queue"}
+    ops = set_spec_fields(current.get("spec"), wanted) + stale_priority_class(current, wanted)
     meta = desired["metadata"]
     return [PatchPodGroup(meta["namespace"], meta["name"], ops)] if ops else []
 
@@ -149,7 +151,8 @@ def _replica_group(
         if has_scheduling_strategy(roleset.get("spec") or {}):
             return []  # AIBrix creates its own; the webhook gives it the constraint at creation
         return [CreatePodGroup(owned_podgroup(roleset, request, priorities=priorities))]
-    ops = set_spec_fields(current.get("spec"), desired_fields(request, roleset.get("spec") or {}, moving, priorities))
+    wanted = desired_fields(request, roleset.get("spec") or {}, moving, priorities)
+    ops = set_spec_fields(current.get("spec"), wanted) + stale_priority_class(current, wanted)
     # The request annotation marks a constrained gang; without it the pod webhook waits for one forever.
     if REQUEST_ANNOTATION not in ((current.get("metadata") or {}).get("annotations") or {}):
         ops += set_annotations(current, {REQUEST_ANNOTATION: request.describe()})

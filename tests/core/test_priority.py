@@ -74,6 +74,23 @@ def test_podgroups_stormtopo_creates_carry_the_class_and_the_reconciler_adds_it_
     assert {"op": "add", "path": "/spec/priorityClassName", "value": "inference-high"} in ops
 
 
+def test_a_class_the_roles_no_longer_name_comes_off_the_podgroups_stormtopo_made_but_not_off_aibrixs() -> None:
+    """The roles dropped their class (an in-place update): a PodGroup stormtopo created loses the class it gave
+    it, or the gang kept outranking the batch work it no longer ranks above. One AIBrix made is left to AIBrix."""
+    from stormtopo.core.vocabulary import MANAGED_BY_LABEL, OPERATOR_NAME
+
+    ss = stormservice("svc", "ns", (Role("prefill"), Role("decode")), annotations=HARD1, volcano_strategy=False)
+    rs = aibrix_roleset(spec=ss["spec"]["template"]["spec"])
+    name = rs["metadata"]["name"]
+    spec = {"minMember": 2, "queue": "default", "priorityClassName": "inference-high"}
+    ours = {"metadata": {"name": name, "annotations": {}, "labels": {MANAGED_BY_LABEL: OPERATOR_NAME}}, "spec": spec}
+    plan = plan_stormservice(ServiceSnapshot(ss, (rs,), {name: ours}, CLUSTER))
+    assert {"op": "remove", "path": "/spec/priorityClassName"} in [op for w in plan.writes for op in getattr(w, "ops", [])]
+    theirs = {"metadata": {"name": name, "annotations": {}}, "spec": spec}
+    plan = plan_stormservice(ServiceSnapshot(ss, (rs,), {name: theirs}, CLUSTER))
+    assert not [op for w in plan.writes for op in getattr(w, "ops", []) if op["path"] == "/spec/priorityClassName"]
+
+
 def test_a_job_naming_no_class_or_an_unknown_one_ranks_at_the_clusters_default_as_volcano_ranks_it() -> None:
     """Volcano v1.15.1 ranks a job at its PodGroup's class's value, else at the globalDefault class's (0 without
     one): so do the priorities healing, making room and exact preemption compare (core/priority.py)."""
