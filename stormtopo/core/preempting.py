@@ -114,6 +114,7 @@ def plan_room(
     hold_max: float = HOLD_MAX,
     fewest: Fewest = Fewest.PODS,
     values: Mapping[str, int] | None = None,
+    moving: bool = False,
 ) -> RoomPlan:
     """For a replica with pods at the room gate: wait, let it go, or evict its fewest victims and let it go."""
     if not replica.held:
@@ -121,8 +122,10 @@ def plan_room(
     values = values or {}
     hold = hold or RoomHold()
     let_go = RoomPlan(tuple(release_into([], hostnames, replica.held, ROOM_GATE)))
-    if not enabled or request is None or allowed_tier is None or replica.bound or hold.preempted:
-        return let_go  # turned off; opted out or invalid; part of it placed already; or its victims are on their way out
+    if not enabled or request is None or allowed_tier is None or replica.bound or hold.preempted or moving:
+        # Turned off; opted out or invalid; part of it placed already; its victims on their way out; or moved by
+        # healing, which is voluntary: a move never costs other work its pods (it goes where room was).
+        return let_go
     if replica.held_for >= hold_max:
         why = f"replica {replica.name} let go after {hold_max:.0f} s at the room gate, to Volcano's own preemption"
         return RoomPlan(let_go.writes, (Say("Normal", "ReplicaLetGo", why),))

@@ -16,6 +16,7 @@ from typing import Any
 
 from stormtopo.core.explanation import Pending, allowed_tier, is_explainable
 from stormtopo.core.gang import followers, gang_of, replica_pods
+from stormtopo.core.moves import moving_tier
 from stormtopo.core.node_fit import without_pins
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.placement import EMPTY_TOPOLOGY, is_held, is_held_for_room, is_live, plan_placed, plan_release, recorded_placement
@@ -427,6 +428,7 @@ def _room(snapshot: ReplicaSnapshot, state: ReplicaState, memory: ReplicaMemory)
         snapshot.room_hold,
         snapshot.exact_fewest,
         dict(snapshot.tiers.priority_values),
+        moving_tier(snapshot.stormservice, snapshot.key[1], snapshot.wall) is not None,
     )
 
 

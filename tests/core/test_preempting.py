@@ -249,6 +249,8 @@ def test_it_evicts_once_per_hold_and_lets_go_when_nothing_qualifies() -> None:
     assert not [w for w in equal.writes if isinstance(w, PreemptPods)] and len(releases(equal.writes)) == 2
     opted_out = plan(request=None)
     assert len(releases(opted_out.writes)) == 2
+    moving = plan(moving=True)  # healing moves it (voluntary): it goes where room was, never at others' cost
+    assert not [w for w in moving.writes if isinstance(w, PreemptPods)] and len(releases(moving.writes)) == 2
     partly_bound = plan(bound=1)  # a pod of a running replica made again: not a fresh gang to preempt for
     assert not [w for w in partly_bound.writes if isinstance(w, PreemptPods)]
     assert plan(held=[]).writes == ()
