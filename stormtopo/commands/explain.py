@@ -13,6 +13,7 @@ from stormtopo.commands.report import NotFound, cluster_view, print_report
 from stormtopo.core.explanation import allowed_tier, explain
 from stormtopo.core.placement import placement_record
 from stormtopo.core.priority import known_replica_priority
+from stormtopo.core.priority import priority_values as class_values
 from stormtopo.core.replica import ReplicaSnapshot, gang_name, replica_state
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.spread import replicas_per_domain, spread_tier
@@ -84,13 +85,13 @@ def explain_stormservice(api: Api, namespace: str, name: str, scheduler_configma
 
 
 def priority_values(api: Api) -> dict[str, int] | None:
-    """Every PriorityClass's value; None where this user may not list them (then nothing is said of
-    preemption)."""
+    """Every PriorityClass's value, and the cluster's default (core/priority.py), as the operator reads them;
+    None where this user may not list them (then nothing is said of preemption)."""
     try:
         classes = api.list_objects(("scheduling.k8s.io", "v1"), "priorityclasses")
     except (Forbidden, Unauthorized):
         return None
-    return {str(c["metadata"]["name"]): int(c.get("value") or 0) for c in classes}
+    return class_values(classes)
 
 
 def gang_priority(podgroup: Mapping[str, Any] | None, roleset: Mapping[str, Any], values: Mapping[str, int] | None) -> int | None:

@@ -196,7 +196,11 @@ def _takeable(holder: Holder, queue: str, priority: int, reading: RoomReading, v
     group = reading.groups.get(holder.gang)
     if group is None:
         return not reading.groups_read
-    return group != UNREADABLE and group.queue == queue and job_priority(group.priority_class, values) < priority
+    if group == UNREADABLE or group.queue != queue:
+        return False
+    if group.priority_class and group.priority_class not in values:
+        return False  # a class not read yet (created a moment ago) may rank its job above the replica: spared
+    return job_priority(group.priority_class, values) < priority
 
 
 def queue_of(podgroup: Mapping[str, Any] | None) -> str | None:

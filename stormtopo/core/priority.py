@@ -12,13 +12,21 @@ differ (a gang is placed whole: it is worth what its most important pod is worth
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 # In the priority values (every PriorityClass's, by name): the cluster's default under this key, the value of
 # the globalDefault class (0 without one). Volcano ranks a job whose PodGroup names no class, or one that does
 # not exist, at it. No class is named "" (Kubernetes requires a name).
 DEFAULT_CLASS = ""
+
+
+def priority_values(classes: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Every PriorityClass's value by name, as listed, and the cluster's default under DEFAULT_CLASS: the
+    globalDefault class's value (the highest, should several claim it), 0 without one."""
+    values = {str(c["metadata"]["name"]): int(c.get("value") or 0) for c in classes}
+    default = max((int(c.get("value") or 0) for c in classes if c.get("globalDefault")), default=0)
+    return {DEFAULT_CLASS: default, **values}
 
 
 def job_priority(priority_class: str, values: Mapping[str, int]) -> int:

@@ -21,7 +21,7 @@ from stormtopo.core.heal_pass import in_play
 from stormtopo.core.movable import roleset_prefix
 from stormtopo.core.ownership import roleset_name, stormservice_name
 from stormtopo.core.podgroup import carries_constraint, service_group_name
-from stormtopo.core.priority import DEFAULT_CLASS
+from stormtopo.core.priority import priority_values
 from stormtopo.core.reconciliation import ServiceSnapshot
 from stormtopo.core.replica import KnownNodes, ReplicaSnapshot
 from stormtopo.core.replica_pods import Replica
@@ -552,8 +552,7 @@ class Index:
                 log.warning("PriorityClasses cannot be read (%s): roles at different classes get the first by name", exc.status)
             self._priorities_refused = True
             return
-        default = max((int(c.get("value") or 0) for c in classes if c.get("globalDefault")), default=0)
-        values = tuple(sorted([(DEFAULT_CLASS, default), *((str(c["metadata"]["name"]), int(c.get("value") or 0)) for c in classes)]))
+        values = tuple(sorted(priority_values(classes).items()))
         if values != self.priority_values:
             self.priority_values = values
 

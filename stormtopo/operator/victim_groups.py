@@ -21,7 +21,7 @@ from stormtopo.core.vocabulary import VOLCANO_SCHEDULING
 from stormtopo.kube.client import Api
 from stormtopo.kube.errors import Forbidden, KubeError, NotFound
 
-GROUPS_TTL = 60.0  # seconds a gang's PodGroup is reused: its queue and class do not change while it runs
+GROUPS_TTL = 10.0  # seconds a gang's PodGroup is reused: its class may change (AIBrix's strategy, stormtopo's roles)
 GROUPS_KEPT = 4096  # gangs remembered at most (least recently read go first)
 READS_AT_ONCE = 8  # GETs in flight together
 ROUND_DEADLINE = 10.0  # seconds one round of reads may take before it counts as no answer

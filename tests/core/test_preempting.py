@@ -140,14 +140,18 @@ def test_victims_are_only_of_the_replicas_own_queue_the_others_are_volcanos_to_r
 
 def test_a_victim_is_ranked_by_its_jobs_class_not_its_pods_own_priority() -> None:
     """s1's pods run at priority 10, but their PodGroups name class inference-high (1,000,000), which Volcano ranks
-    their jobs by: never victims of a replica at 1,000. A PodGroup naming no class (or an unknown one) ranks at the
-    cluster's default (its globalDefault class): at 2,000, s2's are spared too; without a default, taken."""
+    their jobs by: never victims of a replica at 1,000; nor while that class's value is not read yet. A PodGroup
+    naming no class ranks at the cluster's default (its globalDefault class): at 2,000, every one is spared;
+    without a default, at 0, taken."""
     holders = ALL | {"node2": [Holder(8, 10, True, "b/one")], "node3": [Holder(8, 10, True, "b/two")]}
     high = {"b/one": VictimGroup(DEFAULT_QUEUE, "inference-high"), "b/two": VictimGroup(DEFAULT_QUEUE, "inference-high")}
     groups = {f"batch/{n}-{i}": VictimGroup(DEFAULT_QUEUE) for n in NODES for i in (0, 1)} | high
     values = {"inference-high": 1_000_000}
     assert {v.node for v in preempts(plan(holders=holders, groups=groups, values=values)).victims} == {"node0", "node1"}
-    assert {v.node for v in preempts(plan(holders=holders, groups=groups, values={})).victims} == {"node2", "node3"}  # unknown: default 0
+    unknown = plan(holders=holders, groups=groups, values={DEFAULT_CLASS: 0})  # a class not read yet: spared, as it may rank high
+    assert {v.node for v in preempts(unknown).victims} == {"node0", "node1"}
+    classless = {g: VictimGroup(DEFAULT_QUEUE) for g in groups}  # naming none: the cluster's default, 0 here
+    assert {v.node for v in preempts(plan(holders=holders, groups=classless, values={})).victims} == {"node2", "node3"}
     spared = plan(holders=holders, groups=groups, values=values | {DEFAULT_CLASS: 2000})  # every classless job above 1,000
     assert not [w for w in spared.writes if isinstance(w, PreemptPods)]
     assert group_of({"spec": {"queue": "q", "priorityClassName": "c"}}) == VictimGroup("q", "c") and group_of(None) == UNREADABLE
