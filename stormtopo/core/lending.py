@@ -21,7 +21,7 @@ from stormtopo.core.cooldown import COOLDOWN, _cooldown
 from stormtopo.core.disruption import replica_budget
 from stormtopo.core.heal_request import may_need_healing, tier_to_heal, wants_healing
 from stormtopo.core.moves import recorded_moves, recorded_seconds
-from stormtopo.core.priority import replica_priority
+from stormtopo.core.priority import known_replica_priority
 from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.room import Resident
@@ -165,5 +165,7 @@ def resident(
     if span.tier is None or span.tier > tier:
         return None
     namespace = str(stormservice["metadata"].get("namespace", ""))
-    priority = replica_priority(roleset.get("spec") or {}, dict(tiers.priority_values))
+    priority = known_replica_priority(roleset.get("spec") or {}, dict(tiers.priority_values))
+    if priority is None:
+        return None  # its class not read yet: it might rank above the replica it would make room for
     return Resident(namespace, str(stormservice["metadata"]["name"]), name, replica.gpus_by_node(), tuple(replica.wanted()), tier, priority)

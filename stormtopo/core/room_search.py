@@ -13,7 +13,7 @@ from stormtopo.core.heal_plan import HealPlan
 from stormtopo.core.heal_target import room_of
 from stormtopo.core.lending import MakeRoom, making_room_under_way, resident, room_made_for, wide_replica
 from stormtopo.core.node_fit import NodeFacts
-from stormtopo.core.priority import replica_priority
+from stormtopo.core.priority import known_replica_priority, replica_priority
 from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.room import Resident, Room, resident_key, room_by_moving
@@ -22,6 +22,7 @@ from stormtopo.core.verdict import Why
 
 ServiceKey = tuple[str, str]  # (namespace, StormService)
 Pod = Mapping[str, Any]
+UNRANKED = -(1 << 62)  # below every PriorityClass value (they are 32-bit)
 NoRoom = tuple[ServiceKey, Replica, int]  # a wide replica with nowhere to go, and the tier it must be within
 WIDE_TRIED = 2  # wide replicas a pass looks for a resident to move for (each search ~0.1 s at 1,000 nodes)
 DONORS_TRIED = 3  # residents offered in turn to one wide replica, when the first ones' own plans refuse
@@ -44,6 +45,12 @@ def wide_waiting(
     waiting = [(k, r, t) for k, r, t in no_room if now - made.get((*k, r.name), float("-inf")) >= cooldown]
     values = priorities or {}
     return tuple(sorted(waiting, key=lambda w: -replica_priority(w[1].roleset.get("spec") or {}, values)))  # (stable)
+
+
+def _rank(replica: Replica, priorities: Mapping[str, int]) -> int:
+    """The wide replica's priority; while its class is not read yet, below every lender's (no room is made)."""
+    known = known_replica_priority(replica.roleset.get("spec") or {}, priorities)
+    return known if known is not None else UNRANKED
 
 
 def lenders(
@@ -103,7 +110,7 @@ def next_offer(search: RoomSearch, free: Mapping[str, int]) -> Offer | None:
                 search.topology,
                 search.skip,
                 search.listed,
-                replica_priority(replica.roleset.get("spec") or {}, search.priorities),
+                _rank(replica, search.priorities),
             )
             if room is not None:
                 order = MakeRoom(room.resident.replica, wide_replica(*key, replica.name), room.frees.switch.name)

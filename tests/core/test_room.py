@@ -226,6 +226,20 @@ def test_a_resident_is_read_from_the_index_only_when_whole_within_its_tier_and_f
     assert resident(waiting, rs.roleset, rs.pods, TIERS, TOPOLOGY, NOW) is None
     wide = replace(rs, pods=(rs.pods[0], {**rs.pods[1], "spec": {"nodeName": "node2"}}))
     assert resident(svc, wide.roleset, wide.pods, TIERS, TOPOLOGY, NOW) is None  # itself above its tier
+    unread = replace(
+        rs,
+        roleset={
+            **rs.roleset,
+            "spec": {
+                **rs.roleset["spec"],
+                "roles": [
+                    {**role, "template": {**role["template"], "spec": {**role["template"]["spec"], "priorityClassName": "just-made"}}}
+                    for role in rs.roleset["spec"]["roles"]
+                ],
+            },
+        },
+    )
+    assert resident(svc, unread.roleset, unread.pods, TIERS, TOPOLOGY, NOW) is None  # its class not read: might rank high
 
 
 # -- lending room is the lender's choice (issue 34, item 3) ----------------------------------------
