@@ -29,6 +29,7 @@ from tests.integration.chart import InstalledOperator, running_as_installed
 
 HIGH, LOW = "stormtopo-test-exact-high", "stormtopo-test-exact-low"
 QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"  # on a pod: the queue of the PodGroup Volcano makes for it
+GROUP_ANNOTATION = "scheduling.k8s.io/group-name"  # on a pod: the PodGroup (Volcano job) it belongs to
 VICTIMS = "exact-victims"  # the namespace whose pods stormtopo may evict
 BATCH = f"{BATCH_LABEL}=true"
 
@@ -72,13 +73,24 @@ LEAVES = {"s0": ((4, 4), (4, 4)), "s1": ((8,), (8,)), "s2": ((1,) * 8, (1,) * 8)
 
 
 def fill(
-    cluster: DevCluster, topology: Topology, leaves: Mapping[str, Sequence[Sequence[int]]] = LEAVES, queues: Mapping[str, str] | None = None
+    cluster: DevCluster,
+    topology: Topology,
+    leaves: Mapping[str, Sequence[Sequence[int]]] = LEAVES,
+    queues: Mapping[str, str] | None = None,
+    classes: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[str, str]]:
     """Every GPU held, each node as `leaves` says (the GPUs of each pod, per node of each leaf in order), the
-    pods of a leaf `queues` names in that Volcano queue (else the default one): pod -> (uid, node). What a
-    test before left goes first."""
+    pods of a leaf `queues` names in that Volcano queue (else the default one), those of a leaf `classes`
+    names each in a PodGroup of its own at that class (its pods' own class stays LOW): pod -> (uid, node).
+    What a test before left goes first."""
     cluster.core.delete_collection_namespaced_pod(VICTIMS, label_selector=BATCH, grace_period_seconds=0)
     cluster.wait(lambda: not cluster.pods(VICTIMS, BATCH), 60, "the victims' namespace empty")
+    for group in cluster.podgroups(VICTIMS):  # a test's own jobs (pg-controller's go with their pods)
+        if group["metadata"]["name"].endswith("-job"):
+            with contextlib.suppress(ApiException):
+                cluster.custom.delete_namespaced_custom_object(
+                    "scheduling.volcano.sh", "v1beta1", VICTIMS, "podgroups", group["metadata"]["name"]
+                )
     count = 0
     for leaf, per_node in leaves.items():
         for node, gpus in zip(sorted(topology.nodes_under(leaf)), per_node, strict=True):
@@ -86,6 +98,11 @@ def fill(
                 pod = batch_pod(f"{node}-{i}", VICTIMS, LOW, gpus=size, node=node)
                 if queues and leaf in queues:  # Volcano's pg-controller gives the pod's PodGroup this queue
                     pod["metadata"]["annotations"] = {QUEUE_ANNOTATION: queues[leaf]}
+                if classes and leaf in classes:  # a job of that class: Volcano ranks it by its PodGroup's
+                    group = {"minMember": 1, "queue": "default", "priorityClassName": classes[leaf]}
+                    meta = {"name": f"{node}-{i}-job", "namespace": VICTIMS}
+                    cluster.create({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup", "metadata": meta, "spec": group})
+                    pod["metadata"]["annotations"] = {GROUP_ANNOTATION: meta["name"]}
                 cluster.create(pod)
                 count += 1
     running = cluster.bound_pods(VICTIMS, BATCH, count, timeout=120)
@@ -130,6 +147,20 @@ def test_victims_are_taken_only_in_the_replicas_own_queue(cluster: DevCluster, t
     assert gone == {"node0-0", "node0-1", "node1-0", "node1-1"}, f"preempted {sorted(gone)}; the default queue's fewest are s0's four"
     said = [e["message"] for e in cluster.events(namespace, "own-queue") if e.get("reason") == "ReplicaPreempting"]
     assert said and "preempts 4 pod(s) holding 16 GPUs (4 of priority 100) in tier-1 s0" in said[0], said
+
+
+def test_victims_are_ranked_by_their_jobs_class_not_their_pods_own(cluster: DevCluster, topology: Topology, namespace: str) -> None:
+    """s1's two 8-GPU pods run at the low class, but each in a job (PodGroup) of the replica's own high class:
+    Volcano ranks a job by its PodGroup's class, and never preempts a job as high as the preemptor. The
+    replica takes s0's four low jobs instead, and s1's pods are untouched."""
+    before = fill(cluster, topology, classes={"s1": HIGH})
+    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
+    cluster.create(stormservice("by-job", namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+
+    placed = cluster.bound_pods(namespace, "storm-service-name=by-job", 2, timeout=120)
+    assert sorted(node_names(placed)) == sorted(topology.nodes_under("s0")), f"placed on {node_names(placed)}, not in s0"
+    gone = preempted(cluster, before)
+    assert gone == {"node0-0", "node0-1", "node1-0", "node1-1"}, f"preempted {sorted(gone)}; s1's jobs rank as high as the replica"
 
 
 def queue_of_pod(cluster: DevCluster, name: str) -> str | None:
