@@ -20,6 +20,7 @@ from stormtopo.core.spread import replicas_per_domain, spread_tier
 from stormtopo.core.vocabulary import AIBRIX, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
 from stormtopo.core.volcano_conf import SchedulerConf
 from stormtopo.kube.client import Api, Forbidden, Unauthorized
+from stormtopo.kube.errors import KubeError
 from stormtopo.operator.room import NodeRoom
 from stormtopo.operator.scheduler_conf import read_scheduler_conf
 
@@ -42,7 +43,7 @@ def explain_stormservice(api: Api, namespace: str, name: str, scheduler_configma
     room = NodeRoom.read(api)  # the operator's reading: each node's free GPUs and the pods that hold them
     free, holders, gangs = room.free_now(taking_new_pods=False), room.holders_now(), room.gangs_now()
     values = priority_values(api)
-    volcano = read_scheduler_conf(api, scheduler_configmap) if scheduler_configmap and values is not None else None
+    volcano = _scheduler_conf(api, scheduler_configmap) if values is not None else None
     topology, tiers = cluster_view(api)
     request = request_of(stormservice, tiers)
     report: dict[str, Any] = {"namespace": namespace, "stormservice": name}
@@ -73,15 +74,26 @@ def explain_stormservice(api: Api, namespace: str, name: str, scheduler_configma
             tier = allowed_tier(request, topology) if request else None
             if tier is not None:
                 priority = gang_priority(podgroup, roleset, values)
-                conf = volcano if isinstance(volcano, SchedulerConf) else None  # unread: nothing said of it
                 # (nothing of preemption without a priority)
-                explanation = explain(topology, free, state.wanted, tier, holders, priority, gangs, conf)
+                explanation = explain(topology, free, state.wanted, tier, holders, priority, gangs, volcano)
                 entry["pending"] = {"fits": explanation.fits, "explanation": explanation.render()}
         report["replicas"].append(entry)
     tier = spread_tier(request, topology)
     if tier is not None:
         report["spread"] = {"tier": tier, "domains": replicas_per_domain(topology, tier, bound)}
     return report
+
+
+def _scheduler_conf(api: Api, configmap: str) -> SchedulerConf | None:
+    """Volcano's scheduler configuration where it can be read; else nothing is said of it (the operator's
+    Warning reads it the same way)."""
+    if not configmap:
+        return None
+    try:
+        read = read_scheduler_conf(api, configmap)
+    except KubeError:
+        return None
+    return read if isinstance(read, SchedulerConf) else None
 
 
 def priority_values(api: Api) -> dict[str, int] | None:

@@ -35,14 +35,15 @@ most (GROUP_ROUNDS); a gang whose PodGroup is still not known after them is left
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from stormtopo.core.gang import container_gpus
+from stormtopo.core.moves import recorded_seconds
 from stormtopo.core.node_fit import NodeFacts, nodes_for
 from stormtopo.core.packing import domains_at_tier, fits
 from stormtopo.core.placement import release_into
-from stormtopo.core.preemption import CLUSTER, Holder, plan_preemption, rank_of
+from stormtopo.core.preemption import CLUSTER, Holder, marked_preemptable, plan_preemption, rank_of
 from stormtopo.core.priority import job_priority
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
@@ -143,13 +144,15 @@ def plan_room(
     holders = {
         n: [h for h in hs if _takeable(h, replica.queue, priority, reading, values)] for n, hs in reading.holders.items() if n in free
     }
+    # Ranked as Volcano ranks them: by their job's priority where their PodGroup was read (ties, the Event).
+    ranked = {n: [_as_job(h, reading, values) for h in hs] for n, hs in holders.items()}
     soft = request.mode is Mode.SOFT
     wanted = replica.wanted
     if any(d.fits for level in range(1, allowed_tier + 1) for d in domains_at_tier(topology, free, wanted, level)[:1]):
         return let_go
     if soft and fits(list(free.values()), wanted):
         return let_go
-    plan = plan_preemption(topology, free, holders, wanted, priority, allowed_tier, reading.gangs, soft=soft, fewest=fewest)
+    plan = plan_preemption(topology, free, ranked, wanted, priority, allowed_tier, reading.gangs, soft=soft, fewest=fewest)
     if plan.victims is None:
         return let_go
     v = plan.victims
@@ -171,21 +174,34 @@ def plan_room(
 
 @dataclass(frozen=True)
 class VictimGroup:
-    """A victim gang's PodGroup as Volcano ranks its job: its queue, and its priority class ("": none named)."""
+    """A victim gang's PodGroup as Volcano ranks its job: its queue, its priority class ("": none named), whether
+    Volcano may preempt it (`volcano.sh/preemptable`, gangpreempt's IsJobPreemptableForGangEviction), and
+    whether it was made so lately that a class it names may not be read yet."""
 
     queue: str
     priority_class: str = ""
+    preemptable: bool = True
+    young: bool = False
 
 
-UNREADABLE = VictimGroup("")  # a PodGroup gone, or not to be read: its gang is never taken
+UNREADABLE = VictimGroup("", preemptable=False)  # a PodGroup gone, or not to be read: its gang is never taken
+CLASS_GRACE = 60.0  # seconds a PodGroup naming a class the operator has not read is spared (then: the default)
 
 
-def group_of(podgroup: Mapping[str, Any] | None) -> VictimGroup:
-    """What of a victim's PodGroup preemption judges by; UNREADABLE without one."""
+def group_of(podgroup: Mapping[str, Any] | None, now: float | None = None) -> VictimGroup:
+    """What of a victim's PodGroup preemption judges by, read at `now` (wall seconds); UNREADABLE without one."""
     if podgroup is None:
         return UNREADABLE
-    spec = podgroup.get("spec") or {}
-    return VictimGroup(queue_of(podgroup) or "", str(spec.get("priorityClassName") or ""))
+    meta, spec = podgroup.get("metadata") or {}, podgroup.get("spec") or {}
+    created = recorded_seconds(meta.get("creationTimestamp"))
+    young = now is not None and (created is None or now - created < CLASS_GRACE)
+    return VictimGroup(queue_of(podgroup) or "", str(spec.get("priorityClassName") or ""), marked_preemptable(meta), young)
+
+
+def _as_job(holder: Holder, reading: RoomReading, values: Mapping[str, int]) -> Holder:
+    """The holder at its job's priority, where its PodGroup was read."""
+    group = reading.groups.get(holder.gang) if holder.gang is not None else None
+    return replace(holder, priority=job_priority(group.priority_class, values)) if group is not None else holder
 
 
 def _takeable(holder: Holder, queue: str, priority: int, reading: RoomReading, values: Mapping[str, int]) -> bool:
@@ -196,11 +212,11 @@ def _takeable(holder: Holder, queue: str, priority: int, reading: RoomReading, v
     group = reading.groups.get(holder.gang)
     if group is None:
         return not reading.groups_read
-    if group == UNREADABLE or group.queue != queue:
-        return False
-    if group.priority_class and group.priority_class not in values:
-        return False  # a class not read yet (created a moment ago) may rank its job above the replica: spared
-    return job_priority(group.priority_class, values) < priority
+    if not group.preemptable or group.queue != queue:
+        return False  # (UNREADABLE is never preemptable)
+    if group.priority_class and group.priority_class not in values and group.young:
+        return False  # a class made a moment ago, not read yet, may rank its job above the replica: spared a while
+    return job_priority(group.priority_class, values) < priority  # a class that does not exist: the default
 
 
 def queue_of(podgroup: Mapping[str, Any] | None) -> str | None:

@@ -106,10 +106,16 @@ def rank_of(pod: Mapping[str, Any]) -> tuple[int, bool]:
     ranked = priority if isinstance(priority, int) else 0
     if spec.get("schedulerName") != VOLCANO_SCHEDULER:
         return ranked, False
+    return ranked, marked_preemptable(meta)
+
+
+def marked_preemptable(meta: Mapping[str, Any]) -> bool:
+    """A pod's or PodGroup's `volcano.sh/preemptable` as Volcano reads it: the annotation, then the label,
+    parsed as Go's strconv.ParseBool (unreadable: false); unmarked: true."""
     for marks in (meta.get("annotations") or {}, meta.get("labels") or {}):
         if PREEMPTABLE in marks:
-            return ranked, str(marks[PREEMPTABLE]) in _GO_TRUE
-    return ranked, True
+            return str(marks[PREEMPTABLE]) in _GO_TRUE
+    return True
 
 
 def is_candidate(holder: Holder, priority: int) -> bool:

@@ -210,7 +210,7 @@ class NodeRoom:
 
     def gangs_now(self) -> dict[str, GangSize]:
         """Each gang that holds GPUs: its running pods and their GPUs, taken as its minimum (the operator
-        reads no other team's PodGroup: a gang is assumed to run at its minMember, so preemption counts a
+        keeps no other team's PodGroup: a gang is assumed to run at its minMember, so preemption counts a
         victim of a gang as the whole gang lost, never less). Built once per change of the reading."""
         if self._gangs_at is not None and self._gangs_at[0] == self.changes:
             return self._gangs_at[1]

@@ -63,6 +63,6 @@ class VictimGroups:
     def _get(self, gang: str) -> VictimGroup:
         namespace, _, name = gang.partition("/")
         try:
-            return group_of(self.api.get(VOLCANO_SCHEDULING, "podgroups", namespace, name))
+            return group_of(self.api.get(VOLCANO_SCHEDULING, "podgroups", namespace, name), time.time())
         except (NotFound, Forbidden):
             return UNREADABLE

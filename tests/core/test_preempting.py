@@ -58,7 +58,7 @@ def plan(**kw: Any) -> Any:
     """plan_room for replica rs (2 pods of 8 GPUs, both created and held, in the default queue) in the full
     cluster; `kw` overrides. Every holder is of a gang (Volcano's pg-controller gives each pod a PodGroup):
     a lone one is named for its node and place there; every gang's PodGroup is read, in the default queue and
-    naming no class, unless `groups` says otherwise."""
+    at its pods' class, unless `groups` says otherwise."""
     replica = HeldReplica(
         "ns",
         "rs",
@@ -74,8 +74,9 @@ def plan(**kw: Any) -> Any:
         n: [h if h.gang else replace(h, gang=f"batch/{n}-{i}") for i, h in enumerate(hs)] for n, hs in kw.pop("holders", ALL).items()
     }
     groups = kw.pop("groups", None)
-    if groups is None:
-        groups = {h.gang: VictimGroup(DEFAULT_QUEUE) for hs in holders.values() for h in hs if h.gang}
+    if groups is None:  # each job at its pods' class (Volcano's pg-controller copies it), in the default queue
+        groups = {h.gang: VictimGroup(DEFAULT_QUEUE, f"class-{h.priority}") for hs in holders.values() for h in hs if h.gang}
+        kw["values"] = {f"class-{h.priority}": h.priority for hs in holders.values() for h in hs} | kw.get("values", {})
     reading = RoomReading(
         kw.pop("free", FULL), holders, kw.pop("gangs", {}), kw.pop("nodes", None), groups=groups, groups_read=kw.pop("groups_read", False)
     )
@@ -140,21 +141,49 @@ def test_victims_are_only_of_the_replicas_own_queue_the_others_are_volcanos_to_r
 
 def test_a_victim_is_ranked_by_its_jobs_class_not_its_pods_own_priority() -> None:
     """s1's pods run at priority 10, but their PodGroups name class inference-high (1,000,000), which Volcano ranks
-    their jobs by: never victims of a replica at 1,000; nor while that class's value is not read yet. A PodGroup
-    naming no class ranks at the cluster's default (its globalDefault class): at 2,000, every one is spared;
-    without a default, at 0, taken."""
+    their jobs by: never victims of a replica at 1,000; nor while that class is not read yet, if the PodGroup was
+    made a moment ago (a class that does not exist ranks at the cluster's default, as Volcano ranks it). A
+    PodGroup naming no class ranks at the cluster's default (its globalDefault class): at 2,000, every one is
+    spared; without a default, at 0, taken. Ties and the Event go by the job's priority too; a PodGroup marked
+    volcano.sh/preemptable: "false" is never taken."""
     holders = ALL | {"node2": [Holder(8, 10, True, "b/one")], "node3": [Holder(8, 10, True, "b/two")]}
     high = {"b/one": VictimGroup(DEFAULT_QUEUE, "inference-high"), "b/two": VictimGroup(DEFAULT_QUEUE, "inference-high")}
     groups = {f"batch/{n}-{i}": VictimGroup(DEFAULT_QUEUE) for n in NODES for i in (0, 1)} | high
     values = {"inference-high": 1_000_000}
     assert {v.node for v in preempts(plan(holders=holders, groups=groups, values=values)).victims} == {"node0", "node1"}
-    unknown = plan(holders=holders, groups=groups, values={DEFAULT_CLASS: 0})  # a class not read yet: spared, as it may rank high
-    assert {v.node for v in preempts(unknown).victims} == {"node0", "node1"}
+    young = groups | {g: replace(v, young=True) for g, v in high.items()}
+    unread = plan(holders=holders, groups=young, values={DEFAULT_CLASS: 0})  # made a moment ago, its class not read yet
+    assert {v.node for v in preempts(unread).victims} == {"node0", "node1"}
+    ghost = plan(holders=holders, groups=groups, values={DEFAULT_CLASS: 0})  # a class that does not exist: the default
+    assert {v.node for v in preempts(ghost).victims} == {"node2", "node3"}
     classless = {g: VictimGroup(DEFAULT_QUEUE) for g in groups}  # naming none: the cluster's default, 0 here
-    assert {v.node for v in preempts(plan(holders=holders, groups=classless, values={})).victims} == {"node2", "node3"}
+    taken_then = preempts(plan(holders=holders, groups=classless, values={}))
+    assert {v.node for v in taken_then.victims} == {"node2", "node3"}
     spared = plan(holders=holders, groups=groups, values=values | {DEFAULT_CLASS: 2000})  # every classless job above 1,000
     assert not [w for w in spared.writes if isinstance(w, PreemptPods)]
+    shielded = {g: replace(v, preemptable=False) for g, v in high.items()}
+    assert {v.node for v in preempts(plan(holders=holders, groups=groups | shielded, values={})).victims} == {"node0", "node1"}
+    marked = {"metadata": {"annotations": {"volcano.sh/preemptable": "false"}}, "spec": {"queue": "q", "priorityClassName": "c"}}
     assert group_of({"spec": {"queue": "q", "priorityClassName": "c"}}) == VictimGroup("q", "c") and group_of(None) == UNREADABLE
+    assert group_of(marked) == VictimGroup("q", "c", preemptable=False)
+    old = {"metadata": {"creationTimestamp": "2027-01-15T08:00:00Z"}, "spec": {}}
+    assert group_of(old, now=1_800_000_000.0 + 3600).young is False and group_of(old, now=1_800_000_030.0).young is True
+
+
+def test_ties_and_the_event_go_by_the_jobs_priority() -> None:
+    """Two leaves cost the same pods and GPUs: s0's jobs rank at 400 (their PodGroups' class) though their pods
+    run at 0, s1's at 100. Volcano would take the lower-ranked job: so does the plan, and its Event says 100."""
+    holders = (
+        ALL
+        | {n: [Holder(8, 0, True, f"a/{n}")] for n in ("node0", "node1")}
+        | {n: [Holder(8, 100, True, f"b/{n}")] for n in ("node2", "node3")}
+    )
+    groups = {f"batch/{n}-{i}": VictimGroup(DEFAULT_QUEUE, "class-100") for n in NODES for i in (0, 1)}
+    groups |= {f"a/{n}": VictimGroup(DEFAULT_QUEUE, "mid") for n in ("node0", "node1")}
+    groups |= {f"b/{n}": VictimGroup(DEFAULT_QUEUE, "low") for n in ("node2", "node3")}
+    room = plan(holders=holders, groups=groups, values={"mid": 400, "low": 100, "class-100": 100})
+    assert {v.node for v in preempts(room).victims} == {"node2", "node3"}
+    assert "(2 of priority 100)" in room.says[0].message
 
 
 def test_the_podgroups_of_the_gangs_it_would_take_are_asked_for_then_it_plans_again() -> None:

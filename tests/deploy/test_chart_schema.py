@@ -140,7 +140,7 @@ def test_more_than_one_replica_without_leader_election_is_refused() -> None:
 
 def test_volcanos_scheduler_configuration_is_read_by_name_only_or_not_at_all() -> None:
     """volcano.schedulerConfigMap: `get` of ConfigMaps of that one name (a ClusterRole: Volcano's namespace need
-    not exist at install), and the operator told where it is; empty or null, neither (it reads nothing)."""
+    not exist at install), and the operator told where it is; empty, neither (it reads nothing)."""
 
     def render(*sets: str) -> tuple[list[str], list[dict[str, Any]]]:
         done = helm("template", "x", str(CHART), "--kube-version", "1.35.3", *sets)
@@ -161,9 +161,11 @@ def test_volcanos_scheduler_configuration_is_read_by_name_only_or_not_at_all() -
     args, objects = render("--set", "volcano.schedulerConfigMap=batch-sched/vc-conf")
     assert "--volcano-scheduler-configmap=batch-sched/vc-conf" in args
     assert [o["rules"][0]["resourceNames"] for o in objects if o["kind"] == "ClusterRole"] == [["vc-conf"]]
-    for unset in ("volcano.schedulerConfigMap=", "volcano=null"):
-        args, objects = render("--set", unset)
-        assert "--volcano-scheduler-configmap=" in args and not objects, unset
+    args, objects = render("--set", "volcano.schedulerConfigMap=")
+    assert "--volcano-scheduler-configmap=" in args and not objects
+    # Values without the key (an upgrade with --reuse-values keeps the older release's): its default.
+    args, objects = render("--set", "volcano=null")
+    assert "--volcano-scheduler-configmap=volcano-system/volcano-scheduler-configmap" in args and len(objects) == 2
 
 
 def test_exact_preemption_takes_what_it_minimises_first_from_its_value() -> None:
@@ -176,3 +178,5 @@ def test_exact_preemption_takes_what_it_minimises_first_from_its_value() -> None
 
     assert "--exact-preemption-fewest=pods" in args()  # the default: the fewest jobs disrupted
     assert "--exact-preemption-fewest=gpus" in args("--set", "preemption.exact.fewest=gpus")
+    # Values without the key (an upgrade with --reuse-values keeps the older release's): the default, never "".
+    assert "--exact-preemption-fewest=pods" in args("--set", "preemption.exact.fewest=null")

@@ -37,9 +37,10 @@ class FakeApi:
             return None
         if answer is None:
             return None
+        made = {"creationTimestamp": "2020-01-01T00:00:00Z"}  # long ago: any class it names is read by now
         if isinstance(answer, tuple):
-            return {"spec": {"queue": answer[0], "priorityClassName": answer[1]}}
-        return {"spec": {"queue": answer} if answer != "-" else {}}
+            return {"metadata": made, "spec": {"queue": answer[0], "priorityClassName": answer[1]}}
+        return {"metadata": made, "spec": {"queue": answer} if answer != "-" else {}}
 
 
 def path(gang: str) -> str:

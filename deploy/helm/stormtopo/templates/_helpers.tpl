@@ -17,3 +17,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $repository := required "image.repository is not set: build and push stormtopo's image (docs/install.md, step 1), then --set image.repository=REGISTRY/stormtopo --set image.tag=TAG" .Values.image.repository -}}
 {{ $repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
+{{- /* Where vc-scheduler's configuration is read (volcano.schedulerConfigMap): its default where the values have no
+such key (an upgrade with --reuse-values keeps the older release's values, which lack it), "" where set so. */ -}}
+{{- define "stormtopo.schedulerConfigMap" -}}
+{{- $volcano := .Values.volcano | default dict -}}
+{{- if hasKey $volcano "schedulerConfigMap" -}}{{ $volcano.schedulerConfigMap | default "" }}{{- else -}}volcano-system/volcano-scheduler-configmap{{- end -}}
+{{- end -}}
