@@ -138,13 +138,7 @@ def test_victims_are_taken_only_in_the_replicas_own_queue(cluster: DevCluster, t
     before = fill(cluster, topology, queues={"s1": "team-b"})
     team_b = [name for name, (_, node) in before.items() if node in topology.nodes_under("s1")]
     cluster.wait(lambda: all(queue_of_pod(cluster, name) == "team-b" for name in team_b), 60, "team-b's PodGroups")
-    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
-    cluster.create(stormservice("own-queue", namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
-
-    placed = cluster.bound_pods(namespace, "storm-service-name=own-queue", 2, timeout=120)
-    assert sorted(node_names(placed)) == sorted(topology.nodes_under("s0")), f"placed on {node_names(placed)}, not in s0"
-    gone = preempted(cluster, before)
-    assert gone == {"node0-0", "node0-1", "node1-0", "node1-1"}, f"preempted {sorted(gone)}; the default queue's fewest are s0's four"
+    takes_s0_instead(cluster, topology, namespace, "own-queue", before)
     said = [e["message"] for e in cluster.events(namespace, "own-queue") if e.get("reason") == "ReplicaPreempting"]
     assert said and "preempts 4 pod(s) holding 16 GPUs (4 of priority 100) in tier-1 s0" in said[0], said
 
@@ -153,14 +147,18 @@ def test_victims_are_ranked_by_their_jobs_class_not_their_pods_own(cluster: DevC
     """s1's two 8-GPU pods run at the low class, but each in a job (PodGroup) of the replica's own high class:
     Volcano ranks a job by its PodGroup's class, and never preempts a job as high as the preemptor. The
     replica takes s0's four low jobs instead, and s1's pods are untouched."""
-    before = fill(cluster, topology, classes={"s1": HIGH})
-    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
-    cluster.create(stormservice("by-job", namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+    takes_s0_instead(cluster, topology, namespace, "by-job", fill(cluster, topology, classes={"s1": HIGH}))
 
-    placed = cluster.bound_pods(namespace, "storm-service-name=by-job", 2, timeout=120)
+
+def takes_s0_instead(cluster: DevCluster, topology: Topology, namespace: str, name: str, before: dict[str, tuple[str, str]]) -> None:
+    """A high-priority hard replica created: it runs in s0, and exactly s0's four pods were preempted (not s1's
+    two, the fewest, which the test made unfit to take)."""
+    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
+    cluster.create(stormservice(name, namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+    placed = cluster.bound_pods(namespace, f"storm-service-name={name}", 2, timeout=120)
     assert sorted(node_names(placed)) == sorted(topology.nodes_under("s0")), f"placed on {node_names(placed)}, not in s0"
     gone = preempted(cluster, before)
-    assert gone == {"node0-0", "node0-1", "node1-0", "node1-1"}, f"preempted {sorted(gone)}; s1's jobs rank as high as the replica"
+    assert gone == {"node0-0", "node0-1", "node1-0", "node1-1"}, f"preempted {sorted(gone)}; s0's four, not s1's"
 
 
 def queue_of_pod(cluster: DevCluster, name: str) -> str | None:
