@@ -143,13 +143,6 @@ def _stormservice_target(args: argparse.Namespace) -> tuple[str, str] | None:
     return namespace, name
 
 
-def _configmap_ref(text: str) -> str:
-    try:
-        return configmap_ref(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _explain(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -259,7 +252,7 @@ def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
     explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     explain.add_argument(
         "--volcano-scheduler-configmap",
-        type=_configmap_ref,
+        type=configmap_ref,
         default=f"{VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP}",
         metavar="NAMESPACE/NAME",
         help="where vc-scheduler's configuration is kept, read to say whether Volcano preempts for a Pending replica ('' reads none)",

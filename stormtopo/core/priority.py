@@ -31,7 +31,7 @@ def priority_values(classes: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 def job_priority(priority_class: str, values: Mapping[str, int]) -> int:
     """The priority Volcano ranks a job at: its PodGroup's class's value, else the cluster's default."""
-    return values.get(priority_class, values.get(DEFAULT_CLASS, 0)) if priority_class else values.get(DEFAULT_CLASS, 0)
+    return values.get(priority_class, values.get(DEFAULT_CLASS, 0))  # ("" is DEFAULT_CLASS itself)
 
 
 def strategy_priority_class(roleset_spec: Mapping[str, Any]) -> str | None:

@@ -10,6 +10,7 @@ would have preempted: its Warning must say so, not name victims that nobody will
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,10 +27,11 @@ PREEMPTION_DOC = "docs/install.md#priority-and-preemption"
 
 
 def configmap_ref(text: str) -> str:
-    """NAMESPACE/NAME of the ConfigMap holding vc-scheduler's configuration, or "" for none; ValueError saying
-    what is accepted otherwise."""
+    """NAMESPACE/NAME of the ConfigMap holding vc-scheduler's configuration, or "" for none: the operator's and the
+    CLI's --volcano-scheduler-configmap (an argparse type: its error says what is accepted)."""
     if text and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?", text):
-        raise ValueError(f"{text!r}: accepted: NAMESPACE/NAME, e.g. {VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP}, or '' for none")
+        example = f"{VOLCANO_NAMESPACE}/{SCHEDULER_CONFIGMAP}"
+        raise argparse.ArgumentTypeError(f"{text!r}: accepted: NAMESPACE/NAME, e.g. {example}, or '' for none")
     return text
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from stormtopo.core import volcano_conf
 from stormtopo.core.cluster_moves import MAX_MOVING
 from stormtopo.core.cooldown import COOLDOWN
 from stormtopo.core.preempting import HOLD_MAX
 from stormtopo.core.spread import SPREAD_GIVE_UP
 from stormtopo.core.stranded import STRANDED_AFTER
-from stormtopo.core.volcano_conf import SCHEDULER_CONFIG_KEY, SCHEDULER_CONFIGMAP, VOLCANO_NAMESPACE
+from stormtopo.core.volcano_conf import SCHEDULER_CONFIG_KEY, SCHEDULER_CONFIGMAP, VOLCANO_NAMESPACE, configmap_ref
 from stormtopo.operator.loops import HANG_SECONDS
 
 HEAL_INTERVAL = 10.0  # seconds between two healing passes
@@ -91,14 +90,6 @@ def service_ref(text: str) -> ServiceRef:
     if not slash or not namespace or not name or "/" in name or (colon and not port.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r}: accepted: NAMESPACE/NAME or NAMESPACE/NAME:PORT, e.g. stormtopo/stormtopo-webhook:443")
     return ServiceRef(namespace, name, int(port) if colon else 443)
-
-
-def configmap_ref(text: str) -> str:
-    """NAMESPACE/NAME of a ConfigMap, or "" for none, as --volcano-scheduler-configmap takes it."""
-    try:
-        return volcano_conf.configmap_ref(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
