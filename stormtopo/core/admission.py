@@ -111,6 +111,16 @@ def _dropped(new: Mapping[str, Any], old: Mapping[str, Any] | None, field: str) 
     return {k: v for k, v in (((old or {}).get("metadata") or {}).get(field) or {}).items() if k not in kept}
 
 
+def marked_admitted(pod: Mapping[str, Any], decision: Decision | None = None) -> Decision:
+    """The pod goes as `decision` says (by default: as it would without stormtopo), marked admitted, so the
+    outage policies (which hold unadmitted pods of listed services) let it through: stormtopo is up and
+    found nothing more to add. A refusal stays one."""
+    decision = decision or Decision()
+    if not decision.allowed:
+        return decision
+    return Decision(patch=[*decision.patch, *set_labels(pod, {ADMITTED_LABEL: "true"})])
+
+
 def strips_opt_in_label(decision: Decision) -> bool:
     """The decision lets a labelled pod go as if stormtopo were not installed (its service asks for nothing)."""
     return any(op.get("op") == "remove" and op.get("path") == _OPT_IN_LABEL_PATH for op in decision.patch)
@@ -163,7 +173,7 @@ def admit_pod(
     if isinstance(request, RequestError) and not carries_constraint(gang):
         # A typo with no constraint to keep: the pod stays as it would be without stormtopo (naming a
         # gang nobody creates would strand it), only marked admitted for the outage policy.
-        return Decision(patch=set_labels(pod, {ADMITTED_LABEL: "true"}))
+        return marked_admitted(pod)
     if isinstance(request, TopologyRequest) and scope is Scope.ROLESET and gang is not None and not carries_constraint(gang):
         return Decision(
             allowed=False,

@@ -160,6 +160,7 @@ async def run(config: OperatorConfig) -> None:
     metrics.watch(loops, lambda: leadership.is_leader)
     events = EventRecorder(api, leadership.identity)
     opted_in = OptedInList(api)
+    opted_in.follow(loops)  # every replica's pod webhook asks what the lists hold
     explainer = Explainer()  # its own process: see explainer.py
     room = NodeRoom(api, loops)  # every node's free GPUs, by watch, from the first time the leader needs them
     reporter = PlacementReporter(
@@ -247,6 +248,7 @@ async def run(config: OperatorConfig) -> None:
         await loops.stop()
         await operator.close()
         await room.close()
+        await opted_in.close()
         await _close_webhook(webhook_runner)
         if probes_runner.server is not None:
             await probes_runner.cleanup()

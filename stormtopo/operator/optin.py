@@ -26,7 +26,9 @@ from stormtopo.core.gate import (
 from stormtopo.core.optin import labelled, listing, opted_in_configmap, opted_in_key, split_key, valid_names
 from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
 from stormtopo.kube.client import MERGE_PATCH, Api, Conflict, NotFound
-from stormtopo.operator.loops import UNAVAILABLE_CAP, backoff
+from stormtopo.kube.watch import WatchStreams
+from stormtopo.operator.loops import UNAVAILABLE_CAP, Loops, backoff
+from stormtopo.operator.watch import PERIOD, ListWatch
 
 log = logging.getLogger("stormtopo.optin")
 
@@ -43,6 +45,29 @@ def every_list(api: Api) -> list[dict[str, Any]]:
     """Every namespace's opted-in list, a page at a time (the chart's RBAC grants list by this name only). Since
     Kubernetes 1.31 (consistent reads from the watch cache) the API server filters by name in its cache."""
     return api.raw_list("/api/v1/configmaps", fieldSelector=f"metadata.name={OPTED_IN_CONFIGMAP}")
+
+
+class ListsSeen:
+    """The names every namespace's list holds, as its watch last said: what the admission policy reads, on
+    every replica. A listing another replica's gate wrote (from a review this one never saw) is known here
+    too, so the pod webhook can tell a pod the policy would hold for nothing (its service, as stored, asks
+    for no topology: a forged or replayed review, or an opt-out not unlisted yet) and let it through."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, frozenset[str]] = {}  # namespace -> the names its list holds
+
+    def on_event(self, event_type: str | None, configmap: Mapping[str, Any]) -> None:
+        namespace = str((configmap.get("metadata") or {}).get("namespace") or "")
+        if event_type == "DELETED":
+            self._names.pop(namespace, None)
+        else:
+            self._names[namespace] = frozenset(configmap.get("data") or {})
+
+    def on_gone(self, key: tuple[str, str]) -> None:
+        self._names.pop(key[0], None)
+
+    def lists(self, namespace: str, stormservice: str) -> bool:
+        return stormservice in self._names.get(namespace, ())
 
 
 @dataclass
@@ -69,6 +94,33 @@ class OptedInList:
         self._open: dict[str, _Batch] = {}  # per namespace, the changes gathered for its next write
         self._writers: dict[str, asyncio.Task[None]] = {}  # per namespace, the task writing its list
         self._writing: dict[str, _Batch] = {}  # per namespace, the batch being written now
+        self.seen = ListsSeen()  # every replica's writes too, once `follow` runs
+        self._streams: WatchStreams | None = None
+
+    def follow(self, loops: Loops) -> None:
+        """Watch every namespace's list (by name: the chart's RBAC grants list and watch of that name only)."""
+        self._streams = WatchStreams(self.api)
+        stream = ListWatch(
+            self.api,
+            self._streams,
+            "ConfigMap",
+            "v1",
+            "/api/v1/configmaps",
+            "",
+            self.seen.on_event,
+            self.seen.on_gone,
+            field_selector=f"metadata.name={OPTED_IN_CONFIGMAP}",
+        )
+        loops.supervise("watch-opted-in-lists", PERIOD, stream.run)
+
+    async def close(self) -> None:
+        if self._streams is not None:
+            await self._streams.close()
+
+    def lists(self, namespace: str, stormservice: str) -> bool:
+        """Whether the policy may hold the service's pods: listed by this replica's own writes (under way
+        too), or by any replica's as the watch last said."""
+        return self.current(opted_in_key(namespace, stormservice)) is not None or self.seen.lists(namespace, stormservice)
 
     def refresh(self) -> None:
         """Read every namespace's list (other replicas' webhooks add to them too)."""

@@ -19,15 +19,24 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
-from stormtopo.core.admission import Decision, admit_pod, admit_podgroup, carries_constraint, joined_gang, strips_opt_in_label
+from stormtopo.core.admission import (
+    Decision,
+    admit_pod,
+    admit_podgroup,
+    carries_constraint,
+    joined_gang,
+    marked_admitted,
+    strips_opt_in_label,
+)
 from stormtopo.core.optin import admission_policy, labels_roles_condition, opt_in_label_policy, opt_in_patch, requests_topology_condition
 from stormtopo.core.request import ClusterTiers, is_opted_in
 from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
@@ -35,6 +44,8 @@ from stormtopo.kube.client import Api, Forbidden, NotFound
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index
 from stormtopo.operator.optin import Gate, OptedInList
+
+log = logging.getLogger("stormtopo.webhook")
 
 CONFIGURATION_NAME = "stormtopo"
 PODS_PATH = "/mutate/pods"
@@ -92,11 +103,32 @@ def build_app(
             metrics.ADMISSION_SECONDS.labels(kind).observe(time.perf_counter() - started)
         return web.json_response(review_response(str(req.get("uid", "")), decision))
 
+    async def listed_for_nothing(namespace: str, stormservice: Mapping[str, Any] | None) -> tuple[bool, Mapping[str, Any] | None]:
+        """Whether the policy would hold this pod for nothing: its service, as indexed, asks for no topology
+        but is listed (a review forged or replayed at its current version, or an opt-out not unlisted yet).
+        Read from the API server only then (the index may lag a genuine opt-in): also the stored service."""
+        if stormservice is None or is_opted_in((stormservice.get("metadata") or {}).get("annotations")):
+            return False, stormservice
+        name = str(stormservice["metadata"]["name"])
+        if not opted_in.lists(namespace, name):
+            return False, stormservice
+        try:
+            stored = await read_stored(namespace, name)
+        except Exception as exc:  # not known: as before, the policy holds the pod until it is retried
+            log.warning("reading StormService %s/%s, listed but asking for nothing, failed: %s", namespace, name, exc)
+            return False, stormservice
+        if stored is not None and is_opted_in((stored.get("metadata") or {}).get("annotations")):
+            return False, stored  # the index lags its opt-in: admitted as it now asks
+        return True, stormservice
+
     async def pods(request: web.Request) -> web.Response:
         async def admit(pod: dict[str, Any], _old: Any, roleset: Any, stormservice: Any, tiers: ClusterTiers) -> Decision:
             meta = pod.get("metadata") or {}
             named = (meta.get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
             namespace = meta.get("namespace", "")
+            for_nothing = False
+            if roleset is not None:
+                for_nothing, stormservice = await listed_for_nothing(namespace, stormservice)
             owner = await index.service_of_group(namespace, named) if named else None
             groups: dict[str, dict[str, Any]] = {}
             # Any request annotation, valid or not: the PodGroup of the gang the pod would join (the
@@ -106,6 +138,8 @@ def build_app(
                 gang = await index.read_podgroup(namespace, group)
                 groups = {group: gang} if gang is not None else {}
             decision = admit_pod(pod, roleset, stormservice, tiers, owner, groups, exact_preemption)
+            if for_nothing:  # read from the API server just now: asks for nothing
+                return marked_admitted(pod, decision)
             if stormservice is not None and strips_opt_in_label(decision):
                 # The index may lag an opt-in again: only the API server's copy lets a labelled pod go free.
                 stored = await read_stored(namespace, str(stormservice["metadata"]["name"]))
