@@ -24,7 +24,7 @@ from stormtopo.core.gate import (
     unlabelled_create,
 )
 from stormtopo.core.optin import labelled, listing, opted_in_configmap, opted_in_key, split_key, valid_names
-from stormtopo.core.vocabulary import OPTED_IN_CONFIGMAP
+from stormtopo.core.vocabulary import MANAGED_BY, OPTED_IN_CONFIGMAP
 from stormtopo.kube.client import MERGE_PATCH, Api, Conflict, NotFound
 from stormtopo.kube.watch import WatchStreams
 from stormtopo.operator.loops import UNAVAILABLE_CAP, Loops, backoff
@@ -47,27 +47,38 @@ def every_list(api: Api) -> list[dict[str, Any]]:
     return api.raw_list("/api/v1/configmaps", fieldSelector=f"metadata.name={OPTED_IN_CONFIGMAP}")
 
 
-class ListsSeen:
-    """The names every namespace's list holds, as its watch last said: what the admission policy reads, on
-    every replica. A listing another replica's gate wrote (from a review this one never saw) is known here
-    too, so the pod webhook can tell a pod the policy would hold for nothing (its service, as stored, asks
-    for no topology: a forged or replayed review, or an opt-out not unlisted yet) and let it through."""
+# The names kept of one namespace's list: a tenant may write its own namespace's list (docs/security.md), and
+# every replica decodes what it watches; past this, further names are not known here (their pods are held by
+# the policy while listed, as without this reading).
+NAMES_KEPT = 4096
+MANAGED_BY_SELECTOR = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
 
-    def __init__(self) -> None:
-        self._names: dict[str, frozenset[str]] = {}  # namespace -> the names its list holds
+
+class ListsSeen:
+    """The names every namespace's list holds, as its watch last said, and since when: what the admission
+    policy reads, on every replica. A listing another replica's gate wrote (from a review this one never saw)
+    is known here too, so the pod webhook can tell a pod the policy would hold for nothing (its service, as
+    stored, asks for no topology: a forged or replayed review, or an opt-out not unlisted yet) and let it
+    through."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._since: dict[str, dict[str, float]] = {}  # namespace -> name -> when this replica first saw it listed
 
     def on_event(self, event_type: str | None, configmap: Mapping[str, Any]) -> None:
         namespace = str((configmap.get("metadata") or {}).get("namespace") or "")
         if event_type == "DELETED":
-            self._names.pop(namespace, None)
-        else:
-            self._names[namespace] = frozenset(configmap.get("data") or {})
+            self._since.pop(namespace, None)
+            return
+        before, now = self._since.get(namespace, {}), self.clock()
+        names = sorted(configmap.get("data") or {})[:NAMES_KEPT]
+        self._since[namespace] = {name: before.get(name, now) for name in names}
 
     def on_gone(self, key: tuple[str, str]) -> None:
-        self._names.pop(key[0], None)
+        self._since.pop(key[0], None)
 
-    def lists(self, namespace: str, stormservice: str) -> bool:
-        return stormservice in self._names.get(namespace, ())
+    def listed_since(self, namespace: str, stormservice: str) -> float | None:
+        return self._since.get(namespace, {}).get(stormservice)
 
 
 @dataclass
@@ -106,7 +117,7 @@ class OptedInList:
             "ConfigMap",
             "v1",
             "/api/v1/configmaps",
-            "",
+            MANAGED_BY_SELECTOR,  # stormtopo's own lists: one a tenant made without the label is not decoded here
             self.seen.on_event,
             self.seen.on_gone,
             field_selector=f"metadata.name={OPTED_IN_CONFIGMAP}",
@@ -117,10 +128,14 @@ class OptedInList:
         if self._streams is not None:
             await self._streams.close()
 
-    def lists(self, namespace: str, stormservice: str) -> bool:
-        """Whether the policy may hold the service's pods: listed by this replica's own writes (under way
-        too), or by any replica's as the watch last said."""
-        return self.current(opted_in_key(namespace, stormservice)) is not None or self.seen.lists(namespace, stormservice)
+    def listed_since(self, namespace: str, stormservice: str) -> float | None:
+        """Since when the policy may hold the service's pods, as this replica knows: now for a listing it is
+        writing, else when the watch first showed it (any replica's). Not `listed`: on a follower, whose
+        reconciler never refreshes it, what its gate once wrote would stay listed there for ever."""
+        namespace_batches = (self._open.get(namespace), self._writing.get(namespace))
+        if any(batch is not None and batch.changes.get(stormservice) is not None for batch in namespace_batches):
+            return self.seen.clock()
+        return self.seen.listed_since(namespace, stormservice)
 
     def refresh(self) -> None:
         """Read every namespace's list (other replicas' webhooks add to them too)."""

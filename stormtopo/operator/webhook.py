@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import enum
 import json
 import logging
 import os
@@ -72,6 +73,53 @@ def client_ca_file() -> str | None:
     return os.environ.get(CLIENT_CA_ENV) or None
 
 
+# A genuine opt-in's listing is written by the gate before its update is stored (the rest of its admission,
+# then the write): a pod of a listed service that, as stored, asks for nothing is judged only once its listing
+# is this old (seconds; within the pod webhook's 3 s timeout, with STORED_READ_TIMEOUT).
+LISTING_SETTLES = 1.0
+STORED_READ_TIMEOUT = 1.5
+STORED_READS = 4  # at once, over every service: the executor's threads are shared with the writer and the index
+READ_FAILURE_LOG_EVERY = 60.0
+
+
+class Listed(enum.Enum):
+    NOT = "not listed, or asks for a topology"
+    FOR_NOTHING = "listed, and as stored asks for nothing"
+    CATCHING_UP = "listed, and as stored asks for a topology the index has not seen"
+
+
+class StoredServices:
+    """The API server's copy of a StormService, for the pod webhook: one read in flight per service (the pods
+    of a replica come together, and a forged pod review costs no more than a real one), at most STORED_READS
+    at once, each given up after STORED_READ_TIMEOUT."""
+
+    def __init__(self, read: Callable[[str, str], Awaitable[dict[str, Any] | None]]) -> None:
+        self.read = read
+        self._slots = asyncio.Semaphore(STORED_READS)
+        self._reading: dict[tuple[str, str], asyncio.Future[dict[str, Any] | None]] = {}
+        self._logged_at = float("-inf")
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        key = (namespace, name)
+        future = self._reading.get(key)
+        if future is None:
+            future = self._reading[key] = asyncio.ensure_future(self._read(namespace, name))
+            future.add_done_callback(lambda done: self._reading.pop(key) if self._reading.get(key) is done else None)
+        return await asyncio.shield(future)
+
+    async def _read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        async with self._slots, asyncio.timeout(STORED_READ_TIMEOUT):
+            return await self.read(namespace, name)
+
+    def failed(self, namespace: str, name: str, exc: BaseException) -> None:
+        """Logged at most once a minute: a pod review each would flood the log while the API server is slow."""
+        now = time.monotonic()
+        if now - self._logged_at >= READ_FAILURE_LOG_EVERY:
+            self._logged_at = now
+            what = "listed but asking for nothing, failed (its pods are held until retried)"
+            log.warning("reading StormService %s/%s, %s: %r", namespace, name, what, exc)
+
+
 def build_app(
     index: Index,
     opted_in: OptedInList,
@@ -103,32 +151,39 @@ def build_app(
             metrics.ADMISSION_SECONDS.labels(kind).observe(time.perf_counter() - started)
         return web.json_response(review_response(str(req.get("uid", "")), decision))
 
-    async def listed_for_nothing(namespace: str, stormservice: Mapping[str, Any] | None) -> tuple[bool, Mapping[str, Any] | None]:
+    stored_services = StoredServices(read_stored)
+
+    async def listed_for_nothing(namespace: str, stormservice: Mapping[str, Any] | None) -> Listed:
         """Whether the policy would hold this pod for nothing: its service, as indexed, asks for no topology
         but is listed (a review forged or replayed at its current version, or an opt-out not unlisted yet).
-        Read from the API server only then (the index may lag a genuine opt-in): also the stored service."""
+        Only then is the stored service read (the index may lag a genuine opt-in), once the listing is
+        LISTING_SETTLES old: a genuine opt-in's listing is written before its update is stored."""
         if stormservice is None or is_opted_in((stormservice.get("metadata") or {}).get("annotations")):
-            return False, stormservice
+            return Listed.NOT
         name = str(stormservice["metadata"]["name"])
-        if not opted_in.lists(namespace, name):
-            return False, stormservice
+        since = opted_in.listed_since(namespace, name)
+        if since is None:
+            return Listed.NOT
+        wait = since + LISTING_SETTLES - opted_in.seen.clock()
+        if wait > 0:
+            await asyncio.sleep(wait)
         try:
-            stored = await read_stored(namespace, name)
+            stored = await stored_services.get(namespace, name)
         except Exception as exc:  # not known: as before, the policy holds the pod until it is retried
-            log.warning("reading StormService %s/%s, listed but asking for nothing, failed: %s", namespace, name, exc)
-            return False, stormservice
+            stored_services.failed(namespace, name, exc)
+            return Listed.NOT
         if stored is not None and is_opted_in((stored.get("metadata") or {}).get("annotations")):
-            return False, stored  # the index lags its opt-in: admitted as it now asks
-        return True, stormservice
+            return Listed.CATCHING_UP  # a genuine opt-in the index has not seen yet
+        return Listed.FOR_NOTHING
 
     async def pods(request: web.Request) -> web.Response:
         async def admit(pod: dict[str, Any], _old: Any, roleset: Any, stormservice: Any, tiers: ClusterTiers) -> Decision:
             meta = pod.get("metadata") or {}
             named = (meta.get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
             namespace = meta.get("namespace", "")
-            for_nothing = False
-            if roleset is not None:
-                for_nothing, stormservice = await listed_for_nothing(namespace, stormservice)
+            listed = await listed_for_nothing(namespace, stormservice) if roleset is not None else Listed.NOT
+            if listed is Listed.CATCHING_UP:  # as the policy would refuse it: the PodGroups may lag as the index does
+                return Decision(allowed=False, message="its StormService asks for a network topology now; stormtopo is catching up, retry")
             owner = await index.service_of_group(namespace, named) if named else None
             groups: dict[str, dict[str, Any]] = {}
             # Any request annotation, valid or not: the PodGroup of the gang the pod would join (the
@@ -138,7 +193,7 @@ def build_app(
                 gang = await index.read_podgroup(namespace, group)
                 groups = {group: gang} if gang is not None else {}
             decision = admit_pod(pod, roleset, stormservice, tiers, owner, groups, exact_preemption)
-            if for_nothing:  # read from the API server just now: asks for nothing
+            if listed is Listed.FOR_NOTHING:  # read from the API server just now: asks for nothing
                 return marked_admitted(pod, decision)
             if stormservice is not None and strips_opt_in_label(decision):
                 # The index may lag an opt-in again: only the API server's copy lets a labelled pod go free.

@@ -283,10 +283,10 @@ def test_a_review_made_up_or_replayed_holds_none_of_its_tenants_pods(cluster: De
       10 s, then AIBrix's back-off);
     - an update replayed at a plain StormService's current version (by someone who can read it), sent to
       the leader or to a follower, is listed until the gate finds it never happened, and meanwhile the
-      service's new pods are created as fast as without it: the pod webhook (the leader's, which the API
-      server calls, also for a follower's listing, seen by its watch of the lists) reads the stored service,
-      which asks for nothing, and marks the pod admitted (before: refused by the policy until the listing
-      was taken back, then AIBrix's back-off)."""
+      service's new pods are created within about a second, not held: the pod webhook (the leader's, which
+      the API server calls, also for a follower's listing, seen by its watch of the lists) reads the stored
+      service once the listing is a second old, finds it asks for nothing, and marks the pod admitted
+      (before: refused by the policy until the listing was taken back, 10-11 s with AIBrix's back-off)."""
     # The leader's resync also takes back what no StormService asks: made slower than a listing's 10 s, so
     # what this measures is the follower's own taking back.
     with elected(cluster.state_dir, 30, "--resync-seconds=60") as identity, follower(cluster.state_dir, identity) as second:
@@ -299,7 +299,7 @@ def test_a_review_made_up_or_replayed_holds_none_of_its_tenants_pods(cluster: De
 
 
 def _replayed_at_its_current_version(cluster: DevCluster, namespace: str, attackers: list[Attacker]) -> None:
-    name, rounds = "readable", 2
+    name, rounds, controls = "readable", 2, 4
     key = f"{namespace}.{name}"
     cluster.create(stormservice(name, namespace))
     selector = f"storm-service-name={name}"
@@ -321,6 +321,8 @@ def _replayed_at_its_current_version(cluster: DevCluster, namespace: str, attack
         cluster.bound_pods(namespace, selector, 2, timeout=90)
         cluster.wait(lambda: key not in cluster.opted_in(), 30, "no listing left from the last turn")
         listed = listed_by(attacker, turn) if attacker is not None else False
+        if listed:
+            time.sleep(0.5)  # the leader's watch of the lists shows it too (a loaded machine's lag), well within its 2 s
         before = cluster.pods(namespace, selector)
         uids = {p["metadata"]["uid"] for p in before}
         started = time.monotonic()
@@ -332,7 +334,7 @@ def _replayed_at_its_current_version(cluster: DevCluster, namespace: str, attack
         admitted = "stormtopo.io/admitted" in (new[0]["metadata"].get("labels") or {})
         return seconds, listed, admitted
 
-    control = [replaced(None, turn) for turn in range(rounds)]
+    control = [replaced(None, turn) for turn in range(controls)]
     replayed = {a.label: [replaced(a, 10 * (i + 1) + turn) for turn in range(rounds)] for i, a in enumerate(attackers)}
     print(
         f"\n  replacement pod created (s, listed at the deletion, marked admitted): without a replayed review {control}; "
@@ -344,8 +346,9 @@ def _replayed_at_its_current_version(cluster: DevCluster, namespace: str, attack
         assert any(listed for _, listed, _ in turns), f"no replay at the current version was listed ({label}): the test proves nothing"
         for seconds, listed, _ in turns:
             if listed:
-                # Before: refused by the policy until the listing was taken back (2 s), then AIBrix's back-off.
-                assert seconds <= max(s for s, _, _ in control) + 1.0, (label, turns, control)
+                # Before: refused by the policy until the listing was taken back (2 to 10 s), then AIBrix's back-off.
+                # Now: judged once the listing is LISTING_SETTLES old (a genuine opt-in is stored by then).
+                assert seconds <= max(s for s, _, _ in control) + webhook.LISTING_SETTLES + 1.0, (label, turns, control)
         assert any(admitted for _, listed, admitted in turns if listed), (label, turns)
 
 

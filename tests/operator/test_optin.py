@@ -9,8 +9,9 @@ import asyncio
 import base64
 import json
 import ssl
+import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from stormtopo.devenv import processes, webhook_auth
 from stormtopo.devenv.cluster import operator_env
 from stormtopo.kube.client import ApiError
 from stormtopo.operator import webhook
-from stormtopo.operator.optin import UPDATE_LAG, Gate, ListsSeen, OptedInList
+from stormtopo.operator.optin import NAMES_KEPT, UPDATE_LAG, Gate, ListsSeen, OptedInList
 
 HARD = {MODE: "hard", HIGHEST_TIER: "1"}
 
@@ -909,62 +910,158 @@ def test_while_draining_every_answer_closes_its_connection() -> None:
     asyncio.run(scenario())
 
 
-def test_the_lists_as_watched_follow_each_namespaces_configmap() -> None:
-    seen = ListsSeen()
+def test_the_lists_as_watched_follow_each_namespaces_configmap_and_say_since_when() -> None:
+    now = [100.0]
+    seen = ListsSeen(clock=lambda: now[0])
     seen.on_event(None, {"metadata": {"name": "stormtopo-opted-in", "namespace": "a"}, "data": {"svc": "RoleSet"}})
-    seen.on_event("MODIFIED", {"metadata": {"name": "stormtopo-opted-in", "namespace": "b"}, "data": {"x": "RoleSet+heal"}})
-    assert seen.lists("a", "svc") and seen.lists("b", "x") and not seen.lists("a", "x") and not seen.lists("c", "svc")
+    now[0] = 105.0
+    seen.on_event(
+        "MODIFIED", {"metadata": {"name": "stormtopo-opted-in", "namespace": "a"}, "data": {"svc": "RoleSet", "x": "RoleSet+heal"}}
+    )
+    assert seen.listed_since("a", "svc") == 100.0 and seen.listed_since("a", "x") == 105.0  # kept from when first seen
+    assert seen.listed_since("b", "svc") is None
     seen.on_event("MODIFIED", {"metadata": {"name": "stormtopo-opted-in", "namespace": "a"}})  # emptied
-    seen.on_event("DELETED", {"metadata": {"name": "stormtopo-opted-in", "namespace": "b"}})
-    assert not seen.lists("a", "svc") and not seen.lists("b", "x")
+    assert seen.listed_since("a", "svc") is None
     seen.on_event(None, {"metadata": {"name": "stormtopo-opted-in", "namespace": "a"}, "data": {"svc": "RoleSet"}})
     seen.on_gone(("a", "stormtopo-opted-in"))  # deleted while the watch was down
-    assert not seen.lists("a", "svc")
+    assert seen.listed_since("a", "svc") is None
+    seen.on_event(None, {"metadata": {"namespace": "b"}, "data": {"svc": "RoleSet"}})
+    seen.on_event("DELETED", {"metadata": {"namespace": "b"}})
+    assert seen.listed_since("b", "svc") is None
+    # A tenant's own list, filled with junk: a bounded number of names kept.
+    seen.on_event(None, {"metadata": {"namespace": "t"}, "data": {f"n{i:06d}": "RoleSet" for i in range(NAMES_KEPT + 10)}})
+    assert seen.listed_since("t", "n000000") is not None and seen.listed_since("t", f"n{NAMES_KEPT + 5:06d}") is None
+
+
+def test_a_followers_old_copy_of_a_listing_is_not_taken_for_one() -> None:
+    """Only the leader's resync refreshes `listed`: a follower's gate once listed a service that has opted out
+    since; the watch no longer shows it, and it is not taken for listed (no read per pod for ever)."""
+    opted_in = OptedInList(FakeApi())  # type: ignore[arg-type]
+    opted_in.listed["ns.svc"] = "RoleSet"
+    assert opted_in.listed_since("ns", "svc") is None
+    opted_in.seen.on_event("MODIFIED", {"metadata": {"namespace": "ns"}, "data": {"svc": "RoleSet"}})
+    assert opted_in.listed_since("ns", "svc") is not None
+
+
+class StoredApi(FakeApi):
+    """The API server's copy of one StormService, as the pod webhook reads it; counts the reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stored: dict[str, Any] | None = None
+        self.reads = 0
+        self.read_at: list[float] = []
+        self.fail = False
+        self.delay = 0.0
+
+    def get(self, *_: Any) -> dict[str, Any] | None:
+        self.reads += 1
+        self.read_at.append(time.monotonic())
+        time.sleep(self.delay)
+        if self.fail:
+            raise ApiError.of(503, "GET", "/x", "unavailable")
+        return self.stored
+
+
+ADMITTED = {"op": "add", "path": "/metadata/labels/stormtopo.io~1admitted", "value": "true"}
+
+
+def _pod(labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "labels": {"storm-service-name": "svc", "roleset-name": "svc-roleset-1", **(labels or {})},
+        }
+    }
+
+
+def _pod_webhook(scenario: Callable[[Any, StoredApi, OptedInList], Awaitable[None]]) -> None:
+    """Run `scenario(client, api, opted_in)` against the pod webhook of an index where svc asks for nothing."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    async def run() -> None:
+        api = StoredApi()
+        index = FakeIndex(api)
+        index.stormservices[("ns", "svc")] = service("svc")  # asks for nothing, as indexed
+        opted_in = OptedInList(api)  # type: ignore[arg-type]
+        app = webhook.build_app(index, opted_in, client_ca="", gate=Gate(opted_in, lambda ns, n: None, _absent))  # type: ignore[arg-type]
+        async with TestClient(TestServer(app)) as client:
+            await scenario(client, api, opted_in)
+
+    asyncio.run(run())
+
+
+async def _answer(client: Any, pod: Mapping[str, Any]) -> dict[str, Any]:
+    answer = (await (await client.post(webhook.PODS_PATH, json={"request": {"uid": "p", "object": pod}})).json())["response"]
+    answer["ops"] = json.loads(base64.b64decode(answer["patch"])) if "patch" in answer else []
+    return dict(answer)
+
+
+def _listed_long_ago(opted_in: OptedInList) -> None:
+    opted_in.seen = ListsSeen(clock=lambda: 1000.0)
+    opted_in.seen.on_event("ADDED", {"metadata": {"namespace": "ns"}, "data": {"svc": "RoleSet"}})
+    opted_in.seen.clock = lambda: 1000.0 + webhook.LISTING_SETTLES + 5
 
 
 def test_a_pod_the_policy_would_hold_for_nothing_is_marked_admitted_and_only_then() -> None:
     """A plain StormService listed (by another replica's gate, from a review replayed at its current version:
     issue 43, item 4): its new pods would be refused by the policy until the listing is taken back. The pod
-    webhook reads the stored service once and, since it asks for nothing, marks the pod admitted. Not
-    listed: nothing read, nothing added. Stored opted in (the index lags a genuine opt-in): admitted as such."""
-    from aiohttp.test_utils import TestClient, TestServer
+    webhook reads the stored service once and, since it asks for nothing, marks the pod admitted. Not listed:
+    nothing read, nothing added. The read failing: nothing added (held by the policy, as before)."""
 
-    class StoredApi(FakeApi):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stored: dict[str, Any] | None = None
-            self.reads = 0
+    async def scenario(client: Any, api: StoredApi, opted_in: OptedInList) -> None:
+        answer = await _answer(client, _pod())
+        assert answer["allowed"] and answer["ops"] == [] and api.reads == 0  # not listed: not read, untouched
+        _listed_long_ago(opted_in)
+        api.stored = service("svc", version="8")
+        answer = await _answer(client, _pod())
+        assert answer["allowed"] and answer["ops"] == [ADMITTED] and api.reads == 1
+        # A pod still carrying the opt-in label of a service that opted out: the label off, and admitted.
+        answer = await _answer(client, _pod({OPTED_IN_LABEL: "true"}))
+        assert answer["ops"] == [{"op": "remove", "path": "/metadata/labels/stormtopo.io~1opted-in"}, ADMITTED]
+        api.fail = True
+        answer = await _answer(client, _pod())
+        assert answer["allowed"] and answer["ops"] == []
 
-        def get(self, *_: Any) -> dict[str, Any] | None:
-            self.reads += 1
-            return self.stored
+    _pod_webhook(scenario)
 
-    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {"storm-service-name": "svc", "roleset-name": "svc-roleset-1"}}}
 
-    async def scenario() -> None:
-        api = StoredApi()
-        index = FakeIndex(api)
-        index.stormservices[("ns", "svc")] = service("svc")  # asks for nothing
-        opted_in = OptedInList(api)
-        app = webhook.build_app(index, opted_in, client_ca="", gate=Gate(opted_in, lambda ns, n: None, _absent))  # type: ignore[arg-type]
-        async with TestClient(TestServer(app)) as client:
+def test_a_listed_service_stored_opted_in_ahead_of_the_index_is_refused_until_caught_up() -> None:
+    """The index lags a genuine opt-in: the pod is refused, as the policy would, rather than admitted from the
+    stored service while the PodGroup webhook still judges by the index."""
 
-            async def admitted() -> list[dict[str, Any]]:
-                answer = (await (await client.post(webhook.PODS_PATH, json={"request": {"uid": "p", "object": pod}})).json())["response"]
-                assert answer["allowed"]
-                return json.loads(base64.b64decode(answer["patch"])) if "patch" in answer else []
+    async def scenario(client: Any, api: StoredApi, opted_in: OptedInList) -> None:
+        _listed_long_ago(opted_in)
+        api.stored = service("svc", HARD, version="9")
+        answer = await _answer(client, _pod())
+        assert not answer["allowed"] and "catching up" in answer["status"]["message"]
 
-            assert await admitted() == [] and api.reads == 0  # not listed: not read, untouched
-            opted_in.seen.on_event("ADDED", {"metadata": {"namespace": "ns"}, "data": {"svc": "RoleSet"}})
-            api.stored = service("svc", version="8")
-            assert await admitted() == [{"op": "add", "path": "/metadata/labels/stormtopo.io~1admitted", "value": "true"}]
-            assert api.reads == 1
-            api.stored = service("svc", HARD, version="9")  # a genuine opt-in the index has not seen yet
-            patch = await admitted()
-            assert api.reads == 2
-            assert {"op": "add", "path": "/metadata/labels/stormtopo.io~1admitted", "value": "true"} in patch
-            assert any(op["path"].startswith("/metadata/annotations") for op in patch)  # joined its gang, as opted in
-            api.get = lambda *_: (_ for _ in ()).throw(ApiError.of(503, "GET", "/x", "unavailable"))  # type: ignore[method-assign]
-            assert await admitted() == []  # not known: as before, the policy holds it until it is retried
+    _pod_webhook(scenario)
 
-    asyncio.run(scenario())
+
+def test_a_young_listing_is_judged_only_once_a_genuine_opt_in_would_be_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate lists an opt-in before its update is stored: a pod arriving meanwhile is not judged by the
+    stored service until the listing is LISTING_SETTLES old (else it would go free, unconstrained)."""
+    monkeypatch.setattr(webhook, "LISTING_SETTLES", 0.3)
+
+    async def scenario(client: Any, api: StoredApi, opted_in: OptedInList) -> None:
+        opted_in.seen.on_event("ADDED", {"metadata": {"namespace": "ns"}, "data": {"svc": "RoleSet"}})
+        listed_at = opted_in.seen.listed_since("ns", "svc")
+        assert listed_at is not None
+        api.stored = service("svc", HARD, version="9")  # stored by the time it is read
+        answer = await _answer(client, _pod())
+        assert api.read_at[0] - listed_at >= 0.3 - 0.01
+        assert not answer["allowed"]
+
+    _pod_webhook(scenario)
+
+
+def test_the_pods_of_one_listed_service_share_one_read() -> None:
+    async def scenario(client: Any, api: StoredApi, opted_in: OptedInList) -> None:
+        _listed_long_ago(opted_in)
+        api.stored, api.delay = service("svc"), 0.3
+        answers = await asyncio.gather(*(_answer(client, _pod()) for _ in range(5)))
+        assert all(a["ops"] == [ADMITTED] for a in answers) and api.reads == 1
+
+    _pod_webhook(scenario)
