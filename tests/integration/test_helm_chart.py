@@ -724,6 +724,11 @@ def test_service_account_writes_only_opted_in_lists_among_configmaps(chart_clust
         assert every.returncode == 0, every.stderr
         assert _refused(kubectl(state, "get", "configmaps", "-A", kubeconfig=sa))
         assert _refused(kubectl(state, "get", "configmap", "kube-root-ca.crt", "-n", ns, kubeconfig=sa))
+        # Watched by name, as every replica's pod webhook follows the lists (operator/optin.py, OptedInList.follow).
+        by_name = "fieldSelector=metadata.name%3Dstormtopo-opted-in&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dstormtopo"
+        watched = kubectl(state, "get", "--raw", f"/api/v1/configmaps?{by_name}&watch=true&timeoutSeconds=1", kubeconfig=sa)
+        assert watched.returncode == 0, watched.stderr
+        assert _refused(kubectl(state, "get", "--raw", "/api/v1/configmaps?watch=true&timeoutSeconds=1", kubeconfig=sa))
         # Volcano's scheduler configuration (volcano.schedulerConfigMap): ConfigMaps of that one name, read only.
         conf = kubectl(state, "get", "configmap", SCHEDULER_CONFIGMAP, "-n", VOLCANO_NAMESPACE, kubeconfig=sa)
         assert conf.returncode == 0, conf.stderr
