@@ -6,8 +6,10 @@ against the cluster: core/gate.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +49,20 @@ def every_list(api: Api) -> list[dict[str, Any]]:
     return api.raw_list("/api/v1/configmaps", fieldSelector=f"metadata.name={OPTED_IN_CONFIGMAP}")
 
 
+# On a list, the names its last write by a gate (re)listed, and when: a name listed again while still
+# listed changes no data, and every replica must still see its listing as new (a genuine opt-in's update is
+# stored only after the gate has answered).
+GATE_LISTED = "stormtopo.io/gate-listed"
+
+
+def gate_listed(value: str | None) -> frozenset[str]:
+    try:
+        names = json.loads(value or "{}").get("names") or []
+    except (ValueError, AttributeError):
+        return frozenset()
+    return frozenset(str(n) for n in names) if isinstance(names, list) else frozenset()
+
+
 # The names kept of one namespace's list: a tenant may write its own namespace's list (docs/security.md), and
 # every replica decodes what it watches; past this, further names are not known here (their pods are held by
 # the policy while listed, as without this reading).
@@ -66,13 +82,17 @@ class ListsSeen:
         self._since: dict[str, dict[str, float]] = {}  # namespace -> name -> when this replica first saw it listed
 
     def on_event(self, event_type: str | None, configmap: Mapping[str, Any]) -> None:
-        namespace = str((configmap.get("metadata") or {}).get("namespace") or "")
+        """A listed object (event None: a first list or a re-list after a gap, when a name may have been
+        listed again unseen) and the names a gate has just (re)listed (GATE_LISTED) count from now."""
+        meta = configmap.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "")
         if event_type == "DELETED":
             self._since.pop(namespace, None)
             return
-        before, now = self._since.get(namespace, {}), self.clock()
+        before, now = ({} if event_type is None else self._since.get(namespace, {})), self.clock()
+        fresh = gate_listed((meta.get("annotations") or {}).get(GATE_LISTED))
         names = sorted(configmap.get("data") or {})[:NAMES_KEPT]
-        self._since[namespace] = {name: before.get(name, now) for name in names}
+        self._since[namespace] = {name: now if name in fresh else before.get(name, now) for name in names}
 
     def on_gone(self, key: tuple[str, str]) -> None:
         self._since.pop(key[0], None)
@@ -87,6 +107,7 @@ class _Batch:
 
     done: asyncio.Future[None]
     changes: dict[str, str | None] = field(default_factory=dict)
+    by_gate: set[str] = field(default_factory=set)  # names a gate (re)lists in this write (GATE_LISTED)
 
 
 def _retrieved(done: asyncio.Future[None]) -> None:
@@ -145,7 +166,7 @@ class OptedInList:
             for name, value in (cm.get("data") or {}).items()
         }
 
-    async def record(self, namespace: str, stormservice: str, want: str | None, force: bool = False) -> None:
+    async def record(self, namespace: str, stormservice: str, want: str | None, force: bool = False, by_gate: bool = False) -> None:
         """Say in its namespace's list what it says of a StormService: its scope, or nothing (None,
         unlisted). Writes only on a change unless `force` (this replica's copy may be stale).
 
@@ -156,6 +177,8 @@ class OptedInList:
             return
         batch = self._batch(namespace)
         batch.changes[stormservice] = want
+        if by_gate and want is not None:
+            batch.by_gate.add(stormservice)
         await asyncio.shield(batch.done)
 
     async def unlist(self, namespace: str, stormservices: list[str]) -> None:
@@ -191,7 +214,7 @@ class OptedInList:
             while (batch := self._open.pop(namespace, None)) is not None:
                 self._writing[namespace] = batch
                 try:
-                    await asyncio.to_thread(self._write, namespace, batch.changes)
+                    await asyncio.to_thread(self._write, namespace, batch.changes, frozenset(batch.by_gate))
                 except Exception as exc:  # each caller refuses (the gate) or retries (the reconciler)
                     batch.done.set_exception(exc)
                 else:
@@ -201,18 +224,24 @@ class OptedInList:
         finally:
             self._writers.pop(namespace, None)
 
-    def _write(self, namespace: str, changes: Mapping[str, str | None]) -> None:
+    def _write(self, namespace: str, changes: Mapping[str, str | None], by_gate: frozenset[str] = frozenset()) -> None:
+        patch: dict[str, Any] = {"data": dict(changes)}
+        if by_gate:  # a new value each time (its time), so the write is never a no-op every replica misses
+            marker = json.dumps({"at": round(time.time(), 3), "write": uuid.uuid4().hex[:12], "names": sorted(by_gate)})
+            patch["metadata"] = {"annotations": {GATE_LISTED: marker}}
         try:
-            self.api.request("PATCH", list_path(namespace), {"data": dict(changes)}, MERGE_PATCH)
+            self.api.request("PATCH", list_path(namespace), patch, MERGE_PATCH)
         except NotFound:
             listed = {name: want for name, want in changes.items() if want is not None}
             if listed:
                 try:
                     body = {**opted_in_configmap(namespace), "data": listed}
+                    if by_gate:
+                        body["metadata"] = {**body["metadata"], **patch["metadata"]}
                     self.api.request("POST", configmaps_path(namespace), body)
                 except Conflict:
                     # Another replica (or this one's other admission) created it meanwhile: add to theirs.
-                    self.api.request("PATCH", list_path(namespace), {"data": dict(changes)}, MERGE_PATCH)
+                    self.api.request("PATCH", list_path(namespace), patch, MERGE_PATCH)
         for name, want in changes.items():
             key = opted_in_key(namespace, name)
             if want is None:
@@ -304,7 +333,7 @@ class Gate:
             return None  # listed by this replica moments ago: no rewrite of the ConfigMap
         try:
             # force: this replica's copy of the list may be stale (another replica's reconciler unlisted it)
-            await self.opted_in.record(namespace, name, want, force=True)
+            await self.opted_in.record(namespace, name, want, force=True, by_gate=True)
         except Exception as exc:  # any failure refuses: the API server retries nothing for us
             if new:
                 self.unconfirmed.drop(key)

@@ -89,27 +89,45 @@ class Listed(enum.Enum):
 
 
 class StoredServices:
-    """The API server's copy of a StormService, for the pod webhook: one read in flight per service (the pods
-    of a replica come together, and a forged pod review costs no more than a real one), at most STORED_READS
-    at once, each given up after STORED_READ_TIMEOUT."""
+    """The API server's copy of a StormService, for the pod webhook. A review never takes the answer of a read
+    that started before it came (it may predate an opt-in stored since): while one read of a service is under
+    way, reviews that come join the one read that starts after it (the pods of a replica come together, and a
+    forged pod review costs no more than a real one). At most STORED_READS at once, each slot held until its
+    read's thread ends (a slow API server cannot pile up threads that the writer and the gate share); a review
+    waits STORED_READ_TIMEOUT at most, for a slot and its read."""
 
     def __init__(self, read: Callable[[str, str], Awaitable[dict[str, Any] | None]]) -> None:
         self.read = read
         self._slots = asyncio.Semaphore(STORED_READS)
-        self._reading: dict[tuple[str, str], asyncio.Future[dict[str, Any] | None]] = {}
+        self._under_way: dict[tuple[str, str], asyncio.Future[dict[str, Any] | None]] = {}
+        self._next: dict[tuple[str, str], asyncio.Future[dict[str, Any] | None]] = {}  # starts once the read under way ends
         self._logged_at = float("-inf")
 
     async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         key = (namespace, name)
-        future = self._reading.get(key)
+        future = self._next.get(key)
         if future is None:
-            future = self._reading[key] = asyncio.ensure_future(self._read(namespace, name))
-            future.add_done_callback(lambda done: self._reading.pop(key) if self._reading.get(key) is done else None)
-        return await asyncio.shield(future)
+            future = asyncio.ensure_future(self._read(key, self._under_way.get(key)))
+            if key in self._under_way:
+                self._next[key] = future
+            else:
+                self._under_way[key] = future
+            future.add_done_callback(lambda done: self._done(key, done))
+        return await asyncio.wait_for(asyncio.shield(future), STORED_READ_TIMEOUT)
 
-    async def _read(self, namespace: str, name: str) -> dict[str, Any] | None:
-        async with self._slots, asyncio.timeout(STORED_READ_TIMEOUT):
-            return await self.read(namespace, name)
+    async def _read(self, key: tuple[str, str], after: asyncio.Future[dict[str, Any] | None] | None) -> dict[str, Any] | None:
+        if after is not None:
+            await asyncio.wait([after])
+            this = self._next.pop(key)  # it starts now: reviews that come from now on wait for the next one
+            self._under_way[key] = this
+        async with self._slots:
+            return await self.read(*key)
+
+    def _done(self, key: tuple[str, str], done: asyncio.Future[dict[str, Any] | None]) -> None:
+        if not done.cancelled():
+            done.exception()  # retrieved: each waiter still there has had it raised
+        if self._under_way.get(key) is done:
+            del self._under_way[key]
 
     def failed(self, namespace: str, name: str, exc: BaseException) -> None:
         """Logged at most once a minute: a pod review each would flood the log while the API server is slow."""

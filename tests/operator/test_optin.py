@@ -27,7 +27,7 @@ from stormtopo.devenv import processes, webhook_auth
 from stormtopo.devenv.cluster import operator_env
 from stormtopo.kube.client import ApiError
 from stormtopo.operator import webhook
-from stormtopo.operator.optin import NAMES_KEPT, UPDATE_LAG, Gate, ListsSeen, OptedInList
+from stormtopo.operator.optin import GATE_LISTED, NAMES_KEPT, UPDATE_LAG, Gate, ListsSeen, OptedInList
 
 HARD = {MODE: "hard", HIGHEST_TIER: "1"}
 
@@ -957,10 +957,11 @@ class StoredApi(FakeApi):
     def get(self, *_: Any) -> dict[str, Any] | None:
         self.reads += 1
         self.read_at.append(time.monotonic())
+        stored = self.stored  # as stored when the read reached the API server
         time.sleep(self.delay)
         if self.fail:
             raise ApiError.of(503, "GET", "/x", "unavailable")
-        return self.stored
+        return stored
 
 
 ADMITTED = {"op": "add", "path": "/metadata/labels/stormtopo.io~1admitted", "value": "true"}
@@ -1057,11 +1058,58 @@ def test_a_young_listing_is_judged_only_once_a_genuine_opt_in_would_be_stored(mo
     _pod_webhook(scenario)
 
 
-def test_the_pods_of_one_listed_service_share_one_read() -> None:
+def test_the_pods_of_one_listed_service_share_reads_but_never_one_older_than_their_review() -> None:
+    """Five pods at once: one read, and one more for those that came while it was under way. A review that
+    comes while a read is under way does not take its answer: the service may have opted in since it began."""
+
     async def scenario(client: Any, api: StoredApi, opted_in: OptedInList) -> None:
         _listed_long_ago(opted_in)
         api.stored, api.delay = service("svc"), 0.3
         answers = await asyncio.gather(*(_answer(client, _pod()) for _ in range(5)))
-        assert all(a["ops"] == [ADMITTED] for a in answers) and api.reads == 1
+        assert all(a["ops"] == [ADMITTED] for a in answers) and api.reads <= 2
+        api.reads = 0
+        first = asyncio.ensure_future(_answer(client, _pod()))
+        while api.reads == 0:
+            await asyncio.sleep(0.01)
+        api.stored = service("svc", HARD, version="9")  # opted in while the first read is under way
+        second = await _answer(client, _pod())
+        assert (await first)["ops"] == [ADMITTED]
+        assert not second["allowed"] and api.reads == 2
 
     _pod_webhook(scenario)
+
+
+def test_a_gates_listing_counts_from_now_on_every_replica_even_if_the_name_was_listed() -> None:
+    """The gate lists a name already listed (an opt-out not unlisted yet, then an opt-in): no data changes,
+    so its write names what it listed, with a new time, and every replica's watch counts that name from
+    now. A re-list (a watch gap) counts every name from now too: a listing may have come and gone unseen."""
+    now = [100.0]
+    seen = ListsSeen(clock=lambda: now[0])
+    cm: dict[str, Any] = {"metadata": {"namespace": "ns"}, "data": {"svc": "RoleSet", "other": "RoleSet"}}
+    seen.on_event("ADDED", cm)
+    now[0] = 200.0
+    cm["metadata"]["annotations"] = {GATE_LISTED: json.dumps({"at": 1.0, "names": ["svc"]})}
+    seen.on_event("MODIFIED", cm)
+    assert seen.listed_since("ns", "svc") == 200.0 and seen.listed_since("ns", "other") == 100.0
+    now[0] = 300.0
+    seen.on_event(None, cm)  # listed again after a gap
+    assert seen.listed_since("ns", "other") == 300.0
+    cm["metadata"]["annotations"] = {GATE_LISTED: "{not json"}
+    seen.on_event("MODIFIED", cm)  # a tenant's junk marker changes nothing
+    assert seen.listed_since("ns", "other") == 300.0
+    # What the gate writes: its names and a new time on every write; the reconciler's writes carry none.
+    api = FakeApi()
+    bodies: list[Any] = []
+    request = api.request
+    api.request = lambda method, path, body=None, *a, **k: (bodies.append(body), request(method, path, body, *a, **k))[1]  # type: ignore[method-assign]
+    opted_in = OptedInList(api)  # type: ignore[arg-type]
+
+    async def write() -> None:
+        await opted_in.record("ns", "svc", "RoleSet", force=True, by_gate=True)
+        await opted_in.record("ns", "svc", "RoleSet", force=True, by_gate=True)
+        await opted_in.record("ns", "third", "RoleSet")
+
+    asyncio.run(write())
+    markers = [(b.get("metadata") or {}).get("annotations", {}).get(GATE_LISTED) for b in bodies]
+    assert markers[-1] is None and all(markers[:-1]) and len(set(markers[:-1])) == 2  # two writes (the first: a 404, then its create)
+    assert all(json.loads(m)["names"] == ["svc"] for m in markers[:-1])
