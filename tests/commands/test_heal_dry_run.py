@@ -6,7 +6,8 @@ from stormtopo.commands.heal import Lenders, render, rooms_made
 from stormtopo.core.heal_plan import HealMemory
 from stormtopo.core.healing import plan_healing
 from stormtopo.core.room import Resident
-from tests.core.healing_cases import BUSY, SOFT1, WIDE, service, snap
+from tests.builders import service
+from tests.core.healing_cases import BIG, BUSY, SOFT1, WIDE, snap
 
 # node0 holds a small replica of another service: s0 holds the wide replica only once it leaves; node4
 # has room for that small replica in s2, which Volcano then surely prefers (tests/core/test_room.py).
@@ -15,7 +16,7 @@ SMALL = Resident("other", "small", "small-0", {"node0": 2}, (1, 1), 1)
 
 
 def test_a_wide_replica_with_nowhere_to_go_says_which_replica_would_make_room() -> None:
-    snapshot = snap(service(SOFT1), WIDE, busy=STUCK)
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, busy=STUCK)
     plan = plan_healing(snapshot, HealMemory())
     assert plan.moving is None  # no leaf holds it now
     rooms = rooms_made(snapshot, plan, lambda: Lenders((SMALL,), {}))
@@ -33,7 +34,7 @@ def test_a_wide_replica_with_nowhere_to_go_says_which_replica_would_make_room() 
 
 
 def test_others_are_read_only_when_a_wide_replica_has_nowhere_to_go() -> None:
-    snapshot = snap(service(SOFT1), WIDE)  # s0 has room: it moves without help
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE)  # s0 has room: it moves without help
 
     def unread() -> Lenders:
         raise AssertionError("read")
@@ -92,7 +93,7 @@ def test_the_dry_run_offers_only_whom_the_operators_search_would() -> None:
     priority than the wide replica, nor one on the node tier's short list."""
     from dataclasses import replace
 
-    snapshot = snap(service(SOFT1), WIDE, busy=STUCK)
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, busy=STUCK)
     plan = plan_healing(snapshot, HealMemory())
     assert rooms_made(snapshot, plan, lambda: Lenders((SMALL,), {})) != {}
     assert rooms_made(snapshot, plan, lambda: Lenders((replace(SMALL, priority=1000),), {})) == {}  # the wide replica runs at 0

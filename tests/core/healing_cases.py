@@ -1,6 +1,7 @@
 """Healing's cases (core/healing.py) on the feature request's tree: leaves s0..s3 of two 8-GPU nodes each.
-StormService svc, its replicas of two whole-node pods (16 GPUs: a leaf), read at NOW; SOFT1 asks for
-tier 1, softly, and for healing. WIDE is a replica of it that found no leaf with room."""
+StormService svc, of roles BIG and updated by RollingUpdate (tests/builders.py: service(SOFT1, BIG,
+update_strategy="RollingUpdate")), its replicas of two whole-node pods (16 GPUs: a leaf), read at NOW;
+SOFT1 asks for tier 1, softly, and for healing. WIDE is a replica of it that found no leaf with room."""
 
 from __future__ import annotations
 
@@ -31,13 +32,9 @@ def stamp(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def service(annotations: dict[str, str], replicas: int = 1, **extra: str) -> dict[str, Any]:
-    return builders.service({**annotations, **extra}, BIG, replicas=replicas, update_strategy="RollingUpdate")
-
-
 def wide_service() -> dict[str, Any]:
     """The service soft within tier 1, its replica svc-a recorded placed in s4 (tier 2): one to look at."""
-    svc = service(SOFT1)
+    svc = builders.service(SOFT1, BIG, update_strategy="RollingUpdate")
     svc["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s4", "tier": 2}})
     return svc
 

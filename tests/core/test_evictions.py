@@ -6,7 +6,8 @@ from stormtopo.core.evictions import EvictionFailure, Failure, plan_evicted
 from stormtopo.core.heal_plan import HealMemory
 from stormtopo.core.healing import plan_healing
 from stormtopo.core.writes import PostEvent
-from tests.core.healing_cases import SOFT1, WIDE, service, snap
+from tests.builders import service
+from tests.core.healing_cases import BIG, SOFT1, WIDE, snap
 
 
 def failure(pod: str, kind: Failure) -> EvictionFailure:
@@ -14,7 +15,7 @@ def failure(pod: str, kind: Failure) -> EvictionFailure:
 
 
 def test_each_answer_to_an_eviction_ends_says_or_resumes_the_move_as_it_should() -> None:
-    snapshot = snap(service(SOFT1), WIDE)
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE)
     plan = plan_healing(snapshot, HealMemory())
     assert plan.moving is not None
     decode, prefill = "svc-a-decode-0", "svc-a-prefill-0"

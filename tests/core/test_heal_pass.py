@@ -15,7 +15,8 @@ from stormtopo.core.room import Resident
 from stormtopo.core.room_search import RoomSearch, made_room, next_offer
 from stormtopo.core.verdict import Verdict, Why
 from stormtopo.core.vocabulary import MOVES_ANNOTATION
-from tests.core.healing_cases import NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, service, snap, stamp, wide_service
+from tests.builders import service
+from tests.core.healing_cases import BIG, NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, snap, stamp, wide_service
 
 KEY = ("ns", "svc")
 
@@ -30,12 +31,12 @@ def look(heal_pass: HealPass, memory: HealerMemory, svc: dict[str, Any]) -> tupl
 
 def test_a_service_with_nothing_wide_is_not_looked_at_and_is_forgotten() -> None:
     memory = HealerMemory().healed(KEY, HealMemory(quiet_until=NOW + 60))
-    verdict, memory = look(a_pass(), memory, service(SOFT1))
+    verdict, memory = look(a_pass(), memory, service(SOFT1, BIG, update_strategy="RollingUpdate"))
     assert verdict is Look.NOTHING and KEY not in memory.services
 
 
 def test_the_reading_of_room_is_asked_for_only_once_a_service_needs_a_look() -> None:
-    assert look(a_pass(listed=None), HealerMemory(), service(SOFT1))[0] is Look.NOTHING
+    assert look(a_pass(listed=None), HealerMemory(), service(SOFT1, BIG, update_strategy="RollingUpdate"))[0] is Look.NOTHING
     assert look(a_pass(listed=None), HealerMemory(), wide_service())[0] is Look.READ_ROOM
     assert look(a_pass(listed=False), HealerMemory(), wide_service())[0] is Look.NOT_YET
     assert look(a_pass(), HealerMemory(), wide_service())[0] is Look.HEAL
@@ -79,19 +80,19 @@ def test_what_is_kept_between_passes_drops_services_gone_and_old_wakings() -> No
 
 
 def test_a_move_begun_in_the_pass_counts_against_the_cap_before_the_index_shows_it() -> None:
-    snapshot = snap(service(SOFT1), WIDE)
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE)
     plan = plan_healing(snapshot, HealMemory())
     assert plan.moving is not None
     heal_pass = a_pass().planned(KEY, snapshot, plan)
     assert heal_pass.moving_elsewhere(("ns", "other"), [], NOW) == 1 and heal_pass.moving_elsewhere(KEY, [], NOW) == 0
-    moving = service(SOFT1)
+    moving = service(SOFT1, BIG, update_strategy="RollingUpdate")
     moving["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 5), "toTier": 1}})
     assert heal_pass.moving_elsewhere(("ns", "other"), [(KEY, moving)], NOW) == 2  # counted twice rather than not at all
 
 
 def test_a_wide_replica_with_nowhere_to_go_waits_for_room_to_be_made() -> None:
     busy = {"node0": 8, "node1": 8, "node2": 8, "node3": 8, "node4": 8, "node5": 8, "node6": 8, "node7": 8}
-    snapshot = snap(service(SOFT1), WIDE, busy=busy)
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, busy=busy)
     plan = plan_healing(snapshot, HealMemory())
     assert plan.moving is None
     assert a_pass().planned(KEY, snapshot, plan).no_room == ((KEY, WIDE, 1),)
@@ -119,7 +120,12 @@ def test_room_is_made_only_by_a_move_to_make_room() -> None:
 
 
 def test_a_service_is_planned_over_the_passs_room_read_with_its_first_service() -> None:
-    read = ServiceRead(KEY, replace(snap(service(SOFT1), WIDE), free={}), others=(), free=snap(service(SOFT1), WIDE).free)
+    read = ServiceRead(
+        KEY,
+        replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE), free={}),
+        others=(),
+        free=snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE).free,
+    )
     first = plan_service(a_pass(), read, HealMemory())
     assert first.plan.moving is not None and first.snapshot.free == read.free and first.heal_pass.started == {KEY}
     # The next service is planned over the pass's reading (the move's target is set aside once recorded: HealPass.moved).
@@ -134,17 +140,23 @@ def test_the_dry_run_plans_one_service_as_a_pass_would_against_the_clusters_move
     from stormtopo.core.heal_pass import plan_alone
     from stormtopo.core.verdict import Block
 
-    snapshot = replace(snap(service(SOFT1), WIDE), max_moving=2)
+    snapshot = replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE), max_moving=2)
     assert plan_alone(snapshot, KEY, {}, ()).moving is not None  # alone in the cluster: it moves, as plan_healing says
     movers = {}
     for name in ("a", "b"):  # two services that ask for healing, each with a move under way
-        mover = service({**SOFT1, MOVES_ANNOTATION: json.dumps({f"{name}-0": {"at": stamp(NOW - 5), "toTier": 1}})})
+        mover = service(
+            {**SOFT1, MOVES_ANNOTATION: json.dumps({f"{name}-0": {"at": stamp(NOW - 5), "toTier": 1}})},
+            BIG,
+            update_strategy="RollingUpdate",
+        )
         mover["metadata"]["name"] = name
         movers[("other", name)] = mover
     capped = plan_alone(snapshot, KEY, movers, ())
     assert capped.moving is None and any(v.block is Block.CLUSTER_CAP for v in capped.verdicts)
     assert plan_healing(snapshot, HealMemory()).moving is not None  # what the dry run said before: a move the pass would not make
-    plain = replace(snapshot, stormservice=service({k: v for k, v in SOFT1.items() if k != "stormtopo.io/heal"}))
+    plain = replace(
+        snapshot, stormservice=service({k: v for k, v in SOFT1.items() if k != "stormtopo.io/heal"}, BIG, update_strategy="RollingUpdate")
+    )
     assert plan_alone(plain, KEY, {}, ()).moving is not None  # judged as if it asked
 
 
@@ -162,7 +174,15 @@ def test_only_a_service_with_a_move_under_way_has_its_replicas_read_for_the_dry_
     """Settled records stay on a StormService for ever: the dry run reads the replicas of those moving now."""
     from stormtopo.core.cluster_moves import moves_under_way
 
-    moving = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"svc-a": {"at": stamp(NOW - 5), "toTier": 1}})})
-    settled = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"svc-a": {"at": stamp(NOW - 5), "toTier": 1, "done": True}})})
-    forged = service({k: v for k, v in SOFT1.items() if k != "stormtopo.io/heal"} | {MOVES_ANNOTATION: "{}"})
+    moving = service(
+        {**SOFT1, MOVES_ANNOTATION: json.dumps({"svc-a": {"at": stamp(NOW - 5), "toTier": 1}})}, BIG, update_strategy="RollingUpdate"
+    )
+    settled = service(
+        {**SOFT1, MOVES_ANNOTATION: json.dumps({"svc-a": {"at": stamp(NOW - 5), "toTier": 1, "done": True}})},
+        BIG,
+        update_strategy="RollingUpdate",
+    )
+    forged = service(
+        {k: v for k, v in SOFT1.items() if k != "stormtopo.io/heal"} | {MOVES_ANNOTATION: "{}"}, BIG, update_strategy="RollingUpdate"
+    )
     assert moves_under_way(moving, NOW) and not moves_under_way(settled, NOW) and not moves_under_way(forged, NOW)

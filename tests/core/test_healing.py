@@ -20,8 +20,8 @@ from stormtopo.core.replica_pods import Replica
 from stormtopo.core.verdict import Block, Why
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_ANNOTATION, MODE, MOVES_ANNOTATION, PLACEMENT_ANNOTATION
 from stormtopo.core.writes import EvictPod, PatchPodGroup, PostEvent, RecordMove
-from tests.builders import pdb, pod
-from tests.core.healing_cases import BUSY, NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, replica, service, snap, stamp
+from tests.builders import pdb, pod, service
+from tests.core.healing_cases import BIG, BUSY, NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, replica, snap, stamp
 
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"}
 
@@ -35,7 +35,7 @@ def said(plan: Any, reason: str) -> list[str]:
 
 
 def test_a_soft_replica_above_its_tier_moves_whole_into_the_leaf_that_has_room() -> None:
-    plan = plan_healing(snap(service(SOFT1), WIDE), HealMemory())
+    plan = plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE), HealMemory())
     assert plan.moving is not None and plan.moving.why is Why.SOFT_WIDE
     assert plan.moving.target is not None and plan.moving.target.switch.name == "s0"
     assert evictions(plan) == ["svc-a-decode-0", "svc-a-prefill-0"]  # every pod: the gang is placed again as one
@@ -56,7 +56,7 @@ def test_no_new_move_while_as_many_replicas_move_in_the_cluster_as_may_at_once()
     from stormtopo.core.cluster_moves import moving_in_cluster
     from stormtopo.core.verdict import Block
 
-    capped = dataclasses.replace(snap(service(SOFT1), WIDE), moving_elsewhere=2, max_moving=2)
+    capped = dataclasses.replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE), moving_elsewhere=2, max_moving=2)
     plan = plan_healing(capped, HealMemory())
     assert plan.moving is None and evictions(plan) == []
     assert any(v.block is Block.CLUSTER_CAP for v in plan.verdicts)
@@ -65,7 +65,7 @@ def test_no_new_move_while_as_many_replicas_move_in_the_cluster_as_may_at_once()
     # What counts: moves recorded, not settled, within their deadline.
     moves = {"a": {"toTier": 1, "at": stamp(NOW - 10)}, "b": {"toTier": 1, "at": stamp(NOW - 10), "done": True}}
     old = {"c": {"toTier": 1, "at": stamp(NOW - 10_000)}}
-    services = [service({**SOFT1, MOVES_ANNOTATION: json.dumps(m)}) for m in (moves, old)]
+    services = [service({**SOFT1, MOVES_ANNOTATION: json.dumps(m)}, BIG, update_strategy="RollingUpdate") for m in (moves, old)]
     assert moving_in_cluster(services, NOW) == 1
     services[0]["metadata"]["deletionTimestamp"] = stamp(NOW - 1)  # its move goes with it
     assert moving_in_cluster(services, NOW) == 0
@@ -80,22 +80,29 @@ def test_records_a_tenant_can_forge_take_no_more_of_the_cap_than_its_own_healing
 
     now_moving = {"toTier": 1, "at": stamp(NOW - 10)}
     two = json.dumps({"a": now_moving, "b": now_moving})
-    plain = service({MODE: "soft", HIGHEST_TIER: "1", MOVES_ANNOTATION: two})  # never opted in to healing
+    # never opted in to healing
+    plain = service({MODE: "soft", HIGHEST_TIER: "1", MOVES_ANNOTATION: two}, BIG, update_strategy="RollingUpdate")
     assert moving_in_cluster([plain], NOW) == 0
-    healing = service({**SOFT1, MOVES_ANNOTATION: two})
+    healing = service({**SOFT1, MOVES_ANNOTATION: two}, BIG, update_strategy="RollingUpdate")
     assert moving_in_cluster([healing], NOW) == 1  # two forged moves on one service: one slot, as its healer would take
-    future = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1, "at": stamp(NOW + 3600)}})})
-    undated = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1}})})
-    garbled = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1, "at": "soon"}})})
+    future = service(
+        {**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1, "at": stamp(NOW + 3600)}})}, BIG, update_strategy="RollingUpdate"
+    )
+    undated = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1}})}, BIG, update_strategy="RollingUpdate")
+    garbled = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1, "at": "soon"}})}, BIG, update_strategy="RollingUpdate")
     assert moving_in_cluster([future, undated, garbled], NOW) == 0
-    skewed = service({**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1, "at": stamp(NOW + 30)}})})
+    skewed = service(
+        {**SOFT1, MOVES_ANNOTATION: json.dumps({"a": {"toTier": 1, "at": stamp(NOW + 30)}})}, BIG, update_strategy="RollingUpdate"
+    )
     assert moving_in_cluster([skewed], NOW) == 1  # within the clock skew two replicas may have
     # Making room: an unsettled make-room record, or room said to be made for someone, counts only on a
     # service that lends room (healing on, lend-room on, more than one replica).
     room = {"x-0": {"at": stamp(NOW - 5), "reason": "make-room", "for": "StormService ns/svc replica svc-a"}}
-    forged = service({**SOFT1, MOVES_ANNOTATION: json.dumps(room)})
+    forged = service({**SOFT1, MOVES_ANNOTATION: json.dumps(room)}, BIG, update_strategy="RollingUpdate")
     assert not making_room_under_way([forged], NOW) and room_made_for([forged], NOW) == {}
-    lender = service({**SOFT1, LEND_ROOM_ANNOTATION: "true", MOVES_ANNOTATION: json.dumps(room)}, replicas=2)
+    lender = service(
+        {**SOFT1, LEND_ROOM_ANNOTATION: "true", MOVES_ANNOTATION: json.dumps(room)}, BIG, replicas=2, update_strategy="RollingUpdate"
+    )
     assert making_room_under_way([lender], NOW) and room_made_for([lender], NOW) == {("ns", "svc", "svc-a"): NOW - 5}
     dated_later = {"x-0": {**room["x-0"], "at": stamp(NOW + 3600)}}
     lender["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps(dated_later)
@@ -103,7 +110,7 @@ def test_records_a_tenant_can_forge_take_no_more_of_the_cap_than_its_own_healing
 
 
 def test_nothing_moves_without_the_opt_in_but_the_dry_run_says_what_would() -> None:
-    svc = service({MODE: "soft", HIGHEST_TIER: "1"})
+    svc = service({MODE: "soft", HIGHEST_TIER: "1"}, BIG, update_strategy="RollingUpdate")
     assert plan_healing(snap(svc, WIDE), HealMemory()).writes == ()
     dry = plan_healing(snap(svc, WIDE), HealMemory(), opted_in_only=False)
     assert dry.moving is not None and dry.moving.replica == "svc-a"
@@ -111,13 +118,15 @@ def test_nothing_moves_without_the_opt_in_but_the_dry_run_says_what_would() -> N
 
 def test_a_replica_within_its_tier_stays() -> None:
     placed = replica("svc-a", "node0", "node1")
-    plan = plan_healing(snap(service(SOFT1), placed, busy={**BUSY, "node0": 8, "node3": 0}), HealMemory())
+    plan = plan_healing(
+        snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), placed, busy={**BUSY, "node0": 8, "node3": 0}), HealMemory()
+    )
     assert plan.moving is None and plan.writes == ()
     assert plan.verdicts[0].why is None
 
 
 def test_no_move_while_no_leaf_holds_the_whole_replica() -> None:
-    plan = plan_healing(snap(service(SOFT1), WIDE, busy={**BUSY, "node0": 4}), HealMemory())
+    plan = plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, busy={**BUSY, "node0": 4}), HealMemory())
     assert plan.moving is None and evictions(plan) == []
     assert "no domain within tier 1 has room" in plan.verdicts[0].blocked
     assert said(plan, "ReplicaNotMoved") == []  # nothing to say while there is nowhere to go
@@ -125,7 +134,7 @@ def test_no_move_while_no_leaf_holds_the_whole_replica() -> None:
 
 def test_its_own_gpus_count_as_free_where_it_leaves() -> None:
     # s0 has 8 free GPUs (node0) and 8 held by the replica itself (node1): enough once it moves.
-    plan = plan_healing(snap(service(SOFT1), WIDE), HealMemory())
+    plan = plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE), HealMemory())
     assert plan.moving is not None and plan.moving.target is not None and plan.moving.target.free_gpus == 16
 
 
@@ -137,47 +146,54 @@ def test_a_leaf_counts_as_room_only_where_the_pods_could_run() -> None:
     from stormtopo.core.node_fit import NodeFacts, milli
 
     plain = {n: NodeFacts({"gpu": "a100"}, (), {"cpu": milli("64")}) for n in TOPOLOGY.nodes}
-    assert plan_healing(dataclasses.replace(snap(service(SOFT1), WIDE), nodes=plain), HealMemory()).moving is not None
+    anywhere = dataclasses.replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE), nodes=plain)
+    assert plan_healing(anywhere, HealMemory()).moving is not None
     taint = {"key": "maintenance", "value": "true", "effect": "NoSchedule"}
     for node0 in (NodeFacts({"gpu": "a100"}, (taint,), {"cpu": milli("64")}), NodeFacts({"gpu": "a100"}, (), {"cpu": 0})):
         nodes = {**plain, "node0": node0}
         pods = tuple({**p, "spec": {**p["spec"], "containers": [{"resources": {"requests": {"cpu": "1"}}}]}} for p in WIDE.pods)
         wide = Replica(WIDE.roleset, pods)
-        plan = plan_healing(dataclasses.replace(snap(service(SOFT1), wide), nodes=nodes), HealMemory())
+        plan = plan_healing(
+            dataclasses.replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), wide), nodes=nodes), HealMemory()
+        )
         assert plan.moving is None and "no domain within tier 1 has room" in plan.verdicts[0].blocked
     tolerant = tuple({**p, "spec": {**p["spec"], "tolerations": [{"key": "maintenance", "operator": "Exists"}]}} for p in WIDE.pods)
     nodes = {**plain, "node0": NodeFacts({"gpu": "a100"}, (taint,), {"cpu": milli("64")})}
-    assert plan_healing(dataclasses.replace(snap(service(SOFT1), Replica(WIDE.roleset, tolerant)), nodes=nodes), HealMemory()).moving
+    assert plan_healing(
+        dataclasses.replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), Replica(WIDE.roleset, tolerant)), nodes=nodes),
+        HealMemory(),
+    ).moving
 
 
 def test_a_hard_replica_in_violation_moves_back_within_its_tier() -> None:
-    plan = plan_healing(snap(service(HARD1), WIDE), HealMemory())
+    plan = plan_healing(snap(service(HARD1, BIG, update_strategy="RollingUpdate"), WIDE), HealMemory())
     assert plan.moving is not None and plan.moving.why is Why.VIOLATION
     assert "violates its hard request" in said(plan, "ReplicaMoving")[0]
 
 
 def test_a_disruption_budget_that_forbids_the_eviction_stops_the_move_and_says_so_once() -> None:
     budgets = (pdb("other", 0, {"matchLabels": {"app": "elsewhere"}}), pdb("keep-one", 1, {"matchLabels": {"app": "svc"}}))
-    plan = plan_healing(snap(service(SOFT1), WIDE, budgets=budgets), HealMemory())
+    plan = plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, budgets=budgets), HealMemory())
     assert plan.moving is None and evictions(plan) == []
     (message,) = said(plan, "ReplicaNotMoved")
     assert "PodDisruptionBudget keep-one allows 1 disruptions" in message and "evicts 2 of its pods" in message
-    again = plan_healing(snap(service(SOFT1), WIDE, budgets=budgets), plan.memory)
+    again = plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, budgets=budgets), plan.memory)
     assert said(again, "ReplicaNotMoved") == []
 
 
 def test_a_budget_with_room_for_every_pod_lets_it_move_one_pod_after_another() -> None:
     budgets = (pdb("two", 2, {"matchExpressions": [{"key": "app", "operator": "In", "values": ["svc"]}]}),)
-    plan = plan_healing(snap(service(SOFT1), WIDE, budgets=budgets), HealMemory())
+    plan = plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, budgets=budgets), HealMemory())
     assert plan.moving is not None and plan.one_at_a_time  # evictions under one budget conflict on its status
     unrelated = (pdb("other", 0, {"matchLabels": {"app": "elsewhere"}}),)
-    assert not plan_healing(snap(service(SOFT1), WIDE, budgets=unrelated), HealMemory()).one_at_a_time  # together
+    together = plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, budgets=unrelated), HealMemory())
+    assert not together.one_at_a_time
 
 
 def test_two_wide_replicas_move_one_at_a_time() -> None:
     other = replica("svc-b", "node5", "node7")
     busy = {**BUSY, "node4": 0, "node6": 8}  # s2 has node4 free too
-    svc = service(SOFT1, replicas=2)
+    svc = service(SOFT1, BIG, replicas=2, update_strategy="RollingUpdate")
     first = plan_healing(snap(svc, WIDE, other, busy=busy), HealMemory())
     assert first.moving is not None and first.moving.replica == "svc-a"
     assert evictions(first) == ["svc-a-decode-0", "svc-a-prefill-0"]
@@ -191,7 +207,7 @@ def test_two_wide_replicas_move_one_at_a_time() -> None:
 
 
 def test_never_below_the_services_replicas_minus_its_budget() -> None:
-    svc = service(SOFT1, replicas=2)
+    svc = service(SOFT1, BIG, replicas=2, update_strategy="RollingUpdate")
     svc["spec"]["updateStrategy"] = {"type": "RollingUpdate", "maxSurge": 1, "maxUnavailable": 0}
     unready = replica("svc-b", "node5", "node7", ready=False)
     plan = plan_healing(snap(svc, WIDE, unready), HealMemory())
@@ -200,7 +216,7 @@ def test_never_below_the_services_replicas_minus_its_budget() -> None:
 
 
 def test_not_twice_within_the_cool_down_even_after_a_restart() -> None:
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 100), "done": True}})
     plan = plan_healing(snap(svc, WIDE), HealMemory())  # a new operator: empty memory, the record on the StormService
     assert plan.moving is None and "its cool-down of 900 s ends at" in plan.verdicts[0].blocked
@@ -208,7 +224,7 @@ def test_not_twice_within_the_cool_down_even_after_a_restart() -> None:
 
 
 def test_a_move_settles_once_its_replica_is_ready_on_new_pods() -> None:
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     old = [p["metadata"]["uid"] for p in WIDE.pods]
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 30), "pods": old}})
     moved = replica("svc-a", "node0", "node1", created=NOW - 28)
@@ -222,7 +238,7 @@ def test_a_move_settles_once_its_replica_is_ready_on_new_pods() -> None:
 
 
 def test_a_refused_eviction_ends_the_move_and_backs_off() -> None:
-    snapshot = snap(service(SOFT1), WIDE)
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE)
     plan = plan_healing(snapshot, HealMemory())
     writes, memory = plan_refused(
         snapshot, plan, "svc-a-decode-0", "Cannot evict pod as it would violate the pod's disruption budget.", plan.memory
@@ -253,7 +269,7 @@ def test_the_budget_is_resolved_as_aibrix_resolves_it(strategy: dict[str, Any], 
 
 
 def test_a_service_needs_a_pass_only_with_a_wide_record_or_a_move_under_way() -> None:
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     assert not may_need_healing(svc, TIERS, TOPOLOGY)  # nothing recorded yet
     svc["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"svc-a": {"hyperNode": "s0", "tier": 1}})
     assert not may_need_healing(svc, TIERS, TOPOLOGY)
@@ -275,8 +291,8 @@ def test_a_finished_pod_left_behind_neither_blocks_a_move_nor_its_settling() -> 
         "status": {"phase": "Failed"},
     }
     wide = replace(WIDE, pods=(*WIDE.pods, evicted_by_kubelet))
-    assert plan_healing(snap(service(SOFT1), wide), HealMemory()).moving is not None
-    svc = service(SOFT1)
+    assert plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), wide), HealMemory()).moving is not None
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     old = [p["metadata"]["uid"] for p in WIDE.pods]
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 30), "pods": old}})
     moved = replica("svc-a", "node0", "node1", created=NOW - 28)
@@ -293,7 +309,7 @@ def test_while_it_moves_its_podgroup_is_held_hard_within_the_targets_tier_then_l
         "metadata": {"name": "svc-a", "namespace": "ns"},
         "spec": {"minMember": 2, "networkTopology": {"mode": "soft", "highestTierAllowed": 1}},
     }
-    snapshot = replace(snap(service(SOFT1), WIDE), podgroups={"svc-a": podgroup})
+    snapshot = replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE), podgroups={"svc-a": podgroup})
     plan = plan_healing(snapshot, HealMemory())
     (held,) = [w for w in plan.writes if isinstance(w, PatchPodGroup)]
     assert {"op": "replace", "path": "/spec/networkTopology", "value": {"mode": "hard", "highestTierAllowed": 1}} in held.ops
@@ -303,7 +319,7 @@ def test_while_it_moves_its_podgroup_is_held_hard_within_the_targets_tier_then_l
     assert record["toTier"] == 1 and sorted(record["pods"]) == sorted(p["metadata"]["uid"] for p in WIDE.pods)  # type: ignore[arg-type]
     assert record["v"] == 2 and record["request"] == {"mode": "soft", "highestTierAllowed": 1}  # data: what its PodGroup asks after
     # Settled: the PodGroup is let go back to soft.
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": dict(record)})
     hard = {**podgroup, "spec": {"minMember": 2, "networkTopology": {"mode": "hard", "highestTierAllowed": 1}}}
     moved = replica("svc-a", "node0", "node1", created=NOW + 5)
@@ -315,7 +331,7 @@ def test_while_it_moves_its_podgroup_is_held_hard_within_the_targets_tier_then_l
 
 
 def test_a_gang_still_unplaced_after_the_hold_is_let_go_soft_and_its_cool_down_doubles() -> None:
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 130), "toTier": 1, "pods": ["gone"]}})
     pending = replace(
         replica("svc-a", None, None), pods=tuple({**p, "spec": {}} for p in replica("svc-a", "node0", "node1", created=NOW - 120).pods)
@@ -333,7 +349,7 @@ def test_after_three_moves_that_did_not_land_it_is_given_up_with_one_warning() -
     from stormtopo.core.cooldown import GIVE_UP_AFTER
     from stormtopo.core.verdict import Block
 
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps(
         {"svc-a": {"at": stamp(NOW - 130), "toTier": 1, "pods": ["gone"], "misses": GIVE_UP_AFTER - 1}}
     )
@@ -356,7 +372,7 @@ def test_after_three_moves_that_did_not_land_it_is_given_up_with_one_warning() -
 
 
 def test_a_refused_eviction_backs_off_30_s_not_the_whole_cool_down() -> None:
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     snapshot = snap(svc, WIDE)
     plan = plan_healing(snapshot, HealMemory())
     writes, memory = plan_refused(snapshot, plan, "svc-a-decode-0", "Cannot evict pod ...", plan.memory)
@@ -369,13 +385,15 @@ def test_a_refused_eviction_backs_off_30_s_not_the_whole_cool_down() -> None:
 
 def test_a_replica_on_nodes_the_tree_does_not_know_is_not_evicted() -> None:
     unknown = replica("svc-a", "new-node-a", "new-node-b")
-    plan = plan_healing(snap(service(SOFT1), unknown, busy={**BUSY, "node1": 0, "node3": 0}), HealMemory())
+    plan = plan_healing(
+        snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), unknown, busy={**BUSY, "node1": 0, "node3": 0}), HealMemory()
+    )
     assert plan.moving is None and "is in no HyperNode" in plan.verdicts[0].blocked
 
 
 def test_a_pod_covered_by_two_budgets_is_not_begun() -> None:
     budgets = (pdb("service", 5, {"matchLabels": {"app": "svc"}}), pdb("prefill", 5, {"matchLabels": {"role-name": "prefill"}}))
-    plan = plan_healing(snap(service(SOFT1), WIDE, budgets=budgets), HealMemory())
+    plan = plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, budgets=budgets), HealMemory())
     assert plan.moving is None and evictions(plan) == []
     assert "covered by PodDisruptionBudgets prefill, service" in said(plan, "ReplicaNotMoved")[0]
 
@@ -384,11 +402,13 @@ def test_a_budget_its_controller_has_not_observed_refuses_as_the_eviction_api_do
     unobserved = pdb("new", 5, {"matchLabels": {"app": "svc"}})
     unobserved["metadata"]["generation"] = 2
     unobserved["status"]["observedGeneration"] = 1
-    assert plan_healing(snap(service(SOFT1), WIDE, budgets=(unobserved,)), HealMemory()).moving is None
+    assert (
+        plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, budgets=(unobserved,)), HealMemory()).moving is None
+    )
 
 
 def test_settling_compares_pods_not_clocks() -> None:
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps(
         {"svc-a": {"at": stamp(NOW - 30), "pods": [p["metadata"]["uid"] for p in WIDE.pods]}}
     )
@@ -400,14 +420,19 @@ def test_a_changing_count_in_the_reason_is_said_once() -> None:
     posted = 0
     memory = HealMemory()
     for allowed in (1, 0, 1, 0, 1):
-        plan = plan_healing(snap(service(SOFT1), WIDE, budgets=(pdb("keep", allowed, {"matchLabels": {"app": "svc"}}),)), memory)
+        plan = plan_healing(
+            snap(
+                service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, budgets=(pdb("keep", allowed, {"matchLabels": {"app": "svc"}}),)
+            ),
+            memory,
+        )
         memory = plan.memory
         posted += len(said(plan, "ReplicaNotMoved"))
     assert posted == 1
 
 
 def test_a_half_evicted_replica_is_finished() -> None:
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     old = [p["metadata"]["uid"] for p in WIDE.pods]
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 60), "to": "s0", "toTier": 1, "pods": old}})
     old_prefill = WIDE.pods[0]
@@ -419,7 +444,7 @@ def test_a_half_evicted_replica_is_finished() -> None:
 
 def test_a_replica_blocked_by_its_cool_down_does_not_hold_back_the_next() -> None:
     other = replica("svc-b", "node5", "node7")
-    svc = service(SOFT1, replicas=2)
+    svc = service(SOFT1, BIG, replicas=2, update_strategy="RollingUpdate")
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": {"at": stamp(NOW - 100), "done": True}})
     busy = {**BUSY, "node4": 0, "node6": 8}
     plan = plan_healing(snap(svc, WIDE, other, busy=busy), HealMemory())
@@ -428,23 +453,27 @@ def test_a_replica_blocked_by_its_cool_down_does_not_hold_back_the_next() -> Non
 
 def test_an_empty_replica_and_a_drained_node_never_move_anything() -> None:
     empty = Replica({"metadata": {"name": "svc-e", "namespace": "ns"}, "spec": {"roles": []}}, ())
-    assert plan_healing(snap(service(SOFT1), empty), HealMemory()).moving is None
+    assert plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), empty), HealMemory()).moving is None
     drained = {n: g for n, g in free(BUSY).items() if n != "node0"}  # a cordoned node is left out of the reading
-    assert plan_healing(replace(snap(service(SOFT1), WIDE), free=drained), HealMemory()).moving is None
+    assert (
+        plan_healing(replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE), free=drained), HealMemory()).moving is None
+    )
 
 
 def test_nowhere_to_go_quiets_the_service_for_a_while() -> None:
-    plan = plan_healing(snap(service(SOFT1), WIDE, busy={**BUSY, "node0": 4}), HealMemory())
+    plan = plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, busy={**BUSY, "node0": 4}), HealMemory())
     assert plan.memory.quiet_until == NOW + NO_ROOM_RECHECK
     # The operator passes NO_ROOM_RECHECKS times its interval: a faster loop looks again sooner.
-    faster = plan_healing(replace(snap(service(SOFT1), WIDE, busy={**BUSY, "node0": 4}), recheck=3.0), HealMemory())
+    faster = plan_healing(
+        replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, busy={**BUSY, "node0": 4}), recheck=3.0), HealMemory()
+    )
     assert faster.memory.quiet_until == NOW + 3.0
 
 
 def test_a_move_under_way_takes_its_target_so_no_second_service_is_moved_into_the_same_room() -> None:
     from stormtopo.core.cluster_moves import set_aside
 
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     plan = plan_healing(snap(svc, WIDE), HealMemory())
     record = next(w for w in plan.writes if isinstance(w, RecordMove)).record
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({"svc-a": dict(record)})
@@ -454,13 +483,16 @@ def test_a_move_under_way_takes_its_target_so_no_second_service_is_moved_into_th
     taken = set_aside(evicted, TOPOLOGY, svc, [WIDE.roleset], {})
     assert taken["node0"] + taken["node1"] == 0
     other = replica("svc-a", "node3", "node5")
-    assert plan_healing(replace(snap(service(SOFT1), other), free=evicted), HealMemory()).moving is not None
-    assert plan_healing(replace(snap(service(SOFT1), other), free=taken), HealMemory()).moving is None
+    assert (
+        plan_healing(replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), other), free=evicted), HealMemory()).moving
+        is not None
+    )
+    assert plan_healing(replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), other), free=taken), HealMemory()).moving is None
     assert set_aside(evicted, TOPOLOGY, svc, [WIDE.roleset], {"svc-a": 2}) == evicted  # placed: nothing set aside
 
 
 def test_no_move_while_aibrix_rolls_the_service_out() -> None:
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     svc["metadata"]["generation"] = 3
     svc["status"] = {"observedGeneration": 3, "currentRevision": "svc-7c9", "updateRevision": "svc-5d4", "updatedReplicas": 0}
     plan = plan_healing(snap(svc, WIDE), HealMemory())
@@ -509,7 +541,10 @@ def test_a_stranded_hard_replica_moves_whole_into_a_domain_that_holds_it() -> No
     held within that leaf's tier."""
     from stormtopo.core.stranded import STRANDED_AFTER
 
-    snapshot = HealSnapshot(service(HARD1), (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
+    stale = NOW - STRANDED_AFTER - 1
+    snapshot = HealSnapshot(
+        service(HARD1, BIG, update_strategy="RollingUpdate"), (_stranded(stale),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW
+    )
     plan = plan_healing(snapshot, HealMemory())
     assert plan.moving is not None and plan.moving.why is Why.STRANDED
     assert plan.moving.target is not None and plan.moving.target.switch.name == "s1"
@@ -517,14 +552,18 @@ def test_a_stranded_hard_replica_moves_whole_into_a_domain_that_holds_it() -> No
     (moving,) = said(plan, "ReplicaMoving")
     assert "keeps a gang with a running pod in its domain" in moving
     # Not before the threshold, and not a soft replica (Volcano places a soft one's pod outside its domain).
-    early = HealSnapshot(service(HARD1), (_stranded(NOW - 60),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
+    early = HealSnapshot(
+        service(HARD1, BIG, update_strategy="RollingUpdate"), (_stranded(NOW - 60),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW
+    )
     assert plan_healing(early, HealMemory()).moving is None
-    soft = HealSnapshot(service(SOFT1), (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
+    soft = HealSnapshot(service(SOFT1, BIG, update_strategy="RollingUpdate"), (_stranded(stale),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
     assert plan_healing(soft, HealMemory()).moving is None
     # A pod held at a scheduling gate (stormtopo's own: a router, a spread replica not let go yet) waits for no room.
     gated = _stranded(NOW - STRANDED_AFTER - 1)
     held = tuple({**p, "spec": {"schedulingGates": [{"name": "stormtopo.io/domain"}]}} if not p["spec"] else p for p in gated.pods)
-    gate = HealSnapshot(service(HARD1), (Replica(gated.roleset, held),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
+    gate = HealSnapshot(
+        service(HARD1, BIG, update_strategy="RollingUpdate"), (Replica(gated.roleset, held),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW
+    )
     assert plan_healing(gate, HealMemory()).moving is None
     # A router pinned to s0 by stormtopo's release (its hostname affinity) does not make s1 no room.
     pinned = tuple(
@@ -550,12 +589,23 @@ def test_a_stranded_hard_replica_moves_whole_into_a_domain_that_holds_it() -> No
     from stormtopo.core.node_fit import NodeFacts
 
     facts = {n: NodeFacts({"kubernetes.io/hostname": n}) for n in TOPOLOGY.nodes}
-    with_pin = HealSnapshot(service(HARD1), (Replica(gated.roleset, pinned),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW, nodes=facts)
+    with_pin = HealSnapshot(
+        service(HARD1, BIG, update_strategy="RollingUpdate"),
+        (Replica(gated.roleset, pinned),),
+        TIERS,
+        TOPOLOGY,
+        STRANDED_FREE,
+        (),
+        NOW,
+        nodes=facts,
+    )
     plan = plan_healing(with_pin, HealMemory())
     assert plan.moving is not None and plan.moving.target is not None and plan.moving.target.switch.name == "s1"
     # No other leaf holds it: it stays, and nothing is evicted.
     full = {**STRANDED_FREE, "node2": 0, "node3": 0}
-    none = HealSnapshot(service(HARD1), (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, full, (), NOW)
+    none = HealSnapshot(
+        service(HARD1, BIG, update_strategy="RollingUpdate"), (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, full, (), NOW
+    )
     assert plan_healing(none, HealMemory()).moving is None and evictions(plan_healing(none, HealMemory())) == []
 
 
@@ -563,7 +613,7 @@ def test_without_healing_a_stranded_replica_is_said_once_with_where_it_would_fit
     from stormtopo.core.healing import plan_stranded
     from stormtopo.core.stranded import STRANDED_AFTER
 
-    svc = service({MODE: "hard", HIGHEST_TIER: "1"})
+    svc = service({MODE: "hard", HIGHEST_TIER: "1"}, BIG, update_strategy="RollingUpdate")
     snapshot = HealSnapshot(svc, (_stranded(NOW - STRANDED_AFTER - 1),), TIERS, TOPOLOGY, STRANDED_FREE, (), NOW)
     assert plan_healing(snapshot, HealMemory()).writes == ()  # nothing moves without the opt-in
     writes, memory = plan_stranded(snapshot, HealMemory())
@@ -573,7 +623,9 @@ def test_without_healing_a_stranded_replica_is_said_once_with_where_it_would_fit
     assert plan_stranded(snapshot, memory)[0] == []  # once
     # A service that asks for healing but may not be moved (its RoleSet names share a prefix with another's): the
     # notice says it is not moved and why, not to set what is set.
-    asking = replace(snapshot, stormservice=service({MODE: "hard", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"}))
+    asking = replace(
+        snapshot, stormservice=service({MODE: "hard", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"}, BIG, update_strategy="RollingUpdate")
+    )
     (event,) = plan_stranded(asking, HealMemory())[0]
     assert isinstance(event, PostEvent) and "s1 (tier 1) holds the whole replica now" in event.say.message
     assert (
@@ -594,6 +646,9 @@ def test_a_replica_volcano_is_preempting_is_not_healed_meanwhile() -> None:
         **victim["status"],
         "conditions": [*victim["status"]["conditions"], {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
     }
-    plan = plan_healing(snap(service(SOFT1), replace(preempted, pods=(victim, *preempted.pods[1:]))), HealMemory())
+    plan = plan_healing(
+        snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), replace(preempted, pods=(victim, *preempted.pods[1:]))), HealMemory()
+    )
     assert plan.moving is None and evictions(plan) == [] and not said(plan, "ReplicaMoving")
-    assert evictions(plan_healing(snap(service(SOFT1), preempted), HealMemory())) != []  # the same replica, not preempted, moves
+    # the same replica, not preempted, moves
+    assert evictions(plan_healing(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), preempted), HealMemory())) != []

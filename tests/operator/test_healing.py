@@ -18,8 +18,8 @@ from stormtopo.core.lending import WideReplica
 from stormtopo.core.vocabulary import MOVES_ANNOTATION
 from stormtopo.kube.errors import ApiError
 from stormtopo.operator.healing import Healer
-from tests.builders import pdb
-from tests.core.healing_cases import NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, service, snap, stamp, wide_service
+from tests.builders import pdb, service
+from tests.core.healing_cases import BIG, NOW, SOFT1, TIERS, TOPOLOGY, WIDE, free, snap, stamp, wide_service
 
 
 class RecordingApi:
@@ -57,7 +57,7 @@ def test_a_refused_eviction_ends_the_move_says_why_and_backs_off() -> None:
         cast(Any, None),
         cast(Any, None),
     )
-    snapshot = snap(service(SOFT1), WIDE, budgets=(pdb("two", 2, {"matchLabels": {"app": "svc"}}),))
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, budgets=(pdb("two", 2, {"matchLabels": {"app": "svc"}}),))
     plan = plan_healing(snapshot, HealMemory())
     healer._memory = healer._memory.healed(("ns", "svc"), plan.memory)
     asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan))
@@ -80,7 +80,7 @@ def test_a_replicas_pods_are_evicted_together() -> None:
 
     api = Together()
     healer = Healer(cast(Any, None), cast(Any, api), lambda *_: None, cast(Any, None), cast(Any, None))
-    snapshot = snap(service(SOFT1), WIDE)
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE)
     assert asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan_healing(snapshot, HealMemory())))
     assert sorted(c[1] for c in api.calls if c[0] == "evict") == ["svc-a-decode-0", "svc-a-prefill-0"]
     assert not evicting.broken
@@ -93,7 +93,7 @@ def test_evictions_wait_for_the_move_to_be_recorded_over_what_was_read() -> None
 
     api = Moved()
     healer = Healer(cast(Any, None), cast(Any, api), lambda *_: None, cast(Any, None), cast(Any, None))
-    svc = service(SOFT1)
+    svc = service(SOFT1, BIG, update_strategy="RollingUpdate")
     svc["metadata"]["resourceVersion"] = "1"
     snapshot = snap(svc, WIDE)
     asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan_healing(snapshot, HealMemory())))
@@ -109,7 +109,7 @@ def test_an_error_that_is_no_budget_refusal_leaves_the_move_under_way() -> None:
     api = Forbidden()
     said: list[str] = []
     healer = Healer(cast(Any, None), cast(Any, api), lambda _o, _k, reason, _m: said.append(reason), cast(Any, None), cast(Any, None))
-    snapshot = snap(service(SOFT1), WIDE)
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE)
     with pytest.raises(ApiError):
         asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan_healing(snapshot, HealMemory())))
     # No budget refusal said or recorded (the next pass resumes the move), but the refusal is: a Warning, once.
@@ -129,7 +129,7 @@ def test_evictions_in_a_namespace_being_deleted_end_the_move_without_a_warning()
     api = Terminating()
     said: list[str] = []
     healer = Healer(cast(Any, None), cast(Any, api), lambda _o, _k, reason, _m: said.append(reason), cast(Any, None), cast(Any, None))
-    snapshot = snap(service(SOFT1), WIDE)
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE)
     assert asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan_healing(snapshot, HealMemory())))
     assert [c for c in api.calls if c[0] == "evict"] and said == ["ReplicaMoving"]
 
@@ -148,7 +148,7 @@ def test_a_move_record_the_policy_refuses_moves_nothing_and_says_so() -> None:
     healer = Healer(
         cast(Any, None), cast(Any, api), lambda _o, _k, reason, message: said.append((reason, message)), cast(Any, None), cast(Any, None)
     )
-    snapshot = snap(service(SOFT1), WIDE)
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE)
     assert asyncio.run(healer.carry_out(("ns", "svc"), snapshot, plan_healing(snapshot, HealMemory()))) is False
     assert not [c for c in api.calls if c[0] == "evict"]
     ((reason, message),) = said
@@ -164,7 +164,8 @@ def lender_record(replica: str, wide: str | WideReplica, at: float, done: bool =
 
     from stormtopo.core.vocabulary import LEND_ROOM_ANNOTATION, MOVES_ANNOTATION
 
-    svc = service({**SOFT1, LEND_ROOM_ANNOTATION: "true"}, replicas=2)  # only a lender's record says room was made
+    # only a lender's record says room was made
+    svc = service({**SOFT1, LEND_ROOM_ANNOTATION: "true"}, BIG, replicas=2, update_strategy="RollingUpdate")
     # A sentence: as the release before wrote it (still read); the healer's own records hold data.
     record = {"at": stamp(at), "reason": "make-room", "for": wide.record() if isinstance(wide, WideReplica) else wide, "done": done}
     svc["metadata"]["annotations"][MOVES_ANNOTATION] = json.dumps({replica: record})
