@@ -8,19 +8,11 @@ from typing import Any
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REPLICA_SPREAD_TIER
 from stormtopo.devenv.workloads import PD_1P1D, Role
 from stormtopo.operator.index import Index
-from tests import builders, example_index
-from tests.builders import pod
+from tests import example_index
+from tests.builders import pod, roleset, service
 
 LEAF_SPREAD = {MODE: "hard", HIGHEST_TIER: "1", REPLICA_SPREAD_TIER: "1"}
 ALL_FREE = {f"node{i}": 8 for i in range(8)}
-
-
-def service(annotations: dict[str, str] | None = None, roles: tuple[Role, ...] = PD_1P1D) -> dict[str, Any]:
-    return builders.service(LEAF_SPREAD if annotations is None else annotations, roles)
-
-
-def roleset(name: str, roles: tuple[Role, ...] = PD_1P1D, revision: str = "r1") -> dict[str, Any]:
-    return builders.roleset(name, roles, revision=revision)
 
 
 def replica(name: str, nodes: tuple[str, str] | None = None, held: bool = False, revision: str = "r1") -> list[dict[str, Any]]:
@@ -35,4 +27,4 @@ def replica(name: str, nodes: tuple[str, str] | None = None, held: bool = False,
 
 def index_of(*objects: dict[str, Any], annotations: dict[str, str] | None = None, roles: tuple[Role, ...] = PD_1P1D) -> Index:
     """The index holding the service (spread over the leaves unless `annotations` say otherwise) and `objects`."""
-    return example_index.index_of(service(annotations, roles), *objects)
+    return example_index.index_of(service(LEAF_SPREAD if annotations is None else annotations, roles), *objects)

@@ -36,8 +36,8 @@ from stormtopo.core.topology.hypernodes import hypernode_manifests
 from stormtopo.core.topology.node_tier import node_tier_manifests
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REPLICA_HIGHEST_TIER, SCOPE, TOPOLOGY_SOURCE_LABEL
 from stormtopo.devenv.cluster import SCHEDULER_CONF
-from stormtopo.devenv.workloads import stormservice
 from stormtopo.operator.webhook import configuration
+from tests import builders
 from tests.builders import aibrix_roleset
 from tests.core.volcano_crds import podgroup_schema
 
@@ -77,7 +77,7 @@ def podgroup(name: str, topology: dict[str, Any] | None = None, **spec: Any) -> 
 def sample(topology: dict[str, Any] | None = None, annotations: dict[str, str] | None = None) -> ServiceSample:
     replica = aibrix_roleset()
     return ServiceSample(
-        stormservice("svc", "ns", annotations=HARD1 if annotations is None else annotations),
+        builders.service(HARD1 if annotations is None else annotations),
         (replica,),
         {replica["metadata"]["name"]: podgroup(replica["metadata"]["name"], topology)},
     )
@@ -465,10 +465,10 @@ def test_an_invalid_request_is_a_warning() -> None:
 
 def test_a_service_scoped_podgroup_is_compared_with_its_replica_tier() -> None:
     annotations = {MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "1"}
-    service = stormservice("svc", "ns", annotations=annotations)
+    service = builders.service(annotations)
     replica = aibrix_roleset()
     assert podgroup_names(service, [replica]) == ["svc"]
-    assert podgroup_names(stormservice("svc", "ns", annotations=HARD1), [replica]) == ["svc-roleset-abcde"]
+    assert podgroup_names(builders.service(HARD1), [replica]) == ["svc-roleset-abcde"]
     outer = {"mode": "hard", "highestTierAllowed": 2}
     whole = podgroup("svc", outer, subGroupPolicy=[{"name": "replica", "networkTopology": HARD1_TOPOLOGY}])
     only(check_podgroups(healthy(services=(ServiceSample(service, (replica,), {"svc": whole}),))), Level.OK)

@@ -17,17 +17,11 @@ from stormtopo.core.request import ClusterTiers, TopologyRequest, parse_request
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REQUEST_ANNOTATION, SCOPE
 from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPodGroup
-from stormtopo.devenv.workloads import stormservice
-from tests import builders
-from tests.builders import aibrix_roleset
+from tests.builders import aibrix_roleset, pod, service
 
 EXAMPLE = parse_topology((Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml").read_text())
 TIERS = ClusterTiers(frozenset({1, 2, 3}))
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
-
-
-def service(annotations: dict[str, str] | None = None, strategy: bool = True) -> dict[str, Any]:
-    return builders.service(annotations, volcano_strategy=strategy, uid="svc-uid")
 
 
 def request(annotations: dict[str, str]) -> TopologyRequest:
@@ -51,18 +45,23 @@ def constrained_podgroup() -> dict[str, Any]:
 
 
 def test_a_replica_without_a_strategy_gets_a_podgroup_and_one_with_a_strategy_waits_for_aibrixs() -> None:
-    without = plan_stormservice(ServiceSnapshot(service(HARD1, strategy=False), (aibrix_roleset(volcano_strategy=False),), {}, TIERS))
+    without = plan_stormservice(
+        ServiceSnapshot(service(HARD1, volcano_strategy=False, uid="svc-uid"), (aibrix_roleset(volcano_strategy=False),), {}, TIERS)
+    )
     assert [type(w) for w in without.writes] == [CreatePodGroup]
     assert without.say is not None and without.say.reason == "TopologyRequest"
-    with_strategy = plan_stormservice(ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {}, TIERS))
+    with_strategy = plan_stormservice(ServiceSnapshot(service(HARD1, uid="svc-uid"), (aibrix_roleset(),), {}, TIERS))
     assert with_strategy.writes == ()
 
 
 def test_a_podgroup_that_matches_plans_nothing_and_what_was_said_is_not_said_again() -> None:
-    first = plan_stormservice(ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
+    first = plan_stormservice(
+        ServiceSnapshot(service(HARD1, uid="svc-uid"), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS)
+    )
     assert first.writes == ()
     again = plan_stormservice(
-        ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS), first.verdict
+        ServiceSnapshot(service(HARD1, uid="svc-uid"), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS),
+        first.verdict,
     )
     assert again.say is None and again.verdict == first.verdict
 
@@ -70,7 +69,7 @@ def test_a_podgroup_that_matches_plans_nothing_and_what_was_said_is_not_said_aga
 def test_a_stripped_podgroup_is_patched_back() -> None:
     stripped = constrained_podgroup()
     del stripped["spec"]["networkTopology"]
-    plan = plan_stormservice(ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {"svc-roleset-abcde": stripped}, TIERS))
+    plan = plan_stormservice(ServiceSnapshot(service(HARD1, uid="svc-uid"), (aibrix_roleset(),), {"svc-roleset-abcde": stripped}, TIERS))
     assert plan.writes == (
         PatchPodGroup(
             "ns", "svc-roleset-abcde", [{"op": "add", "path": "/spec/networkTopology", "value": {"mode": "hard", "highestTierAllowed": 1}}]
@@ -79,7 +78,9 @@ def test_a_stripped_podgroup_is_patched_back() -> None:
 
 
 def test_opting_out_withdraws_the_constraint() -> None:
-    plan = plan_stormservice(ServiceSnapshot(service(None), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
+    plan = plan_stormservice(
+        ServiceSnapshot(service(None, uid="svc-uid"), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS)
+    )
     # Two writes, the annotation first: the admission policy refuses stripping a PodGroup that carries it.
     assert plan.writes == (
         PatchPodGroup("ns", "svc-roleset-abcde", [{"op": "remove", "path": "/metadata/annotations/stormtopo.io~1request"}]),
@@ -90,16 +91,18 @@ def test_opting_out_withdraws_the_constraint() -> None:
 
 def test_an_invalid_request_writes_nothing_and_says_the_last_valid_one_stays() -> None:
     bad = {MODE: "hard", HIGHEST_TIER: "7"}
-    plan = plan_stormservice(ServiceSnapshot(service(bad), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS))
+    plan = plan_stormservice(
+        ServiceSnapshot(service(bad, uid="svc-uid"), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS)
+    )
     assert plan.writes == () and plan.invalid
     assert plan.say is not None and plan.say.type == "Warning"
     assert "the last valid request stays applied" in plan.say.message and "'7' is deeper than any HyperNode" in plan.say.message
-    fresh = plan_stormservice(ServiceSnapshot(service(bad), (aibrix_roleset(),), {}, TIERS))
+    fresh = plan_stormservice(ServiceSnapshot(service(bad, uid="svc-uid"), (aibrix_roleset(),), {}, TIERS))
     assert fresh.say is not None and "nothing changed" in fresh.say.message
 
 
 def test_scope_stormservice_creates_the_services_podgroup_owned_by_it() -> None:
-    plan = plan_stormservice(ServiceSnapshot(service({**HARD1, SCOPE: "StormService"}), (aibrix_roleset(),), {}, TIERS))
+    plan = plan_stormservice(ServiceSnapshot(service({**HARD1, SCOPE: "StormService"}, uid="svc-uid"), (aibrix_roleset(),), {}, TIERS))
     (create,) = plan.writes
     assert isinstance(create, CreatePodGroup)
     assert create.body["metadata"]["name"] == "svc" and create.body["metadata"]["ownerReferences"][0]["kind"] == "StormService"
@@ -112,7 +115,7 @@ def test_aibrixs_update_keeps_the_last_valid_constraint_while_the_request_is_inv
     old = constrained_podgroup()
     aibrix_update = {"metadata": {"name": "svc-roleset-abcde", "namespace": "ns"}, "spec": {"minMember": 2, "queue": "default"}}
     decision = admit_podgroup(
-        aibrix_update, aibrix_roleset(), service({MODE: "hard", HIGHEST_TIER: "typo"}), TIERS, last_valid=old, old=old
+        aibrix_update, aibrix_roleset(), service({MODE: "hard", HIGHEST_TIER: "typo"}, uid="svc-uid"), TIERS, last_valid=old, old=old
     )
     ops = {op["path"]: op["value"] for op in decision.patch}
     assert ops["/spec/networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
@@ -133,9 +136,11 @@ def test_aibrixs_rewrite_of_a_pending_replica_keeps_volcanos_status_and_foreign_
         "spec": {"minMember": 2, "queue": "default"},
         "status": {},
     }
-    moved = admit_podgroup({**rewrite, "spec": {"minMember": 2, "queue": "other"}}, aibrix_roleset(), service(HARD1), TIERS, stored, stored)
+    moved = admit_podgroup(
+        {**rewrite, "spec": {"minMember": 2, "queue": "other"}}, aibrix_roleset(), service(HARD1, uid="svc-uid"), TIERS, stored, stored
+    )
     assert "/status" not in {op["path"] for op in moved.patch}  # a new queue is admitted anew: no status kept
-    decision = admit_podgroup(rewrite, aibrix_roleset(), service(HARD1), TIERS, last_valid=stored, old=stored)
+    decision = admit_podgroup(rewrite, aibrix_roleset(), service(HARD1, uid="svc-uid"), TIERS, last_valid=stored, old=stored)
     ops = {op["path"]: op["value"] for op in decision.patch}
     assert ops["/status"] == stored["status"]
     assert ops["/metadata/labels/team"] == "a"
@@ -146,7 +151,7 @@ def test_aibrixs_rewrite_of_a_pending_replica_keeps_volcanos_status_and_foreign_
 def test_a_new_replica_takes_only_the_topology_of_a_sibling_while_the_request_is_invalid() -> None:
     new = {"metadata": {"name": "svc-roleset-fghij", "namespace": "ns"}, "spec": {"minMember": 4, "queue": "default"}}
     decision = admit_podgroup(
-        new, aibrix_roleset(), service({MODE: "hard", HIGHEST_TIER: "typo"}), TIERS, last_valid=constrained_podgroup()
+        new, aibrix_roleset(), service({MODE: "hard", HIGHEST_TIER: "typo"}, uid="svc-uid"), TIERS, last_valid=constrained_podgroup()
     )
     paths = {op["path"] for op in decision.patch}
     assert "/spec/networkTopology" in paths and "/spec/minMember" not in paths
@@ -155,12 +160,8 @@ def test_a_new_replica_takes_only_the_topology_of_a_sibling_while_the_request_is
 # -- placement -----------------------------------------------------------------------------------
 
 
-def pod(name: str, node: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ns", "labels": labels or {}}, "spec": {"nodeName": node}}
-
-
 def test_a_replica_within_its_tier_is_recorded_and_labelled_without_a_warning() -> None:
-    placed = plan_placed(EXAMPLE, request(HARD1), 1, "r1", [pod("p", "node4"), pod("d", "node5")])
+    placed = plan_placed(EXAMPLE, request(HARD1), 1, "r1", [pod("p", "prefill", "node4"), pod("d", "decode", "node5")])
     assert placed is not None and not placed.violated
     assert placed.record == {"hyperNode": "s2", "tier": 1, "nodes": ["node4", "node5"]}
     assert [s.reason for s in placed.says] == ["ReplicaPlaced"]
@@ -173,7 +174,7 @@ def test_a_replica_within_its_tier_is_recorded_and_labelled_without_a_warning() 
 
 
 def test_a_hard_replica_across_its_tier_is_a_violation_naming_pods_and_nodes() -> None:
-    placed = plan_placed(EXAMPLE, request(HARD1), 1, "r1", [pod("p", "node0"), pod("d", "node4")])
+    placed = plan_placed(EXAMPLE, request(HARD1), 1, "r1", [pod("p", "prefill", "node0"), pod("d", "decode", "node4")])
     assert placed is not None and placed.violated and placed.record["violated"] is True
     warning = placed.says[-1]
     assert warning.reason == "TopologyViolated" and warning.type == "Warning"
@@ -181,14 +182,14 @@ def test_a_hard_replica_across_its_tier_is_a_violation_naming_pods_and_nodes() -
 
 
 def test_a_soft_replica_is_never_a_violation_and_nothing_bound_plans_nothing() -> None:
-    placed = plan_placed(EXAMPLE, request({MODE: "soft"}), None, "r1", [pod("p", "node0"), pod("d", "node4")])
+    placed = plan_placed(EXAMPLE, request({MODE: "soft"}), None, "r1", [pod("p", "prefill", "node0"), pod("d", "decode", "node4")])
     assert placed is not None and not placed.violated
     assert plan_placed(EXAMPLE, request(HARD1), 1, "r1", [{"metadata": {"name": "p"}, "spec": {}}]) is None
 
 
 def test_labels_already_there_are_not_written_again_and_long_names_fit_a_label_value() -> None:
     labels = {"stormtopo.io/hypernode-tier-1": "s2", "stormtopo.io/hypernode-tier-2": "s5", "stormtopo.io/hypernode-tier-3": "s6"}
-    placed = plan_placed(EXAMPLE, request(HARD1), 1, "r1", [pod("p", "node4", labels)])
+    placed = plan_placed(EXAMPLE, request(HARD1), 1, "r1", [pod("p", "prefill", "node4", labels=labels)])
     assert placed is not None and placed.labels == ()
     long = "leaf-" + "x" * 120
     value = label_value(long)
@@ -273,13 +274,15 @@ def test_a_pod_without_requests_is_held_at_stormtopos_gate_and_one_with_requests
     from stormtopo.core.admission import admit_pod
 
     router = {"metadata": {"labels": {"role-name": "router", "storm-service-name": "svc"}}, "spec": {"containers": [{}]}}
-    decision = admit_pod(router, router_replica(), service(HARD1), TIERS)
+    decision = admit_pod(router, router_replica(), service(HARD1, uid="svc-uid"), TIERS)
     assert {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "stormtopo.io/domain"}]} in decision.patch
     prefill = {"metadata": {"labels": {"role-name": "prefill", "storm-service-name": "svc"}}, "spec": {"containers": [{}]}}
-    assert not any("schedulingGates" in op["path"] for op in admit_pod(prefill, router_replica(), service(HARD1), TIERS).patch)
+    assert not any(
+        "schedulingGates" in op["path"] for op in admit_pod(prefill, router_replica(), service(HARD1, uid="svc-uid"), TIERS).patch
+    )
     gated = {**router, "spec": {"containers": [{}], "schedulingGates": [{"name": "stormtopo.io/domain"}]}}
-    assert not any("schedulingGates" in op["path"] for op in admit_pod(gated, router_replica(), service(HARD1), TIERS).patch)
-    soft = admit_pod(router, router_replica(), service({MODE: "soft"}), TIERS)
+    assert not any("schedulingGates" in op["path"] for op in admit_pod(gated, router_replica(), service(HARD1, uid="svc-uid"), TIERS).patch)
+    soft = admit_pod(router, router_replica(), service({MODE: "soft"}, uid="svc-uid"), TIERS)
     assert not any("schedulingGates" in op["path"] for op in soft.patch)
 
 
@@ -290,8 +293,8 @@ def test_held_pods_are_released_into_their_anchors_domain_once_every_anchor_is_b
         "metadata": {"name": "router-0", "namespace": "ns"},
         "spec": {"schedulingGates": [{"name": "other"}, {"name": "stormtopo.io/domain"}]},
     }
-    assert plan_release(EXAMPLE, [pod("p", "node4")], 2, [held]) == []  # one anchor of two bound
-    (release,) = plan_release(EXAMPLE, [pod("p", "node4"), pod("d", "node5")], 2, [held])
+    assert plan_release(EXAMPLE, [pod("p", "prefill", "node4")], 2, [held]) == []  # one anchor of two bound
+    (release,) = plan_release(EXAMPLE, [pod("p", "prefill", "node4"), pod("d", "decode", "node5")], 2, [held])
     assert release.ops[:2] == [
         {"op": "test", "path": "/spec/schedulingGates/1/name", "value": "stormtopo.io/domain"},
         {"op": "remove", "path": "/spec/schedulingGates/1"},
@@ -319,7 +322,7 @@ def test_a_held_pods_own_node_affinity_is_narrowed_never_replaced() -> None:
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
         },
     }
-    (release,) = plan_release(EXAMPLE, [pod("p", "node4")], 1, [held])
+    (release,) = plan_release(EXAMPLE, [pod("p", "prefill", "node4")], 1, [held])
     base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
     assert [op["path"] for op in release.ops[2:]] == [f"{base}/0/matchExpressions/-", f"{base}/1/matchExpressions"]
     assert release.ops[2]["value"] == {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node4", "node5"]}
@@ -328,7 +331,7 @@ def test_a_held_pods_own_node_affinity_is_narrowed_never_replaced() -> None:
 def test_a_hard_replica_of_roles_that_all_ask_for_nothing_is_said_to_be_unenforceable() -> None:
     from stormtopo.devenv.workloads import Role
 
-    idle = stormservice("svc", "ns", (Role("sim", requests=False), Role("router", requests=False)), annotations=HARD1)
+    idle = service(HARD1, (Role("sim", requests=False), Role("router", requests=False)))
     plan = plan_stormservice(ServiceSnapshot(idle, (), {}, TIERS))
     assert plan.say is not None and plan.say.type == "Warning" and plan.say.reason == "TopologyNotEnforceable"
     assert "roles sim, router" in plan.say.message and not plan.invalid
@@ -338,8 +341,12 @@ def test_pods_prefer_the_node_of_their_replicas_other_pods_added_to_what_they_pr
     from stormtopo.core.admission import admit_pod, prefer_replica_peers
 
     bare = {"metadata": {"labels": {"role-name": "decode", "storm-service-name": "svc"}}, "spec": {}}
-    assert not [op for op in admit_pod(bare, aibrix_roleset(), service(HARD1), TIERS).patch if op["path"].startswith("/spec/affinity")]
-    asked = service({**HARD1, "stormtopo.io/prefer-same-node": "true"})
+    assert not [
+        op
+        for op in admit_pod(bare, aibrix_roleset(), service(HARD1, uid="svc-uid"), TIERS).patch
+        if op["path"].startswith("/spec/affinity")
+    ]
+    asked = service({**HARD1, "stormtopo.io/prefer-same-node": "true"}, uid="svc-uid")
     (op,) = [op for op in admit_pod(bare, aibrix_roleset(), asked, TIERS).patch if op["path"].startswith("/spec/affinity")]
     term = op["value"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert term == {
@@ -365,7 +372,7 @@ def test_pods_prefer_the_node_of_their_replicas_other_pods_added_to_what_they_pr
 
 def test_switching_to_scope_stormservice_withdraws_the_replicas_own_constraint() -> None:
     snapshot = ServiceSnapshot(
-        service({**HARD1, SCOPE: "StormService"}), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS
+        service({**HARD1, SCOPE: "StormService"}, uid="svc-uid"), (aibrix_roleset(),), {"svc-roleset-abcde": constrained_podgroup()}, TIERS
     )
     writes = plan_stormservice(snapshot).writes
     assert isinstance(writes[0], CreatePodGroup)
@@ -375,9 +382,9 @@ def test_switching_to_scope_stormservice_withdraws_the_replicas_own_constraint()
 def test_terminating_or_finished_pods_are_no_anchor_and_held_pods_of_an_opted_out_service_go_free() -> None:
     from stormtopo.core.placement import EMPTY_TOPOLOGY, is_live, plan_release
 
-    assert is_live(pod("p", "node4"))
-    assert not is_live({**pod("p", "node4"), "metadata": {"name": "p", "deletionTimestamp": "2026-11-30T00:00:00Z"}})
-    assert not is_live({**pod("p", "node4"), "status": {"phase": "Failed"}})
+    assert is_live(pod("p", "prefill", "node4"))
+    assert not is_live({**pod("p", "prefill", "node4"), "metadata": {"name": "p", "deletionTimestamp": "2026-11-30T00:00:00Z"}})
+    assert not is_live({**pod("p", "prefill", "node4"), "status": {"phase": "Failed"}})
     held = {"metadata": {"name": "router-0", "namespace": "ns"}, "spec": {"schedulingGates": [{"name": "stormtopo.io/domain"}]}}
     (release,) = plan_release(EMPTY_TOPOLOGY, [], 0, [held])
     assert [op["op"] for op in release.ops] == ["test", "remove"]  # the gate goes, no affinity is set
@@ -386,31 +393,34 @@ def test_terminating_or_finished_pods_are_no_anchor_and_held_pods_of_an_opted_ou
 def test_the_listing_and_the_event_are_writes_carried_out_first() -> None:
     from stormtopo.core.writes import ListOptedIn, PostEvent
 
-    ss = service(HARD1, strategy=False)
+    ss = service(HARD1, volcano_strategy=False, uid="svc-uid")
     plan = plan_stormservice(ServiceSnapshot(ss, (aibrix_roleset(volcano_strategy=False),), {}, TIERS))
     first, listed, create = plan.all_writes(ss)
     assert isinstance(first, PostEvent) and first.say.reason == "TopologyRequest"
     assert listed == ListOptedIn("ns", "svc", "RoleSet") and isinstance(create, CreatePodGroup)
-    invalid = plan_stormservice(ServiceSnapshot(service({MODE: "hard", HIGHEST_TIER: "7"}), (aibrix_roleset(),), {}, TIERS))
+    invalid = plan_stormservice(ServiceSnapshot(service({MODE: "hard", HIGHEST_TIER: "7"}, uid="svc-uid"), (aibrix_roleset(),), {}, TIERS))
     assert invalid.listing == ListOptedIn("ns", "svc", "RoleSet")  # still listed: its last valid constraint is kept
-    plain = plan_stormservice(ServiceSnapshot(service(None), (aibrix_roleset(),), {}, TIERS))
-    assert plain.all_writes(service(None)) == (ListOptedIn("ns", "svc", None),)
+    plain = plan_stormservice(ServiceSnapshot(service(None, uid="svc-uid"), (aibrix_roleset(),), {}, TIERS))
+    assert plain.all_writes(service(None, uid="svc-uid")) == (ListOptedIn("ns", "svc", None),)
 
 
 def test_a_heal_annotation_that_is_not_understood_is_said_and_healing_stays_off() -> None:
     from stormtopo.core.heal_request import wants_healing
 
-    typo = service({**HARD1, "stormtopo.io/heal": "yes"})
+    typo = service({**HARD1, "stormtopo.io/heal": "yes"}, uid="svc-uid")
     plan = plan_stormservice(ServiceSnapshot(typo, (aibrix_roleset(),), {}, TIERS))
     assert plan.say is not None and plan.say.reason == "InvalidHealAnnotation" and plan.say.type == "Warning"
     assert "stormtopo.io/heal: 'yes' is not understood" in plan.say.message and 'accepted: "true" or "false"' in plan.say.message
     assert (
-        not wants_healing(typo) and plan.writes == plan_stormservice(ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {}, TIERS)).writes
+        not wants_healing(typo)
+        and plan.writes == plan_stormservice(ServiceSnapshot(service(HARD1, uid="svc-uid"), (aibrix_roleset(),), {}, TIERS)).writes
     )
-    scoped = service({**HARD1, SCOPE: "StormService", "stormtopo.io/heal": "true"})
+    scoped = service({**HARD1, SCOPE: "StormService", "stormtopo.io/heal": "true"}, uid="svc-uid")
     said = plan_stormservice(ServiceSnapshot(scoped, (aibrix_roleset(),), {}, TIERS)).say
     assert said is not None and "applies to scope RoleSet only" in said.message
-    ok = plan_stormservice(ServiceSnapshot(service({**HARD1, "stormtopo.io/heal": "true"}), (aibrix_roleset(),), {}, TIERS)).say
+    ok = plan_stormservice(
+        ServiceSnapshot(service({**HARD1, "stormtopo.io/heal": "true"}, uid="svc-uid"), (aibrix_roleset(),), {}, TIERS)
+    ).say
     assert ok is not None and ok.reason == "TopologyRequest"
 
 
@@ -427,7 +437,7 @@ def moving(annotations: dict[str, str], at: float = NOW - 30, **record: object) 
     import datetime
     import json
 
-    ss = service(annotations)
+    ss = service(annotations, uid="svc-uid")
     began = datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     move = {"at": began, "to": "s0", "toTier": 1, "reason": "soft-above-tier", "pods": ["old"], **record}
     ss["metadata"]["annotations"]["stormtopo.io/moves"] = json.dumps({"svc-roleset-abcde": move})
@@ -546,14 +556,14 @@ def test_a_lend_room_or_prefer_same_node_typo_is_said_and_stays_off() -> None:
     from stormtopo.core.lending import lends_room
     from stormtopo.core.switches import switched_on
 
-    typo = service({**HARD1, "stormtopo.io/lend-room": "yes", "stormtopo.io/prefer-same-node": "on"})
+    typo = service({**HARD1, "stormtopo.io/lend-room": "yes", "stormtopo.io/prefer-same-node": "on"}, uid="svc-uid")
     plan = plan_stormservice(ServiceSnapshot(typo, (aibrix_roleset(),), {}, TIERS))
     assert plan.say is not None and plan.say.reason == "InvalidAnnotation" and plan.say.type == "Warning"
     assert "stormtopo.io/lend-room: 'yes' is not understood, it lends no room" in plan.say.message
     assert "stormtopo.io/prefer-same-node: 'on' is not understood" in plan.say.message
     assert not lends_room(typo) and not switched_on(typo, "stormtopo.io/prefer-same-node")
     # The same rule everywhere: "True" is on for each (prefer-same-node was case-sensitive before).
-    upper = service({**HARD1, "stormtopo.io/prefer-same-node": " True "})
+    upper = service({**HARD1, "stormtopo.io/prefer-same-node": " True "}, uid="svc-uid")
     assert switched_on(upper, "stormtopo.io/prefer-same-node")
     said = plan_stormservice(ServiceSnapshot(upper, (aibrix_roleset(),), {}, TIERS)).say
     assert said is not None and said.reason == "TopologyRequest"
@@ -561,11 +571,11 @@ def test_a_lend_room_or_prefer_same_node_typo_is_said_and_stays_off() -> None:
 
 def test_a_service_whose_roleset_prefix_another_shares_is_listed_without_heal_and_told_why() -> None:
     """Issue 43, item 3: the eviction policy knows a service's pods by that prefix only."""
-    heals = service({**HARD1, "stormtopo.io/heal": "true"})
+    heals = service({**HARD1, "stormtopo.io/heal": "true"}, uid="svc-uid")
     plan = plan_stormservice(ServiceSnapshot(heals, (aibrix_roleset(),), {}, TIERS))
     assert plan.listing is not None and plan.listing.scope == "RoleSet+heal"
     shared = plan_stormservice(ServiceSnapshot(heals, (aibrix_roleset(),), {}, TIERS, prefix_shared_with="svc-twin"))
     assert shared.listing is not None and shared.listing.scope == "RoleSet"
     assert shared.say is not None and shared.say.type == "Warning" and "'svc-twin'" in shared.say.message and "rename" in shared.say.message
-    quiet = plan_stormservice(ServiceSnapshot(service(HARD1), (aibrix_roleset(),), {}, TIERS, prefix_shared_with="svc-twin"))
+    quiet = plan_stormservice(ServiceSnapshot(service(HARD1, uid="svc-uid"), (aibrix_roleset(),), {}, TIERS, prefix_shared_with="svc-twin"))
     assert quiet.say is not None and quiet.say.type == "Normal"  # no healing asked: nothing to say

@@ -8,8 +8,8 @@ from stormtopo.core.jsonpatch import set_spec_fields as spec_patch
 from stormtopo.core.podgroup import owned_podgroup
 from stormtopo.core.request import ClusterTiers, parse_request
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
-from stormtopo.devenv.workloads import Role, stormservice
-from tests.builders import aibrix_roleset
+from stormtopo.devenv.workloads import Role
+from tests.builders import aibrix_roleset, service
 
 CLUSTER = ClusterTiers(frozenset({1, 2, 3}))
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
@@ -23,7 +23,7 @@ def test_gang_counts_every_pod_of_every_role() -> None:
 
 
 def test_podgroup_admission_adds_constraint_and_gang_and_survives_aibrix_spec_replacement() -> None:
-    ss = stormservice("svc", "ns", annotations=HARD1)
+    ss = service(HARD1)
     aibrix_spec = {"minMember": 2, "queue": "default", "minResources": {}}
     decision = admit_podgroup({"metadata": {"name": "svc-roleset-abcde"}, "spec": aibrix_spec}, aibrix_roleset(), ss, CLUSTER)
     ops = {op["path"]: op for op in decision.patch}
@@ -35,8 +35,8 @@ def test_podgroup_admission_adds_constraint_and_gang_and_survives_aibrix_spec_re
 
 def test_podgroup_of_a_service_without_annotations_or_with_bad_ones_is_left_alone() -> None:
     pg = {"metadata": {"name": "x"}, "spec": {"minMember": 2}}
-    assert admit_podgroup(pg, aibrix_roleset(), stormservice("svc", "ns"), CLUSTER).patch == []
-    bad = stormservice("svc", "ns", annotations={MODE: "hard", HIGHEST_TIER: "abc"})
+    assert admit_podgroup(pg, aibrix_roleset(), service(), CLUSTER).patch == []
+    bad = service({MODE: "hard", HIGHEST_TIER: "abc"})
     assert admit_podgroup(pg, aibrix_roleset(), bad, CLUSTER).patch == []
 
 
@@ -45,7 +45,7 @@ def test_pod_admission_sets_task_group_and_scheduler() -> None:
         "metadata": {"labels": {"role-name": "decode", "roleset-name": "svc-roleset-abcde"}},
         "spec": {"schedulerName": "default-scheduler"},
     }
-    decision = admit_pod(pod, aibrix_roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER)
+    decision = admit_pod(pod, aibrix_roleset(), service(HARD1), CLUSTER)
     assert decision.allowed
     value = decision.patch[0]["value"]
     assert value == {"scheduling.k8s.io/group-name": "svc-roleset-abcde", "volcano.sh/task-spec": "decode"}
@@ -58,7 +58,7 @@ def test_a_multi_node_instance_pod_joins_its_replicas_gang_instead_of_its_podset
     # PodSet's own PodGroup; the replica is one gang only if its pods join the replica's PodGroup.
     annotations = {"scheduling.k8s.io/group-name": "svc-roleset-abcde-prefill-7d9f-0"}
     pod = {"metadata": {"labels": {"role-name": "prefill", "storm-service-name": "svc"}, "annotations": annotations}, "spec": {}}
-    decision = admit_pod(pod, aibrix_roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER, named_group_service="svc")
+    decision = admit_pod(pod, aibrix_roleset(), service(HARD1), CLUSTER, named_group_service="svc")
     assert decision.allowed
     assert {"op": "add", "path": "/metadata/annotations/scheduling.k8s.io~1group-name", "value": "svc-roleset-abcde"} in decision.patch
 
@@ -66,7 +66,7 @@ def test_a_multi_node_instance_pod_joins_its_replicas_gang_instead_of_its_podset
 def test_a_pod_naming_another_stormservices_podgroup_is_denied() -> None:
     annotations = {"scheduling.k8s.io/group-name": "theirs-roleset-x"}
     pod = {"metadata": {"labels": {"role-name": "decode", "storm-service-name": "svc"}, "annotations": annotations}, "spec": {}}
-    decision = admit_pod(pod, aibrix_roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER, named_group_service="theirs")
+    decision = admit_pod(pod, aibrix_roleset(), service(HARD1), CLUSTER, named_group_service="theirs")
     assert not decision.allowed and "'theirs-roleset-x'" in decision.message and "'theirs'" in decision.message
 
 
@@ -89,7 +89,7 @@ def test_stormservice_scope_makes_one_gang_of_all_replicas_with_replica_subgroup
     from stormtopo.core.vocabulary import REPLICA_HIGHEST_TIER, SCOPE
 
     annotations = {MODE: "hard", HIGHEST_TIER: "2", SCOPE: "StormService", REPLICA_HIGHEST_TIER: "1"}
-    ss = stormservice("svc", "ns", replicas=3, annotations=annotations)
+    ss = service(annotations, replicas=3)
     ss["metadata"]["uid"] = "ss-uid"
     request = parse_request(annotations, CLUSTER)
     assert request is not None
@@ -108,15 +108,15 @@ def test_stormservice_scope_makes_one_gang_of_all_replicas_with_replica_subgroup
 
 def test_pod_of_one_stormservice_cannot_join_anothers_group_even_without_a_request() -> None:
     pod = {"metadata": {"labels": {"storm-service-name": "b"}, "annotations": {"scheduling.k8s.io/group-name": "a-roleset-x"}}}
-    decision = admit_pod(pod, None, stormservice("b", "ns"), CLUSTER, named_group_service="a")
+    decision = admit_pod(pod, None, service(name="b"), CLUSTER, named_group_service="a")
     assert not decision.allowed and "belongs to StormService 'a'" in decision.message
-    assert admit_pod(pod, None, stormservice("b", "ns"), CLUSTER, named_group_service="b").allowed
+    assert admit_pod(pod, None, service(name="b"), CLUSTER, named_group_service="b").allowed
 
 
 def test_a_moving_replicas_podgroup_is_held_hard_within_the_targets_tier_by_the_webhook_too() -> None:
     import json
 
-    soft = stormservice("svc", "ns", annotations={MODE: "soft", HIGHEST_TIER: "2", "stormtopo.io/heal": "true"})
+    soft = service({MODE: "soft", HIGHEST_TIER: "2", "stormtopo.io/heal": "true"})
     rs = aibrix_roleset()
     podgroup = {"metadata": {"name": rs["metadata"]["name"], "namespace": "ns"}, "spec": {"minMember": 2}}
     as_asked = admit_podgroup(podgroup, rs, soft, CLUSTER).patch
@@ -137,7 +137,7 @@ def test_the_webhook_lets_a_hold_go_at_the_moves_deadline_as_the_reconciler_does
 
     from stormtopo.core.moves import MOVE_DEADLINE
 
-    soft = stormservice("svc", "ns", annotations={MODE: "soft", HIGHEST_TIER: "2", "stormtopo.io/heal": "true"})
+    soft = service({MODE: "soft", HIGHEST_TIER: "2", "stormtopo.io/heal": "true"})
     rs = aibrix_roleset()
     podgroup = {"metadata": {"name": rs["metadata"]["name"], "namespace": "ns"}, "spec": {"minMember": 2}}
     began = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
@@ -155,10 +155,10 @@ def test_a_pod_of_a_service_that_opted_out_loses_the_opt_in_label_and_nothing_el
     """Its role templates keep stormtopo.io/opted-in (taking it off would roll every replica): the pod
     goes as if stormtopo were not installed, out of the labelled-pods policy's reach."""
     pod = {"metadata": {"labels": {"role-name": "decode", "stormtopo.io/opted-in": "true"}}, "spec": {}}
-    decision = admit_pod(pod, aibrix_roleset(), stormservice("svc", "ns"), CLUSTER)
+    decision = admit_pod(pod, aibrix_roleset(), service(), CLUSTER)
     assert decision.allowed and decision.patch == [{"op": "remove", "path": "/metadata/labels/stormtopo.io~1opted-in"}]
     # Still opted in: the label stays, and the pod is admitted into its gang.
-    decision = admit_pod(pod, aibrix_roleset(), stormservice("svc", "ns", annotations=HARD1), CLUSTER)
+    decision = admit_pod(pod, aibrix_roleset(), service(HARD1), CLUSTER)
     assert not any(op["op"] == "remove" for op in decision.patch)
     assert {"op": "add", "path": "/metadata/labels/stormtopo.io~1admitted", "value": "true"} in decision.patch
     # A StormService it names but nobody could find: nothing changes (the policy holds the pod until stormtopo knows).

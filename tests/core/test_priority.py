@@ -10,8 +10,8 @@ from stormtopo.core.priority import replica_priority_class
 from stormtopo.core.reconciliation import ServiceSnapshot, plan_stormservice
 from stormtopo.core.request import ClusterTiers, parse_request
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, SCOPE
-from stormtopo.devenv.workloads import Role, stormservice
-from tests.builders import aibrix_roleset
+from stormtopo.devenv.workloads import Role
+from tests.builders import aibrix_roleset, service
 
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
 VALUES = {"inference-high": 1_000_000, "batch-low": 100, "zz-unknown-later": 5}
@@ -20,7 +20,7 @@ CLUSTER = ClusterTiers(frozenset({1, 2, 3}), priority_values=tuple(sorted(VALUES
 
 def spec(*classes: str | None, strategy: str | None = None) -> dict[str, Any]:
     roles = tuple(Role(f"r{i}", priority_class=c) for i, c in enumerate(classes))
-    out = stormservice("svc", "ns", roles, annotations=HARD1)["spec"]["template"]["spec"]
+    out = service(HARD1, roles)["spec"]["template"]["spec"]
     if strategy is not None:
         out["schedulingStrategy"]["volcanoSchedulingStrategy"]["priorityClassName"] = strategy
     return dict(out)
@@ -39,9 +39,7 @@ def test_the_roles_class_the_highest_where_they_differ_and_aibrixs_own_setting_f
 
 
 def test_the_webhook_gives_aibrixs_podgroup_the_class_and_keeps_it_through_its_rewrites() -> None:
-    ss = stormservice(
-        "svc", "ns", (Role("prefill", priority_class="batch-low"), Role("decode", priority_class="inference-high")), annotations=HARD1
-    )
+    ss = service(HARD1, (Role("prefill", priority_class="batch-low"), Role("decode", priority_class="inference-high")))
     rs = aibrix_roleset(spec=ss["spec"]["template"]["spec"])
     aibrix_spec = {"minMember": 2, "queue": "default", "minResources": {}}  # AIBrix's whole spec, no class
     decision = admit_podgroup({"metadata": {"name": rs["metadata"]["name"]}, "spec": aibrix_spec}, rs, ss, CLUSTER)
@@ -51,14 +49,12 @@ def test_the_webhook_gives_aibrixs_podgroup_the_class_and_keeps_it_through_its_r
     again = admit_podgroup({"metadata": {"name": rs["metadata"]["name"]}, "spec": dict(aibrix_spec)}, rs, ss, CLUSTER, old=stored)
     assert {"op": "add", "path": "/spec/priorityClassName", "value": "inference-high"} in again.patch
     # Without a request, stormtopo writes nothing: the service is as AIBrix made it.
-    plain = stormservice("svc", "ns", (Role("prefill", priority_class="batch-low"),))
+    plain = service(None, (Role("prefill", priority_class="batch-low"),))
     assert admit_podgroup({"metadata": {"name": "x"}, "spec": dict(aibrix_spec)}, rs, plain, CLUSTER).patch == []
 
 
 def test_podgroups_stormtopo_creates_carry_the_class_and_the_reconciler_adds_it_to_an_existing_one() -> None:
-    ss = stormservice(
-        "svc", "ns", (Role("prefill", priority_class="inference-high"), Role("decode")), annotations=HARD1, volcano_strategy=False
-    )
+    ss = service(HARD1, (Role("prefill", priority_class="inference-high"), Role("decode")), volcano_strategy=False)
     ss["metadata"]["uid"] = "svc-uid"
     rs = aibrix_roleset(spec=ss["spec"]["template"]["spec"])
     request = parse_request(HARD1, CLUSTER)
@@ -79,7 +75,7 @@ def test_a_class_the_roles_no_longer_name_comes_off_the_podgroups_stormtopo_made
     it, or the gang kept outranking the batch work it no longer ranks above. One AIBrix made is left to AIBrix."""
     from stormtopo.core.vocabulary import MANAGED_BY_LABEL, OPERATOR_NAME
 
-    ss = stormservice("svc", "ns", (Role("prefill"), Role("decode")), annotations=HARD1, volcano_strategy=False)
+    ss = service(HARD1, (Role("prefill"), Role("decode")), volcano_strategy=False)
     rs = aibrix_roleset(spec=ss["spec"]["template"]["spec"])
     name = rs["metadata"]["name"]
     spec = {"minMember": 2, "queue": "default", "priorityClassName": "inference-high"}

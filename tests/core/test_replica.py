@@ -14,24 +14,14 @@ from stormtopo.core.replica import EXPLAIN_INTERVAL, ReplicaMemory, ReplicaSnaps
 from stormtopo.core.request import ClusterTiers
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, PLACEMENT_ANNOTATION, REQUEST_ANNOTATION, SCOPE
 from stormtopo.core.writes import AdoptPod, LabelPod, PatchPod, PatchPodGroup, RecordPlacement
-from stormtopo.devenv.workloads import PD_1P1D as PD
 from stormtopo.devenv.workloads import Role
 from stormtopo.operator.index import Index
-from tests import builders
-from tests.builders import pod
+from tests.builders import pod, roleset, service
 from tests.example_index import index_of
 
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
 ROUTED = (Role("prefill"), Role("decode"), Role("router", requests=False))
 KEY = ("ns", "svc-rs")
-
-
-def service(annotations: dict[str, str] | None = HARD1, roles: tuple[Role, ...] = ROUTED) -> dict[str, Any]:
-    return builders.service(annotations, roles)
-
-
-def roleset(roles: tuple[Role, ...] = ROUTED) -> dict[str, Any]:
-    return builders.roleset(roles=roles)
 
 
 def snapshot(index: Index, now: float = 100.0) -> ReplicaSnapshot:
@@ -65,14 +55,17 @@ def test_a_held_router_goes_to_the_whole_regexmatch_leaf_not_only_its_anchors_no
     # alone (the tree was built from the anchors' own nodes), Pending while node0 was empty.
     leaf = regex_leaf("^node[01]$")
     index = index_of(
-        service(), roleset(), pod("p", "prefill", "node1"), pod("d", "decode", "node1"), pod("r", "router", held=True),
+        service(HARD1, ROUTED), roleset(roles=ROUTED),
+        pod("p", "prefill", "node1"), pod("d", "decode", "node1"), pod("r", "router", held=True),
         hypernodes=[leaf], nodes=["node0", "node1", "node2"],
     )  # fmt: skip
     assert released_to(plan_replica(snapshot(index), ReplicaMemory()).writes) == ["node0", "node1"]
 
 
 def test_a_held_router_waits_for_every_anchor_and_is_pinned_by_hostname() -> None:
-    index = index_of(service(), roleset(), pod("p", "prefill", "node4"), pod("d", "decode"), pod("r", "router", held=True))
+    index = index_of(
+        service(HARD1, ROUTED), roleset(roles=ROUTED), pod("p", "prefill", "node4"), pod("d", "decode"), pod("r", "router", held=True)
+    )
     plan = plan_replica(snapshot(index), ReplicaMemory())
     assert not plan.needs_all_pods  # every anchor is known: no API read, its binding comes as an event
     assert not [w for w in plan.writes if isinstance(w, PatchPod)]
@@ -81,7 +74,10 @@ def test_a_held_router_waits_for_every_anchor_and_is_pinned_by_hostname() -> Non
 
 
 def test_without_unique_hostnames_a_release_pins_by_node_name() -> None:
-    index = index_of(service(), roleset(), pod("p", "prefill", "node4"), pod("d", "decode", "node5"), pod("r", "router", held=True))
+    index = index_of(
+        service(HARD1, ROUTED), roleset(roles=ROUTED),
+        pod("p", "prefill", "node4"), pod("d", "decode", "node5"), pod("r", "router", held=True),
+    )  # fmt: skip
     index.set_nodes(
         {**{f"node{i}": {"kubernetes.io/hostname": f"node{i}"} for i in range(8)}, "node6": {"kubernetes.io/hostname": "node4"}}, 0
     )
@@ -93,7 +89,8 @@ def test_without_unique_hostnames_a_release_pins_by_node_name() -> None:
 def test_a_node_the_last_reading_lacked_is_read_again_before_a_release_or_a_verdict() -> None:
     leaf = regex_leaf("^node[0-9]$")
     index = index_of(
-        service(), roleset(), pod("p", "prefill", "node1"), pod("d", "decode", "node9"), pod("r", "router", held=True),
+        service(HARD1, ROUTED), roleset(roles=ROUTED),
+        pod("p", "prefill", "node1"), pod("d", "decode", "node9"), pod("r", "router", held=True),
         hypernodes=[leaf], nodes=["node0", "node1"],
     )  # fmt: skip
     plan = plan_replica(snapshot(index), ReplicaMemory())
@@ -104,7 +101,7 @@ def test_a_node_the_last_reading_lacked_is_read_again_before_a_release_or_a_verd
 
 def test_anchors_created_before_the_opt_in_are_read_and_release_the_router() -> None:
     # Live opt-in: prefill and decode ran before, so stormtopo never admitted (nor watches) them.
-    index = index_of(service(), roleset(), pod("r", "router", held=True))
+    index = index_of(service(HARD1, ROUTED), roleset(roles=ROUTED), pod("r", "router", held=True))
     plan = plan_replica(snapshot(index), ReplicaMemory())
     assert plan.needs_all_pods and plan.writes == ()
     unadmitted = [pod("p", "prefill", "node4"), pod("d", "decode", "node5")]
@@ -118,7 +115,7 @@ def test_a_placed_replica_with_pods_from_before_the_opt_in_reads_and_adopts_them
     # Volcano counts a pod without volcano.sh/task-spec in no role: with minTaskMember the gang turns
     # invalid, and no replacement pod of it is ever placed (measured: router Pending, "actual: map[:2]").
     running = {**unschedulable_group(), "status": {"phase": "Running"}}
-    index = index_of(service(), roleset(), running, pod("r", "router", "node4"))
+    index = index_of(service(HARD1, ROUTED), roleset(roles=ROUTED), running, pod("r", "router", "node4"))
     plan = plan_replica(snapshot(index, now=100.0), ReplicaMemory())
     assert plan.needs_all_pods
     old = [pod("p", "prefill", "node4"), pod("d", "decode", "node5")]
@@ -135,13 +132,13 @@ def test_a_placed_replica_with_pods_from_before_the_opt_in_reads_and_adopts_them
         ),
     ]
     assert not plan_replica(snapshot(index, now=110.0), ReplicaMemory(pods_read_at=100.0)).needs_all_pods  # not again within 30 s
-    plain = index_of(service(None), roleset(), running, pod("r", "router", "node4"))
+    plain = index_of(service(None, ROUTED), roleset(roles=ROUTED), running, pod("r", "router", "node4"))
     assert not plan_replica(snapshot(plain), ReplicaMemory()).needs_all_pods  # never for a service that did not opt in
 
 
 def test_a_pod_of_another_service_with_this_rolesets_name_is_no_anchor() -> None:
     stranger = pod("x", "prefill", "node0", service="other")
-    index = index_of(service(), roleset(), stranger, pod("d", "decode", "node4"), pod("r", "router", held=True))
+    index = index_of(service(HARD1, ROUTED), roleset(roles=ROUTED), stranger, pod("d", "decode", "node4"), pod("r", "router", held=True))
     unbound = plan_replica(replace(snapshot(index), all_pods=True), ReplicaMemory())
     assert not [w for w in unbound.writes if isinstance(w, PatchPod)]  # its own prefill is not bound
     index.observe("Pod", "ADDED", pod("p", "prefill", "node5"))
@@ -149,7 +146,7 @@ def test_a_pod_of_another_service_with_this_rolesets_name_is_no_anchor() -> None
 
 
 def test_held_pods_of_a_service_that_opted_out_go_free_without_affinity() -> None:
-    index = index_of(service(None), roleset(), pod("r", "router", held=True))
+    index = index_of(service(None, ROUTED), roleset(roles=ROUTED), pod("r", "router", held=True))
     (release,) = plan_replica(snapshot(index), ReplicaMemory()).writes
     assert isinstance(release, PatchPod) and [op["op"] for op in release.ops] == ["test", "remove"]
 
@@ -159,8 +156,9 @@ def test_a_released_router_that_cannot_fit_its_domain_is_said_once() -> None:
         "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes: Too many pods"}]
     }
     index = index_of(
-        service(), roleset(), pod("p", "prefill", "node4"), pod("d", "decode", "node5"), pod("r", "router", status=unschedulable)
-    )
+        service(HARD1, ROUTED), roleset(roles=ROUTED),
+        pod("p", "prefill", "node4"), pod("d", "decode", "node5"), pod("r", "router", status=unschedulable),
+    )  # fmt: skip
     plan = plan_replica(snapshot(index), ReplicaMemory())
     (warning,) = [s for s in plan.says if s.reason == "ReleasedPodUnschedulable"]
     assert "pod r" in warning.message and "Too many pods" in warning.message
@@ -171,7 +169,7 @@ def test_a_released_router_that_cannot_fit_its_domain_is_said_once() -> None:
 
 
 def test_a_complete_replica_is_said_recorded_and_labelled_once() -> None:
-    index = index_of(service(roles=PD), roleset(PD), pod("p", "prefill", "node4"), pod("d", "decode", "node5"))
+    index = index_of(service(HARD1), roleset(), pod("p", "prefill", "node4"), pod("d", "decode", "node5"))
     plan = plan_replica(snapshot(index), ReplicaMemory())
     assert [s.reason for s in plan.says] == ["ReplicaPlaced"]
     (record,) = [w for w in plan.writes if isinstance(w, RecordPlacement)]
@@ -181,7 +179,7 @@ def test_a_complete_replica_is_said_recorded_and_labelled_once() -> None:
     again = plan_replica(snapshot(index), plan.memory)
     assert again.says == () and again.first is None  # said once
     # After a restart (no memory) the record on the StormService keeps it from being said or recorded again.
-    recorded = service(roles=PD)
+    recorded = service(HARD1)
     recorded["metadata"].setdefault("annotations", {})[PLACEMENT_ANNOTATION] = (
         '{"svc-rs":{"hyperNode":"s2","nodes":["node4","node5"],"tier":1}}'
     )
@@ -191,13 +189,13 @@ def test_a_complete_replica_is_said_recorded_and_labelled_once() -> None:
 
 
 def test_a_partly_bound_replica_is_not_said_placed_yet() -> None:
-    index = index_of(service(roles=PD), roleset(PD), pod("p", "prefill", "node4"), pod("d", "decode"))
+    index = index_of(service(HARD1), roleset(), pod("p", "prefill", "node4"), pod("d", "decode"))
     plan = plan_replica(snapshot(index), ReplicaMemory())
     assert plan.says == () and not [w for w in plan.writes if isinstance(w, RecordPlacement)]
 
 
 def test_a_violation_is_said_once_and_counted_once() -> None:
-    index = index_of(service(roles=PD), roleset(PD), pod("p", "prefill", "node0"), pod("d", "decode", "node4"))
+    index = index_of(service(HARD1), roleset(), pod("p", "prefill", "node0"), pod("d", "decode", "node4"))
     plan = plan_replica(snapshot(index), ReplicaMemory())
     assert [s.reason for s in plan.says] == ["ReplicaPlaced", "TopologyViolated"] and plan.violations == 1
     again = plan_replica(snapshot(index), plan.memory)
@@ -214,7 +212,7 @@ def unschedulable_group() -> dict[str, Any]:
 
 
 def test_a_pending_hard_gang_is_explained_once_all_its_pods_exist_and_not_before_its_next_check() -> None:
-    index = index_of(service(roles=PD), roleset(PD), unschedulable_group(), pod("p", "prefill"))
+    index = index_of(service(HARD1), roleset(), unschedulable_group(), pod("p", "prefill"))
     assert plan_replica(snapshot(index), ReplicaMemory()).explain is None  # AIBrix still creating decode
     index.observe("Pod", "ADDED", pod("d", "decode"))
     plan = plan_replica(snapshot(index, now=100.0), ReplicaMemory())
@@ -224,7 +222,7 @@ def test_a_pending_hard_gang_is_explained_once_all_its_pods_exist_and_not_before
 
 
 def test_an_explanation_is_said_once_then_checked_at_doubling_intervals_and_settles_when_it_fits() -> None:
-    index = index_of(service(roles=PD), roleset(PD), unschedulable_group(), pod("p", "prefill"), pod("d", "decode"))
+    index = index_of(service(HARD1), roleset(), unschedulable_group(), pod("p", "prefill"), pod("d", "decode"))
     ask = plan_replica(snapshot(index), ReplicaMemory()).explain
     assert ask is not None
     short = Pending(1, Explanation((1, 1), 1, (), None))
@@ -245,9 +243,7 @@ def test_an_explanation_is_said_once_then_checked_at_doubling_intervals_and_sett
 
 
 def test_an_invalid_request_settles_the_replica_and_explains_nothing() -> None:
-    index = index_of(
-        service({MODE: "hard", HIGHEST_TIER: "9"}, PD), roleset(PD), unschedulable_group(), pod("p", "prefill"), pod("d", "decode")
-    )
+    index = index_of(service({MODE: "hard", HIGHEST_TIER: "9"}), roleset(), unschedulable_group(), pod("p", "prefill"), pod("d", "decode"))
     plan = plan_replica(snapshot(index), ReplicaMemory(unsatisfiable=True))
     assert plan.explain is None and not plan.memory.unsatisfiable and plan.says == ()
 
@@ -263,32 +259,32 @@ def test_an_invalid_request_without_a_kept_constraint_leaves_the_pod_as_without_
         "metadata": {"labels": {"role-name": "router", "storm-service-name": "svc"}},
         "spec": {"containers": [{}], "schedulerName": "default-scheduler"},
     }
-    decision = admit_pod(bare, roleset(), service(typo), TIERS)
+    decision = admit_pod(bare, roleset(roles=ROUTED), service(typo, ROUTED), TIERS)
     assert decision.patch == [{"op": "add", "path": "/metadata/labels/stormtopo.io~1admitted", "value": "true"}]
     aibrix = {**bare, "metadata": {**bare["metadata"], "annotations": {"scheduling.k8s.io/group-name": "svc-rs"}}}
-    scoped = admit_pod(aibrix, roleset(), service({MODE: "hard", HIGHEST_TIER: "9", SCOPE: "StormService"}), TIERS)
+    scoped = admit_pod(aibrix, roleset(roles=ROUTED), service({MODE: "hard", HIGHEST_TIER: "9", SCOPE: "StormService"}, ROUTED), TIERS)
     assert [op["path"] for op in scoped.patch] == ["/metadata/labels/stormtopo.io~1admitted"]  # stays in AIBrix's gang
     kept = {
         "metadata": {"name": "svc-rs", "annotations": {REQUEST_ANNOTATION: "hard within tier 1"}},
         "spec": {"networkTopology": {"mode": "hard"}},
     }
-    joined = admit_pod(bare, roleset(), service(typo), TIERS, podgroups={"svc-rs": kept})
+    joined = admit_pod(bare, roleset(roles=ROUTED), service(typo, ROUTED), TIERS, podgroups={"svc-rs": kept})
     assert any(op["path"] == "/metadata/annotations" for op in joined.patch)  # the last valid constraint keeps its gang
 
 
 def test_withdrawing_from_a_half_withdrawn_own_podgroup_still_removes_its_topology() -> None:
     own = {"metadata": {"name": "svc-rs", "namespace": "ns", "labels": {"app.kubernetes.io/managed-by": "stormtopo"}, "annotations": {}},
            "spec": {"networkTopology": {"mode": "hard", "highestTierAllowed": 1}}}  # fmt: skip
-    plan = plan_stormservice(ServiceSnapshot(service(None, PD), (roleset(PD),), {"svc-rs": own}, TIERS))
+    plan = plan_stormservice(ServiceSnapshot(service(None), (roleset(),), {"svc-rs": own}, TIERS))
     assert plan.writes == (PatchPodGroup("ns", "svc-rs", [{"op": "remove", "path": "/spec/networkTopology"}]),)
     aibrixs = {**own, "metadata": {"name": "svc-rs", "namespace": "ns", "annotations": {}}}
-    assert plan_stormservice(ServiceSnapshot(service(None, PD), (roleset(PD),), {"svc-rs": aibrixs}, TIERS)).writes == ()
+    assert plan_stormservice(ServiceSnapshot(service(None), (roleset(),), {"svc-rs": aibrixs}, TIERS)).writes == ()
 
 
 def test_a_podgroup_with_the_topology_but_without_the_request_annotation_gets_it_back() -> None:
     spec = {"minMember": 2, "minTaskMember": {"prefill": 1, "decode": 1}, "networkTopology": {"mode": "hard", "highestTierAllowed": 1}}
     bare = {"metadata": {"name": "svc-rs", "namespace": "ns", "annotations": {}}, "spec": spec}
-    (write,) = plan_stormservice(ServiceSnapshot(service(HARD1, PD), (roleset(PD),), {"svc-rs": bare}, TIERS)).writes
+    (write,) = plan_stormservice(ServiceSnapshot(service(HARD1), (roleset(),), {"svc-rs": bare}, TIERS)).writes
     assert isinstance(write, PatchPodGroup) and write.ops == [
         {"op": "add", "path": "/metadata/annotations", "value": {REQUEST_ANNOTATION: "hard within tier 1, scope RoleSet"}}
     ]

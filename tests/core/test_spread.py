@@ -31,9 +31,9 @@ from stormtopo.core.vocabulary import (
 from stormtopo.core.writes import DeleteUnboundPod, PatchPod, PostEvent
 from stormtopo.devenv.workloads import Role
 from stormtopo.operator.index import Index
-from tests.builders import pod
+from tests.builders import pod, roleset, service
 from tests.conftest import TOPOLOGY_FILE
-from tests.core.spread_cases import ALL_FREE, LEAF_SPREAD, index_of, replica, roleset, service
+from tests.core.spread_cases import ALL_FREE, LEAF_SPREAD, index_of, replica
 
 CLUSTER = ClusterTiers(frozenset({1, 2, 3}), frozenset({"leaf", "spine", "core"}), tier_of_name=(("core", 3), ("leaf", 1), ("spine", 2)))
 NOW = 1000.0
@@ -89,7 +89,9 @@ def test_the_clusters_tier_names_come_with_their_tiers() -> None:
 
 def test_every_pod_of_a_spread_replica_is_held_at_the_gate_and_without_a_spread_only_routers() -> None:
     def gated(annotations: dict[str, str], role: str) -> bool:
-        decision = admit_pod(pod("p", role, replica="svc-a"), roleset("svc-a", ROUTED), service(annotations, ROUTED), CLUSTER)
+        decision = admit_pod(
+            pod("p", role, replica="svc-a"), roleset("svc-a", ROUTED, revision="r1"), service(annotations, ROUTED), CLUSTER
+        )
         return any(op["path"] == "/spec/schedulingGates" and op["value"] == [{"name": DOMAIN_GATE}] for op in decision.patch)
 
     assert gated(LEAF_SPREAD, "prefill") and gated(LEAF_SPREAD, "router")
@@ -101,7 +103,9 @@ def test_a_pod_bound_at_creation_is_never_held_at_the_gate() -> None:
     """A role pinned by nodeName: the API server refuses a pod with both nodeName and a scheduling gate
     ("cannot be set until all schedulingGates have been cleared"), and there is nothing to hold."""
     for asked, role in ((LEAF_SPREAD, "prefill"), ({MODE: "hard", HIGHEST_TIER: "1"}, "router")):
-        decision = admit_pod(pod("p", role, node="node3", replica="svc-a"), roleset("svc-a", ROUTED), service(asked, ROUTED), CLUSTER)
+        decision = admit_pod(
+            pod("p", role, node="node3", replica="svc-a"), roleset("svc-a", ROUTED, revision="r1"), service(asked, ROUTED), CLUSTER
+        )
         assert decision.allowed and decision.patch
         assert not any(op["path"].startswith("/spec/schedulingGates") for op in decision.patch), decision.patch
 
@@ -232,7 +236,7 @@ def test_replicas_balance_over_the_tier_the_least_held_domains_with_room_first()
 
 
 def test_a_replica_waits_until_every_pod_of_its_gang_exists() -> None:
-    index = index_of(roleset("svc-a"), pod("svc-a-p", "prefill", held=True, replica="svc-a"))
+    index = index_of(roleset("svc-a", revision="r1"), pod("svc-a-p", "prefill", held=True, replica="svc-a"))
     assert let_go(plan_for(index)) == {}
     index.observe("Pod", "ADDED", pod("svc-a-d", "decode", held=True, replica="svc-a"))
     assert set(let_go(plan_for(index))) == {"svc-a-p", "svc-a-d"}
@@ -240,8 +244,8 @@ def test_a_replica_waits_until_every_pod_of_its_gang_exists() -> None:
 
 def test_a_replacement_pod_of_a_placed_replica_goes_at_once_unconstrained() -> None:
     index = index_of(
-        roleset("svc-a"), pod("svc-a-p", "prefill", "node4", replica="svc-a"), pod("svc-a-d2", "decode", held=True, replica="svc-a"),
-        *replica("svc-b"),  # a sibling on its way does not hold a replacement back
+        roleset("svc-a", revision="r1"), pod("svc-a-p", "prefill", "node4", replica="svc-a"),
+        pod("svc-a-d2", "decode", held=True, replica="svc-a"), *replica("svc-b"),  # a sibling on its way does not hold a replacement back
     )  # fmt: skip
     released = let_go(plan_for(index, free=None))
     assert set(released) == {"svc-a-d2"} and kept_out(released["svc-a-d2"]) == []
@@ -254,7 +258,10 @@ def test_held_pods_go_unconstrained_once_the_spread_is_withdrawn() -> None:
 
 
 def test_a_hard_replicas_router_stays_held_until_the_gang_is_bound_then_follows_it() -> None:
-    objects = [roleset("svc-a", ROUTED), *(pod(f"svc-a-{r}", r, held=True, replica="svc-a") for r in ("prefill", "decode", "router"))]
+    objects = [
+        roleset("svc-a", ROUTED, revision="r1"),
+        *(pod(f"svc-a-{r}", r, held=True, replica="svc-a") for r in ("prefill", "decode", "router")),
+    ]
     index = index_of(*objects, *replica("svc-b", ("node0", "node1")), roles=ROUTED)
     released = let_go(plan_for(index))
     assert set(released) == {"svc-a-prefill", "svc-a-decode"}  # the router follows its gang, as without a spread
@@ -267,14 +274,20 @@ def test_a_hard_replicas_router_stays_held_until_the_gang_is_bound_then_follows_
 
 
 def test_with_an_invalid_request_a_held_gang_goes_and_its_router_still_follows_it() -> None:
-    objects = [roleset("svc-a", ROUTED), *(pod(f"svc-a-{r}", r, held=True, replica="svc-a") for r in ("prefill", "decode", "router"))]
+    objects = [
+        roleset("svc-a", ROUTED, revision="r1"),
+        *(pod(f"svc-a-{r}", r, held=True, replica="svc-a") for r in ("prefill", "decode", "router")),
+    ]
     index = index_of(*objects, annotations={MODE: "hard", HIGHEST_TIER: "9", REPLICA_SPREAD_TIER: "1"}, roles=ROUTED)
     released = let_go(plan_for(index, free=None))
     assert set(released) == {"svc-a-prefill", "svc-a-decode"} and all(kept_out(ops) == [] for ops in released.values())
 
 
 def test_a_soft_replicas_router_is_part_of_its_gang_and_goes_with_it() -> None:
-    objects = [roleset("svc-a", ROUTED), *(pod(f"svc-a-{r}", r, held=True, replica="svc-a") for r in ("prefill", "decode", "router"))]
+    objects = [
+        roleset("svc-a", ROUTED, revision="r1"),
+        *(pod(f"svc-a-{r}", r, held=True, replica="svc-a") for r in ("prefill", "decode", "router")),
+    ]
     index = index_of(*objects, *replica("svc-b", ("node0", "node1")), annotations={MODE: "soft", REPLICA_SPREAD_TIER: "1"}, roles=ROUTED)
     released = let_go(plan_for(index))
     assert set(released) == {"svc-a-prefill", "svc-a-decode", "svc-a-router"}
@@ -288,7 +301,7 @@ def test_a_pods_own_required_terms_are_each_narrowed() -> None:
     ]
     own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
     index = index_of(
-        roleset("svc-a"), pod("svc-a-p", "prefill", held=True, replica="svc-a", spec={"affinity": own}),
+        roleset("svc-a", revision="r1"), pod("svc-a-p", "prefill", held=True, replica="svc-a", spec={"affinity": own}),
         pod("svc-a-d", "decode", held=True, replica="svc-a", spec={"affinity": own}), *replica("svc-b", ("node0", "node1")),
     )  # fmt: skip
     ops = [op for op in let_go(plan_for(index))["svc-a-p"][2:] if op["path"].startswith("/spec/")]
@@ -312,7 +325,7 @@ def test_without_unique_hostnames_each_node_is_kept_out_by_name() -> None:
 
 def test_a_placed_replica_wakes_the_siblings_held_for_the_spread_and_a_held_one_is_not_explained() -> None:
     index = index_of(*replica("svc-a", ("node4", "node5")), *replica("svc-b", held=True), *replica("svc-c", ("node0", "node1")))
-    index.observe("RoleSet", "ADDED", roleset("svc-d"))  # no pods yet: nothing to wake
+    index.observe("RoleSet", "ADDED", roleset("svc-d", revision="r1"))  # no pods yet: nothing to wake
     assert plan_for(index).wake == ("svc-b",)
     for obj in replica("svc-d")[1:]:  # let go, not bound
         index.observe("Pod", "ADDED", obj)
