@@ -1,5 +1,6 @@
 """The AIBrix and Kubernetes objects the unit tests hand the planners and the operator's index, as plain
-manifests: a StormService, a RoleSet (one replica), a replica's pod, a PodDisruptionBudget, a batch pod.
+manifests: a StormService, a RoleSet (one replica), a replica's pod (or another tenant's), a
+PodDisruptionBudget, a batch pod.
 
 Every default is StormService svc in namespace ns, of one prefill and one decode role, asking for no
 topology. The StormService is devenv/workloads.py's, as the integration tests and the demo create it."""
@@ -33,11 +34,15 @@ def service(
     volcano_strategy: bool = True,
     uid: str | None = None,
     update_strategy: str | None = None,
+    version: str | None = None,
 ) -> dict[str, Any]:
-    """A StormService asking for what `annotations` say; `update_strategy` replaces AIBrix's InPlaceUpdate."""
+    """A StormService asking for what `annotations` say; `update_strategy` replaces AIBrix's InPlaceUpdate;
+    `version` is its resourceVersion."""
     svc = stormservice(name, namespace, roles, replicas=replicas, annotations=annotations, volcano_strategy=volcano_strategy)
     if uid is not None:
         svc["metadata"]["uid"] = uid
+    if version is not None:
+        svc["metadata"]["resourceVersion"] = version
     if update_strategy is not None:
         svc["spec"]["updateStrategy"] = {"type": update_strategy}
     return svc
@@ -84,7 +89,7 @@ def aibrix_roleset(roles: Sequence[Role] = PD_1P1D, *, spec: dict[str, Any] | No
 
 def pod(
     name: str,
-    role: str,
+    role: str | None,
     node: str | None = None,
     held: bool = False,
     *,
@@ -92,23 +97,31 @@ def pod(
     service: str = "svc",
     namespace: str = "ns",
     labels: Mapping[str, str] = ADMITTED,
+    annotations: Mapping[str, str] | None = None,
     spec: Mapping[str, Any] | None = None,
     status: Mapping[str, Any] | None = None,
     uid: str | None = None,
+    version: str | None = None,
     created: str | None = None,
     owner_uid: str | None = None,
     kind: str | None = "Pod",
 ) -> dict[str, Any]:
-    """A pod of `role` in `replica`: bound to `node`, or `held` at stormtopo's gate, or neither. `labels`
-    come after AIBrix's own (by default the webhook's admitted label), `spec` before the node's name;
-    `kind=None` leaves the kind out."""
+    """A pod of `role` in `replica`: bound to `node`, or `held` at stormtopo's gate, or neither; `role=None`
+    is a pod of no StormService, without AIBrix's labels. `labels` come after AIBrix's own (by default the
+    webhook's admitted label), `spec` before the node's name; `version` is its resourceVersion; `kind=None`
+    leaves the kind out."""
     meta: dict[str, Any] = {"name": name}
     if uid is not None:
         meta["uid"] = uid
     meta["namespace"] = namespace
+    if version is not None:
+        meta["resourceVersion"] = version
     if created is not None:
         meta["creationTimestamp"] = created
-    meta["labels"] = {STORMSERVICE_LABEL: service, ROLESET_LABEL: replica, ROLE_LABEL: role, **labels}
+    aibrix = {} if role is None else {STORMSERVICE_LABEL: service, ROLESET_LABEL: replica, ROLE_LABEL: role}
+    meta["labels"] = {**aibrix, **labels}
+    if annotations is not None:
+        meta["annotations"] = dict(annotations)
     if owner_uid is not None:
         meta["ownerReferences"] = [{"uid": owner_uid}]
     body = dict(spec or {})

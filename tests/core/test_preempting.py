@@ -30,8 +30,8 @@ from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.victims import Fewest, GangSize
 from stormtopo.core.vocabulary import DOMAIN_GATE, HIGHEST_TIER, MODE, REPLICA_SPREAD_TIER, ROOM_GATE, VOLCANO_SCHEDULER
 from stormtopo.core.writes import EvictPod, PatchPod, PreemptPods, Victim
-from stormtopo.devenv.workloads import stormservice
-from tests.builders import aibrix_roleset
+from tests import builders
+from tests.builders import aibrix_roleset, service
 
 TREE = parse_topology((Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml").read_text())
 NODES = [f"node{i}" for i in range(8)]
@@ -40,11 +40,10 @@ HARD1 = TopologyRequest(Mode.HARD, TierLimit(tier=1))
 HIGH = 1000
 
 
-def held(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ns"}, "spec": {"schedulingGates": [{"name": ROOM_GATE}]}}
-
-
-HELD = [held("rs-prefill-0"), held("rs-decode-0")]
+HELD = [
+    builders.pod(name, None, labels={}, spec={"schedulingGates": [{"name": ROOM_GATE}]}, kind=None)
+    for name in ("rs-prefill-0", "rs-decode-0")
+]
 
 
 def batch(priority: int = 100) -> list[Holder]:
@@ -297,9 +296,10 @@ def test_soft_takes_the_fewest_anywhere() -> None:
 
 
 def bound(name: str, node: str, priority: int, gpus: int = 4, **spec: Any) -> dict[str, Any]:
-    body = {"nodeName": node, "schedulerName": VOLCANO_SCHEDULER, "priority": priority}
+    """A running batch pod of Volcano's on `node`, of `priority`, asking for `gpus` GPUs; `spec` overrides."""
+    body = {"schedulerName": VOLCANO_SCHEDULER, "priority": priority}
     body |= {"containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]} | spec
-    return {"metadata": {"name": name, "namespace": "batch", "uid": f"u-{name}"}, "spec": body, "status": {"phase": "Running"}}
+    return builders.pod(name, None, node, namespace="batch", labels={}, spec=body, status={"phase": "Running"}, uid=f"u-{name}", kind=None)
 
 
 def test_victims_are_matched_to_pods_on_their_nodes_by_gpus_and_priority_each_once() -> None:
@@ -320,7 +320,7 @@ def test_victims_are_matched_to_pods_on_their_nodes_by_gpus_and_priority_each_on
 
 def test_the_webhook_holds_a_pod_that_may_preempt_only_with_exact_preemption() -> None:
     annotations = {MODE: "hard", HIGHEST_TIER: "1"}
-    svc = stormservice("svc", "ns", annotations=annotations)
+    svc = service(annotations)
     tiers = ClusterTiers(frozenset({1, 2}))
 
     def gates(priority: object, on: bool = True, **spec: Any) -> list[str]:
@@ -333,7 +333,7 @@ def test_the_webhook_holds_a_pod_that_may_preempt_only_with_exact_preemption() -
     assert gates(1000, preemptionPolicy="Never") == []
     assert gates(1000, nodeName="node0") == []  # bound at creation: a gate would make it invalid
     assert gates(1000, schedulingGates=[{"name": "theirs"}]) == [{"name": ROOM_GATE}]  # added to the pod's own
-    spread = stormservice("svc", "ns", annotations=annotations | {REPLICA_SPREAD_TIER: "2"})
+    spread = service(annotations | {REPLICA_SPREAD_TIER: "2"})
     pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {}}, "spec": {"priority": 1000}}
     decision = admit_pod(pod, aibrix_roleset(), spread, tiers, exact_preemption=True)
     assert [op["value"] for op in decision.patch if op["path"].startswith("/spec/schedulingGates")] == [[{"name": DOMAIN_GATE}]]

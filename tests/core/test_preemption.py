@@ -10,6 +10,7 @@ from typing import Any
 from stormtopo.core.explanation import explain
 from stormtopo.core.preemption import PREEMPTABLE, Holder, plan_preemption, rank_of
 from stormtopo.core.topology.fabric import parse_topology
+from tests import builders
 
 TREE = parse_topology((Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml").read_text())
 Pod = dict[str, Any]
@@ -75,8 +76,10 @@ def test_the_explanation_says_what_it_could_preempt_only_when_the_holders_were_r
 
 def test_a_pod_ranks_as_volcano_judges_it() -> None:
     def pod(scheduler: str = "volcano", priority: object = 100, marks: dict[str, str] | None = None, label: bool = False) -> Pod:
-        meta = {"labels" if label else "annotations": marks or {}}
-        return {"metadata": meta, "spec": {"schedulerName": scheduler, "priority": priority}}
+        spec = {"schedulerName": scheduler, "priority": priority}
+        if label:
+            return builders.pod("p", None, labels=marks or {}, spec=spec, kind=None)
+        return builders.pod("p", None, labels={}, annotations=marks or {}, spec=spec, kind=None)
 
     assert rank_of(pod()) == (100, True)  # Volcano's default: preemptable
     assert rank_of(pod(priority=None)) == (0, True)

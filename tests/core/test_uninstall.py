@@ -13,7 +13,7 @@ from stormtopo.core.topology.node_tier import plan_node_tier
 from stormtopo.core.uninstall import ClusterPages, ClusterSnapshot, plan_uninstall, plan_uninstall_in_pages
 from stormtopo.core.vocabulary import DOMAIN_GATE, HEAL_ANNOTATION, HIGHEST_TIER, MODE, MOVES_ANNOTATION
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, PatchPod, PatchPodGroup, SetHyperNodeMembers, Write
-from stormtopo.devenv.workloads import stormservice
+from tests import builders
 from tests.builders import roleset
 
 CLUSTER = ClusterTiers(frozenset({1, 2}))
@@ -21,7 +21,8 @@ FABRIC = parse_topology("switches:\n  spine:\n    leaf-a: [a0, a1]\n    leaf-b: 
 
 
 def held(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ns"}, "spec": {"schedulingGates": [{"name": "other"}, {"name": DOMAIN_GATE}]}}
+    gates = [{"name": "other"}, {"name": DOMAIN_GATE}]
+    return builders.pod(name, None, labels={}, spec={"schedulingGates": gates}, kind=None)
 
 
 def snapshot(
@@ -43,14 +44,14 @@ def snapshot(
 
 def moving(annotations: dict[str, str]) -> dict[str, Any]:
     moves = {"svc-rs-0": {"toTier": 1, "at": "2026-12-03T00:00:00Z"}}
-    return stormservice("svc", "ns", annotations={**annotations, MOVES_ANNOTATION: json.dumps(moves)})
+    return builders.service({**annotations, MOVES_ANNOTATION: json.dumps(moves)})
 
 
 HELD_HARD = {"minMember": 2, "networkTopology": {"mode": "hard", "highestTierAllowed": 1}}
 
 
 def test_a_gate_of_stormtopos_is_removed_and_only_it() -> None:
-    writes = plan_uninstall(snapshot(stormservice("svc", "ns"), {}))
+    writes = plan_uninstall(snapshot(builders.service(), {}))
     (release,) = [w for w in writes if isinstance(w, PatchPod)]
     assert release.name == "router-0"
     assert release.ops == [
@@ -92,16 +93,14 @@ def test_a_move_hold_goes_back_to_what_the_service_asks() -> None:
     ]
     # No move under way: nothing to let go.
     assert not [
-        w
-        for w in plan_uninstall(snapshot(stormservice("svc", "ns", annotations={MODE: "soft", HIGHEST_TIER: "1"}), HELD_HARD))
-        if isinstance(w, PatchPodGroup)
+        w for w in plan_uninstall(snapshot(builders.service({MODE: "soft", HIGHEST_TIER: "1"}), HELD_HARD)) if isinstance(w, PatchPodGroup)
     ]
 
 
 def test_the_node_tier_is_taken_back_leaves_first() -> None:
     base = hypernode_manifests(FABRIC)
     on = _applied(base, plan_node_tier(base, {"a0": 2}, {n: 8 for n in FABRIC.nodes}))
-    writes = plan_uninstall(snapshot(stormservice("svc", "ns"), {}, on))
+    writes = plan_uninstall(snapshot(builders.service(), {}, on))
     tiered = [w for w in writes if isinstance(w, SetHyperNodeMembers | DeleteHyperNode)]
     assert tiered and isinstance(tiered[0], SetHyperNodeMembers) and isinstance(tiered[-1], DeleteHyperNode)
     assert sorted(_applied(on, writes), key=lambda h: h["metadata"]["name"]) == sorted(base, key=lambda h: h["metadata"]["name"])
@@ -132,7 +131,7 @@ def test_in_pages_each_page_is_planned_as_it_is_read_and_the_whole_plans_as_one_
             yield [held(f"pod-{page}-{i}") for i in range(2)] + [{"metadata": {"name": f"free-{page}", "namespace": "ns"}, "spec": {}}]
 
     soft = moving({MODE: "soft", HIGHEST_TIER: "1", HEAL_ANNOTATION: "true"})
-    others = [stormservice(f"other-{i}", "ns") for i in range(3)]  # no move under way: not kept
+    others = [builders.service(name=f"other-{i}") for i in range(3)]  # no move under way: not kept
     one = snapshot(soft, HELD_HARD)
     pages = ClusterPages(one.hypernodes, pod_pages(), [others[:2], [soft, others[2]]], [one.rolesets], [(), one.podgroups], one.tiers)
     batches = plan_uninstall_in_pages(pages)

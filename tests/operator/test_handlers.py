@@ -10,6 +10,7 @@ import pytest
 from stormtopo.core.vocabulary import STORMSERVICE_LABEL
 from stormtopo.operator import handlers
 from stormtopo.operator.leader import Leadership
+from tests.builders import service
 
 
 def _registry() -> kopf.OperatorRegistry:
@@ -45,27 +46,23 @@ def test_the_operator_uses_it() -> None:
     assert isinstance(settings.persistence.diffbase_storage, handlers.NoDiffBase)
 
 
-def _stormservice(name: str, version: str) -> dict[str, Any]:
-    return {"kind": "StormService", "metadata": {"name": name, "namespace": "ns", "resourceVersion": version}}
-
-
 def test_the_index_knows_what_a_list_has_that_the_watch_missed_and_not_what_came_since() -> None:
     from stormtopo.operator.index import Index
 
     index = Index(api=cast(Any, None))
-    index.observe("StormService", None, _stormservice("held", "1"))
-    index.observe("StormService", None, _stormservice("changed", "1"))
-    index.observe("StormService", None, _stormservice("deleted-since", "1"))
+    index.observe("StormService", None, service(name="held", version="1"))
+    index.observe("StormService", None, service(name="changed", version="1"))
+    index.observe("StormService", None, service(name="deleted-since", version="1"))
     mark = index.mark()  # the re-list begins
-    index.observe("StormService", "MODIFIED", _stormservice("newer-since", "9"))
-    index.observe("StormService", "DELETED", _stormservice("deleted-since", "1"))
-    assert not index.missed("StormService", _stormservice("held", "1"), mark)
-    assert index.missed("StormService", _stormservice("changed", "2"), mark)  # its MODIFIED never came
-    assert index.missed("StormService", _stormservice("new", "5"), mark)  # its ADDED never came
-    assert not index.missed("StormService", _stormservice("newer-since", "8"), mark)  # an event since wins
-    assert not index.missed("StormService", _stormservice("deleted-since", "1"), mark)  # a deletion since wins
+    index.observe("StormService", "MODIFIED", service(name="newer-since", version="9"))
+    index.observe("StormService", "DELETED", service(name="deleted-since", version="1"))
+    assert not index.missed("StormService", service(name="held", version="1"), mark)
+    assert index.missed("StormService", service(name="changed", version="2"), mark)  # its MODIFIED never came
+    assert index.missed("StormService", service(name="new", version="5"), mark)  # its ADDED never came
+    assert not index.missed("StormService", service(name="newer-since", version="8"), mark)  # an event since wins
+    assert not index.missed("StormService", service(name="deleted-since", version="1"), mark)  # a deletion since wins
     index.relisted("StormService", mark)
-    assert index.missed("StormService", _stormservice("deleted-since", "1"), index.mark())  # listed by a later list: there again
+    assert index.missed("StormService", service(name="deleted-since", version="1"), index.mark())  # listed by a later list: there again
 
 
 def test_a_relist_delivers_the_stormservices_and_rolesets_a_blind_watch_missed() -> None:
@@ -78,7 +75,7 @@ def test_a_relist_delivers_the_stormservices_and_rolesets_a_blind_watch_missed()
     from stormtopo.operator.loops import Loops
 
     lists: dict[str, list[dict[str, Any]]] = {
-        "stormservices": [_stormservice("seen", "1"), _stormservice("missed", "4")],
+        "stormservices": [service(name="seen", version="1"), service(name="missed", version="4")],
         "rolesets": [
             {"metadata": {"name": "missed-roleset-a", "namespace": "ns", "resourceVersion": "5", "labels": {STORMSERVICE_LABEL: "missed"}}}
         ],
@@ -94,7 +91,7 @@ def test_a_relist_delivers_the_stormservices_and_rolesets_a_blind_watch_missed()
             return iter([lists.get(path, [])])
 
     index = Index(api=cast(Any, Api()))
-    index.observe("StormService", None, _stormservice("seen", "1"))
+    index.observe("StormService", None, service(name="seen", version="1"))
     index.observe("HyperNode", None, {"kind": "HyperNode", "metadata": {"name": "s0", "resourceVersion": "2"}})
     loops = Loops()
     operator = handlers.Operator(index, cast(Any, None), cast(Any, None), Leadership(None, "default", "test", 15), loops)
@@ -129,13 +126,13 @@ def test_a_stormservice_come_or_gone_by_any_path_requeues_those_whose_roleset_pr
     leadership = Leadership(None, "default", "test", 15)  # no API: election off, it leads
     operator = handlers.Operator(index, cast(Any, Reconciler()), cast(Any, None), leadership, cast(Any, None))
     operator.stormservices = cast(Any, Queue())
-    operator.follow("StormService", {"type": None}, _stormservice("short", "1"))
-    operator.follow("StormService", {"type": "MODIFIED"}, _stormservice("short-roleset-x", "2"))  # first seen by a re-list
+    operator.follow("StormService", {"type": None}, service(name="short", version="1"))
+    operator.follow("StormService", {"type": "MODIFIED"}, service(name="short-roleset-x", version="2"))  # first seen by a re-list
     assert ("ns", "short") in operator.stormservices.keys  # type: ignore[attr-defined]
     operator.stormservices.keys.clear()  # type: ignore[attr-defined]
-    operator.follow("StormService", {"type": "MODIFIED"}, _stormservice("short-roleset-x", "3"))  # known: nothing changes
+    operator.follow("StormService", {"type": "MODIFIED"}, service(name="short-roleset-x", version="3"))  # known: nothing changes
     assert ("ns", "short") not in operator.stormservices.keys  # type: ignore[attr-defined]
-    index.observe("StormService", "DELETED", _stormservice("short-roleset-x", "3"))
+    index.observe("StormService", "DELETED", service(name="short-roleset-x", version="3"))
     operator.forget("StormService", ("ns", "short-roleset-x"))  # pruned by a re-list
     assert ("ns", "short") in operator.stormservices.keys  # type: ignore[attr-defined]
 

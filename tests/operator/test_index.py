@@ -7,8 +7,8 @@ from typing import Any
 
 from stormtopo.core.optin import labelled, listing
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, OPTED_IN_LABEL
-from stormtopo.devenv.workloads import stormservice
 from stormtopo.operator.index import LAST_APPLIED, service_key_of, slim
+from tests.builders import pod, service
 
 
 def test_slim_keeps_what_reconciliation_reads_and_drops_the_bulk() -> None:
@@ -52,13 +52,13 @@ def test_slim_keeps_what_reconciliation_reads_and_drops_the_bulk() -> None:
 def test_slim_keeps_the_opt_in_label_of_role_templates_so_a_labelled_service_stays_unlisted() -> None:
     """Found by `python -m bench optin-creates`: the index dropped role templates' metadata, and the
     reconciler listed 8,372 of 10,000 services created labelled."""
-    svc = stormservice("svc", "ns", annotations={MODE: "hard", HIGHEST_TIER: "1"})
+    svc = service({MODE: "hard", HIGHEST_TIER: "1"})
     for role in svc["spec"]["template"]["spec"]["roles"]:
         role["template"]["metadata"]["labels"][OPTED_IN_LABEL] = "true"
     kept = slim(svc)
     assert labelled(kept) and listing(kept) is None
     assert all(r["template"]["metadata"] == {"labels": {OPTED_IN_LABEL: "true"}} for r in kept["spec"]["template"]["spec"]["roles"])
-    plain = slim(stormservice("plain", "ns", annotations={MODE: "hard", HIGHEST_TIER: "1"}))
+    plain = slim(service({MODE: "hard", HIGHEST_TIER: "1"}, name="plain"))
     assert not labelled(plain) and listing(plain) == "RoleSet"  # opted in by an update: listed
 
 
@@ -163,20 +163,17 @@ def test_pods_freed_counts_only_admitted_pods_that_left_a_node() -> None:
 
     index = Index(api=None)  # type: ignore[arg-type]  # observe makes no API calls
 
-    def pod(name: str, node: str | None) -> dict[str, object]:
-        return {"kind": "Pod", "metadata": {"name": name, "namespace": "ns"}, "spec": {"nodeName": node} if node else {}}
-
-    index.observe("Pod", "ADDED", pod("bound", "node0"))
-    index.observe("Pod", "ADDED", pod("pending", None))
+    index.observe("Pod", "ADDED", pod("bound", "prefill", "node0"))
+    index.observe("Pod", "ADDED", pod("pending", "prefill", None))
     assert index.pods_freed == 0
-    index.observe("Pod", "DELETED", pod("pending", None))  # it held no node
+    index.observe("Pod", "DELETED", pod("pending", "prefill", None))  # it held no node
     assert index.pods_freed == 0
     moved: list[None] = []
     index.on_pods_moved = lambda: moved.append(None)
-    index.observe("Pod", "DELETED", pod("bound", "node0"))
+    index.observe("Pod", "DELETED", pod("bound", "prefill", "node0"))
     assert index.pods_freed == 1 and len(moved) == 1
-    index.observe("Pod", "ADDED", pod("again", "node1"))
-    index.observe("Pod", "MODIFIED", pod("again", "node1"))  # already bound: no news
+    index.observe("Pod", "ADDED", pod("again", "prefill", "node1"))
+    index.observe("Pod", "MODIFIED", pod("again", "prefill", "node1"))  # already bound: no news
     assert index.pods_bound == 2 and len(moved) == 2
 
 
@@ -187,14 +184,11 @@ def test_the_first_list_fills_in_only_what_the_watch_has_not_delivered() -> None
 
     from stormtopo.operator.index import Index
 
-    def svc(name: str, version: str) -> dict[str, Any]:
-        return {"kind": "StormService", "metadata": {"name": name, "namespace": "ns", "resourceVersion": version}}
-
     index = Index(cast(Any, None))
-    index.observe("StormService", "MODIFIED", svc("watched", "9"))
-    index.observe("StormService", None, svc("deleted", "3"))
-    index.observe("StormService", "DELETED", svc("deleted", "4"))
-    listed = [svc("watched", "5"), svc("deleted", "3"), svc("listed-only", "6")]
+    index.observe("StormService", "MODIFIED", service(name="watched", version="9"))
+    index.observe("StormService", None, service(name="deleted", version="3"))
+    index.observe("StormService", "DELETED", service(name="deleted", version="4"))
+    listed = [service(name="watched", version="5"), service(name="deleted", version="3"), service(name="listed-only", version="6")]
     assert index.catch_up("StormService", listed) == 1
     assert set(index.stormservices) == {("ns", "watched"), ("ns", "listed-only")}
     assert index.stormservices[("ns", "watched")]["metadata"]["resourceVersion"] == "9"  # the event's, not the list's
@@ -225,11 +219,10 @@ def test_no_opted_in_key_is_judged_stale_before_the_first_complete_list() -> Non
 
 def test_the_rolesets_of_a_service_share_one_copy_of_its_spec_and_the_last_to_go_takes_it() -> None:
     """Issue 42, item 5: the index keeps each distinct StormService and RoleSet spec once (BENCHMARKS.md, "Memory")."""
-    from stormtopo.devenv.workloads import stormservice
     from stormtopo.operator.index import Index
 
     index = Index(None)  # type: ignore[arg-type]
-    svc = stormservice("svc", "ns")
+    svc = service()
     rolesets = [
         {"kind": "RoleSet", "metadata": {"name": f"svc-roleset-{i}", "namespace": "ns", "labels": {"storm-service-name": "svc"}}}
         | {"spec": json.loads(json.dumps(svc["spec"]["template"]["spec"]))}  # each its own copy, as the API sends them
@@ -251,30 +244,23 @@ def test_the_rolesets_of_a_service_share_one_copy_of_its_spec_and_the_last_to_go
 
 
 def test_a_slim_pod_keeps_its_content_with_its_strings_interned_and_its_bound_spec_shared() -> None:
-    def pod(name: str) -> dict[str, Any]:
-        return json.loads(
-            json.dumps(
-                {
-                    "kind": "Pod",
-                    "metadata": {"name": name, "namespace": "ns", "labels": {"role-name": "decode"}, "managedFields": [{}]},
-                    "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]},
-                    "status": {
-                        "phase": "Running",
-                        "conditions": [
-                            {"type": "Ready", "status": "True"},
-                            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "t", "lastProbeTime": None},
-                        ],
-                    },
-                }
-            )
-        )
+    def served(name: str) -> dict[str, Any]:
+        """Pod `name` as the API server sends it (decoded afresh: no string shared), with what slim drops."""
+        conditions = [
+            {"type": "Ready", "status": "True"},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "t", "lastProbeTime": None},
+        ]
+        status = {"phase": "Running", "conditions": conditions}
+        obj = pod(name, None, "node-1", labels={"role-name": "decode"}, spec={"containers": [{"name": "c"}]}, status=status)
+        obj["metadata"]["managedFields"] = [{}]
+        return json.loads(json.dumps(obj))
 
-    a, b = slim(pod("a")), slim(pod("b"))
+    a, b = slim(served("a")), slim(served("b"))
     assert a["metadata"] == {"name": "a", "namespace": "ns", "labels": {"role-name": "decode"}}
     assert a["status"] == {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": "t"}]}
     assert a["spec"] == {"nodeName": "node-1"} and a["spec"] is b["spec"]
     assert a["metadata"]["labels"]["role-name"] is b["metadata"]["labels"]["role-name"]
-    unscheduled = pod("c")
+    unscheduled = served("c")
     unscheduled["spec"].pop("nodeName")
     unscheduled["status"]["conditions"][1] |= {"status": "False", "reason": "Unschedulable", "message": "0/8 nodes"}
     assert slim(unscheduled)["status"]["conditions"][0]["message"] == "0/8 nodes"  # why it waits, while it waits
@@ -287,20 +273,17 @@ def test_the_stormservices_in_play_follow_their_annotations_and_deletions() -> N
 
     index = Index(api=None)  # type: ignore[arg-type]  # observe makes no API calls
 
-    def svc(name: str, **annotations: str) -> dict[str, Any]:
-        return {"kind": "StormService", "metadata": {"name": name, "namespace": "ns", "annotations": annotations}}
-
     for name in ("plain-a", "plain-b"):
-        index.observe("StormService", None, svc(name))
-    index.observe("StormService", None, svc("asks", **{"volcano.sh/network-topology-mode": "hard"}))
+        index.observe("StormService", None, service(name=name))
+    index.observe("StormService", None, service({"volcano.sh/network-topology-mode": "hard"}, name="asks"))
     assert list(index.stormservices_in_play()) == [("ns", "asks")]
-    index.observe("StormService", "MODIFIED", svc("plain-a", **{"volcano.sh/network-topology-mode": "soft"}))
+    index.observe("StormService", "MODIFIED", service({"volcano.sh/network-topology-mode": "soft"}, name="plain-a"))
     assert list(index.stormservices_in_play()) == [("ns", "asks"), ("ns", "plain-a")]
-    index.observe("StormService", "MODIFIED", svc("asks"))  # opted out
-    index.observe("StormService", "DELETED", svc("plain-a", **{"volcano.sh/network-topology-mode": "soft"}))
+    index.observe("StormService", "MODIFIED", service(name="asks"))  # opted out
+    index.observe("StormService", "DELETED", service({"volcano.sh/network-topology-mode": "soft"}, name="plain-a"))
     assert index.stormservices_in_play() == {}
     assert len(index.stormservices) == 2
-    index.observe("StormService", "MODIFIED", svc("asks", **{"stormtopo.io/moves": "{}"}))  # opted out, its records kept
+    index.observe("StormService", "MODIFIED", service({"stormtopo.io/moves": "{}"}, name="asks"))  # opted out, its records kept
     assert list(index.stormservices_in_play()) == [("ns", "asks")]
 
 
@@ -316,19 +299,19 @@ def test_a_stormservice_whose_roleset_prefix_another_shares_is_found_both_ways_a
     )
     assert len(long_a) == 60 and long_a[:58] == long_b[:58]  # "<name>-roleset-" cut to 58: the same for both
     for name in (long_a, long_b, "short", "other"):
-        index.observe("StormService", "ADDED", stormservice(name, "ns"))
-    index.observe("StormService", "ADDED", stormservice(long_b, "elsewhere"))
+        index.observe("StormService", "ADDED", service(name=name))
+    index.observe("StormService", "ADDED", service(name=long_b, namespace="elsewhere"))
     assert index.roleset_prefix_shared("ns", long_a) == long_b and index.roleset_prefix_shared("ns", long_b) == long_a
     assert index.roleset_prefix_shared("ns", "short") is None and index.roleset_prefix_shared("elsewhere", long_b) is None
-    index.observe("StormService", "ADDED", stormservice("short-roleset-x", "ns"))  # its pods begin "short-roleset-": taken for short's
+    index.observe("StormService", "ADDED", service(name="short-roleset-x"))  # its pods begin "short-roleset-": taken for short's
     assert index.roleset_prefix_shared("ns", "short") == "short-roleset-x"
     assert index.roleset_prefix_shared("ns", "short-roleset-x") == "short"  # both ways: the policy matches either's pods by prefix
     assert index.prefix_neighbours("ns", long_b) == [long_a] and index.prefix_neighbours("ns", "short-roleset-x") == ["short"]
     assert index.prefix_neighbours("ns", "other") == []
-    index.observe("StormService", "DELETED", stormservice(long_b, "ns"))
+    index.observe("StormService", "DELETED", service(name=long_b))
     assert index.roleset_prefix_shared("ns", long_a) is None
-    index.observe("StormService", "MODIFIED", stormservice(long_a, "ns"))  # an update keeps one entry
-    index.observe("StormService", "DELETED", stormservice(long_a, "ns"))
+    index.observe("StormService", "MODIFIED", service(name=long_a))  # an update keeps one entry
+    index.observe("StormService", "DELETED", service(name=long_a))
     assert index.roleset_prefix_shared("ns", long_a) is None
 
 
@@ -349,7 +332,7 @@ def test_the_commands_plain_scan_finds_the_same_prefix_neighbours_as_the_index()
     for chosen in itertools.chain.from_iterable(itertools.combinations(names, k) for k in (2, 3, 4)):
         index = Index(api=None)  # type: ignore[arg-type]  # observe makes no API calls
         for name in chosen:
-            index.observe("StormService", "ADDED", stormservice(name, "ns"))
+            index.observe("StormService", "ADDED", service(name=name))
         for name in chosen:
             found = shares_prefix_with(name, chosen)
             assert (found is None) == (index.roleset_prefix_shared("ns", name) is None), (name, chosen)

@@ -140,16 +140,15 @@ def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for
     from stormtopo.kube.client import Api
     from stormtopo.operator.loops import Loops
     from stormtopo.operator.room import NodeRoom
+    from tests import builders
 
     def pod(name: str, namespace: str, node: str, deleting: bool = False) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": name, "namespace": namespace} | ({"deletionTimestamp": "2026-12-05T00:00:00Z"} if deleting else {})
-        spec = {
-            "nodeName": node,
-            "schedulerName": "volcano",
-            "priority": 10,
-            "containers": [{"resources": {"requests": {"nvidia.com/gpu": "4"}}}],
-        }
-        return {"metadata": meta, "spec": spec, "status": {"phase": "Running"}}
+        """A running batch pod of 4 GPUs on `node`, `deleting` or not."""
+        spec = {"schedulerName": "volcano", "priority": 10, "containers": [{"resources": {"requests": {"nvidia.com/gpu": "4"}}}]}
+        obj = builders.pod(name, None, node, namespace=namespace, labels={}, spec=spec, status={"phase": "Running"}, kind=None)
+        if deleting:
+            obj["metadata"]["deletionTimestamp"] = "2026-12-05T00:00:00Z"
+        return obj
 
     room = NodeRoom(Api.__new__(Api), Loops())
     for p in (pod("a", "batch", "n0"), pod("b", "batch", "n0", deleting=True), pod("c", "team", "n1"), pod("d", "batch", "n1")):

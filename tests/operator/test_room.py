@@ -17,15 +17,14 @@ from stormtopo.core.vocabulary import GPU
 from stormtopo.kube.client import Api
 from stormtopo.operator.loops import Loops
 from stormtopo.operator.room import BOUND, NodeRoom, pod_gpus
+from tests import builders
 from tests.kube.kubeconfig import kubeconfig_for
 
 
 def _pod(name: str, node: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
-    return {
-        "metadata": {"namespace": "t", "name": name, "resourceVersion": "1"},
-        "spec": {"nodeName": node, "containers": [{"resources": {"requests": {GPU: str(gpus), "cpu": "1"}}}]},
-        "status": {"phase": phase},
-    }
+    """Another tenant's pod on `node` asking for `gpus` GPUs (and a CPU)."""
+    spec = {"nodeName": node, "containers": [{"resources": {"requests": {GPU: str(gpus), "cpu": "1"}}}]}
+    return builders.pod(name, None, namespace="t", labels={}, spec=spec, status={"phase": phase}, version="1", kind=None)
 
 
 def _node(name: str, gpus: int, ready: str = "True") -> dict[str, Any]:
