@@ -18,13 +18,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import enum
 import json
-import logging
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -44,9 +42,8 @@ from stormtopo.core.vocabulary import AIBRIX, GROUP_NAME_ANNOTATION, MANAGED_BY,
 from stormtopo.kube.client import Api, Forbidden, NotFound
 from stormtopo.operator import metrics
 from stormtopo.operator.index import Index
+from stormtopo.operator.listed_pods import Listed, ListedPods
 from stormtopo.operator.optin import Gate, OptedInList
-
-log = logging.getLogger("stormtopo.webhook")
 
 CONFIGURATION_NAME = "stormtopo"
 PODS_PATH = "/mutate/pods"
@@ -71,71 +68,6 @@ def review_response(uid: str, decision: Decision) -> dict[str, Any]:
 
 def client_ca_file() -> str | None:
     return os.environ.get(CLIENT_CA_ENV) or None
-
-
-# A genuine opt-in's listing is written by the gate before its update is stored (the rest of its admission,
-# then the write): a pod of a listed service that, as stored, asks for nothing is judged only once its listing
-# is this old (seconds; within the pod webhook's 3 s timeout, with STORED_READ_TIMEOUT).
-LISTING_SETTLES = 1.0
-STORED_READ_TIMEOUT = 1.5
-STORED_READS = 4  # at once, over every service: the executor's threads are shared with the writer and the index
-READ_FAILURE_LOG_EVERY = 60.0
-
-
-class Listed(enum.Enum):
-    NOT = "not listed, or asks for a topology"
-    FOR_NOTHING = "listed, and as stored asks for nothing"
-    CATCHING_UP = "listed, and as stored asks for a topology the index has not seen"
-
-
-class StoredServices:
-    """The API server's copy of a StormService, for the pod webhook. A review never takes the answer of a read
-    that started before it came (it may predate an opt-in stored since): while one read of a service is under
-    way, reviews that come join the one read that starts after it (the pods of a replica come together, and a
-    forged pod review costs no more than a real one). At most STORED_READS at once, each slot held until its
-    read's thread ends (a slow API server cannot pile up threads that the writer and the gate share); a review
-    waits STORED_READ_TIMEOUT at most, for a slot and its read."""
-
-    def __init__(self, read: Callable[[str, str], Awaitable[dict[str, Any] | None]]) -> None:
-        self.read = read
-        self._slots = asyncio.Semaphore(STORED_READS)
-        self._under_way: dict[tuple[str, str], asyncio.Future[dict[str, Any] | None]] = {}
-        self._next: dict[tuple[str, str], asyncio.Future[dict[str, Any] | None]] = {}  # starts once the read under way ends
-        self._logged_at = float("-inf")
-
-    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
-        key = (namespace, name)
-        future = self._next.get(key)
-        if future is None:
-            future = asyncio.ensure_future(self._read(key, self._under_way.get(key)))
-            if key in self._under_way:
-                self._next[key] = future
-            else:
-                self._under_way[key] = future
-            future.add_done_callback(lambda done: self._done(key, done))
-        return await asyncio.wait_for(asyncio.shield(future), STORED_READ_TIMEOUT)
-
-    async def _read(self, key: tuple[str, str], after: asyncio.Future[dict[str, Any] | None] | None) -> dict[str, Any] | None:
-        if after is not None:
-            await asyncio.wait([after])
-            this = self._next.pop(key)  # it starts now: reviews that come from now on wait for the next one
-            self._under_way[key] = this
-        async with self._slots:
-            return await self.read(*key)
-
-    def _done(self, key: tuple[str, str], done: asyncio.Future[dict[str, Any] | None]) -> None:
-        if not done.cancelled():
-            done.exception()  # retrieved: each waiter still there has had it raised
-        if self._under_way.get(key) is done:
-            del self._under_way[key]
-
-    def failed(self, namespace: str, name: str, exc: BaseException) -> None:
-        """Logged at most once a minute: a pod review each would flood the log while the API server is slow."""
-        now = time.monotonic()
-        if now - self._logged_at >= READ_FAILURE_LOG_EVERY:
-            self._logged_at = now
-            what = "listed but asking for nothing, failed (its pods are held until retried)"
-            log.warning("reading StormService %s/%s, %s: %r", namespace, name, what, exc)
 
 
 def build_app(
@@ -169,37 +101,14 @@ def build_app(
             metrics.ADMISSION_SECONDS.labels(kind).observe(time.perf_counter() - started)
         return web.json_response(review_response(str(req.get("uid", "")), decision))
 
-    stored_services = StoredServices(read_stored)
-
-    async def listed_for_nothing(namespace: str, stormservice: Mapping[str, Any] | None) -> Listed:
-        """Whether the policy would hold this pod for nothing: its service, as indexed, asks for no topology
-        but is listed (a review forged or replayed at its current version, or an opt-out not unlisted yet).
-        Only then is the stored service read (the index may lag a genuine opt-in), once the listing is
-        LISTING_SETTLES old: a genuine opt-in's listing is written before its update is stored."""
-        if stormservice is None or is_opted_in((stormservice.get("metadata") or {}).get("annotations")):
-            return Listed.NOT
-        name = str(stormservice["metadata"]["name"])
-        since = opted_in.listed_since(namespace, name)
-        if since is None:
-            return Listed.NOT
-        wait = since + LISTING_SETTLES - opted_in.seen.clock()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        try:
-            stored = await stored_services.get(namespace, name)
-        except Exception as exc:  # not known: as before, the policy holds the pod until it is retried
-            stored_services.failed(namespace, name, exc)
-            return Listed.NOT
-        if stored is not None and is_opted_in((stored.get("metadata") or {}).get("annotations")):
-            return Listed.CATCHING_UP  # a genuine opt-in the index has not seen yet
-        return Listed.FOR_NOTHING
+    listed_pods = ListedPods(opted_in, read_stored)
 
     async def pods(request: web.Request) -> web.Response:
         async def admit(pod: dict[str, Any], _old: Any, roleset: Any, stormservice: Any, tiers: ClusterTiers) -> Decision:
             meta = pod.get("metadata") or {}
             named = (meta.get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
             namespace = meta.get("namespace", "")
-            listed = await listed_for_nothing(namespace, stormservice) if roleset is not None else Listed.NOT
+            listed = await listed_pods.judge(namespace, stormservice) if roleset is not None else Listed.NOT
             if listed is Listed.CATCHING_UP:  # as the policy would refuse it: the PodGroups may lag as the index does
                 return Decision(allowed=False, message="its StormService asks for a network topology now; stormtopo is catching up, retry")
             owner = await index.service_of_group(namespace, named) if named else None

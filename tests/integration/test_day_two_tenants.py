@@ -27,7 +27,7 @@ from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, OPTED_IN_LABEL
 from stormtopo.devenv import components, webhook_auth
 from stormtopo.devenv.client import DevCluster, node_names
 from stormtopo.devenv.workloads import stormservice
-from stormtopo.operator import webhook
+from stormtopo.operator import listed_pods, webhook
 from stormtopo.operator.optin import SWEEP_SECONDS
 from tests.conftest import CHART_IMAGE, REPO
 from tests.integration.operators import elected, follower
@@ -348,7 +348,7 @@ def _replayed_at_its_current_version(cluster: DevCluster, namespace: str, attack
             if listed:
                 # Before: refused by the policy until the listing was taken back (2 to 10 s), then AIBrix's back-off.
                 # Now: judged once the listing is LISTING_SETTLES old (a genuine opt-in is stored by then).
-                assert seconds <= max(s for s, _, _ in control) + webhook.LISTING_SETTLES + 1.0, (label, turns, control)
+                assert seconds <= max(s for s, _, _ in control) + listed_pods.LISTING_SETTLES + 1.0, (label, turns, control)
         assert any(admitted for _, listed, admitted in turns if listed), (label, turns)
 
 

@@ -26,7 +26,7 @@ from stormtopo.core.vocabulary import HEAL_ANNOTATION, HIGHEST_TIER, LEND_ROOM_A
 from stormtopo.devenv import processes, webhook_auth
 from stormtopo.devenv.cluster import operator_env
 from stormtopo.kube.client import ApiError
-from stormtopo.operator import webhook
+from stormtopo.operator import listed_pods, webhook
 from stormtopo.operator.optin import GATE_LISTED, NAMES_KEPT, UPDATE_LAG, Gate, ListsSeen, OptedInList
 
 HARD = {MODE: "hard", HIGHEST_TIER: "1"}
@@ -1002,7 +1002,7 @@ async def _answer(client: Any, pod: Mapping[str, Any]) -> dict[str, Any]:
 def _listed_long_ago(opted_in: OptedInList) -> None:
     opted_in.seen = ListsSeen(clock=lambda: 1000.0)
     opted_in.seen.on_event("ADDED", {"metadata": {"namespace": "ns"}, "data": {"svc": "RoleSet"}})
-    opted_in.seen.clock = lambda: 1000.0 + webhook.LISTING_SETTLES + 5
+    opted_in.seen.clock = lambda: 1000.0 + listed_pods.LISTING_SETTLES + 5
 
 
 def test_a_pod_the_policy_would_hold_for_nothing_is_marked_admitted_and_only_then() -> None:
@@ -1044,7 +1044,7 @@ def test_a_listed_service_stored_opted_in_ahead_of_the_index_is_refused_until_ca
 def test_a_young_listing_is_judged_only_once_a_genuine_opt_in_would_be_stored(monkeypatch: pytest.MonkeyPatch) -> None:
     """The gate lists an opt-in before its update is stored: a pod arriving meanwhile is not judged by the
     stored service until the listing is LISTING_SETTLES old (else it would go free, unconstrained)."""
-    monkeypatch.setattr(webhook, "LISTING_SETTLES", 0.3)
+    monkeypatch.setattr(listed_pods, "LISTING_SETTLES", 0.3)
 
     async def scenario(client: Any, api: StoredApi, opted_in: OptedInList) -> None:
         opted_in.seen.on_event("ADDED", {"metadata": {"namespace": "ns"}, "data": {"svc": "RoleSet"}})
