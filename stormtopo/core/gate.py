@@ -24,13 +24,16 @@ from stormtopo.core.vocabulary import OPTED_IN_LABEL
 # - an UPDATE lists only if the stored StormService is the review's oldObject (same uid and
 #   resourceVersion): a made-up or replayed one names a version that is not, or no longer, stored;
 # - a listing the cluster has not confirmed within CONFIRM_SECONDS (the StormService stored with a
-#   request) is taken back, and at most UNCONFIRMED_LIMIT are unconfirmed at a time: replays cannot
+#   request) is taken back, and at most UNCONFIRMED_LIMIT per namespace are unconfirmed at a time: replays cannot
 #   grow the ConfigMap, nor etcd with its rewrites;
 # - a listing is claimed for the stored StormService's uid: once the watch shows the name under another
 #   uid, it is read again, and taken back unless stored as claimed.
 
 CONFIRM_SECONDS = 10.0  # a real create or update is stored, and watched, in well under a second
-UNCONFIRMED_LIMIT = 32  # listings awaiting confirmation, per operator replica
+UNCONFIRMED_LIMIT = 32  # listings awaiting confirmation, per namespace and operator replica
+# ... and over every namespace: a replay needs a real StormService at its stored version (read rights), so a
+# tenant fills only the namespaces it can read, and another's genuine opt-in is not told to retry.
+UNCONFIRMED_TOTAL = 1024
 REFUTED_LIMIT = 1024  # versions remembered as falsely listed (an LRU: bounded memory)
 
 
@@ -114,7 +117,8 @@ class Unconfirmed:
     """The gate's listings that the cluster has not confirmed yet, with when each was written (pure:
     the caller passes the clock) and the uid each was claimed for, and the versions found falsely listed."""
 
-    limit: int = UNCONFIRMED_LIMIT
+    limit: int = UNCONFIRMED_LIMIT  # per namespace
+    total: int = UNCONFIRMED_TOTAL
     ttl: float = CONFIRM_SECONDS
     since: dict[str, float] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
@@ -122,7 +126,14 @@ class Unconfirmed:
     refuted: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
     def has_room(self, key: str) -> bool:
-        return key in self.since or len(self.since) < self.limit
+        if key in self.since:
+            return True
+        return len(self.since) < self.total and self.in_namespace(key) < self.limit
+
+    def in_namespace(self, key: str) -> int:
+        """Unconfirmed listings of `key`'s namespace (a scan of at most `total`)."""
+        prefix = key.partition(".")[0] + "."
+        return sum(1 for k in self.since if k.startswith(prefix))
 
     def add(self, key: str, now: float, uid: str = "", version: str = "") -> bool:
         """Reserve a slot for `key`, claimed for `uid` (and, an UPDATE, from `version`; the caller checked

@@ -299,7 +299,7 @@ class Gate:
         self.clock = clock
         self.room_wait = room_wait
         self._sweeping = asyncio.Lock()
-        self._waiting = 0  # reviews waiting for room among the unconfirmed listings
+        self._waiting: dict[str, int] = {}  # namespace -> reviews waiting for room among its unconfirmed listings
         self._read_at: dict[str, float] = {}  # unconfirmed key -> when it was last read for room
 
     async def review(self, request: Mapping[str, Any]) -> str | None:
@@ -325,7 +325,7 @@ class Gate:
             log.debug("gate lists nothing for %s (%s): %s", key, operation, why)
             return None
         if not await self._room_for(key):  # re-checked: other reviews may have filled it meanwhile
-            return self._full()
+            return self._full(key)
         old_meta = (request.get("oldObject") or {}).get("metadata") or {}
         version = str(old_meta.get("resourceVersion") or "") if operation == "UPDATE" else ""  # what an UPDATE was listed from
         new = self.unconfirmed.add(key, self.clock(), uid_of(current), version)
@@ -353,7 +353,8 @@ class Gate:
         some: a burst of genuine opt-ins (a GitOps sync) outruns the watch by a moment and is then let in;
         replays stay bounded (each waits, then is refused)."""
         deadline = time.monotonic() + self.room_wait  # real time: the watch's lag, not the listings' clock
-        self._waiting += 1  # the sweep reads the oldest listings meanwhile, in case the watch lags
+        namespace = split_key(key)[0]
+        self._waiting[namespace] = self._waiting.get(namespace, 0) + 1  # the sweep reads its oldest listings meanwhile
         try:
             while not self.unconfirmed.has_room(key):
                 if time.monotonic() >= deadline:
@@ -362,13 +363,15 @@ class Gate:
                 self._confirm_from_index()
             return True
         finally:
-            self._waiting -= 1
+            self._waiting[namespace] -= 1
+            if not self._waiting[namespace]:
+                del self._waiting[namespace]
 
-    def _full(self) -> str:
+    def _full(self, key: str) -> str:
         return (
-            f"stormtopo already holds {len(self.unconfirmed.since)} listings of StormServices that the cluster has not "
-            f"confirmed yet (its limit: a burst of creations, or reviews that did not come from the API server); "
-            f"retry in {self.unconfirmed.ttl:.0f} s"
+            f"stormtopo already holds {self.unconfirmed.in_namespace(key)} listings of StormServices of this namespace "
+            f"({len(self.unconfirmed.since)} in all) that the cluster has not confirmed yet (its limit: a burst of "
+            f"opt-ins, or reviews that did not come from the API server); retry in {self.unconfirmed.ttl:.0f} s"
         )
 
     def _confirm_from_index(self) -> None:
@@ -387,7 +390,12 @@ class Gate:
         with the uid it was claimed for and asking for what was listed."""
         now = self.clock()
         self._read_at = {k: t for k, t in self._read_at.items() if k in self.unconfirmed.since}  # at most the bound
-        due = [k for k in self.unconfirmed.older_than(WATCH_LAG, now) if now - self._read_at.get(k, float("-inf")) >= READ_AGAIN]
+        anywhere = len(self.unconfirmed.since) >= self.unconfirmed.total  # else only a waiting namespace's free its room
+        due = [
+            k
+            for k in self.unconfirmed.older_than(WATCH_LAG, now)
+            if (anywhere or split_key(k)[0] in self._waiting) and now - self._read_at.get(k, float("-inf")) >= READ_AGAIN
+        ]
         for key in due[:READS_FOR_ROOM]:
             self._read_at[key] = now
             token = (self.unconfirmed.since.get(key), self.unconfirmed.claims.get(key))

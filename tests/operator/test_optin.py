@@ -178,6 +178,33 @@ def test_unconfirmed_listings_are_bounded() -> None:
     assert pending.has_room("ns.s3")
 
 
+def test_the_bound_is_per_namespace_under_a_total() -> None:
+    """Issue 43, item 4: replays of the StormServices a tenant can read fill its own namespaces' slots only;
+    another namespace's genuine opt-in still has room. A total bounds them all."""
+    pending = Unconfirmed(limit=2, total=5, ttl=10.0)
+    assert pending.add("a.s0", now=0.0) and pending.add("a.s1", now=0.0)
+    assert not pending.has_room("a.s2") and pending.has_room("b.s0") and pending.has_room("ab.s0")
+    assert pending.in_namespace("a.x") == 2 and pending.in_namespace("ab.x") == 0  # "a." is not a prefix of "ab."
+    for key in ("b.s0", "b.s1", "c.s0"):
+        assert pending.has_room(key) and pending.add(key, now=1.0)
+    assert not pending.has_room("d.s0")  # the total
+    pending.drop("c.s0")
+    assert pending.has_room("d.s0")
+
+
+def test_a_tenant_replaying_its_own_services_does_not_make_anothers_opt_in_retry() -> None:
+    async def scenario() -> None:
+        gate, api, cluster, _ = make_gate(limit=2)
+        for name in ("r1", "r2"):  # replays in namespace "attacker": listed, never stored opted in
+            assert await gate.review(opting_in(cluster, name, namespace="attacker")) is None
+        refused = await gate.review(opting_in(cluster, "r3", namespace="attacker"))
+        assert refused is not None and "of this namespace" in refused
+        assert await gate.review(opting_in(cluster, "genuine", namespace="victim")) is None
+        assert (api.data or {}).get("victim.genuine") == "RoleSet"
+
+    asyncio.run(scenario())
+
+
 def test_a_repeated_review_does_not_restart_the_clock() -> None:
     """Made-up reviews of one name, repeated, cannot keep it listed past the ttl."""
     pending = Unconfirmed(limit=3, ttl=10.0)
