@@ -4,7 +4,7 @@ Only services opted in by an update are listed by it; see core/optin.py for the 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +33,8 @@ CONFIRM_SECONDS = 10.0  # a real create or update is stored, and watched, in wel
 UNCONFIRMED_LIMIT = 32  # listings awaiting confirmation, per namespace and operator replica
 # ... and over every namespace: a replay needs a real StormService at its stored version (read rights), so a
 # tenant fills only the namespaces it can read, and another's genuine opt-in is not told to retry.
-UNCONFIRMED_TOTAL = 1024
+# Kept small: the sweep takes listings back one read at a time, and each waiting review polls them.
+UNCONFIRMED_TOTAL = 128
 REFUTED_LIMIT = 1024  # versions remembered as falsely listed (an LRU: bounded memory)
 
 
@@ -124,6 +125,7 @@ class Unconfirmed:
     claims: dict[str, str] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)  # an UPDATE listing: the version its review named as old
     refuted: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    per_namespace: Counter[str] = field(default_factory=Counter)  # of `since`
 
     def has_room(self, key: str) -> bool:
         if key in self.since:
@@ -131,9 +133,8 @@ class Unconfirmed:
         return len(self.since) < self.total and self.in_namespace(key) < self.limit
 
     def in_namespace(self, key: str) -> int:
-        """Unconfirmed listings of `key`'s namespace (a scan of at most `total`)."""
-        prefix = key.partition(".")[0] + "."
-        return sum(1 for k in self.since if k.startswith(prefix))
+        """Unconfirmed listings of `key`'s namespace."""
+        return self.per_namespace[key.partition(".")[0]]
 
     def add(self, key: str, now: float, uid: str = "", version: str = "") -> bool:
         """Reserve a slot for `key`, claimed for `uid` (and, an UPDATE, from `version`; the caller checked
@@ -145,10 +146,15 @@ class Unconfirmed:
         if key in self.since:
             return False
         self.since[key] = now
+        self.per_namespace[key.partition(".")[0]] += 1
         return True
 
     def drop(self, key: str) -> None:
-        self.since.pop(key, None)
+        if self.since.pop(key, None) is not None:
+            namespace = key.partition(".")[0]
+            self.per_namespace[namespace] -= 1
+            if not self.per_namespace[namespace]:
+                del self.per_namespace[namespace]
         self.claims.pop(key, None)
         self.versions.pop(key, None)
 

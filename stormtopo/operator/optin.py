@@ -10,6 +10,7 @@ import json
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -278,6 +279,18 @@ READ_AGAIN = 1.0
 UPDATE_LAG = 2.0
 
 
+def fair_share(keys: list[str]) -> list[str]:
+    """Keys oldest first within each namespace, the namespaces taking turns: a namespace full of replays
+    does not take every read from another's waiting opt-ins."""
+    turn: Counter[str] = Counter()
+    ranked = []
+    for i, key in enumerate(keys):
+        namespace = split_key(key)[0]
+        ranked.append((turn[namespace], i, key))
+        turn[namespace] += 1
+    return [key for _, _, key in sorted(ranked)]
+
+
 class Gate:
     """What the StormService gate lists, per operator replica. `indexed` answers from the watch (may
     lag by a moment), `stored` reads the API server (authoritative). A review is never trusted by
@@ -396,7 +409,7 @@ class Gate:
             for k in self.unconfirmed.older_than(WATCH_LAG, now)
             if (anywhere or split_key(k)[0] in self._waiting) and now - self._read_at.get(k, float("-inf")) >= READ_AGAIN
         ]
-        for key in due[:READS_FOR_ROOM]:
+        for key in fair_share(due)[:READS_FOR_ROOM]:
             self._read_at[key] = now
             token = (self.unconfirmed.since.get(key), self.unconfirmed.claims.get(key))
             stored = await self.stored(*split_key(key))

@@ -1140,3 +1140,24 @@ def test_a_gates_listing_counts_from_now_on_every_replica_even_if_the_name_was_l
     markers = [(b.get("metadata") or {}).get("annotations", {}).get(GATE_LISTED) for b in bodies]
     assert markers[-1] is None and all(markers[:-1]) and len(set(markers[:-1])) == 2  # two writes (the first: a 404, then its create)
     assert all(json.loads(m)["names"] == ["svc"] for m in markers[:-1])
+
+
+def test_waiting_reviews_are_read_for_fairly_and_forgotten_when_cancelled() -> None:
+    """While reviews wait for room, the sweep reads the oldest listings of the namespaces waiting, taking
+    turns (one full of replays does not take every read); a waiting review cancelled leaves nothing behind."""
+    from stormtopo.operator.optin import fair_share
+
+    assert fair_share(["a.1", "a.2", "a.3", "b.1", "a.4", "b.2"]) == ["a.1", "b.1", "a.2", "b.2", "a.3", "a.4"]
+
+    async def scenario() -> None:
+        gate, _, cluster, _ = make_gate(limit=1, room_wait=5.0)
+        assert await gate.review(opting_in(cluster, "r1", namespace="attacker")) is None
+        waiting = asyncio.create_task(gate.review(opting_in(cluster, "r2", namespace="attacker")))
+        await asyncio.sleep(0.1)
+        assert gate._waiting == {"attacker": 1}
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert gate._waiting == {}
+
+    asyncio.run(scenario())
