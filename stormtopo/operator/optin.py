@@ -314,6 +314,7 @@ class Gate:
         self._sweeping = asyncio.Lock()
         self._waiting: dict[str, int] = {}  # namespace -> reviews waiting for room among its unconfirmed listings
         self._read_at: dict[str, float] = {}  # unconfirmed key -> when it was last read for room
+        self._confirmed_at = float("-inf")  # monotonic: the waiting reviews' last look at the index
 
     async def review(self, request: Mapping[str, Any]) -> str | None:
         """List what an AdmissionReview's request may list; a refusal message, or None to allow.
@@ -373,7 +374,9 @@ class Gate:
                 if time.monotonic() >= deadline:
                     return False
                 await asyncio.sleep(ROOM_POLL)
-                self._confirm_from_index()
+                if time.monotonic() - self._confirmed_at >= ROOM_POLL:  # once a poll for all the reviews waiting
+                    self._confirmed_at = time.monotonic()
+                    self._confirm_from_index()
             return True
         finally:
             self._waiting[namespace] -= 1
