@@ -1,5 +1,5 @@
 """The AIBrix and Kubernetes objects the unit tests hand the planners and the operator's index, as plain
-manifests: a StormService, a RoleSet (one replica), a replica's pod (or another tenant's), a
+manifests: a StormService, a RoleSet (one replica), a replica's pod (or another tenant's), its PodGroup, a
 PodDisruptionBudget, a batch pod.
 
 Every default is StormService svc in namespace ns, of one prefill and one decode role, asking for no
@@ -142,6 +142,33 @@ def running(ready: bool, since: str) -> dict[str, Any]:
 def pdb(name: str, allowed: int, selector: dict[str, Any]) -> dict[str, Any]:
     """A PodDisruptionBudget over the pods `selector` selects that allows `allowed` disruptions now."""
     return {"metadata": {"name": name, "namespace": "ns"}, "spec": {"selector": selector}, "status": {"disruptionsAllowed": allowed}}
+
+
+def podgroup(
+    name: str,
+    *,
+    namespace: str = "ns",
+    spec: Mapping[str, Any] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    unschedulable: str | None = None,
+    kind: bool = False,
+) -> dict[str, Any]:
+    """A PodGroup as Volcano keeps it: `spec` as given (none: no spec at all), and with `unschedulable`
+    (a reason, "" for none) Pending with Volcano's Unschedulable condition."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if annotations is not None:
+        meta["annotations"] = dict(annotations)
+    if labels is not None:
+        meta["labels"] = dict(labels)
+    body: dict[str, Any] = {"kind": "PodGroup"} if kind else {}
+    body["metadata"] = meta
+    if spec is not None:
+        body["spec"] = dict(spec)
+    if unschedulable is not None:
+        condition = {"type": "Unschedulable", "status": "True", **({"reason": unschedulable} if unschedulable else {})}
+        body["status"] = {"phase": "Pending", "conditions": [condition]}
+    return body
 
 
 BATCH_LABEL = "stormtopo.io/test-batch"  # on every batch pod: select them with f"{BATCH_LABEL}=true"

@@ -68,10 +68,11 @@ def lease(renewed: float, holder: str = "stormtopo-7d9-abc", duration: int = 15)
 
 
 def podgroup(name: str, topology: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    """A gang of two in the default queue, with `topology` where given."""
     body: dict[str, Any] = {"minMember": 2, "queue": "default", **spec}
     if topology is not None:
         body["networkTopology"] = topology
-    return {"metadata": {"name": name, "namespace": "ns"}, "spec": body}
+    return builders.podgroup(name, spec=body)
 
 
 def sample(topology: dict[str, Any] | None = None, annotations: dict[str, str] | None = None) -> ServiceSample:

@@ -17,7 +17,7 @@ from stormtopo.core.request import ClusterTiers, TopologyRequest, parse_request
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REQUEST_ANNOTATION, SCOPE
 from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPodGroup
-from tests.builders import aibrix_roleset, pod, service
+from tests.builders import aibrix_roleset, pod, podgroup, service
 
 EXAMPLE = parse_topology((Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml").read_text())
 TIERS = ClusterTiers(frozenset({1, 2, 3}))
@@ -31,14 +31,11 @@ def request(annotations: dict[str, str]) -> TopologyRequest:
 
 
 def constrained_podgroup() -> dict[str, Any]:
-    return {
-        "metadata": {"name": "svc-roleset-abcde", "namespace": "ns", "annotations": {REQUEST_ANNOTATION: "hard within tier 1"}},
-        "spec": {
-            "minMember": 2,
-            "minTaskMember": {"prefill": 1, "decode": 1},
-            "networkTopology": {"mode": "hard", "highestTierAllowed": 1},
-        },
-    }
+    return podgroup(
+        "svc-roleset-abcde",
+        annotations={REQUEST_ANNOTATION: "hard within tier 1"},
+        spec={"minMember": 2, "minTaskMember": {"prefill": 1, "decode": 1}, "networkTopology": {"mode": "hard", "highestTierAllowed": 1}},
+    )
 
 
 # -- reconciliation ------------------------------------------------------------------------------

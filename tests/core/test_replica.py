@@ -16,7 +16,7 @@ from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, PLACEMENT_ANNOTATION, 
 from stormtopo.core.writes import AdoptPod, LabelPod, PatchPod, PatchPodGroup, RecordPlacement
 from stormtopo.devenv.workloads import Role
 from stormtopo.operator.index import Index
-from tests.builders import pod, roleset, service
+from tests.builders import pod, podgroup, roleset, service
 from tests.example_index import index_of
 
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
@@ -206,9 +206,7 @@ def test_a_violation_is_said_once_and_counted_once() -> None:
 
 
 def unschedulable_group() -> dict[str, Any]:
-    condition = {"type": "Unschedulable", "status": "True"}
-    return {"kind": "PodGroup", "metadata": {"name": "svc-rs", "namespace": "ns", "labels": {"roleset-name": "svc-rs"}},
-            "spec": {}, "status": {"phase": "Pending", "conditions": [condition]}}  # fmt: skip
+    return podgroup("svc-rs", labels={"roleset-name": "svc-rs"}, spec={}, unschedulable="", kind=True)
 
 
 def test_a_pending_hard_gang_is_explained_once_all_its_pods_exist_and_not_before_its_next_check() -> None:

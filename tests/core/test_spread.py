@@ -31,7 +31,7 @@ from stormtopo.core.vocabulary import (
 from stormtopo.core.writes import DeleteUnboundPod, PatchPod, PostEvent
 from stormtopo.devenv.workloads import Role
 from stormtopo.operator.index import Index
-from tests.builders import pod, roleset, service
+from tests.builders import pod, podgroup, roleset, service
 from tests.conftest import TOPOLOGY_FILE
 from tests.core.spread_cases import ALL_FREE, LEAF_SPREAD, index_of, replica
 
@@ -367,8 +367,7 @@ def let_go_kept_out_of(name: str, nodes: list[str]) -> list[dict[str, Any]]:
 
 
 def unschedulable(name: str) -> dict[str, Any]:
-    condition = {"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources"}
-    return {"kind": "PodGroup", "metadata": {"name": name, "namespace": "ns"}, "status": {"phase": "Pending", "conditions": [condition]}}
+    return podgroup(name, unschedulable="NotEnoughResources", kind=True)
 
 
 def test_a_replica_let_go_with_domains_kept_out_and_not_placed_is_held_again_once() -> None:
