@@ -27,6 +27,7 @@ from stormtopo.core.gate import (
     unlabelled_create,
 )
 from stormtopo.core.optin import labelled, listing, opted_in_configmap, opted_in_key, split_key, valid_names
+from stormtopo.core.request import is_opted_in
 from stormtopo.core.vocabulary import MANAGED_BY, OPTED_IN_CONFIGMAP
 from stormtopo.kube.client import MERGE_PATCH, Api, Conflict, NotFound
 from stormtopo.kube.watch import WatchStreams
@@ -277,6 +278,10 @@ READ_AGAIN = 1.0
 # An UPDATE listing whose StormService the watch still shows at the version the review named as old, this
 # long after: the update has not happened (a forged or replayed review); read, and taken back at once.
 UPDATE_LAG = 2.0
+# A review for a listing this replica wrote longer ago than this writes it again (its mark, GATE_LISTED): a
+# replay just before the owner's own opt-in from the same version must not make the genuine one look old to
+# the pod webhook (operator/listed_pods.py judges listings a second old). A replayed version lives UPDATE_LAG.
+MARK_AGAIN = 0.5
 
 
 def fair_share(keys: list[str]) -> list[str]:
@@ -342,12 +347,17 @@ class Gate:
             return self._full(key)
         old_meta = (request.get("oldObject") or {}).get("metadata") or {}
         version = str(old_meta.get("resourceVersion") or "") if operation == "UPDATE" else ""  # what an UPDATE was listed from
+        # An opt-in not stored yet is marked on the list (GATE_LISTED); one of a service stored opted in is not
+        # (its listing is the reconciler's, and a replay of it must cost no write).
+        unstored = not is_opted_in(((current or {}).get("metadata") or {}).get("annotations"))
+        listed_at = self.unconfirmed.since.get(key)
         new = self.unconfirmed.add(key, self.clock(), uid_of(current), version)
-        if not new and self.opted_in.current(key) == want:
+        recent = listed_at is not None and self.clock() - listed_at < MARK_AGAIN
+        if not new and self.opted_in.current(key) == want and (recent or not unstored):
             return None  # listed by this replica moments ago: no rewrite of the ConfigMap
         try:
             # force: this replica's copy of the list may be stale (another replica's reconciler unlisted it)
-            await self.opted_in.record(namespace, name, want, force=True, by_gate=True)
+            await self.opted_in.record(namespace, name, want, force=True, by_gate=unstored)
         except Exception as exc:  # any failure refuses: the API server retries nothing for us
             if new:
                 self.unconfirmed.drop(key)
