@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormtopo.core.optin import LABEL_POLICY, MOVABLE, _meta, _roles, labelled, listing
+from stormtopo.core.optin import LABEL_POLICY, MOVABLE, _meta, _roles, labelled, listing, split_key
 from stormtopo.core.request import is_opted_in
 from stormtopo.core.vocabulary import OPTED_IN_LABEL
 
@@ -134,7 +134,7 @@ class Unconfirmed:
 
     def in_namespace(self, key: str) -> int:
         """Unconfirmed listings of `key`'s namespace."""
-        return self.per_namespace[key.partition(".")[0]]
+        return self.per_namespace[split_key(key)[0]]
 
     def add(self, key: str, now: float, uid: str = "", version: str = "") -> bool:
         """Reserve a slot for `key`, claimed for `uid` (and, an UPDATE, from `version`; the caller checked
@@ -146,12 +146,12 @@ class Unconfirmed:
         if key in self.since:
             return False
         self.since[key] = now
-        self.per_namespace[key.partition(".")[0]] += 1
+        self.per_namespace[split_key(key)[0]] += 1
         return True
 
     def drop(self, key: str) -> None:
         if self.since.pop(key, None) is not None:
-            namespace = key.partition(".")[0]
+            namespace = split_key(key)[0]
             self.per_namespace[namespace] -= 1
             if not self.per_namespace[namespace]:
                 del self.per_namespace[namespace]
