@@ -13,7 +13,8 @@ from typing import Any
 
 from stormtopo.core.gang import followers
 from stormtopo.core.jsonpatch import pointer, set_annotations, set_labels, set_spec_fields
-from stormtopo.core.moves import moving_tier, released_topology
+from stormtopo.core.moves import released_topology
+from stormtopo.core.narrowing import held_tier
 from stormtopo.core.ownership import stormservice_name
 from stormtopo.core.podgroup import carries_constraint as carries_constraint  # the webhook's import
 from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_name
@@ -87,7 +88,7 @@ def admit_podgroup(
         fields = desired_fields(
             request,
             roleset.get("spec") or {},
-            moving_tier(stormservice, roleset["metadata"]["name"], now),
+            held_tier(stormservice, roleset["metadata"]["name"], podgroup, request, cluster, now, old),
             dict(cluster.priority_values) if cluster is not None else None,
         )
         described = request.describe()
@@ -134,6 +135,7 @@ def admit_pod(
     named_group_service: str | None = None,
     podgroups: Mapping[str, Mapping[str, Any]] | None = None,
     exact_preemption: bool = False,
+    narrowing: bool = False,
 ) -> Decision:
     """Point an opted-in replica's pod at its gang: group name, Volcano task (its role) and scheduler.
 
@@ -196,9 +198,17 @@ def admit_pod(
         # Volcano's backfill would place it anywhere: held until its replica's anchor is placed. With a
         # spread tier every pod is held, until the leader lets its replica go outside its siblings' domains.
         patch += _gate(pod, DOMAIN_GATE)
-    elif exact_preemption and isinstance(request, TopologyRequest) and scope is Scope.ROLESET and unbound and preempts(pod):
+    elif (
+        isinstance(request, TopologyRequest)
+        and (exact_preemption or (narrowing and request.mode is Mode.SOFT))
+        and scope is Scope.ROLESET
+        and unbound
+        and preempts(pod)
+    ):
         # Held until the leader has evicted the fewest victims its replica needs, or found it needs none
-        # (core/preempting.py): Volcano's gangpreempt would take more (BENCHMARKS.md, "Preemption").
+        # (core/preempting.py): Volcano's gangpreempt would take more (BENCHMARKS.md, "Preemption"). Or, soft,
+        # until its PodGroup is narrowed to one tier if it must preempt (core/narrowing.py): gangpreempt
+        # would take its victims anywhere.
         patch += _gate(pod, ROOM_GATE)
     if (pod.get("spec") or {}).get("schedulerName") in DEFAULT_SCHEDULERS:
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": VOLCANO_SCHEDULER})

@@ -22,7 +22,6 @@ it says: core/heal_events.py.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -36,7 +35,7 @@ from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.heal_target import _room, domain_left, room_for
 from stormtopo.core.jsonpatch import set_spec_fields
 from stormtopo.core.lending import not_lending
-from stormtopo.core.moves import HOLD, MOVE_RECORD_VERSION, asks_healing, recorded_moves, recorded_seconds, request_topology
+from stormtopo.core.moves import HOLD, MOVE_RECORD_VERSION, asks_healing, recorded_moves, recorded_seconds, recorded_time, request_topology
 from stormtopo.core.moves import MOVE_DEADLINE as MOVE_DEADLINE  # the hold's deadline too (core/moves.py); the shell's import
 from stormtopo.core.podgroup import desired_fields
 from stormtopo.core.replica_pods import Replica
@@ -89,7 +88,7 @@ def plan_healing(snapshot: HealSnapshot, memory: HealMemory, opted_in_only: bool
         replica = next(r for r in snapshot.replicas if r.name == moving.replica)
         record = {
             "v": MOVE_RECORD_VERSION,
-            "at": _timestamp(snapshot.now),
+            "at": recorded_time(snapshot.now),
             "from": moving.span,
             "to": moving.target.switch.name,
             "toTier": moving.target.switch.tier,
@@ -137,7 +136,7 @@ def plan_refused(
     base: Mapping[str, Any] = (
         next((w.record for w in plan.writes if isinstance(w, RecordMove) and w.replica == replica), {}) if evicted else before
     )
-    record = {**base, "done": True, "refused": message[:300], "retryAt": _timestamp(memory.next_try[replica])}
+    record = {**base, "done": True, "refused": message[:300], "retryAt": recorded_time(memory.next_try[replica])}
     say = Say("Warning", "ReplicaNotMoved", f"replica {replica} is not moved: the eviction of pod {pod} was refused: {message[:300]}")
     writes: list[Write] = [PostEvent(snapshot.stormservice, say), _record(snapshot, replica, record)]
     return writes + _hold(snapshot, snapshot.request, replica, None), memory
@@ -273,7 +272,7 @@ def plan_stranded(snapshot: HealSnapshot, memory: HealMemory) -> tuple[list[Writ
         where = f"{span.hypernode}, tier {span.tier}" if span.hypernode else "no common HyperNode"
         verdict = Verdict(replica.name, where, Why.STRANDED, target)
         message = (
-            f"replica {replica.name} is stranded: a pod of it has waited since {_timestamp(since)} in {where}, which cannot "
+            f"replica {replica.name} is stranded: a pod of it has waited since {recorded_time(since)} in {where}, which cannot "
             f"hold it (Volcano keeps a gang with a running pod in its domain); {target.switch.name} (tier {target.switch.tier}) "
             f"holds the whole replica now. {then}"
         )
@@ -313,10 +312,11 @@ def _blocked(
     cooldown = _cooldown(move, snapshot.cooldown)
     if last is not None and snapshot.now - last < cooldown:
         # Timestamps, not "n s ago": the message stays the same from pass to pass, and is said once.
-        return f"it moved at {_timestamp(last)}; its cool-down of {cooldown:.0f} s ends at {_timestamp(last + cooldown)}", Block.COOLDOWN
+        ends = recorded_time(last + cooldown)
+        return f"it moved at {recorded_time(last)}; its cool-down of {cooldown:.0f} s ends at {ends}", Block.COOLDOWN
     retry = max(memory.next_try.get(replica.name, float("-inf")), _seconds(move.get("retryAt")) or float("-inf"))
     if snapshot.now < retry:
-        return f"an eviction was refused; trying again at {_timestamp(retry)}", Block.BACKOFF
+        return f"an eviction was refused; trying again at {recorded_time(retry)}", Block.BACKOFF
     rollout = rollout_under_way(snapshot.stormservice, [r.roleset for r in snapshot.replicas])
     if rollout:
         return f"a rollout is under way ({rollout}); no replica moves until AIBrix has finished it", Block.ROLLOUT
@@ -402,10 +402,6 @@ def _ready_since(pod: Mapping[str, Any]) -> float | None:
         if c.get("type") == "Ready" and c.get("status") == "True":
             return _seconds(c.get("lastTransitionTime"))
     return None
-
-
-def _timestamp(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _seconds(text: object) -> float | None:

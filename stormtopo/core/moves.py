@@ -191,6 +191,11 @@ def recorded_request(described: object, defaults: tuple[tuple[str, object], ...]
     return TopologyRequest(Mode(mode), limit, Scope.ROLESET, None, defaults)
 
 
+def recorded_time(seconds: float) -> str:
+    """A time as stormtopo records it ("2027-01-15T08:00:00Z"), read back by recorded_seconds."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def recorded_seconds(text: object) -> float | None:
     """A time stormtopo recorded ("2027-01-15T08:00:00Z") in seconds; None if there is none or it is unreadable."""
     if not isinstance(text, str) or not text:

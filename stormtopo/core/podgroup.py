@@ -25,16 +25,12 @@ def desired_fields(
 ) -> dict[str, Any]:
     """The spec fields stormtopo owns on a replica's PodGroup. Under a hard request, roles whose pods
     ask for no resources follow the gang instead of being part of it (see gang.followers). A replica
-    that healing moves is held `hard` within `moving_tier` until it lands (see core/moves.py); its gang
-    stays as its request makes it. The priority class its pods run at goes on it too (core/priority.py;
-    `priorities`: each class's value, to choose where roles differ)."""
+    that healing moves is held `hard` within `moving_tier` until it lands (see core/moves.py), as is a soft
+    replica narrowed while it preempts (core/narrowing.py); its gang stays as its request makes it. The
+    priority class its pods run at goes on it too (core/priority.py; `priorities`: each class's value, to
+    choose where roles differ)."""
     gang = gang_of(roleset_spec, followers(roleset_spec) if request.mode is Mode.HARD else ())
-    topology = request.network_topology()
-    if moving_tier is not None:
-        topology = {k: v for k, v in topology.items() if k != "highestTierName"} | {
-            "mode": Mode.HARD.value,
-            "highestTierAllowed": moving_tier,
-        }
+    topology = request.network_topology() if moving_tier is None else held_within(request, moving_tier)
     fields: dict[str, Any] = {
         "minMember": gang.min_member,
         "minTaskMember": dict(gang.min_task_member),
@@ -44,6 +40,12 @@ def desired_fields(
     if priority_class is not None:
         fields["priorityClassName"] = priority_class
     return fields
+
+
+def held_within(request: TopologyRequest, tier: int) -> dict[str, object]:
+    """The request's networkTopology, but `hard` within `tier` (a move's hold, or a soft replica's narrowing)."""
+    kept = {k: v for k, v in request.network_topology().items() if k != "highestTierName"}
+    return kept | {"mode": Mode.HARD.value, "highestTierAllowed": tier}
 
 
 def stale_priority_class(current: Mapping[str, Any], desired_spec: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -40,10 +40,11 @@ from typing import Any, TypeVar
 
 from stormtopo.core.gang import container_gpus
 from stormtopo.core.moves import recorded_seconds
+from stormtopo.core.narrowing import NARROWED_FOR, is_narrowed_to, narrow
 from stormtopo.core.node_fit import NodeFacts, nodes_for
 from stormtopo.core.packing import domains_at_tier, fits
 from stormtopo.core.placement import release_into
-from stormtopo.core.preemption import CLUSTER, Holder, marked_preemptable, plan_preemption, rank_of
+from stormtopo.core.preemption import CLUSTER, DomainVictims, Holder, marked_preemptable, plan_preemption, rank_of
 from stormtopo.core.priority import job_priority
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
@@ -75,6 +76,7 @@ class RoomHold:
     """What the leader remembers of one held replica."""
 
     preempted: bool = False  # victims were evicted for it: never again for this hold
+    narrowed_at: float | None = None  # wall seconds its PodGroup's narrowing was first written (core/narrowing.py)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class HeldReplica:
     specs: Sequence[Mapping[str, Any]]  # its held pods' specs: where they could run
     held_for: float  # seconds since its oldest held pod was created
     queue: str | None = DEFAULT_QUEUE  # its PodGroup's queue; None: its PodGroup not known yet
+    podgroup: Mapping[str, Any] | None = None  # its PodGroup as stored (a narrowing is written there)
 
 
 def plan_room(
@@ -116,14 +119,20 @@ def plan_room(
     fewest: Fewest = Fewest.PODS,
     values: Mapping[str, int] | None = None,
     moving: bool = False,
+    narrowing: bool = False,
+    wall: float = 0.0,
 ) -> RoomPlan:
-    """For a replica with pods at the room gate: wait, let it go, or evict its fewest victims and let it go."""
+    """For a replica with pods at the room gate: wait, let it go, or evict its fewest victims and let it go
+    (`enabled`: exact preemption); or, `narrowing` alone, narrow a soft replica that must preempt and let it go
+    (core/narrowing.py; `wall`: the clock its record is dated by)."""
     if not replica.held:
         return RoomPlan()
     values = values or {}
     hold = hold or RoomHold()
     let_go = RoomPlan(tuple(release_into([], hostnames, replica.held, ROOM_GATE)))
-    if not enabled or request is None or allowed_tier is None or replica.bound or hold.preempted or moving:
+    if not enabled and not (narrowing and request is not None and request.mode is Mode.SOFT):
+        return let_go  # turned off (for this mode): no pod of it waits
+    if request is None or allowed_tier is None or replica.bound or hold.preempted or moving:
         # Turned off; opted out or invalid; part of it placed already; its victims on their way out; or moved by
         # healing, which is voluntary: a move never costs other work its pods (it goes where room was).
         return let_go
@@ -152,6 +161,9 @@ def plan_room(
         return let_go
     if soft and fits(list(free.values()), wanted):
         return let_go
+    if not enabled:  # narrowing: gangpreempt takes the victims, within one domain of the tier this finds
+        found = plan_preemption(topology, free, ranked, wanted, priority, allowed_tier, reading.gangs, fewest=fewest)
+        return _narrowed(replica, request, found.victims, holders, reading, replace(wait, writes=let_go.writes), wall)
     plan = plan_preemption(topology, free, ranked, wanted, priority, allowed_tier, reading.gangs, soft=soft, fewest=fewest)
     if plan.victims is None:
         return let_go
@@ -170,6 +182,40 @@ def plan_room(
     # (in every case of BENCHMARKS.md); pinned, a replica whose room another took would wait for ever.
     preempt = PreemptPods(replica.namespace, replica.name, victims, namespaces)
     return RoomPlan((preempt, *let_go.writes), (Say("Normal", "ReplicaPreempting", message),), RoomHold(preempted=True))
+
+
+def _narrowed(
+    replica: HeldReplica,
+    request: TopologyRequest,
+    victims: DomainVictims | None,
+    holders: Mapping[str, Sequence[Holder]],
+    reading: RoomReading,
+    waiting: RoomPlan,
+    wall: float,
+) -> RoomPlan:
+    """A soft replica that must preempt: its PodGroup narrowed to the lowest tier where one domain's victims make
+    room, then its pods let go; where none does, let go as it is (gangpreempt then takes room anywhere).
+    `waiting`: the hold as it stands, with the writes that let the replica go."""
+    let_go = RoomPlan(waiting.writes)
+    hold = waiting.hold or RoomHold()
+    if victims is None or replica.podgroup is None:
+        return let_go
+    unknown = frozenset(h.gang for node, i in victims.chosen if (h := holders[node][i]).gang is not None and h.gang not in reading.groups)
+    if unknown:
+        return RoomPlan(hold=hold, needs_groups=unknown)
+    tier = victims.tier
+    if not is_narrowed_to(replica.podgroup, request, tier):  # narrowed first; let go once its PodGroup shows it
+        at = hold.narrowed_at if hold.narrowed_at is not None else wall
+        narrowed = narrow(replica.namespace, replica.podgroup, request, tier, at)
+        return RoomPlan((narrowed,), hold=replace(hold, narrowed_at=at), recheck_in=waiting.recheck_in)
+    pods = ", ".join(f"{n} of priority {p}" for p, n in victims.by_priority)
+    message = (
+        f"replica {replica.name} must preempt (no room for its whole gang anywhere now): its PodGroup is held hard "
+        f"within tier {tier} for at most {NARROWED_FOR:.0f} s, so that Volcano's gangpreempt takes its victims within "
+        f"one domain of that tier, not across the cluster (the fewest are in tier-{tier} {victims.domain}: "
+        f"{victims.pods} pod(s) holding {victims.gpus} GPUs, {pods}); then its request ({request.describe()}) again"
+    )
+    return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNarrowed", message),))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import Any
 from stormtopo.core.gang import requests_resources, template_spec
 from stormtopo.core.jsonpatch import set_annotations, set_spec_fields
 from stormtopo.core.movable import not_movable_reason
-from stormtopo.core.moves import asks_healing, heal_annotation_problem, moving_tier, released_topology
+from stormtopo.core.moves import asks_healing, heal_annotation_problem, released_topology
+from stormtopo.core.narrowing import held_tier
 from stormtopo.core.optin import listing
 from stormtopo.core.podgroup import (
     carries_constraint,
@@ -81,9 +82,10 @@ def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None, now: f
     else:
         writes += withdraw(namespace, service_group)
         for roleset in snapshot.rolesets:
-            moving = moving_tier(snapshot.stormservice, roleset["metadata"]["name"], now)
-            podgroup = snapshot.podgroups.get(roleset["metadata"]["name"])
-            writes += _replica_group(namespace, roleset, podgroup, request, moving, dict(snapshot.tiers.priority_values))
+            name = roleset["metadata"]["name"]
+            podgroup = snapshot.podgroups.get(name)
+            held = None if request is None else held_tier(snapshot.stormservice, name, podgroup, request, snapshot.tiers, now)
+            writes += _replica_group(namespace, roleset, podgroup, request, held, dict(snapshot.tiers.priority_values))
     return ServicePlan(tuple(writes), verdict, say, listing=listed)
 
 

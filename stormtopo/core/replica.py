@@ -76,6 +76,7 @@ class ReplicaSnapshot:
     # With exact preemption (core/preempting.py): whether it is on, the free-room reading once asked for,
     # how long a replica may be held at the room gate, and the wall clock (pods' creation is dated by it).
     exact_preemption: bool = False
+    narrowing: bool = False  # soft replicas that must preempt are narrowed first (core/narrowing.py)
     room: RoomReading | None = None
     room_hold: float = HOLD_MAX
     exact_fewest: Fewest = Fewest.PODS  # what its victims minimise first (--exact-preemption-fewest)
@@ -413,7 +414,7 @@ def _room(snapshot: ReplicaSnapshot, state: ReplicaState, memory: ReplicaMemory)
     specs = [without_pins(p.get("spec") or {}) for p in held]  # as admitted: what admission added counts
     held_for = snapshot.wall - oldest
     replica = HeldReplica(
-        snapshot.key[0], snapshot.key[1], held, state.wanted, state.created, len(state.bound), specs, held_for, queue_of(snapshot.podgroup)
+        *snapshot.key, held, state.wanted, state.created, len(state.bound), specs, held_for, queue_of(snapshot.podgroup), snapshot.podgroup
     )
     return plan_room(
         replica,
@@ -429,6 +430,8 @@ def _room(snapshot: ReplicaSnapshot, state: ReplicaState, memory: ReplicaMemory)
         snapshot.exact_fewest,
         dict(snapshot.tiers.priority_values),
         moving_tier(snapshot.stormservice, snapshot.key[1], snapshot.wall) is not None,
+        snapshot.narrowing,
+        snapshot.wall,
     )
 
 

@@ -47,6 +47,8 @@ HEAL_ANNOTATION = "stormtopo.io/heal"  # on the StormService: "true" moves a rep
 # On the StormService: "true" (with stormtopo.io/heal: "true") lets --heal-make-room move one of its replicas, within its
 # tier, so that another service's wide replica fits; never below max(1, replicas - 1) ready replicas; never with one replica.
 LEND_ROOM_ANNOTATION = "stormtopo.io/lend-room"
+# On a soft replica's PodGroup while it preempts: held hard within a tier for a while (core/narrowing.py).
+NARROWED_ANNOTATION = "stormtopo.io/narrowed"
 MOVES_ANNOTATION = "stormtopo.io/moves"  # on the StormService: each replica's last move (the cool-down survives restarts)
 DOMAIN_LABEL_PREFIX = "stormtopo.io/hypernode-tier-"  # on bound pods: the HyperNode of each tier
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"

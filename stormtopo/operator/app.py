@@ -173,6 +173,7 @@ async def run(config: OperatorConfig) -> None:
         spread_give_up=config.spread_give_up,
         room_hold=config.exact_preemption_hold,
         exact_preemption=config.exact_preemption,
+        narrowing=config.narrow_soft_preemption,
         exact_fewest=Fewest(config.exact_preemption_fewest),
         victim_namespaces=frozenset(config.exact_preemption_victim_namespace) or None,
         volcano=VolcanoConf(api, config.volcano_scheduler_configmap),
@@ -324,8 +325,9 @@ async def _serve_webhook(
     loops.every("certificate-reloader", reloader.interval, reloader.check)
     # shutdown_timeout: a review still in flight once the drain is over is not waited for past CLOSE_WAIT
     # (aiohttp's default, 60 s, would outlast the pod's grace period and skip every step after it).
+    holds = config.exact_preemption, config.narrow_soft_preemption  # which replicas' pods wait at the room gate
     runner = web.AppRunner(
-        webhook.build_app(index, opted_in, draining=draining, exact_preemption=config.exact_preemption),
+        webhook.build_app(index, opted_in, draining=draining, exact_preemption=holds[0], narrowing=holds[1]),
         access_log=None,
         shutdown_timeout=CLOSE_WAIT,
     )

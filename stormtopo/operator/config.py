@@ -61,7 +61,8 @@ class OperatorConfig:
     heal_max_moving: int = MAX_MOVING  # replicas moving at once in the whole cluster
     heal_stranded_after: float = STRANDED_AFTER  # seconds a hard replica's pod waits beside running ones before it is stranded
     exact_preemption: bool = False  # hold a preempting replica and evict the fewest victims itself (core/preempting.py)
-    exact_preemption_hold: float = HOLD_MAX  # seconds a replica may be held for it at most
+    exact_preemption_hold: float = HOLD_MAX  # seconds a replica may be held for it (or for narrowing) at most
+    narrow_soft_preemption: bool = True  # a soft replica that must preempt is held hard within one tier (core/narrowing.py)
     exact_preemption_victim_namespace: tuple[str, ...] = ()  # the only namespaces it may take victims in (empty: any)
     exact_preemption_fewest: str = "pods"  # what its victims minimise first: pods (jobs disrupted) or gpus (work lost)
     # Where Volcano's chart keeps vc-scheduler's configuration: read to say when nothing would preempt for a
@@ -160,8 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--exact-preemption-hold",
         type=_positive(float),
         default=d.exact_preemption_hold,
-        help="with --exact-preemption: seconds a replica may be held at most (its pods not all created, its class not read yet),"
-        " after which it goes to Volcano as it is",
+        help="seconds a replica may be held for exact preemption or narrowing at most (its pods not all created, its class"
+        " not read yet), after which it goes to Volcano as it is",
+    )
+    p.add_argument(
+        "--narrow-soft-preemption",
+        action=argparse.BooleanOptionalAction,
+        default=d.narrow_soft_preemption,
+        help="hold the pods of a soft replica that may preempt until stormtopo has looked: where it fits nowhere, its PodGroup"
+        " is held hard within the lowest tier where one domain's lower-priority work can make room, for at most 120 s, so that"
+        " Volcano's gangpreempt takes its victims within one domain (on by default)",
     )
     p.add_argument(
         "--exact-preemption-fewest",
@@ -250,15 +259,10 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
     if a["node_tier_leaf"] and not a["node_tier"]:
         p.error("--node-tier-leaf: accepted only with --node-tier (it names leaves the node tier may change)")
     a["node_tier_leaf"] = tuple(a["node_tier_leaf"])
-    others = (
-        a["exact_preemption_victim_namespace"],
-        a["exact_preemption_hold"] != d.exact_preemption_hold,
-        a["exact_preemption_fewest"] != "pods",
-    )
-    if any(others) and not a["exact_preemption"]:
-        p.error(
-            "--exact-preemption-victim-namespace, --exact-preemption-hold, --exact-preemption-fewest: accepted only with --exact-preemption"
-        )
+    if (a["exact_preemption_victim_namespace"] or a["exact_preemption_fewest"] != "pods") and not a["exact_preemption"]:
+        p.error("--exact-preemption-victim-namespace, --exact-preemption-fewest: accepted only with --exact-preemption")
+    if a["exact_preemption_hold"] != d.exact_preemption_hold and not (a["exact_preemption"] or a["narrow_soft_preemption"]):
+        p.error("--exact-preemption-hold: accepted only with --exact-preemption or --narrow-soft-preemption (nothing else holds)")
     a["exact_preemption_victim_namespace"] = tuple(a["exact_preemption_victim_namespace"])
     a["register_webhook"] = not a.pop("no_register_webhook")  # the flag says what not to do; the config, what to do
     return OperatorConfig(**a)

@@ -65,6 +65,7 @@ class PlacementReporter:
     spread_give_up: float = SPREAD_GIVE_UP  # --spread-give-up (core/spread.py)
     room_hold: float = HOLD_MAX  # --exact-preemption-hold (core/preempting.py)
     exact_preemption: bool = False  # --exact-preemption
+    narrowing: bool = False  # --narrow-soft-preemption (core/narrowing.py)
     exact_fewest: Fewest = Fewest.PODS  # --exact-preemption-fewest
     victim_namespaces: frozenset[str] | None = None  # --exact-preemption-victim-namespace (None: any)
     volcano: VolcanoConf | None = None  # --volcano-scheduler-configmap: does anything preempt for a topology job
@@ -119,6 +120,7 @@ class PlacementReporter:
                 spread_give_up=self.spread_give_up,
                 room_hold=self.room_hold,
                 exact_preemption=self.exact_preemption,
+                narrowing=self.narrowing,
                 exact_fewest=self.exact_fewest,
                 wall=time.time(),
             ),

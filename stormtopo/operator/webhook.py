@@ -77,6 +77,7 @@ def build_app(
     gate: Gate | None = None,
     draining: Callable[[], bool] = lambda: False,
     exact_preemption: bool = False,
+    narrowing: bool = False,
 ) -> web.Application:
     """The webhook routes. `client_ca` (default: CLIENT_CA_ENV): the gate requires a verified client
     certificate, which tls_context asks every caller for when the same variable is set. While `draining`
@@ -119,7 +120,7 @@ def build_app(
                 group = joined_gang(roleset, stormservice, tiers)
                 gang = await index.read_podgroup(namespace, group)
                 groups = {group: gang} if gang is not None else {}
-            decision = admit_pod(pod, roleset, stormservice, tiers, owner, groups, exact_preemption)
+            decision = admit_pod(pod, roleset, stormservice, tiers, owner, groups, exact_preemption, narrowing)
             if listed is Listed.FOR_NOTHING:  # read from the API server just now: asks for nothing
                 return marked_admitted(pod, decision)
             if stormservice is not None and strips_opt_in_label(decision):

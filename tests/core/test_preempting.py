@@ -4,11 +4,13 @@ feature request's tree: leaves s0..s3 of two 8-GPU nodes each, spines s4 (s0, s1
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from stormtopo.core.admission import admit_pod
+from stormtopo.core.narrowing import narrowing_record
 from stormtopo.core.node_fit import NodeFacts
 from stormtopo.core.preempting import (
     DEFAULT_QUEUE,
@@ -28,8 +30,16 @@ from stormtopo.core.replica import preemptor_priority
 from stormtopo.core.request import ClusterTiers, Mode, TierLimit, TopologyRequest
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.victims import Fewest, GangSize
-from stormtopo.core.vocabulary import DOMAIN_GATE, HIGHEST_TIER, MODE, REPLICA_SPREAD_TIER, ROOM_GATE, VOLCANO_SCHEDULER
-from stormtopo.core.writes import EvictPod, PatchPod, PreemptPods, Victim
+from stormtopo.core.vocabulary import (
+    DOMAIN_GATE,
+    HIGHEST_TIER,
+    MODE,
+    NARROWED_ANNOTATION,
+    REPLICA_SPREAD_TIER,
+    ROOM_GATE,
+    VOLCANO_SCHEDULER,
+)
+from stormtopo.core.writes import EvictPod, PatchPod, PatchPodGroup, PreemptPods, Victim
 from tests import builders
 from tests.builders import aibrix_roleset, service
 
@@ -68,6 +78,7 @@ def plan(**kw: Any) -> Any:
         kw.pop("specs", [{}]),
         kw.pop("held_for", 0.0),
         kw.pop("queue", DEFAULT_QUEUE),
+        kw.pop("podgroup", None),
     )
     holders = {
         n: [h if h.gang else replace(h, gang=f"batch/{n}-{i}") for i, h in enumerate(hs)] for n, hs in kw.pop("holders", ALL).items()
@@ -365,3 +376,74 @@ def test_the_room_a_preempting_replica_claims_is_kept_until_it_is_placed_gone_or
     assert claimed_room({"a": claim, "b": other}, 120.0, set()) == ({"n0": 8, "n1": 6}, {"a": claim, "b": other})
     assert claimed_room({"a": claim, "b": other}, 131.0, set()) == ({"n1": 2}, {"b": other})  # a's hold is over
     assert claimed_room({"a": claim, "b": other}, 120.0, {"b"}) == ({"n0": 8, "n1": 4}, {"a": claim})  # b placed
+
+
+# Narrowing (core/narrowing.py): exact preemption off, a soft tier-1 replica whose PodGroup asks what its request asks.
+SOFT1 = TopologyRequest(Mode.SOFT, TierLimit(tier=1))
+NOW = 1_800_000_000.0
+HELD1 = {"mode": "hard", "highestTierAllowed": 1}
+
+
+def soft_group(topology: dict[str, Any] | None = None, at: float | None = None, tier: int = 1) -> dict[str, Any]:
+    annotations = {NARROWED_ANNOTATION: narrowing_record(tier, at)} if at is not None else None
+    spec = {"queue": "default", "networkTopology": topology or {"mode": "soft", "highestTierAllowed": 1}}
+    return builders.podgroup("rs", spec=spec, annotations=annotations)
+
+
+def narrowed(**kw: Any) -> Any:
+    return plan(**{"enabled": False, "narrowing": True, "request": SOFT1, "podgroup": soft_group(), "wall": NOW} | kw)
+
+
+def test_a_soft_replica_that_must_preempt_is_narrowed_to_one_leaf_before_its_pods_go() -> None:
+    first = narrowed()
+    [write] = first.writes  # its PodGroup first, its pods not yet: Volcano must never see it soft and starving
+    assert isinstance(write, PatchPodGroup) and write.name == "rs"
+    ops = {op["path"]: op["value"] for op in write.ops}
+    assert ops["/spec/networkTopology"] == HELD1
+    assert json.loads(ops["/metadata/annotations"][NARROWED_ANNOTATION]) == {"v": 1, "tier": 1, "at": "2027-01-15T08:00:00Z"}
+    assert first.hold == RoomHold(narrowed_at=NOW) and first.recheck_in == 30.0 and not first.says
+    # Planned again before its PodGroup shows it (another pod's event): the same record, dated as first written.
+    again = narrowed(hold=first.hold, wall=NOW + 5)
+    assert again.writes == first.writes
+    # Its PodGroup narrowed: the pods go, and the Event says where gangpreempt will look and for how long.
+    shown = narrowed(podgroup=soft_group(HELD1, at=NOW), hold=first.hold)
+    assert len(releases(shown.writes)) == 2 and not [w for w in shown.writes if isinstance(w, PreemptPods)]
+    [say] = shown.says
+    assert say.reason == "ReplicaNarrowed" and shown.hold is None
+    assert "held hard within tier 1 for at most 120 s" in say.message
+    assert "the fewest are in tier-1 s0: 4 pod(s) holding 16 GPUs, 4 of priority 100" in say.message
+
+
+def test_narrowing_never_costs_a_soft_replica_room_it_has_or_preemption_it_had() -> None:
+    spread = narrowed(free=FULL | {"node0": 8, "node2": 8})  # room on two leaves: Volcano places it across, no victim
+    assert len(releases(spread.writes)) == 2 and not spread.says and spread.hold is None
+    equal = narrowed(holders={n: batch(priority=HIGH) for n in NODES})  # no domain qualifies: as it is, to Volcano
+    assert len(releases(equal.writes)) == 2 and not [w for w in equal.writes if isinstance(w, PatchPodGroup)]
+    hard = plan(enabled=False, narrowing=True, podgroup=soft_group())  # hard: gangpreempt keeps it in one leaf already
+    assert len(releases(hard.writes)) == 2 and not hard.says
+    off = plan(enabled=False, request=SOFT1, podgroup=soft_group())  # turned off with pods held: let go
+    assert len(releases(off.writes)) == 2
+    late = narrowed(held_for=31.0)
+    assert [s.reason for s in late.says] == ["ReplicaLetGo"] and len(releases(late.writes)) == 2
+    unknown = narrowed(groups={}, values={"class-100": 100})  # the victims' jobs not read yet: asked for, nothing written
+    assert unknown.needs_groups and not unknown.writes
+    assert len(releases(narrowed(podgroup=None).writes)) == 2  # (the shell waits for its PodGroup: queue_of(None))
+
+
+def test_exact_preemption_on_takes_the_victims_itself_narrowing_or_not() -> None:
+    exact = plan(narrowing=True, request=SOFT1, podgroup=soft_group())
+    assert [w for w in exact.writes if isinstance(w, PreemptPods)] and not [w for w in exact.writes if isinstance(w, PatchPodGroup)]
+
+
+def test_the_webhook_holds_a_soft_replicas_pod_that_may_preempt_for_narrowing() -> None:
+    tiers = ClusterTiers(frozenset({1, 2}))
+
+    def gates(annotations: dict[str, str], priority: int = 1000, narrowing: bool = True) -> list[str]:
+        pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {}}, "spec": {"priority": priority}}
+        decision = admit_pod(pod, aibrix_roleset(), service(annotations), tiers, narrowing=narrowing)
+        return [op["value"] for op in decision.patch if op["path"].startswith("/spec/schedulingGates")]
+
+    soft = {MODE: "soft", HIGHEST_TIER: "1"}
+    assert gates(soft) == [[{"name": ROOM_GATE}]]
+    assert gates(soft, narrowing=False) == [] and gates(soft, priority=0) == []
+    assert gates({MODE: "hard", HIGHEST_TIER: "1"}) == []  # hard: no gate unless exact preemption is on

@@ -44,6 +44,7 @@ def test_the_chart_lints_strictly(sets: list[str]) -> None:
         ("monitoring.alerts.admissionSlow.p99=1", "'p99' not allowed"),
         ("volcano.schedulerConfigMap=volcano-scheduler-configmap", "/volcano/schedulerConfigMap"),
         ("preemption.exact.fewest=jobs", "/preemption/exact/fewest"),
+        ("preemption.narrowSoft=sometimes", "/preemption/narrowSoft"),
     ],
 )
 def test_a_bad_value_is_refused_naming_it(value: str, named: str) -> None:
@@ -180,3 +181,16 @@ def test_exact_preemption_takes_what_it_minimises_first_from_its_value() -> None
     assert "--exact-preemption-fewest=gpus" in args("--set", "preemption.exact.fewest=gpus")
     # Values without the key (an upgrade with --reuse-values keeps the older release's): the default, never "".
     assert "--exact-preemption-fewest=pods" in args("--set", "preemption.exact.fewest=null")
+
+
+def test_soft_replicas_are_narrowed_unless_turned_off() -> None:
+    def args(*sets: str) -> list[str]:
+        done = helm("template", "x", str(CHART), "--kube-version", "1.35.3", *sets)
+        assert done.returncode == 0, done.stderr
+        (deployment,) = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] == "Deployment"]
+        return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert "--no-narrow-soft-preemption" not in args()  # on: the operator's default
+    assert "--no-narrow-soft-preemption" in args("--set", "preemption.narrowSoft=false")
+    # Values without the key (an upgrade with --reuse-values keeps the older release's): the default, on.
+    assert "--no-narrow-soft-preemption" not in args("--set", "preemption.narrowSoft=null")

@@ -472,7 +472,7 @@ def test_stormtopos_identity_changes_only_the_podgroup_fields_it_owns(
 ) -> None:
     """Proves (issue 20, lesser finding): the chart's PodGroup policy judges an update by the stored
     PodGroup's labels, not the new one's; limits a create's spec to the gang, topology, queue and
-    priority class; and on an update allows no metadata change but stormtopo's request annotation."""
+    priority class; and on an update allows no metadata change but stormtopo's request and narrowing annotations."""
     as_sa = podgroup_policy
     # A real owner: the garbage collector deletes a PodGroup whose owner does not exist.
     owned_by = cluster.create(stormservice("owner", namespace, scheduler_name="nobody"))
@@ -512,6 +512,8 @@ def test_stormtopos_identity_changes_only_the_podgroup_fields_it_owns(
     assert as_sa("patch", "podgroup", "mine", "--type=merge", "-p", json.dumps({"spec": {"minMember": 3}})).returncode == 0
     request = {"metadata": {"annotations": {"stormtopo.io/request": "hard, tier 1"}}}
     assert as_sa("patch", "podgroup", "mine", "--type=merge", "-p", json.dumps(request)).returncode == 0
+    narrowed = {"metadata": {"annotations": {"stormtopo.io/narrowed": '{"v": 1, "tier": 1, "at": "2026-12-06T00:00:00Z"}'}}}
+    assert as_sa("patch", "podgroup", "mine", "--type=merge", "-p", json.dumps(narrowed)).returncode == 0  # core/narrowing.py
     # The class its pods run at (core/priority.py): allowed; minResources, no.
     priority = {"spec": {"priorityClassName": "system-cluster-critical"}}
     assert as_sa("patch", "podgroup", "mine", "--type=merge", "-p", json.dumps(priority)).returncode == 0

@@ -22,6 +22,8 @@ def test_the_charts_flags_become_a_typed_config() -> None:
     assert parse_args(["--volcano-scheduler-configmap", ""]).volcano_scheduler_configmap == ""  # read none
     assert OperatorConfig().exact_preemption_fewest == "pods"
     assert parse_args(["--exact-preemption", "--exact-preemption-fewest", "gpus"]).exact_preemption_fewest == "gpus"
+    assert OperatorConfig().narrow_soft_preemption and not parse_args(["--no-narrow-soft-preemption"]).narrow_soft_preemption
+    assert parse_args(["--exact-preemption-hold", "5"]).exact_preemption_hold == 5  # it bounds the narrowing's hold too
     assert parse_args(["--webhook-service", "ns/svc"]).webhook_service == ServiceRef("ns", "svc", 443)
     assert parse_args(["--webhook-url-host", "127.0.0.1", "--webhook-port", "9444"]).webhook_url_base == "https://127.0.0.1:9444"
 
@@ -46,6 +48,10 @@ def test_periods_are_configuration_with_the_production_defaults() -> None:
         (["--lease-duration", "soon"], "--lease-duration: 'soon': accepted: a positive int"),
         (["--node-tier-keep-runs"], "--node-tier-keep-runs: accepted only with --node-tier"),
         (["--exact-preemption-fewest", "gpus"], "--exact-preemption-fewest: accepted only with --exact-preemption"),
+        (
+            ["--no-narrow-soft-preemption", "--exact-preemption-hold", "5"],
+            "--exact-preemption-hold: accepted only with --exact-preemption or --narrow-soft-preemption",
+        ),
         (["--exact-preemption", "--exact-preemption-fewest", "jobs"], "argument --exact-preemption-fewest: invalid choice: 'jobs'"),
         (["--resync-seconds", "0"], "--resync-seconds: '0': accepted: a positive float"),
         (["--spread-give-up", "never"], "--spread-give-up: 'never': accepted: a positive float"),

@@ -871,7 +871,14 @@ def test_the_pod_webhook_passes_the_podgroup_of_the_gang_the_pod_joins(tmp_path:
     seen: list[Mapping[str, Any]] = []
 
     def fake_admit_pod(
-        pod: Any, roleset: Any, stormservice: Any, tiers: Any, owner: Any, podgroups: Mapping[str, Any], exact_preemption: bool = False
+        pod: Any,
+        roleset: Any,
+        stormservice: Any,
+        tiers: Any,
+        owner: Any,
+        podgroups: Mapping[str, Any],
+        exact_preemption: bool = False,
+        narrowing: bool = False,
     ) -> Any:
         seen.append(dict(podgroups))
         return Decision()

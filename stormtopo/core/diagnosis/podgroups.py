@@ -10,9 +10,9 @@ from stormtopo.core.capabilities import cluster_tiers
 from stormtopo.core.diagnosis.findings import Finding, Level, _names, _plural
 from stormtopo.core.diagnosis.snapshot import ServiceSample, Snapshot
 from stormtopo.core.gang import template_spec
-from stormtopo.core.moves import moving_tier
+from stormtopo.core.narrowing import held_tier
 from stormtopo.core.podgroup import desired_fields, service_fields, service_group_name
-from stormtopo.core.request import RequestError, Scope, TopologyRequest, request_of, written_scope
+from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, request_of, written_scope
 
 
 def podgroup_names(stormservice: Mapping[str, Any], rolesets: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -23,7 +23,7 @@ def podgroup_names(stormservice: Mapping[str, Any], rolesets: Iterable[Mapping[s
     return sorted(str(r["metadata"]["name"]) for r in rolesets)
 
 
-def _desired(sample: ServiceSample, request: TopologyRequest, now: float) -> dict[str, dict[str, Any]]:
+def _desired(sample: ServiceSample, request: TopologyRequest, tiers: ClusterTiers | None, now: float) -> dict[str, dict[str, Any]]:
     """PodGroup name -> the topology fields its spec should carry, as the operator's reconciler writes them."""
     stormservice = sample.stormservice
     if request.scope is Scope.STORMSERVICE:
@@ -36,7 +36,8 @@ def _desired(sample: ServiceSample, request: TopologyRequest, now: float) -> dic
     out = {}
     for roleset in sample.rolesets:
         name = str(roleset["metadata"]["name"])
-        fields = desired_fields(request, roleset.get("spec") or {}, moving_tier(stormservice, name, now))
+        held = held_tier(stormservice, name, sample.podgroups.get(name), request, tiers, now)
+        fields = desired_fields(request, roleset.get("spec") or {}, held)
         out[name] = {"networkTopology": fields["networkTopology"]}
     return out
 
@@ -79,7 +80,7 @@ def check_podgroups(snapshot: Snapshot) -> list[Finding]:
             continue
         if request is None:
             continue
-        for name, wanted in sorted(_desired(sample, request, snapshot.now).items()):
+        for name, wanted in sorted(_desired(sample, request, tiers, snapshot.now).items()):
             podgroup = sample.podgroups.get(name)
             problem = None if podgroup is None else _lacks(podgroup, wanted)  # none yet: AIBrix or the operator creates it
             if problem:

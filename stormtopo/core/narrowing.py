@@ -1,0 +1,105 @@
+"""A soft replica that must preempt is held `hard` within one tier while Volcano preempts for it.
+
+Volcano v1.15.1's gangpreempt treats a soft job as one without a topology: it adds victims anywhere in the
+cluster, in priority order, until the gang fits, and takes them all (on the local control plane, six batch
+pods on nodes of two leaves where one leaf's four were needed). Held hard within a tier, gangpreempt takes its
+victims within one domain of that tier, as it does for a hard replica. So a soft replica held at the room gate
+(core/preempting.py) that fits nowhere now (no domain of its tier, nor the cluster's free GPUs together: else
+Volcano places it without preempting) and for which some domain within its tier holds lower-priority work
+gangpreempt may take, is narrowed to the lowest such tier before its pods go: the leader records it on the
+replica's own PodGroup, and lets the pods go once its PodGroup shows it.
+
+The record (`stormtopo.io/narrowed`: {"v": 1, "tier": T, "at": "<UTC time>"}) lives on the replica's PodGroup.
+The admission webhook keeps it through AIBrix's rewrites and gives the PodGroup `hard` within T, as the
+reconciler does, for NARROWED_FOR seconds from `at`; then the PodGroup asks what the request asks again
+(soft), so a replica that did not land by then goes to Volcano's own preemption anywhere, as without stormtopo.
+It is honoured only for a valid soft request of scope RoleSet, a tier within the request's, and an `at` no
+further ahead than CLOCK_SKEW: whoever may write the PodGroup can make its own replica hard within its own
+tier for two minutes, nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from stormtopo.core.jsonpatch import set_annotations, set_spec_fields
+from stormtopo.core.moves import CLOCK_SKEW, moving_tier, recorded_seconds, recorded_time
+from stormtopo.core.podgroup import held_within
+from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest
+from stormtopo.core.vocabulary import NARROWED_ANNOTATION
+from stormtopo.core.writes import PatchPodGroup
+
+NARROWED_FOR = 120.0  # seconds a narrowing holds a soft replica hard, from its record's `at`
+RECORD_VERSION = 1
+
+
+def narrowing_record(tier: int, at: float) -> str:
+    return json.dumps({"v": RECORD_VERSION, "tier": tier, "at": recorded_time(at)}, sort_keys=True)
+
+
+def narrowed_tier(
+    podgroup: Mapping[str, Any] | None,
+    request: TopologyRequest,
+    cluster: ClusterTiers | None,
+    now: float | None,
+    old: Mapping[str, Any] | None = None,
+) -> int | None:
+    """The tier a soft replica's PodGroup is held hard within by its narrowing record, or None. The record is
+    read from `podgroup`, else from `old` (the stored PodGroup: AIBrix's rewrite drops annotations it did not
+    set). `now` None judges no deadline, as for a move (core/moves.py): the reconciler and the webhook pass a
+    clock or neither."""
+    if request.mode is not Mode.SOFT or request.scope is not Scope.ROLESET:
+        return None
+    record = _record(podgroup)
+    if record is None and old is not None:
+        record = _record(old)
+    if record is None:
+        return None
+    tier, at = record.get("tier"), recorded_seconds(record.get("at"))
+    allowed = (cluster or ClusterTiers()).number(request.limit)
+    if not isinstance(tier, int) or isinstance(tier, bool) or allowed is None or not 1 <= tier <= allowed:
+        return None
+    if now is not None and (at is None or not -CLOCK_SKEW <= now - at <= NARROWED_FOR):
+        return None
+    return tier
+
+
+def narrow(namespace: str, podgroup: Mapping[str, Any], request: TopologyRequest, tier: int, at: float) -> PatchPodGroup:
+    """The write that narrows a soft replica's PodGroup: its record, and its networkTopology as the webhook will
+    make it (hard within `tier`, the request's defaults kept)."""
+    ops = set_spec_fields(podgroup.get("spec"), {"networkTopology": held_within(request, tier)})
+    ops += set_annotations(podgroup, {NARROWED_ANNOTATION: narrowing_record(tier, at)})
+    return PatchPodGroup(namespace, str(podgroup["metadata"]["name"]), ops)
+
+
+def is_narrowed_to(podgroup: Mapping[str, Any] | None, request: TopologyRequest, tier: int) -> bool:
+    """The PodGroup as stored carries the narrowing to `tier` (its pods may go: Volcano sees it hard)."""
+    spec = (podgroup or {}).get("spec") or {}
+    record = _record(podgroup)
+    return record is not None and record.get("tier") == tier and spec.get("networkTopology") == held_within(request, tier)
+
+
+def _record(podgroup: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    raw = (((podgroup or {}).get("metadata") or {}).get("annotations") or {}).get(NARROWED_ANNOTATION)
+    try:
+        record = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("v") == RECORD_VERSION else None
+
+
+def held_tier(
+    stormservice: Mapping[str, Any] | None,
+    replica: str,
+    podgroup: Mapping[str, Any] | None,
+    request: TopologyRequest,
+    cluster: ClusterTiers | None,
+    now: float | None,
+    old: Mapping[str, Any] | None = None,
+) -> int | None:
+    """The tier a replica's PodGroup is held `hard` within: a move's (core/moves.py), else a narrowing's. The
+    webhook, the reconciler and the doctor all ask this, by the same clock, or each would undo the other."""
+    moving = moving_tier(stormservice, replica, now)
+    return moving if moving is not None else narrowed_tier(podgroup, request, cluster, now, old)
