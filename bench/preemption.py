@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,9 @@ MODES = ("hard", "soft")
 # volcano: Volcano alone picks the victims. stormtopo: stormtopo's plan (core/preemption.py, as exact
 # preemption runs it: core/preempting.py) is evicted first, then the gang goes to Volcano, which finds the room
 # releasing. stormtopo-gpus: the same, asked for the fewest GPUs first (--exact-preemption-fewest gpus).
-ARMS = ("volcano", "stormtopo", "stormtopo-gpus")
+# narrowed (soft only): nothing evicted by stormtopo; the gang goes to Volcano hard within tier 1 where some leaf's
+# lower-priority work can make room (core/narrowing.py, on by default), else soft as it is; Volcano picks the victims.
+ARMS = ("volcano", "stormtopo", "stormtopo-gpus", "narrowed")
 SESSIONS = 4
 NEAR = 1.1  # the issue's bound: victims within 1.1 times the minimum
 # Per size: nodes -> seeds. quick: 64 nodes only.
@@ -210,6 +212,14 @@ def stormtopo_victims(c: Cluster, gang: Gang, fewest: Fewest = Fewest.PODS) -> t
     plan = plan_preemption(topology_of(c), c.free(), holders, gang.pods, gang.priority, 1, gangs, soft=gang.mode == "soft", fewest=fewest)
     seconds = time.perf_counter() - started
     return ([] if plan.victims is None else sorted(names[n][i] for n, i in plan.victims.chosen)), seconds
+
+
+def narrowed(c: Cluster, gang: Gang) -> Gang:
+    """The gang as narrowing sends it to Volcano: hard within tier 1 where some leaf's lower-priority work makes
+    room for it (the operator's rule: core/preempting.py over the same reading), else as it is."""
+    if gang.mode != "soft" or not stormtopo_victims(c, replace(gang, mode="hard"))[0]:
+        return gang
+    return replace(gang, mode="hard")
 
 
 # ---- the exact minimum ------------------------------------------------------------------------------------
@@ -529,13 +539,15 @@ def run(size: str) -> dict[str, Any]:
                 for mode in MODES:
                     gang = Gang(shape, mode)
                     for arm in ARMS:
+                        if arm == "narrowed" and mode != "soft":
+                            continue
                         name = case_name(nodes, seed, gang, arm)
                         gangs[name] = (nodes, seed, gang, arm)
                         evicted: list[str] = []
                         if arm != "volcano":
                             fewest = Fewest.GPUS if arm == "stormtopo-gpus" else Fewest.PODS
                             evicted, planned[name] = stormtopo_victims(c, gang, fewest)
-                        specs.append(spec_case(name, c, gang, evicted))
+                        specs.append(spec_case(name, c, narrowed(c, gang) if arm == "narrowed" else gang, evicted))
     records = simulate(specs)
     simulated = time.monotonic() - started
     cases = []

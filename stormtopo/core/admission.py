@@ -13,8 +13,7 @@ from typing import Any
 
 from stormtopo.core.gang import followers
 from stormtopo.core.jsonpatch import pointer, set_annotations, set_labels, set_spec_fields
-from stormtopo.core.moves import released_topology
-from stormtopo.core.narrowing import held_tier
+from stormtopo.core.narrowing import held_tier, released_hold
 from stormtopo.core.ownership import stormservice_name
 from stormtopo.core.podgroup import carries_constraint as carries_constraint  # the webhook's import
 from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_name
@@ -76,7 +75,7 @@ def admit_podgroup(
         if _name(last_valid) != _name(podgroup):  # a sibling's gang size is its own
             fields = {k: v for k, v in fields.items() if k == "networkTopology"}
         # A move's hold is no request: let go to what the last valid request asks, as the reconciler does.
-        released = released_topology(old or last_valid, stormservice, roleset["metadata"]["name"])
+        released = released_hold(old or last_valid, stormservice, roleset["metadata"]["name"])
         if released is not None:
             fields = {**fields, "networkTopology": released}
         described = ((last_valid or {}).get("metadata") or {}).get("annotations", {}).get(REQUEST_ANNOTATION, "")

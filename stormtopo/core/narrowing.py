@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from stormtopo.core.jsonpatch import set_annotations, set_spec_fields
-from stormtopo.core.moves import CLOCK_SKEW, moving_tier, recorded_seconds, recorded_time
+from stormtopo.core.moves import CLOCK_SKEW, moving_tier, recorded_request, recorded_seconds, recorded_time, released_topology
 from stormtopo.core.podgroup import held_within
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest
-from stormtopo.core.vocabulary import NARROWED_ANNOTATION
+from stormtopo.core.vocabulary import NARROWED_ANNOTATION, REQUEST_ANNOTATION
 from stormtopo.core.writes import PatchPodGroup
 
 NARROWED_FOR = 120.0  # seconds a narrowing holds a soft replica hard, from its record's `at`
@@ -103,3 +103,40 @@ def held_tier(
     webhook, the reconciler and the doctor all ask this, by the same clock, or each would undo the other."""
     moving = moving_tier(stormservice, replica, now)
     return moving if moving is not None else narrowed_tier(podgroup, request, cluster, now, old)
+
+
+def narrowing_held(podgroup: Mapping[str, Any] | None) -> int | None:
+    """The tier a PodGroup is held hard within by a narrowing, read from the PodGroup alone (no request, no
+    clock): its record, and its networkTopology hard within exactly that tier. For letting it go where no valid
+    request judges it: a request made invalid meanwhile, an uninstall."""
+    record = _record(podgroup)
+    tier = (record or {}).get("tier")
+    topology = ((podgroup or {}).get("spec") or {}).get("networkTopology")
+    if not isinstance(tier, int) or isinstance(tier, bool) or not isinstance(topology, Mapping):
+        return None
+    held = topology.get("mode") == Mode.HARD.value and topology.get("highestTierAllowed") == tier and "highestTierName" not in topology
+    return tier if held else None
+
+
+def released_hold(
+    podgroup: Mapping[str, Any] | None,
+    stormservice: Mapping[str, Any] | None,
+    replica: str,
+    defaults: tuple[tuple[str, object], ...] = (),
+) -> dict[str, object] | None:
+    """While a StormService's request is invalid, the networkTopology that lets a hold go: a move's
+    (core/moves.py released_topology), or a narrowing's, back to the last valid request its PodGroup records
+    (`stormtopo.io/request`, written from the request, never from the hold). None: nothing held, already let go,
+    or no record to go back to (left as it is)."""
+    released = released_topology(podgroup, stormservice, replica, defaults)
+    return released if released is not None else released_narrowing(podgroup, defaults)
+
+
+def released_narrowing(podgroup: Mapping[str, Any] | None, defaults: tuple[tuple[str, object], ...] = ()) -> dict[str, object] | None:
+    """A narrowed PodGroup's networkTopology let go, judged from the PodGroup alone: the request it records
+    (`stormtopo.io/request`, written from the request, never from the hold). None: not narrowed, or no record."""
+    if narrowing_held(podgroup) is None:
+        return None
+    annotations = ((podgroup or {}).get("metadata") or {}).get("annotations") or {}
+    request = recorded_request(annotations.get(REQUEST_ANNOTATION), defaults)
+    return None if request is None else request.network_topology()

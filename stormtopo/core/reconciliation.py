@@ -14,8 +14,8 @@ from typing import Any
 from stormtopo.core.gang import requests_resources, template_spec
 from stormtopo.core.jsonpatch import set_annotations, set_spec_fields
 from stormtopo.core.movable import not_movable_reason
-from stormtopo.core.moves import asks_healing, heal_annotation_problem, released_topology
-from stormtopo.core.narrowing import held_tier
+from stormtopo.core.moves import asks_healing, heal_annotation_problem
+from stormtopo.core.narrowing import held_tier, released_hold
 from stormtopo.core.optin import listing
 from stormtopo.core.podgroup import (
     carries_constraint,
@@ -163,7 +163,7 @@ def _replica_group(
 
 def _let_go(snapshot: ServiceSnapshot) -> list[Write]:
     """While the request is invalid, the PodGroups that a move holds go back to the networkTopology of
-    their last valid request (core/moves.py released_topology); their gang, and every other PodGroup,
+    their last valid request (core/narrowing.py released_hold: a move's or a narrowing's); their gang, and every other PodGroup,
     stay as they are."""
     namespace = snapshot.stormservice["metadata"].get("namespace", "")
     defaults = snapshot.tiers.network_topology_defaults
@@ -171,7 +171,7 @@ def _let_go(snapshot: ServiceSnapshot) -> list[Write]:
     for roleset in snapshot.rolesets:
         name = roleset["metadata"]["name"]
         podgroup = snapshot.podgroups.get(name)
-        topology = released_topology(podgroup, snapshot.stormservice, name, defaults)
+        topology = released_hold(podgroup, snapshot.stormservice, name, defaults)
         if podgroup is not None and topology is not None:
             writes.append(PatchPodGroup(namespace, name, set_spec_fields(podgroup.get("spec"), {"networkTopology": topology})))
     return writes

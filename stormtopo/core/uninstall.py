@@ -3,7 +3,8 @@ writes that take it back when stormtopo is uninstalled or stopped for good.
 
 - pods held at stormtopo's scheduling gate: the gate removed (they are scheduled as without stormtopo);
 - PodGroups held `hard` by a move of healing: back to what their StormService asks (nothing, if it asks
-  for nothing valid any more);
+  for nothing valid any more); held by a soft replica's narrowing (core/narrowing.py): back to the request
+  the PodGroup records;
 - the node tier: every leaf gets its nodes back, then the tier-0 HyperNodes go.
 
 Everything else stormtopo wrote either follows its owner (its PodGroups are owned by their RoleSet) or
@@ -21,6 +22,7 @@ from typing import Any
 
 from stormtopo.core.jsonpatch import set_spec_fields
 from stormtopo.core.moves import recorded_moves, released_topology
+from stormtopo.core.narrowing import released_narrowing
 from stormtopo.core.podgroup import desired_fields, withdraw
 from stormtopo.core.request import ClusterTiers, RequestError, Scope, TopologyRequest, request_of
 from stormtopo.core.topology.node_tier import plan_node_tier
@@ -51,7 +53,7 @@ class ClusterPages:
 
 
 def plan_uninstall(snapshot: ClusterSnapshot) -> list[Write]:
-    """Gates first (a held pod waits for nobody once stormtopo is gone), then the moves' holds, then
+    """Gates first (a held pod waits for nobody once stormtopo is gone), then the holds (narrowings, moves), then
     the node tier's HyperNodes (leaves before the tier-0 HyperNodes they name)."""
     one_page = ClusterPages(
         snapshot.hypernodes, [snapshot.pods], [snapshot.stormservices], [snapshot.rolesets], [snapshot.podgroups], snapshot.tiers
@@ -61,11 +63,13 @@ def plan_uninstall(snapshot: ClusterSnapshot) -> list[Write]:
 
 def plan_uninstall_in_pages(cluster: ClusterPages) -> Iterator[list[Write]]:
     """plan_uninstall, a batch of writes per page read: what it keeps beyond one page is the StormServices
-    with a move under way and their RoleSets (only their PodGroups can be held), and the HyperNodes."""
+    with a move under way and their RoleSets (only their PodGroups can be held by a move), and the HyperNodes;
+    a narrowing is judged from its PodGroup alone."""
     for pods in cluster.pods:
         if gates := release_gates(pods):
             yield list(gates)
     moving = tuple(s for page in cluster.stormservices for s in page if _moving(s))
+    rolesets: tuple[Mapping[str, Any], ...] = ()
     if moving:
         keys = {(s["metadata"].get("namespace"), s["metadata"]["name"]) for s in moving}
         rolesets = tuple(
@@ -74,10 +78,12 @@ def plan_uninstall_in_pages(cluster: ClusterPages) -> Iterator[list[Write]]:
             for r in page
             if (r["metadata"].get("namespace"), (r["metadata"].get("labels") or {}).get(STORMSERVICE_LABEL)) in keys
         )
-        for podgroups in cluster.podgroups:
-            held = ClusterSnapshot((), (), moving, rolesets, tuple(podgroups), cluster.tiers)
-            if holds := release_holds(held):
-                yield list(holds)
+    for podgroups in cluster.podgroups:
+        holds = release_narrowings(podgroups)
+        if moving:
+            holds += release_holds(ClusterSnapshot((), (), moving, rolesets, tuple(podgroups), cluster.tiers))
+        if holds:
+            yield list(holds)
     if node_tier := plan_node_tier(cluster.hypernodes, {}, {}, enabled=False):
         yield list(node_tier)
 
@@ -102,6 +108,19 @@ def release_gates(pods: Sequence[Mapping[str, Any]]) -> list[PatchPod]:
                 {"op": "remove", "path": f"/spec/schedulingGates/{i}"},
             ]
         out.append(PatchPod(pod["metadata"].get("namespace", ""), pod["metadata"]["name"], ops))
+    return out
+
+
+def release_narrowings(podgroups: Iterable[Mapping[str, Any]]) -> list[PatchPodGroup]:
+    """Each PodGroup a narrowing holds, back to the request it records: judged from the PodGroup alone, a page at
+    a time (its StormService is not needed: the narrowing would end by itself, but no one is left to end it)."""
+    out = []
+    for podgroup in podgroups:
+        released = released_narrowing(podgroup)
+        ops = [] if released is None else set_spec_fields(podgroup.get("spec"), {"networkTopology": released})
+        if ops:
+            meta = podgroup["metadata"]
+            out.append(PatchPodGroup(str(meta.get("namespace", "")), meta["name"], ops))
     return out
 
 

@@ -93,3 +93,18 @@ def test_the_reconciler_keeps_a_narrowing_within_its_time_and_writes_the_request
     plan = plan_stormservice(ServiceSnapshot(other, (rs,), {name: narrowed_group(narrowing_record(2, NOW), HELD1)}, TIERS), now=NOW)
     ops = [op["value"] for w in plan.writes if isinstance(w, PatchPodGroup) for op in w.ops if op["path"] == "/spec/networkTopology"]
     assert ops == [{"mode": "soft", "highestTierName": "leaf"}]  # a record beyond the request's tier: not honoured
+
+
+def test_a_request_made_invalid_while_narrowed_lets_the_narrowing_go_to_the_last_valid_request() -> None:
+    """Bad input changes nothing, but a hold is no request: the webhook and the reconciler both give the PodGroup
+    the networkTopology of the last valid request it records, as they do for a move's hold."""
+    typo = service({MODE: "sotf", HIGHEST_TIER: "2"})
+    rs = aibrix_roleset()
+    stored = narrowed_group(narrowing_record(1, NOW), HELD1)
+    stored["metadata"]["annotations"]["stormtopo.io/request"] = "soft within tier 2, scope RoleSet"
+    rewrite = podgroup(stored["metadata"]["name"], spec={"minMember": 2, "queue": "default"})
+    patch = admit_podgroup(rewrite, rs, typo, TIERS, last_valid=stored, old=stored, now=NOW).patch
+    assert {"op": "add", "path": "/spec/networkTopology", "value": AS_ASKED} in patch
+    plan = plan_stormservice(ServiceSnapshot(typo, (rs,), {stored["metadata"]["name"]: stored}, TIERS), now=NOW)
+    ops = [op for w in plan.writes if isinstance(w, PatchPodGroup) for op in w.ops]
+    assert ops == [{"op": "replace", "path": "/spec/networkTopology", "value": AS_ASKED}]

@@ -177,3 +177,22 @@ def test_every_gate_of_stormtopos_comes_off_and_no_other() -> None:
             del gates[index]
     assert gates == [{"name": "other"}]
     assert release_gates([gated("other")]) == []
+
+
+def test_a_narrowing_goes_back_to_the_request_its_podgroup_records_with_no_service_needed() -> None:
+    """core/narrowing.py: a soft replica held hard while it preempts. Judged from the PodGroup alone, in every
+    page of PodGroups, whatever its service (no move under way)."""
+    record = {"stormtopo.io/narrowed": json.dumps({"v": 1, "tier": 1, "at": "2026-12-05T00:00:00Z"})}
+    plain = builders.service({MODE: "soft", HIGHEST_TIER: "2"})
+    narrowed = snapshot(plain, HELD_HARD, request="soft within tier 2, scope RoleSet")
+    narrowed.podgroups[0]["metadata"]["annotations"] |= record
+    (patch,) = [w for w in plan_uninstall(narrowed) if isinstance(w, PatchPodGroup)]
+    assert patch.ops == [{"op": "replace", "path": "/spec/networkTopology", "value": {"mode": "soft", "highestTierAllowed": 2}}]
+    # A record on a PodGroup not held by it (let go already, or written by someone else): left alone.
+    let_go = snapshot(plain, {"networkTopology": {"mode": "soft", "highestTierAllowed": 2}}, request="soft within tier 2, scope RoleSet")
+    let_go.podgroups[0]["metadata"]["annotations"] |= record
+    assert not [w for w in plan_uninstall(let_go) if isinstance(w, PatchPodGroup)]
+    # No request recorded to go back to: left as it is, rather than given a topology guessed from nothing.
+    unknown = snapshot(plain, HELD_HARD)
+    unknown.podgroups[0]["metadata"]["annotations"] = dict(record)
+    assert not [w for w in plan_uninstall(unknown) if isinstance(w, PatchPodGroup)]
