@@ -544,7 +544,7 @@ def run(size: str) -> dict[str, Any]:
                         name = case_name(nodes, seed, gang, arm)
                         gangs[name] = (nodes, seed, gang, arm)
                         evicted: list[str] = []
-                        if arm != "volcano":
+                        if arm.startswith("stormtopo"):
                             fewest = Fewest.GPUS if arm == "stormtopo-gpus" else Fewest.PODS
                             evicted, planned[name] = stormtopo_victims(c, gang, fewest)
                         specs.append(spec_case(name, c, narrowed(c, gang) if arm == "narrowed" else gang, evicted))
@@ -560,7 +560,7 @@ def run(size: str) -> dict[str, Any]:
             minima[(nodes, seed, gang)] = fewest_pods, least_gpus = minimum(c, gang, "pods"), minimum(c, gang, "gpus")
             near[(nodes, seed, gang)] = near_both(c, gang, fewest_pods, least_gpus)
         reduced = reduce(c, gang, record, *minima[(nodes, seed, gang)]) | {"near_both_minima_exists": near[(nodes, seed, gang)]}
-        extra = {"plan_seconds": round(planned[record["case"]], 4)} if arm != "volcano" else {}
+        extra = {"plan_seconds": round(planned[record["case"]], 4)} if record["case"] in planned else {}
         case = {"case": record["case"], "nodes": nodes, "seed": seed, "shape": list(gang.pods), "mode": gang.mode, "arm": arm}
         cases.append(case | reduced | extra)
     rows = summarise(cases)

@@ -17,7 +17,7 @@ from stormtopo.core.narrowing import held_tier, released_hold
 from stormtopo.core.ownership import stormservice_name
 from stormtopo.core.podgroup import carries_constraint as carries_constraint  # the webhook's import
 from stormtopo.core.podgroup import desired_fields, owned_fields, service_group_name
-from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TopologyRequest, request_of, written_scope
+from stormtopo.core.request import ClusterTiers, Mode, RequestError, Scope, TierLimit, TopologyRequest, request_of, written_scope
 from stormtopo.core.switches import switched_on
 from stormtopo.core.vocabulary import (
     ADMITTED_LABEL,
@@ -199,7 +199,7 @@ def admit_pod(
         patch += _gate(pod, DOMAIN_GATE)
     elif (
         isinstance(request, TopologyRequest)
-        and (exact_preemption or (narrowing and request.mode is Mode.SOFT))
+        and (exact_preemption or (narrowing and request.mode is Mode.SOFT and request.limit != TierLimit()))
         and scope is Scope.ROLESET
         and unbound
         and preempts(pod)

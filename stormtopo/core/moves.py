@@ -66,7 +66,7 @@ def annotation_table(obj: Mapping[str, Any], annotation: str) -> dict[str, Mappi
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(annotation)
     try:
         table = json.loads(raw) if raw else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # its owner may write anything here ("[" * 200,000 recurses)
         return {}
     if not isinstance(table, dict):
         return {}

@@ -33,6 +33,7 @@ from stormtopo.core.writes import PatchPodGroup
 
 NARROWED_FOR = 120.0  # seconds a narrowing holds a soft replica hard, from its record's `at`
 RECORD_VERSION = 1
+RECORD_LIMIT = 256  # characters: a record stormtopo writes is about 50; longer is not read
 
 
 def narrowing_record(tier: int, at: float) -> str:
@@ -74,18 +75,27 @@ def narrow(namespace: str, podgroup: Mapping[str, Any], request: TopologyRequest
     return PatchPodGroup(namespace, str(podgroup["metadata"]["name"]), ops)
 
 
-def is_narrowed_to(podgroup: Mapping[str, Any] | None, request: TopologyRequest, tier: int) -> bool:
-    """The PodGroup as stored carries the narrowing to `tier` (its pods may go: Volcano sees it hard)."""
+def is_narrowed_to(podgroup: Mapping[str, Any] | None, request: TopologyRequest, tier: int, wall: float) -> bool:
+    """The PodGroup as stored carries the narrowing to `tier`, with at least half its time left by the clock
+    `wall` (its pods may go: Volcano sees it hard long enough to preempt). A record left from an earlier hold, or
+    dated far ahead, is no narrowing for this one: it is written anew."""
     spec = (podgroup or {}).get("spec") or {}
     record = _record(podgroup)
-    return record is not None and record.get("tier") == tier and spec.get("networkTopology") == held_within(request, tier)
+    at = recorded_seconds((record or {}).get("at"))
+    fresh = at is not None and -CLOCK_SKEW <= wall - at <= NARROWED_FOR / 2
+    return fresh and (record or {}).get("tier") == tier and spec.get("networkTopology") == held_within(request, tier)
+
+
+def narrowed_since(first: float | None, wall: float) -> float:
+    """When a narrowing is dated: as first written for this hold, unless that is past half its time."""
+    return first if first is not None and 0 <= wall - first <= NARROWED_FOR / 2 else wall
 
 
 def _record(podgroup: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     raw = (((podgroup or {}).get("metadata") or {}).get("annotations") or {}).get(NARROWED_ANNOTATION)
     try:
-        record = json.loads(raw) if isinstance(raw, str) else None
-    except ValueError:
+        record = json.loads(raw) if isinstance(raw, str) and len(raw) <= RECORD_LIMIT else None
+    except (ValueError, RecursionError):  # anyone who may write the PodGroup writes this annotation
         return None
     return record if isinstance(record, dict) and record.get("v") == RECORD_VERSION else None
 

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 from stormtopo.core.gang import container_gpus
 from stormtopo.core.moves import recorded_seconds
-from stormtopo.core.narrowing import NARROWED_FOR, is_narrowed_to, narrow
+from stormtopo.core.narrowing import NARROWED_FOR, is_narrowed_to, narrow, narrowed_since
 from stormtopo.core.node_fit import NodeFacts, nodes_for
 from stormtopo.core.packing import domains_at_tier, fits
 from stormtopo.core.placement import release_into
@@ -69,6 +69,7 @@ class RoomReading:
     namespaces: frozenset[str] | None = None  # where victims may be (the chart's victimNamespaces); None: anywhere
     groups: Mapping[str, VictimGroup] = field(default_factory=dict)  # gang -> its PodGroup, as read so far
     groups_read: bool = False  # no more reads: a gang whose PodGroup is not known is not taken
+    gangpreempt: bool = True  # Volcano's scheduler runs gangpreempt (as its configuration reads; unread: assumed)
 
 
 @dataclass(frozen=True)
@@ -198,14 +199,14 @@ def _narrowed(
     `waiting`: the hold as it stands, with the writes that let the replica go."""
     let_go = RoomPlan(waiting.writes)
     hold = waiting.hold or RoomHold()
-    if victims is None or replica.podgroup is None:
-        return let_go
+    if victims is None or replica.podgroup is None or not reading.gangpreempt:
+        return let_go  # (without gangpreempt nothing preempts for it, hard or soft: nothing to narrow for)
     unknown = frozenset(h.gang for node, i in victims.chosen if (h := holders[node][i]).gang is not None and h.gang not in reading.groups)
     if unknown:
         return RoomPlan(hold=hold, needs_groups=unknown)
     tier = victims.tier
-    if not is_narrowed_to(replica.podgroup, request, tier):  # narrowed first; let go once its PodGroup shows it
-        at = hold.narrowed_at if hold.narrowed_at is not None else wall
+    if not is_narrowed_to(replica.podgroup, request, tier, wall):  # narrowed first; let go once its PodGroup shows it
+        at = narrowed_since(hold.narrowed_at, wall)
         narrowed = narrow(replica.namespace, replica.podgroup, request, tier, at)
         return RoomPlan((narrowed,), hold=replace(hold, narrowed_at=at), recheck_in=waiting.recheck_in)
     pods = ", ".join(f"{n} of priority {p}" for p, n in victims.by_priority)

@@ -216,7 +216,7 @@ async def run(config: OperatorConfig) -> None:
         node_tier_off = NodeTier(index, api, room, leading=lambda: leadership.is_leader, enabled=False, report=events)
         loops.every("node-tier", NODE_TIER_OFF_INTERVAL, node_tier_off.check)
     draining = asyncio.Event()
-    ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops, draining.is_set)
+    ca, webhook_runner = await _serve_webhook(config, index, opted_in, loops, draining.is_set, leadership.leader_known)
     ready = asyncio.Event()
     probes_runner = await _serve_probes(config, loops, ready)
     kopf_ready = asyncio.Event()
@@ -316,7 +316,12 @@ async def _start_volcano_detection(index: Index, loops: Loops, interval: float) 
 
 
 async def _serve_webhook(
-    config: OperatorConfig, index: Index, opted_in: OptedInList, loops: Loops, draining: Callable[[], bool]
+    config: OperatorConfig,
+    index: Index,
+    opted_in: OptedInList,
+    loops: Loops,
+    draining: Callable[[], bool],
+    leader_known: Callable[[], bool] = lambda: True,
 ) -> tuple[bytes, web.AppRunner]:
     """The admission webhook over TLS, its certificate reloaded as it changes; returns the CA bundle."""
     cert, key, ca = _certificates(config)
@@ -325,9 +330,15 @@ async def _serve_webhook(
     loops.every("certificate-reloader", reloader.interval, reloader.check)
     # shutdown_timeout: a review still in flight once the drain is over is not waited for past CLOSE_WAIT
     # (aiohttp's default, 60 s, would outlast the pod's grace period and skip every step after it).
-    holds = config.exact_preemption, config.narrow_soft_preemption  # which replicas' pods wait at the room gate
     runner = web.AppRunner(
-        webhook.build_app(index, opted_in, draining=draining, exact_preemption=holds[0], narrowing=holds[1]),
+        webhook.build_app(
+            index,
+            opted_in,
+            draining=draining,
+            exact_preemption=config.exact_preemption,
+            narrowing=config.narrow_soft_preemption,
+            leader_known=leader_known,
+        ),
         access_log=None,
         shutdown_timeout=CLOSE_WAIT,
     )

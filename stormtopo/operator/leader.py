@@ -91,6 +91,15 @@ class Leadership:
         # Expires by itself: a renewal that hangs ends leadership at the deadline, not when it returns.
         return self._renewed_at is not None and time.monotonic() - self._renewed_at < self.renew_deadline
 
+    def leader_known(self) -> bool:
+        """Some replica leads, as far as this one knows: itself, or another whose Lease this replica saw change
+        less than a duration ago. The webhook holds a pod at the room gate only then: a held pod waits for a
+        leader to let it go."""
+        if self.is_leader:
+            return True
+        observed = self._observed
+        return observed is not None and bool(observed.record[0]) and time.monotonic() - observed.seen_at < self.duration
+
     async def run(self, loop: Loop | None = None) -> None:
         """Renew or acquire every retry period, forever: no failure, of the API or of `on_elected`,
         ends it. `loop` (when supervised) learns of every attempt that completed."""

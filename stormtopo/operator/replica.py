@@ -52,6 +52,9 @@ NODES_TTL = 30.0  # seconds a reading of the nodes is reused for the switch tree
 NODES_FRESH = 5.0  # a reading this recent knows every node: one it lacks is not in the cluster
 LEAVING_TIMEOUT = 5.0  # seconds the next held replica waits for the last one's victims to show as leaving
 GROUP_RETRY = 2.0  # seconds before a preemption whose victims' PodGroups went unread is planned again
+# Seconds a held replica's plan waits for the free-room reading's first list, under the room lock; then the lock
+# is let go and the replica planned again shortly (its hold's limit lets it go without the reading).
+ROOM_READING_WAIT = 5.0
 
 
 @dataclass
@@ -138,8 +141,15 @@ class PlacementReporter:
             if snapshot is None or not self.leading():
                 return
             memory = self._memory.get(key, ReplicaMemory())
-            free = await self.room.free_gpus()
+            try:
+                free = await asyncio.wait_for(self.room.free_gpus(), ROOM_READING_WAIT)
+            except TimeoutError:  # the first list still under way (the API server slow): no other replica waits on it
+                log.info("the free-room reading is not listed yet; %s is planned again shortly", key[1])
+                self._recheck_in(key, GROUP_RETRY)
+                return
             reading = self._room_reading(free)
+            if self.narrowing and self.volcano is not None and (conf := await self.volcano.scheduler()) is not None:
+                reading = replace(reading, gangpreempt=conf.preempts_for_topology)
             for round in range(1, GROUP_ROUNDS + 2):  # the victims' PodGroups read as the plan asks (core/preempting.py)
                 snapshot = replace(snapshot, free_gpus=free, room=reading)
                 plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
@@ -216,6 +226,8 @@ class PlacementReporter:
         if spread is not None and plan.spread_kept_first:  # before the first await (ReplicaPlan.spread_kept_first)
             self._keep_spread(service, spread)
         metrics.TOPOLOGY_VIOLATIONS.inc(plan.violations)
+        if plan.recheck_in is not None and self.wake is not None:  # before the writes: one refused is planned again then
+            self._recheck_in(key, min(plan.recheck_in, SETTLE_SECONDS) + 0.5)
         await execute(self.api, plan.all_writes(snapshot.stormservice), self.report)
         if spread is not None and not plan.spread_kept_first:
             self._keep_spread(service, spread)
@@ -243,14 +255,12 @@ class PlacementReporter:
             self._spread[service] = spread
 
     def _wake_siblings(self, key: Key, plan: ReplicaPlan) -> None:
-        """Plan again the siblings this replica's placement lets go, and this replica once the sibling it
-        waits for no longer counts (a little after: the planner compares with a strict bound)."""
+        """Plan again the siblings this replica's placement lets go (this replica's own look again, once the
+        sibling it waits for no longer counts or its hold ends, was asked for before the writes)."""
         if self.wake is None:
             return
         for name in plan.wake:
             self.wake((key[0], name))
-        if plan.recheck_in is not None:
-            self._recheck_in(key, min(plan.recheck_in, SETTLE_SECONDS) + 0.5)
 
     def _victim_groups(self) -> VictimGroups:
         if self._groups is None:

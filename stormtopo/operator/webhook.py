@@ -78,12 +78,19 @@ def build_app(
     draining: Callable[[], bool] = lambda: False,
     exact_preemption: bool = False,
     narrowing: bool = False,
+    leader_known: Callable[[], bool] = lambda: True,
 ) -> web.Application:
     """The webhook routes. `client_ca` (default: CLIENT_CA_ENV): the gate requires a verified client
     certificate, which tls_context asks every caller for when the same variable is set. While `draining`
     (the replica stops), every answer closes its connection: the API server's next review opens a new one,
     to a replica that stays, instead of meeting this one's close under a review in flight."""
     client_ca = client_ca if client_ca is not None else client_ca_file()
+
+    def room_gate() -> tuple[bool, bool]:
+        """(exact preemption, narrowing) for this pod: neither while no replica is known to lead (a pod held at
+        the room gate waits for the leader; without one, it goes to Volcano as it is)."""
+        known = (exact_preemption or narrowing) and leader_known()
+        return exact_preemption and known, narrowing and known
 
     async def read_stored(namespace: str, name: str) -> dict[str, Any] | None:
         return await asyncio.to_thread(index.api.get, AIBRIX, "stormservices", namespace, name)
@@ -120,7 +127,7 @@ def build_app(
                 group = joined_gang(roleset, stormservice, tiers)
                 gang = await index.read_podgroup(namespace, group)
                 groups = {group: gang} if gang is not None else {}
-            decision = admit_pod(pod, roleset, stormservice, tiers, owner, groups, exact_preemption, narrowing)
+            decision = admit_pod(pod, roleset, stormservice, tiers, owner, groups, *room_gate())
             if listed is Listed.FOR_NOTHING:  # read from the API server just now: asks for nothing
                 return marked_admitted(pod, decision)
             if stormservice is not None and strips_opt_in_label(decision):

@@ -50,6 +50,8 @@ def narrowed_group(record: str | None, topology: dict[str, Any] | None = None) -
         (json.dumps({"v": 1, "tier": 1}), SOFT2, NOW, None),  # no time to count from
         ("hard within tier 1", SOFT2, NOW, None),
         ("[1]", SOFT2, NOW, None),
+        ("[" * 200_000, SOFT2, NOW, None),  # anyone who may write the PodGroup writes this: no recursion, no crash
+        (narrowing_record(1, NOW) + " " * 300, SOFT2, NOW, None),  # longer than any record stormtopo writes
     ],
 )
 def test_a_record_holds_a_soft_replica_only_within_its_request_and_its_time(

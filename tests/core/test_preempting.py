@@ -88,7 +88,13 @@ def plan(**kw: Any) -> Any:
         groups = {h.gang: VictimGroup(DEFAULT_QUEUE, f"class-{h.priority}") for hs in holders.values() for h in hs if h.gang}
         kw["values"] = {f"class-{h.priority}": h.priority for hs in holders.values() for h in hs} | kw.get("values", {})
     reading = RoomReading(
-        kw.pop("free", FULL), holders, kw.pop("gangs", {}), kw.pop("nodes", None), groups=groups, groups_read=kw.pop("groups_read", False)
+        kw.pop("free", FULL),
+        holders,
+        kw.pop("gangs", {}),
+        kw.pop("nodes", None),
+        groups=groups,
+        groups_read=kw.pop("groups_read", False),
+        gangpreempt=kw.pop("gangpreempt", True),
     )
     args: dict[str, Any] = {
         "request": HARD1,
@@ -405,6 +411,15 @@ def test_a_soft_replica_that_must_preempt_is_narrowed_to_one_leaf_before_its_pod
     # Planned again before its PodGroup shows it (another pod's event): the same record, dated as first written.
     again = narrowed(hold=first.hold, wall=NOW + 5)
     assert again.writes == first.writes
+    # A record left from an earlier hold (past half its time), or dated far ahead: no narrowing for this one.
+    for stale in (NOW - 61, NOW + 3600):
+        anew = narrowed(podgroup=soft_group(HELD1, at=stale))
+        assert not releases(anew.writes) and anew.hold == RoomHold(narrowed_at=NOW), stale
+        [write] = anew.writes
+        [record] = [op["value"] for op in write.ops if op["path"].endswith("narrowed")]  # (replacing the stale one)
+        assert json.loads(record)["at"] == "2027-01-15T08:00:00Z"
+    # A hold first narrowed long ago (a hold longer than the narrowing's half): dated anew, not expired at birth.
+    assert narrowed(hold=RoomHold(narrowed_at=NOW - 100)).hold == RoomHold(narrowed_at=NOW)
     # Its PodGroup narrowed: the pods go, and the Event says where gangpreempt will look and for how long.
     shown = narrowed(podgroup=soft_group(HELD1, at=NOW), hold=first.hold)
     assert len(releases(shown.writes)) == 2 and not [w for w in shown.writes if isinstance(w, PreemptPods)]
@@ -425,6 +440,8 @@ def test_narrowing_never_costs_a_soft_replica_room_it_has_or_preemption_it_had()
     assert len(releases(off.writes)) == 2
     late = narrowed(held_for=31.0)
     assert [s.reason for s in late.says] == ["ReplicaLetGo"] and len(releases(late.writes)) == 2
+    no_gangpreempt = plan(enabled=False, narrowing=True, request=SOFT1, podgroup=soft_group(), wall=NOW, gangpreempt=False)
+    assert len(releases(no_gangpreempt.writes)) == 2 and not no_gangpreempt.says  # nothing would preempt for it anyway
     unknown = narrowed(groups={}, values={"class-100": 100})  # the victims' jobs not read yet: asked for, nothing written
     assert unknown.needs_groups and not unknown.writes
     assert len(releases(narrowed(podgroup=None).writes)) == 2  # (the shell waits for its PodGroup: queue_of(None))
@@ -446,4 +463,5 @@ def test_the_webhook_holds_a_soft_replicas_pod_that_may_preempt_for_narrowing() 
     soft = {MODE: "soft", HIGHEST_TIER: "1"}
     assert gates(soft) == [[{"name": ROOM_GATE}]]
     assert gates(soft, narrowing=False) == [] and gates(soft, priority=0) == []
+    assert gates({MODE: "soft"}) == []  # no tier asked: nothing to narrow within, no reason to wait
     assert gates({MODE: "hard", HIGHEST_TIER: "1"}) == []  # hard: no gate unless exact preemption is on

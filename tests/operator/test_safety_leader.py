@@ -8,9 +8,9 @@ import contextlib
 import copy
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
-from stormtopo.kube.client import ApiError, ApiUnavailable
+from stormtopo.kube.client import Api, ApiError, ApiUnavailable
 from stormtopo.operator.leader import LEASE_NAME, Leadership, held_by_another, observe
 from stormtopo.operator.loops import Loop
 
@@ -224,3 +224,17 @@ def test_a_renewal_that_writes_between_the_releases_read_and_write_does_not_keep
         assert store.lease["spec"]["holderIdentity"] == ""
 
     asyncio.run(scenario())
+
+
+def test_a_follower_knows_a_leader_while_the_lease_it_saw_changes_and_not_after() -> None:
+    """The webhook holds a pod at the room gate only while some replica is known to lead (core/narrowing.py,
+    exact preemption): a held pod waits for a leader to let it go."""
+    assert Leadership(None).leader_known()  # no election: this replica leads
+    follower = Leadership(cast(Api, object()), "ns", "b")  # never called: only what it observed counts
+    assert not follower.leader_known()  # nothing seen yet
+    follower._observed = observe(None, _lease("a", "t1", "1"), now=time.monotonic())
+    assert follower.leader_known()
+    follower._observed = observe(None, _lease("a", "t1", "1"), now=time.monotonic() - 16)  # unchanged a whole duration
+    assert not follower.leader_known()
+    follower._observed = observe(None, _lease("", "t1", "2"), now=time.monotonic())  # released: nobody leads
+    assert not follower.leader_known()
