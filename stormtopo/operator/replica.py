@@ -55,6 +55,7 @@ GROUP_RETRY = 2.0  # seconds before a preemption whose victims' PodGroups went u
 # Seconds a held replica's plan waits for the free-room reading's first list, under the room lock; then the lock
 # is let go and the replica planned again shortly (its hold's limit lets it go without the reading).
 ROOM_READING_WAIT = 5.0
+NARROWING_CONF_AGE = 2.0  # seconds: Volcano's configuration as read this recently decides whether to narrow at all
 
 
 @dataclass
@@ -148,7 +149,8 @@ class PlacementReporter:
                 self._recheck_in(key, GROUP_RETRY)
                 return
             reading = self._room_reading(free)
-            if self.narrowing and self.volcano is not None and (conf := await self.volcano.scheduler()) is not None:
+            conf = await self.volcano.scheduler(NARROWING_CONF_AGE) if self.narrowing and self.volcano is not None else None
+            if conf is not None:
                 reading = replace(reading, gangpreempt=conf.preempts_for_topology)
             for round in range(1, GROUP_ROUNDS + 2):  # the victims' PodGroups read as the plan asks (core/preempting.py)
                 snapshot = replace(snapshot, free_gpus=free, room=reading)

@@ -58,11 +58,13 @@ class VolcanoConf:
     _conf: SchedulerConf | None = None
     _said: str | None = field(default=None, repr=False)  # the last problem logged
 
-    async def scheduler(self) -> SchedulerConf | None:
+    async def scheduler(self, fresh_within: float | None = None) -> SchedulerConf | None:
+        """The configuration, read again if the last reading is older than the TTL (or `fresh_within` seconds:
+        a decision that acts on it, rarer than an explanation, wants it current)."""
         if not self.configmap:
             return None
         now = time.monotonic()
-        if now - self._read_at < self.ttl:
+        if now - self._read_at < min(self.ttl, fresh_within if fresh_within is not None else self.ttl):
             return self._conf
         self._read_at = now
         try:

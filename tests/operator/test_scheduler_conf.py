@@ -61,12 +61,15 @@ def test_a_reading_is_reused_for_its_ttl_and_a_failure_is_logged_once(caplog: py
     conf = asyncio.run(reader.scheduler())
     assert conf is not None and conf.preempts_for_topology and conf.where == f"ConfigMap {WHERE} key volcano-scheduler.conf"
     assert asyncio.run(reader.scheduler()) is conf and api.gets == 1  # within its TTL: not read again
+    assert asyncio.run(reader.scheduler(fresh_within=60.0)) is conf and api.gets == 1  # never staler than the TTL
+    asyncio.run(reader.scheduler(fresh_within=0.0))  # a decision that acts on it (narrowing) reads it current
+    assert api.gets == 2
     broken = VolcanoConf(FakeApi(None), WHERE, ttl=0.0)  # type: ignore[arg-type]
     with caplog.at_level(logging.INFO, logger=scheduler_conf.__name__):
         assert asyncio.run(broken.scheduler()) is None and asyncio.run(broken.scheduler()) is None
     assert len([r for r in caplog.records if "not found" in r.getMessage()]) == 1
     unread = VolcanoConf(api, "")  # type: ignore[arg-type]
-    assert asyncio.run(unread.scheduler()) is None and api.gets == 1  # "" reads nothing
+    assert asyncio.run(unread.scheduler()) is None and api.gets == 2  # "" reads nothing
 
 
 def test_a_read_the_api_server_does_not_answer_keeps_the_last_reading(monkeypatch: pytest.MonkeyPatch) -> None:
