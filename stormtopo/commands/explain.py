@@ -11,6 +11,8 @@ from rich.console import Console
 
 from stormtopo.commands.report import NotFound, cluster_view, print_report
 from stormtopo.core.explanation import allowed_tier, explain
+from stormtopo.core.moves import recorded_time
+from stormtopo.core.narrowing import narrowed_tier, narrowing_ends
 from stormtopo.core.placement import placement_record
 from stormtopo.core.priority import known_replica_priority
 from stormtopo.core.priority import priority_values as class_values
@@ -68,6 +70,9 @@ def explain_stormservice(api: Api, namespace: str, name: str, scheduler_configma
             "bound": len(nodes),
             "pods": len(state.wanted),
         }
+        narrowed = narrowed_tier(podgroup, request, tiers, time.time()) if request else None
+        if narrowed is not None:  # a soft replica held hard while Volcano preempts for it (core/narrowing.py)
+            entry["narrowed"] = {"tier": narrowed, "until": recorded_time(narrowing_ends(podgroup) or 0.0)}
         if state.created and state.complete:
             entry["placed"] = placement_record(topology, nodes)
         else:
@@ -132,6 +137,12 @@ def render(report: Mapping[str, Any]) -> list[str]:
             lines.append(f"  replica {entry['replica']}: placed in {at} on {', '.join(placed['nodes'])}; {gang}")
             continue
         lines.append(f"  replica {entry['replica']}: {entry['bound']}/{entry['pods']} pods bound; {gang}")
+        narrowed = entry.get("narrowed")
+        if narrowed:
+            lines.append(
+                f"    held hard within tier {narrowed['tier']} until {narrowed['until']}, so that Volcano's gangpreempt takes its "
+                "victims within one domain (stormtopo.io/narrowed); then as its request asks"
+            )
         pending = entry.get("pending")
         if pending:
             verdict = "capacity exists; Volcano should place it in its next cycles" if pending["fits"] else "it cannot be placed now"

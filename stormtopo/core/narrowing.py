@@ -36,6 +36,12 @@ RECORD_VERSION = 1
 RECORD_LIMIT = 256  # characters: a record stormtopo writes is about 50; longer is not read
 
 
+def narrowing_ends(podgroup: Mapping[str, Any] | None) -> float | None:
+    """When a PodGroup's narrowing ends by its record (wall seconds), for `stormtopo explain`; None without one."""
+    at = recorded_seconds((_record(podgroup) or {}).get("at"))
+    return None if at is None else at + NARROWED_FOR
+
+
 def narrowing_record(tier: int, at: float) -> str:
     return json.dumps({"v": RECORD_VERSION, "tier": tier, "at": recorded_time(at)}, sort_keys=True)
 

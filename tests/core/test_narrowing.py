@@ -110,3 +110,14 @@ def test_a_request_made_invalid_while_narrowed_lets_the_narrowing_go_to_the_last
     plan = plan_stormservice(ServiceSnapshot(typo, (rs,), {stored["metadata"]["name"]: stored}, TIERS), now=NOW)
     ops = [op for w in plan.writes if isinstance(w, PatchPodGroup) for op in w.ops]
     assert ops == [{"op": "replace", "path": "/spec/networkTopology", "value": AS_ASKED}]
+
+
+def test_explain_says_a_pending_replica_is_held_hard_until_its_narrowing_ends() -> None:
+    from stormtopo.commands.explain import render
+
+    entry = {"replica": "rs", "podGroup": "rs", "phase": "Pending", "bound": 0, "pods": 2}
+    narrowed = entry | {"narrowed": {"tier": 1, "until": "2027-01-15T08:02:00Z"}}
+    lines = render({"namespace": "ns", "stormservice": "svc", "request": "soft within tier 2, scope RoleSet", "replicas": [narrowed]})
+    assert "    held hard within tier 1 until 2027-01-15T08:02:00Z, so that Volcano's gangpreempt takes its victims" in "\n".join(lines)
+    plain = render({"namespace": "ns", "stormservice": "svc", "request": "soft within tier 2, scope RoleSet", "replicas": [entry]})
+    assert not any("held hard" in line for line in plain)
