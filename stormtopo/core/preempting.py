@@ -149,6 +149,14 @@ def plan_room(
     if reading.nodes is not None:  # only nodes every pod could run on (selectors, affinity, taints): GPUs elsewhere are no room
         eligible = nodes_for([placement_of(spec) for spec in replica.specs], reading.nodes)
         free = {n: g for n, g in free.items() if n in eligible}
+    soft = request.mode is Mode.SOFT
+    wanted = replica.wanted
+    # Where it fits now, it goes at once: the cheapest check first (soft: the cluster's free GPUs together), and
+    # nothing of the victims read (at 16,384 nodes that is most of a plan's time).
+    if soft and fits(list(free.values()), wanted):
+        return let_go
+    if any(d.fits for level in range(1, allowed_tier + 1) for d in domains_at_tier(topology, free, wanted, level)[:1]):
+        return let_go
     # Never victims where the replica cannot go, nor of another queue or a job Volcano ranks as high (nor of a gang
     # whose PodGroup cannot be known).
     holders = {
@@ -156,12 +164,6 @@ def plan_room(
     }
     # Ranked as Volcano ranks them: by their job's priority where their PodGroup was read (ties, the Event).
     ranked = {n: [_as_job(h, reading, values) for h in hs] for n, hs in holders.items()}
-    soft = request.mode is Mode.SOFT
-    wanted = replica.wanted
-    if any(d.fits for level in range(1, allowed_tier + 1) for d in domains_at_tier(topology, free, wanted, level)[:1]):
-        return let_go
-    if soft and fits(list(free.values()), wanted):
-        return let_go
     if not enabled:  # narrowing: gangpreempt takes the victims, within one domain of the tier this finds
         found = plan_preemption(topology, free, ranked, wanted, priority, allowed_tier, reading.gangs, fewest=fewest)
         return _narrowed(replica, request, found.victims, holders, reading, replace(wait, writes=let_go.writes), wall)
