@@ -64,9 +64,9 @@ def narrowed_tier(
         record = _record(old)
     if record is None:
         return None
-    tier, at = record.get("tier"), recorded_seconds(record.get("at"))
+    tier, at = int(record["tier"]), recorded_seconds(record.get("at"))
     allowed = (cluster or ClusterTiers()).number(request.limit)
-    if not isinstance(tier, int) or isinstance(tier, bool) or allowed is None or not 1 <= tier <= allowed:
+    if allowed is None or tier > allowed:
         return None
     if now is not None and (at is None or not -CLOCK_SKEW <= now - at <= NARROWED_FOR):
         return None
@@ -103,7 +103,10 @@ def _record(podgroup: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         record = json.loads(raw) if isinstance(raw, str) and len(raw) <= RECORD_LIMIT else None
     except (ValueError, RecursionError):  # anyone who may write the PodGroup writes this annotation
         return None
-    return record if isinstance(record, dict) and record.get("v") == RECORD_VERSION else None
+    if not isinstance(record, dict) or record.get("v") != RECORD_VERSION:
+        return None
+    tier = record.get("tier")
+    return record if isinstance(tier, int) and not isinstance(tier, bool) and tier >= 1 else None  # (JSON's true is no tier)
 
 
 def held_tier(
@@ -126,10 +129,10 @@ def narrowing_held(podgroup: Mapping[str, Any] | None) -> int | None:
     clock): its record, and its networkTopology hard within exactly that tier. For letting it go where no valid
     request judges it: a request made invalid meanwhile, an uninstall."""
     record = _record(podgroup)
-    tier = (record or {}).get("tier")
     topology = ((podgroup or {}).get("spec") or {}).get("networkTopology")
-    if not isinstance(tier, int) or isinstance(tier, bool) or not isinstance(topology, Mapping):
+    if record is None or not isinstance(topology, Mapping):
         return None
+    tier = int(record["tier"])
     held = topology.get("mode") == Mode.HARD.value and topology.get("highestTierAllowed") == tier and "highestTierName" not in topology
     return tier if held else None
 
