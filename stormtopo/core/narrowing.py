@@ -21,10 +21,10 @@ tier for two minutes, nothing more.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from stormtopo.core.jsonpatch import set_annotations, set_spec_fields
+from stormtopo.core.jsonpatch import pointer, set_annotations, set_spec_fields
 from stormtopo.core.moves import CLOCK_SKEW, moving_tier, recorded_request, recorded_seconds, recorded_time, released_topology
 from stormtopo.core.podgroup import held_within
 from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest
@@ -159,3 +159,16 @@ def released_narrowing(podgroup: Mapping[str, Any] | None, defaults: tuple[tuple
     annotations = ((podgroup or {}).get("metadata") or {}).get("annotations") or {}
     request = recorded_request(annotations.get(REQUEST_ANNOTATION), defaults)
     return None if request is None else request.network_topology()
+
+
+def narrows(writes: Iterable[object]) -> bool:
+    """A plan's writes narrow a PodGroup (the leader then reads Volcano's configuration as it is now, and does
+    not narrow where it runs no gangpreempt)."""
+    return any(isinstance(w, PatchPodGroup) and any(_records(op) for op in w.ops) for w in writes)
+
+
+def _records(op: Mapping[str, Any]) -> bool:
+    value = op.get("value")
+    return op.get("path") == pointer("metadata", "annotations", NARROWED_ANNOTATION) or (
+        op.get("path") == "/metadata/annotations" and isinstance(value, Mapping) and NARROWED_ANNOTATION in value
+    )

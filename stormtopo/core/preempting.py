@@ -44,7 +44,7 @@ from stormtopo.core.narrowing import NARROWED_FOR, is_narrowed_to, narrow, narro
 from stormtopo.core.node_fit import NodeFacts, nodes_for
 from stormtopo.core.packing import domains_at_tier, fits
 from stormtopo.core.placement import release_into
-from stormtopo.core.preemption import CLUSTER, DomainVictims, Holder, marked_preemptable, plan_preemption, rank_of
+from stormtopo.core.preemption import CLUSTER, Holder, Preemption, marked_preemptable, plan_preemption, rank_of
 from stormtopo.core.priority import job_priority
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
@@ -55,6 +55,7 @@ from stormtopo.core.writes import EvictPod, PreemptPods, Say, Victim, Write
 K = TypeVar("K")  # a replica's key in the shell
 HOLD_MAX = 30.0  # seconds a replica is held at the room gate at most, from its oldest pod's creation (--exact-preemption-hold)
 DEFAULT_QUEUE = "default"  # Volcano's queue for a PodGroup that names none
+NO_GANGPREEMPT = "Volcano's scheduler runs no gangpreempt, and its preempt skips every job with a network topology"
 GROUP_ROUNDS = 4  # reads of victims' PodGroups one plan may ask for, before a gang not read is left alone
 
 
@@ -78,6 +79,7 @@ class RoomHold:
 
     preempted: bool = False  # victims were evicted for it: never again for this hold
     narrowed_at: float | None = None  # wall seconds its PodGroup's narrowing was first written (core/narrowing.py)
+    let_go: bool = False  # let go after narrowing was judged: a plan before its pods' events is not said again
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ def plan_room(
     let_go = RoomPlan(tuple(release_into([], hostnames, replica.held, ROOM_GATE)))
     if not enabled and not (narrowing and request is not None and request.mode is Mode.SOFT):
         return let_go  # turned off (for this mode): no pod of it waits
-    if request is None or allowed_tier is None or replica.bound or hold.preempted or moving:
+    if request is None or allowed_tier is None or replica.bound or hold.preempted or hold.let_go or moving:
         # Turned off; opted out or invalid; part of it placed already; its victims on their way out; or moved by
         # healing, which is voluntary: a move never costs other work its pods (it goes where room was).
         return let_go
@@ -166,7 +168,12 @@ def plan_room(
     ranked = {n: [_as_job(h, reading, values) for h in hs] for n, hs in holders.items()}
     if not enabled:  # narrowing: gangpreempt takes the victims, within one domain of the tier this finds
         found = plan_preemption(topology, free, ranked, wanted, priority, allowed_tier, reading.gangs, fewest=fewest)
-        return _narrowed(replica, request, found.victims, holders, reading, replace(wait, writes=let_go.writes), wall)
+        if found.victims is None and reading.gangpreempt:  # why none qualifies, with every pod that is there counted
+            judged = {
+                n: [_judged(h, replica.queue, priority, reading, values) for h in hs] for n, hs in reading.holders.items() if n in free
+            }
+            found = plan_preemption(topology, free, judged, wanted, priority, allowed_tier, reading.gangs, fewest=fewest)
+        return _narrowed(replica, request, found, holders, reading, replace(wait, writes=let_go.writes), wall)
     plan = plan_preemption(topology, free, ranked, wanted, priority, allowed_tier, reading.gangs, soft=soft, fewest=fewest)
     if plan.victims is None:
         return let_go
@@ -190,19 +197,23 @@ def plan_room(
 def _narrowed(
     replica: HeldReplica,
     request: TopologyRequest,
-    victims: DomainVictims | None,
+    found: Preemption,
     holders: Mapping[str, Sequence[Holder]],
     reading: RoomReading,
     waiting: RoomPlan,
     wall: float,
 ) -> RoomPlan:
     """A soft replica that must preempt: its PodGroup narrowed to the lowest tier where one domain's victims make
-    room, then its pods let go; where none does, let go as it is (gangpreempt then takes room anywhere).
-    `waiting`: the hold as it stands, with the writes that let the replica go."""
+    room, then its pods let go; where none does, let go as it is (gangpreempt then takes room anywhere), and the
+    Event says why. `waiting`: the hold as it stands, with the writes that let the replica go."""
     let_go = RoomPlan(waiting.writes)
-    hold = waiting.hold or RoomHold()
-    if victims is None or replica.podgroup is None or not reading.gangpreempt:
-        return let_go  # (without gangpreempt nothing preempts for it, hard or soft: nothing to narrow for)
+    hold, victims = waiting.hold or RoomHold(), found.victims
+    if replica.podgroup is None:
+        return let_go
+    if victims is None or not reading.gangpreempt:
+        why = found.render() if reading.gangpreempt else NO_GANGPREEMPT
+        message = f"replica {replica.name} must preempt (no room for its whole gang anywhere now), but is not narrowed: {why}; let go"
+        return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNotNarrowed", message),), replace(hold, let_go=True))
     unknown = frozenset(h.gang for node, i in victims.chosen if (h := holders[node][i]).gang is not None and h.gang not in reading.groups)
     if unknown:
         return RoomPlan(hold=hold, needs_groups=unknown)
@@ -218,7 +229,7 @@ def _narrowed(
         f"one domain of that tier, not across the cluster (the fewest are in tier-{tier} {victims.domain}: "
         f"{victims.pods} pod(s) holding {victims.gpus} GPUs, {pods}); then its request ({request.describe()}) again"
     )
-    return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNarrowed", message),))
+    return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNarrowed", message),), replace(hold, let_go=True))
 
 
 @dataclass(frozen=True)
@@ -251,6 +262,15 @@ def _as_job(holder: Holder, reading: RoomReading, values: Mapping[str, int]) -> 
     """The holder at its job's priority, where its PodGroup was read."""
     group = reading.groups.get(holder.gang) if holder.gang is not None else None
     return replace(holder, priority=job_priority(group.priority_class, values)) if group is not None else holder
+
+
+def _judged(holder: Holder, queue: str, priority: int, reading: RoomReading, values: Mapping[str, int]) -> Holder:
+    """A holder as the reason no domain qualifies counts it: at its job's priority; one it may not take for
+    another reason than its rank (another queue, marked, not read) as a pod it does not preempt."""
+    job = _as_job(holder, reading, values)
+    if _takeable(holder, queue, priority, reading, values) or job.priority >= priority:
+        return job
+    return replace(job, preemptable=False)
 
 
 def _takeable(holder: Holder, queue: str, priority: int, reading: RoomReading, values: Mapping[str, int]) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from stormtopo.core.narrowing import narrows
 from stormtopo.core.placement import is_held, is_held_for_room
 from stormtopo.core.preempting import GROUP_ROUNDS, HOLD_MAX, RoomClaim, RoomReading, claimed_room, room_claim
 from stormtopo.core.replica import (
@@ -55,7 +56,6 @@ GROUP_RETRY = 2.0  # seconds before a preemption whose victims' PodGroups went u
 # Seconds a held replica's plan waits for the free-room reading's first list, under the room lock; then the lock
 # is let go and the replica planned again shortly (its hold's limit lets it go without the reading).
 ROOM_READING_WAIT = 5.0
-NARROWING_CONF_AGE = 2.0  # seconds: Volcano's configuration as read this recently decides whether to narrow at all
 
 
 @dataclass
@@ -149,9 +149,6 @@ class PlacementReporter:
                 self._recheck_in(key, GROUP_RETRY)
                 return
             reading = self._room_reading(free)
-            conf = await self.volcano.scheduler(NARROWING_CONF_AGE) if self.narrowing and self.volcano is not None else None
-            if conf is not None:
-                reading = replace(reading, gangpreempt=conf.preempts_for_topology)
             for round in range(1, GROUP_ROUNDS + 2):  # the victims' PodGroups read as the plan asks (core/preempting.py)
                 snapshot = replace(snapshot, free_gpus=free, room=reading)
                 plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
@@ -163,6 +160,9 @@ class PlacementReporter:
                     self._recheck_in(key, GROUP_RETRY)
                     return
                 reading = replace(reading, groups={**reading.groups, **groups}, groups_read=round >= GROUP_ROUNDS)
+            if await self._no_gangpreempt(plan):  # a narrowing only where Volcano runs gangpreempt, as it is now
+                snapshot = replace(snapshot, room=replace(reading, gangpreempt=False))
+                plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
             if not self.leading():
                 return  # deposed while it planned: the new leader plans again
             claim = room_claim(plan.writes, time.monotonic(), self.room_hold)
@@ -171,6 +171,14 @@ class PlacementReporter:
             await self._carry_out(key, snapshot, plan)
             if claim is not None:
                 await self._until_leaving(claim.gpus)
+
+    async def _no_gangpreempt(self, plan: ReplicaPlan) -> bool:
+        """Whether a plan that narrows a replica's PodGroup (core/narrowing.py) should not: Volcano's configuration,
+        read now (one small read per narrowing, rare: a replica that must preempt), runs no gangpreempt."""
+        if not self.narrowing or self.volcano is None or not narrows(plan.writes):
+            return False
+        conf = await self.volcano.scheduler(fresh_within=0.0)
+        return conf is not None and not conf.preempts_for_topology
 
     def _room_reading(self, free: Mapping[str, int]) -> RoomReading:
         """The free-room reading for exact preemption: the room of pods being deleted counts as free (it is

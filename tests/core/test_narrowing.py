@@ -121,3 +121,13 @@ def test_explain_says_a_pending_replica_is_held_hard_until_its_narrowing_ends() 
     assert "    held hard within tier 1 until 2027-01-15T08:02:00Z, so that Volcano's gangpreempt takes its victims" in "\n".join(lines)
     plain = render({"namespace": "ns", "stormservice": "svc", "request": "soft within tier 2, scope RoleSet", "replicas": [entry]})
     assert not any("held hard" in line for line in plain)
+
+
+def test_a_plan_narrows_when_it_writes_the_record_whether_or_not_the_podgroup_had_annotations() -> None:
+    from stormtopo.core.narrowing import narrow, narrows
+
+    request = TopologyRequest(Mode.SOFT, TierLimit(tier=2))
+    bare = podgroup("rs", spec={"networkTopology": AS_ASKED})
+    annotated = podgroup("rs", spec={"networkTopology": AS_ASKED}, annotations={"stormtopo.io/request": "soft within tier 2"})
+    assert narrows([narrow("ns", bare, request, 1, NOW)]) and narrows([narrow("ns", annotated, request, 1, NOW)])
+    assert not narrows([PatchPodGroup("ns", "rs", [{"op": "replace", "path": "/spec/networkTopology", "value": HELD1}])])

@@ -424,7 +424,10 @@ def test_a_soft_replica_that_must_preempt_is_narrowed_to_one_leaf_before_its_pod
     shown = narrowed(podgroup=soft_group(HELD1, at=NOW), hold=first.hold)
     assert len(releases(shown.writes)) == 2 and not [w for w in shown.writes if isinstance(w, PreemptPods)]
     [say] = shown.says
-    assert say.reason == "ReplicaNarrowed" and shown.hold is None
+    assert say.reason == "ReplicaNarrowed" and shown.hold == RoomHold(narrowed_at=NOW, let_go=True)
+    # Planned again before its pods' events show them let go: let go again, said once.
+    again = narrowed(podgroup=soft_group(HELD1, at=NOW), hold=shown.hold)
+    assert len(releases(again.writes)) == 2 and not again.says
     assert "held hard within tier 1 for at most 120 s" in say.message
     assert "the fewest are in tier-1 s0: 4 pod(s) holding 16 GPUs, 4 of priority 100" in say.message
 
@@ -434,6 +437,8 @@ def test_narrowing_never_costs_a_soft_replica_room_it_has_or_preemption_it_had()
     assert len(releases(spread.writes)) == 2 and not spread.says and spread.hold is None
     equal = narrowed(holders={n: batch(priority=HIGH) for n in NODES})  # no domain qualifies: as it is, to Volcano
     assert len(releases(equal.writes)) == 2 and not [w for w in equal.writes if isinstance(w, PatchPodGroup)]
+    [why] = equal.says  # and the Event says why (issue 41, item 4)
+    assert why.reason == "ReplicaNotNarrowed" and "no domain qualifies for preemption: in the best, tier-1 s0, 16 GPUs" in why.message
     hard = plan(enabled=False, narrowing=True, podgroup=soft_group())  # hard: gangpreempt keeps it in one leaf already
     assert len(releases(hard.writes)) == 2 and not hard.says
     off = plan(enabled=False, request=SOFT1, podgroup=soft_group())  # turned off with pods held: let go
@@ -441,7 +446,8 @@ def test_narrowing_never_costs_a_soft_replica_room_it_has_or_preemption_it_had()
     late = narrowed(held_for=31.0)
     assert [s.reason for s in late.says] == ["ReplicaLetGo"] and len(releases(late.writes)) == 2
     no_gangpreempt = plan(enabled=False, narrowing=True, request=SOFT1, podgroup=soft_group(), wall=NOW, gangpreempt=False)
-    assert len(releases(no_gangpreempt.writes)) == 2 and not no_gangpreempt.says  # nothing would preempt for it anyway
+    assert len(releases(no_gangpreempt.writes)) == 2  # nothing would preempt for it anyway
+    assert [s.reason for s in no_gangpreempt.says] == ["ReplicaNotNarrowed"] and "runs no gangpreempt" in no_gangpreempt.says[0].message
     unknown = narrowed(groups={}, values={"class-100": 100})  # the victims' jobs not read yet: asked for, nothing written
     assert unknown.needs_groups and not unknown.writes
     assert len(releases(narrowed(podgroup=None).writes)) == 2  # (the shell waits for its PodGroup: queue_of(None))

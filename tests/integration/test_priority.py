@@ -107,6 +107,27 @@ def test_a_replica_that_no_preemption_can_place_says_why_in_its_warning_and_in_e
     print(f"\n  {message}")
 
 
+def test_a_soft_replica_no_preemption_can_place_is_let_go_and_its_event_says_why(
+    cluster: DevCluster, topology: Topology, namespace: str, priority_classes: None
+) -> None:
+    """Issue 41, item 4, soft: every GPU held by batch pods of the replica's own priority. Narrowing finds no leaf
+    whose victims gangpreempt would take: the replica is let go as it is (soft, to Volcano), not held, and its
+    ReplicaNotNarrowed Event says why. Nothing is preempted."""
+    before = fill_with_batch(cluster, namespace, len(topology.nodes), priority_class=HIGH)
+    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
+    cluster.create(stormservice("equal-soft", namespace, roles, annotations={MODE: "soft", HIGHEST_TIER: "1"}))
+    why = "no domain qualifies for preemption: in the best, tier-1 s0, 16 GPUs are held by pods of priority 1000000 or higher"
+
+    def said() -> str | None:
+        return next((e["message"] for e in cluster.events(namespace, "equal-soft") if e["reason"] == "ReplicaNotNarrowed"), None)
+
+    message = cluster.wait(said, 60, "the replica's ReplicaNotNarrowed Event")
+    assert message is not None and why in message, message
+    pods = cluster.pods(namespace, "storm-service-name=equal-soft")
+    assert len(pods) == 2 and not any(p["spec"].get("schedulingGates") for p in pods), "let go: no stormtopo gate left"
+    assert not preempted(cluster, namespace, BATCH, before)
+
+
 def test_without_the_annotations_volcanos_preempt_still_takes_room_for_it(
     cluster: DevCluster, topology: Topology, namespace: str, priority_classes: None
 ) -> None:
