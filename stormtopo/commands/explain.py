@@ -12,7 +12,7 @@ from rich.console import Console
 from stormtopo.commands.report import NotFound, cluster_view, print_report
 from stormtopo.core.explanation import allowed_tier, explain
 from stormtopo.core.moves import recorded_time
-from stormtopo.core.narrowing import narrowed_tier, narrowing_ends
+from stormtopo.core.narrowing import narrowed_tier, narrowing_ends, narrowing_held
 from stormtopo.core.placement import placement_record
 from stormtopo.core.priority import known_replica_priority
 from stormtopo.core.priority import priority_values as class_values
@@ -70,7 +70,8 @@ def explain_stormservice(api: Api, namespace: str, name: str, scheduler_configma
             "bound": len(nodes),
             "pods": len(state.wanted),
         }
-        narrowed = narrowed_tier(podgroup, request, tiers, time.time()) if request else None
+        held = request is not None and narrowing_held(podgroup) is not None  # its PodGroup hard by it, not by a move
+        narrowed = narrowed_tier(podgroup, request, tiers, time.time()) if held and request else None
         if narrowed is not None:  # a soft replica held hard while Volcano preempts for it (core/narrowing.py)
             entry["narrowed"] = {"tier": narrowed, "until": recorded_time(narrowing_ends(podgroup) or 0.0)}
         if state.created and state.complete:

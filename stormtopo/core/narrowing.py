@@ -42,8 +42,11 @@ def narrowing_ends(podgroup: Mapping[str, Any] | None) -> float | None:
     return None if at is None else at + NARROWED_FOR
 
 
-def narrowing_record(tier: int, at: float) -> str:
-    return json.dumps({"v": RECORD_VERSION, "tier": tier, "at": recorded_time(at)}, sort_keys=True)
+def narrowing_record(tier: int, at: float, over: bool = False) -> str:
+    """The record; `over`: a narrowing ended before its time (a record taken off would come back from the stored
+    PodGroup at AIBrix's next rewrite, which drops annotations it did not set: it is marked over instead)."""
+    record = {"v": RECORD_VERSION, "tier": tier, "at": recorded_time(at)} | ({"over": True} if over else {})
+    return json.dumps(record, sort_keys=True)
 
 
 def narrowed_tier(
@@ -81,6 +84,16 @@ def narrow(namespace: str, podgroup: Mapping[str, Any], request: TopologyRequest
     return PatchPodGroup(namespace, str(podgroup["metadata"]["name"]), ops)
 
 
+def unnarrow(namespace: str, podgroup: Mapping[str, Any], request: TopologyRequest) -> PatchPodGroup:
+    """The write that ends a narrowing before its time: its record marked over (the webhook then holds nothing)
+    and the networkTopology its request asks."""
+    record = _record(podgroup) or {}
+    over = narrowing_record(int(record.get("tier", 1)), recorded_seconds(record.get("at")) or 0.0, over=True)
+    ops = set_spec_fields(podgroup.get("spec"), {"networkTopology": request.network_topology()})
+    ops += set_annotations(podgroup, {NARROWED_ANNOTATION: over})
+    return PatchPodGroup(namespace, str(podgroup["metadata"]["name"]), ops)
+
+
 def is_narrowed_to(podgroup: Mapping[str, Any] | None, request: TopologyRequest, tier: int, wall: float) -> bool:
     """The PodGroup as stored carries the narrowing to `tier`, with at least half its time left by the clock
     `wall` (its pods may go: Volcano sees it hard long enough to preempt). A record left from an earlier hold, or
@@ -103,8 +116,8 @@ def _record(podgroup: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         record = json.loads(raw) if isinstance(raw, str) and len(raw) <= RECORD_LIMIT else None
     except (ValueError, RecursionError):  # anyone who may write the PodGroup writes this annotation
         return None
-    if not isinstance(record, dict) or record.get("v") != RECORD_VERSION:
-        return None
+    if not isinstance(record, dict) or record.get("v") != RECORD_VERSION or record.get("over") is True:
+        return None  # (over: ended before its time)
     tier = record.get("tier")
     return record if isinstance(tier, int) and not isinstance(tier, bool) and tier >= 1 else None  # (JSON's true is no tier)
 
@@ -168,7 +181,10 @@ def narrows(writes: Iterable[object]) -> bool:
 
 
 def _records(op: Mapping[str, Any]) -> bool:
+    """The op writes a narrowing's record (not one marked over)."""
     value = op.get("value")
-    return op.get("path") == pointer("metadata", "annotations", NARROWED_ANNOTATION) or (
-        op.get("path") == "/metadata/annotations" and isinstance(value, Mapping) and NARROWED_ANNOTATION in value
-    )
+    if op.get("path") == "/metadata/annotations" and isinstance(value, Mapping):
+        value = value.get(NARROWED_ANNOTATION)
+    elif op.get("path") != pointer("metadata", "annotations", NARROWED_ANNOTATION):
+        return False
+    return _record({"metadata": {"annotations": {NARROWED_ANNOTATION: value}}}) is not None

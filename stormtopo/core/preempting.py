@@ -40,11 +40,11 @@ from typing import Any, TypeVar
 
 from stormtopo.core.gang import container_gpus
 from stormtopo.core.moves import recorded_seconds
-from stormtopo.core.narrowing import NARROWED_FOR, is_narrowed_to, narrow, narrowed_since
+from stormtopo.core.narrowing import NARROWED_FOR, is_narrowed_to, narrow, narrowed_since, narrowing_held, unnarrow
 from stormtopo.core.node_fit import NodeFacts, nodes_for
 from stormtopo.core.packing import domains_at_tier, fits
 from stormtopo.core.placement import release_into
-from stormtopo.core.preemption import CLUSTER, Holder, Preemption, marked_preemptable, plan_preemption, rank_of
+from stormtopo.core.preemption import CLUSTER, DomainVictims, Holder, marked_preemptable, plan_preemption, rank_of
 from stormtopo.core.priority import job_priority
 from stormtopo.core.request import Mode, TopologyRequest
 from stormtopo.core.topology.tree import Topology
@@ -155,8 +155,8 @@ def plan_room(
     wanted = replica.wanted
     # Where it fits now, it goes at once: the cheapest check first (soft: the cluster's free GPUs together), and
     # nothing of the victims read (at 16,384 nodes that is most of a plan's time).
-    if soft and fits(list(free.values()), wanted):
-        return let_go
+    if soft and fits(list(free.values()), wanted):  # (a narrowing left on its PodGroup is taken off first: soft goes across)
+        return _as_asked(replica, request, wait, let_go) if narrowing and not enabled else let_go
     if any(d.fits for level in range(1, allowed_tier + 1) for d in domains_at_tier(topology, free, wanted, level)[:1]):
         return let_go
     # Never victims where the replica cannot go, nor of another queue or a job Volcano ranks as high (nor of a gang
@@ -167,13 +167,14 @@ def plan_room(
     # Ranked as Volcano ranks them: by their job's priority where their PodGroup was read (ties, the Event).
     ranked = {n: [_as_job(h, reading, values) for h in hs] for n, hs in holders.items()}
     if not enabled:  # narrowing: gangpreempt takes the victims, within one domain of the tier this finds
-        found = plan_preemption(topology, free, ranked, wanted, priority, allowed_tier, reading.gangs, fewest=fewest)
-        if found.victims is None and reading.gangpreempt:  # why none qualifies, with every pod that is there counted
+        within = plan_preemption(topology, free, ranked, wanted, priority, allowed_tier, reading.gangs, fewest=fewest).victims
+        why = NO_GANGPREEMPT
+        if within is None and reading.gangpreempt:  # why none qualifies, with every pod that is there counted
             judged = {
                 n: [_judged(h, replica.queue, priority, reading, values) for h in hs] for n, hs in reading.holders.items() if n in free
             }
-            found = plan_preemption(topology, free, judged, wanted, priority, allowed_tier, reading.gangs, fewest=fewest)
-        return _narrowed(replica, request, found, holders, reading, replace(wait, writes=let_go.writes), wall)
+            why = plan_preemption(topology, free, judged, wanted, priority, allowed_tier, reading.gangs, fewest=fewest).render()
+        return _narrowed(replica, request, within, why, holders, reading, replace(wait, writes=let_go.writes), wall)
     plan = plan_preemption(topology, free, ranked, wanted, priority, allowed_tier, reading.gangs, soft=soft, fewest=fewest)
     if plan.victims is None:
         return let_go
@@ -197,7 +198,8 @@ def plan_room(
 def _narrowed(
     replica: HeldReplica,
     request: TopologyRequest,
-    found: Preemption,
+    victims: DomainVictims | None,
+    why: str,
     holders: Mapping[str, Sequence[Holder]],
     reading: RoomReading,
     waiting: RoomPlan,
@@ -205,13 +207,17 @@ def _narrowed(
 ) -> RoomPlan:
     """A soft replica that must preempt: its PodGroup narrowed to the lowest tier where one domain's victims make
     room, then its pods let go; where none does, let go as it is (gangpreempt then takes room anywhere), and the
-    Event says why. `waiting`: the hold as it stands, with the writes that let the replica go."""
+    Event says why (`why`: no domain qualifies, or no gangpreempt). `waiting`: the hold as it stands, with the
+    writes that let the replica go."""
     let_go = RoomPlan(waiting.writes)
-    hold, victims = waiting.hold or RoomHold(), found.victims
+    hold = waiting.hold or RoomHold()
     if replica.podgroup is None:
         return let_go
     if victims is None or not reading.gangpreempt:
-        why = found.render() if reading.gangpreempt else NO_GANGPREEMPT
+        as_asked = _as_asked(replica, request, waiting, let_go)  # a narrowing left on its PodGroup comes off first
+        if as_asked is not let_go:
+            return as_asked
+        why = why if reading.gangpreempt else NO_GANGPREEMPT
         message = f"replica {replica.name} must preempt (no room for its whole gang anywhere now), but is not narrowed: {why}; let go"
         return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNotNarrowed", message),), replace(hold, let_go=True))
     unknown = frozenset(h.gang for node, i in victims.chosen if (h := holders[node][i]).gang is not None and h.gang not in reading.groups)
@@ -262,6 +268,16 @@ def _as_job(holder: Holder, reading: RoomReading, values: Mapping[str, int]) -> 
     """The holder at its job's priority, where its PodGroup was read."""
     group = reading.groups.get(holder.gang) if holder.gang is not None else None
     return replace(holder, priority=job_priority(group.priority_class, values)) if group is not None else holder
+
+
+def _as_asked(replica: HeldReplica, request: TopologyRequest, waiting: RoomPlan, let_go: RoomPlan) -> RoomPlan:
+    """A replica to let go as its request asks: first its PodGroup's narrowing taken off, where one (left by an earlier
+    hold of the same RoleSet, or this one's) still holds it hard; let go once its PodGroup shows it."""
+    if narrowing_held(replica.podgroup) is None or replica.podgroup is None:
+        return let_go
+    return RoomPlan(
+        (unnarrow(replica.namespace, replica.podgroup, request),), hold=waiting.hold or RoomHold(), recheck_in=waiting.recheck_in
+    )
 
 
 def _judged(holder: Holder, queue: str, priority: int, reading: RoomReading, values: Mapping[str, int]) -> Holder:

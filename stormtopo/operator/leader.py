@@ -97,6 +97,8 @@ class Leadership:
         leader to let it go."""
         if self.is_leader:
             return True
+        if self._stepped_down:  # draining: the Lease it last saw may still name this replica
+            return False
         observed = self._observed
         return observed is not None and bool(observed.record[0]) and time.monotonic() - observed.seen_at < self.duration
 

@@ -53,8 +53,8 @@ NODES_TTL = 30.0  # seconds a reading of the nodes is reused for the switch tree
 NODES_FRESH = 5.0  # a reading this recent knows every node: one it lacks is not in the cluster
 LEAVING_TIMEOUT = 5.0  # seconds the next held replica waits for the last one's victims to show as leaving
 GROUP_RETRY = 2.0  # seconds before a preemption whose victims' PodGroups went unread is planned again
-# Seconds a held replica's plan waits for the free-room reading's first list, under the room lock; then the lock
-# is let go and the replica planned again shortly (its hold's limit lets it go without the reading).
+# Seconds a held replica's plan waits for the free-room reading's first list (before it takes the room lock); then
+# it is planned again shortly (its hold's limit lets it go without the reading).
 ROOM_READING_WAIT = 5.0
 
 
@@ -137,17 +137,18 @@ class PlacementReporter:
         replicas never takes the API calls' threads), evict and let go; then wait, briefly, until the reading
         shows the victims leaving. The room taken is kept from the next held replica's reading until this
         one is placed, so that none takes the same victims again or counts their room as its own."""
+        try:  # outside the lock: while the first list is under way (the API server slow), no held replica waits on another
+            await asyncio.wait_for(self.room.free_gpus(), ROOM_READING_WAIT)
+        except TimeoutError:
+            log.info("the free-room reading is not listed yet; %s is planned again shortly", key[1])
+            self._recheck_in(key, GROUP_RETRY)
+            return
         async with self._room_lock:
             snapshot = await self._snapshot(key)  # read again: the replica before it changed the room
             if snapshot is None or not self.leading():
                 return
             memory = self._memory.get(key, ReplicaMemory())
-            try:
-                free = await asyncio.wait_for(self.room.free_gpus(), ROOM_READING_WAIT)
-            except TimeoutError:  # the first list still under way (the API server slow): no other replica waits on it
-                log.info("the free-room reading is not listed yet; %s is planned again shortly", key[1])
-                self._recheck_in(key, GROUP_RETRY)
-                return
+            free = self.room.free_now()  # (listed above: current to the last event of its watch)
             reading = self._room_reading(free)
             for round in range(1, GROUP_ROUNDS + 2):  # the victims' PodGroups read as the plan asks (core/preempting.py)
                 snapshot = replace(snapshot, free_gpus=free, room=reading)

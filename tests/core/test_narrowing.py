@@ -50,6 +50,7 @@ def narrowed_group(record: str | None, topology: dict[str, Any] | None = None) -
         (json.dumps({"v": 1, "tier": 1}), SOFT2, NOW, None),  # no time to count from
         ("hard within tier 1", SOFT2, NOW, None),
         ("[1]", SOFT2, NOW, None),
+        (narrowing_record(1, NOW, over=True), SOFT2, NOW, None),  # ended before its time: held no more
         ("[" * 200_000, SOFT2, NOW, None),  # anyone who may write the PodGroup writes this: no recursion, no crash
         (narrowing_record(1, NOW) + " " * 300, SOFT2, NOW, None),  # longer than any record stormtopo writes
     ],
@@ -131,3 +132,7 @@ def test_a_plan_narrows_when_it_writes_the_record_whether_or_not_the_podgroup_ha
     annotated = podgroup("rs", spec={"networkTopology": AS_ASKED}, annotations={"stormtopo.io/request": "soft within tier 2"})
     assert narrows([narrow("ns", bare, request, 1, NOW)]) and narrows([narrow("ns", annotated, request, 1, NOW)])
     assert not narrows([PatchPodGroup("ns", "rs", [{"op": "replace", "path": "/spec/networkTopology", "value": HELD1}])])
+    from stormtopo.core.narrowing import unnarrow
+
+    held = podgroup("rs", spec={"networkTopology": HELD1}, annotations={NARROWED_ANNOTATION: narrowing_record(1, NOW)})
+    assert not narrows([unnarrow("ns", held, request)])  # ending one is no narrowing

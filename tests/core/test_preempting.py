@@ -471,3 +471,23 @@ def test_the_webhook_holds_a_soft_replicas_pod_that_may_preempt_for_narrowing() 
     assert gates(soft, narrowing=False) == [] and gates(soft, priority=0) == []
     assert gates({MODE: "soft"}) == []  # no tier asked: nothing to narrow within, no reason to wait
     assert gates({MODE: "hard", HIGHEST_TIER: "1"}) == []  # hard: no gate unless exact preemption is on
+
+
+def test_a_narrowing_left_on_the_podgroup_comes_off_before_a_replica_goes_as_it_is() -> None:
+    """A pod of a replica narrowed a minute ago dies; its new pods are held. Room on two leaves now, or no leaf
+    that qualifies: the replica goes as its request asks (soft, across leaves), so the narrowing is marked over
+    first (taken off, AIBrix's next rewrite would bring the record back from the stored PodGroup)."""
+    left = soft_group(HELD1, at=NOW - 60)
+    for room in (
+        narrowed(podgroup=left, free=FULL | {"node0": 8, "node2": 8}),
+        narrowed(podgroup=left, holders={n: batch(priority=HIGH) for n in NODES}),
+    ):
+        [write] = room.writes
+        assert isinstance(write, PatchPodGroup) and not releases(room.writes) and room.hold is not None
+        ops = {op["path"]: op["value"] for op in write.ops}
+        assert ops["/spec/networkTopology"] == {"mode": "soft", "highestTierAllowed": 1}
+        assert json.loads(ops["/metadata/annotations/stormtopo.io~1narrowed"])["over"] is True
+    over = soft_group(at=NOW - 60)  # the PodGroup as it then is: soft, its record over
+    over["metadata"]["annotations"][NARROWED_ANNOTATION] = narrowing_record(1, NOW - 60, over=True)
+    gone = narrowed(podgroup=over, free=FULL | {"node0": 8, "node2": 8})
+    assert len(releases(gone.writes)) == 2

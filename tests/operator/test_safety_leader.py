@@ -238,3 +238,7 @@ def test_a_follower_knows_a_leader_while_the_lease_it_saw_changes_and_not_after(
     assert not follower.leader_known()
     follower._observed = observe(None, _lease("", "t1", "2"), now=time.monotonic())  # released: nobody leads
     assert not follower.leader_known()
+    draining = Leadership(cast(Api, object()), "ns", "b")
+    draining._observed = observe(None, _lease("b", "t1", "3"), now=time.monotonic())  # it led a moment ago
+    draining._stepped_down = True
+    assert not draining.leader_known()  # stepped down: the Lease it last saw names itself
