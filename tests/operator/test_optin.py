@@ -918,6 +918,37 @@ def test_the_pod_webhook_passes_the_podgroup_of_the_gang_the_pod_joins(tmp_path:
         loop.close()
 
 
+@pytest.mark.timeout(60)
+def test_the_pod_webhook_holds_at_the_room_gate_only_while_a_leader_is_known(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Narrowing and exact preemption hold a pod until the leader lets it go: with no leader known to the replica
+    answering (a follower whose Lease view has gone stale, a draining leader), the pod goes as it is."""
+    seen: list[tuple[bool, bool]] = []
+
+    def fake_admit_pod(*args: Any, exact_preemption: bool = False, narrowing: bool = False) -> Any:
+        seen.append(args[6:8] if len(args) > 6 else (exact_preemption, narrowing))
+        return Decision()
+
+    monkeypatch.setattr(webhook, "admit_pod", fake_admit_pod)
+    cert, key, server_ca, _ = _tls_files(tmp_path)
+    api = FakeApi()
+    index = FakeIndex(api)
+    index.stormservices[("ns", "svc")] = service("svc", HARD)
+    known = [True]
+    app = webhook.build_app(index, OptedInList(api), client_ca="", exact_preemption=True, narrowing=True, leader_known=lambda: known[0])  # type: ignore[arg-type]
+    port = processes.free_port()
+    loop, runner = _serve(app, webhook.tls_context(cert, key, client_ca=""), port)
+    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {"storm-service-name": "svc", "roleset-name": "svc-roleset-1"}}}
+    try:
+        for leader in (True, False, True):
+            known[0] = leader
+            body = {"request": {"uid": "p", "object": pod}}
+            loop.run_until_complete(asyncio.to_thread(_post, port, webhook.PODS_PATH, body, server_ca.cert_pem, None, tmp_path))
+        assert seen == [(True, True), (False, False), (True, True)]
+    finally:
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+
 def test_dev_up_hands_the_operator_the_client_ca(tmp_path: Path) -> None:
     (tmp_path / "pki").mkdir()
     assert webhook.CLIENT_CA_ENV not in operator_env(tmp_path)
