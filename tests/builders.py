@@ -174,9 +174,12 @@ def podgroup(
 BATCH_LABEL = "stormtopo.io/test-batch"  # on every batch pod: select them with f"{BATCH_LABEL}=true"
 
 
-def batch_pod(name: str, namespace: str, priority_class: str, gpus: int = 4, node: str | None = None) -> dict[str, Any]:
+def batch_pod(
+    name: str, namespace: str, priority_class: str, gpus: int = 4, node: str | None = None, queue: str | None = None
+) -> dict[str, Any]:
     """A Volcano job of one pod asking for `gpus` GPUs at `priority_class` (Volcano makes its PodGroup, with
-    the pod's class): lower-priority work to preempt. Bound to `node` where given, else Volcano places it."""
+    the pod's class, in `queue` where given): lower-priority work to preempt. Bound to `node` where given, else
+    Volcano places it."""
     resources = {"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}}
     spec: dict[str, Any] = {
         "schedulerName": "volcano",
@@ -185,9 +188,7 @@ def batch_pod(name: str, namespace: str, priority_class: str, gpus: int = 4, nod
     }
     if node is not None:
         spec["nodeName"] = node
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {BATCH_LABEL: "true"}},
-        "spec": spec,
-    }
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": {BATCH_LABEL: "true"}}
+    if queue is not None:  # Volcano's pg-controller gives the pod's PodGroup this queue
+        metadata["annotations"] = {"scheduling.volcano.sh/queue-name": queue}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

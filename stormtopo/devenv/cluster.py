@@ -41,7 +41,8 @@ KUBE_SCHEDULER_USER = "system:kube-scheduler"  # bound by Kubernetes' bootstrap 
 SCHEDULER_CONF = """\
 # gangpreempt: a replica with a network topology preempts lower-priority work within one domain of its
 # tier (Volcano's preempt skips every job with a topology); preempt keeps its behaviour for every other job.
-actions: "enqueue, allocate, preempt, gangpreempt, backfill"
+# gangreclaim: a starving job takes back its queue's share from queues over theirs, within one domain.
+actions: "enqueue, allocate, preempt, gangpreempt, gangreclaim, backfill"
 tiers:
 - plugins:
   - name: priority
