@@ -217,7 +217,6 @@ def _narrowed(
         as_asked = _as_asked(replica, request, waiting, let_go)  # a narrowing left on its PodGroup comes off first
         if as_asked is not let_go:
             return as_asked
-        why = why if reading.gangpreempt else NO_GANGPREEMPT
         message = f"replica {replica.name} must preempt (no room for its whole gang anywhere now), but is not narrowed: {why}; let go"
         return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNotNarrowed", message),), replace(hold, let_go=True))
     unknown = frozenset(h.gang for node, i in victims.chosen if (h := holders[node][i]).gang is not None and h.gang not in reading.groups)
