@@ -64,7 +64,9 @@ class RoomReading:
     """The free-room reading as exact preemption plans over it."""
 
     free: Mapping[str, int]  # free GPUs per node, those of pods being deleted included (room on its way)
-    holders: Mapping[str, Sequence[Holder]]  # preemptable only in the victims' namespaces, never a pod being deleted
+    # Preemptable only in the victims' namespaces, never a pod being deleted; None: not read yet (a replica that
+    # fits now is let go without it; one that does not asks for it: needs_room).
+    holders: Mapping[str, Sequence[Holder]] | None
     gangs: Mapping[str, GangSize]
     nodes: Mapping[str, NodeFacts] | None = None  # labels and taints: where the replica's pods could run at all
     namespaces: frozenset[str] | None = None  # where victims may be (the chart's victimNamespaces); None: anywhere
@@ -159,6 +161,8 @@ def plan_room(
         return _as_asked(replica, request, wait, let_go) if narrowing and not enabled else let_go
     if any(d.fits for level in range(1, allowed_tier + 1) for d in domains_at_tier(topology, free, wanted, level)[:1]):
         return let_go
+    if reading.holders is None:
+        return RoomPlan(hold=hold, needs_room=True)
     # Never victims where the replica cannot go, nor of another queue or a job Volcano ranks as high (nor of a gang
     # whose PodGroup cannot be known).
     holders = {

@@ -149,10 +149,16 @@ class PlacementReporter:
                 return
             memory = self._memory.get(key, ReplicaMemory())
             free = self.room.free_now()  # (listed above: current to the last event of its watch)
-            reading = self._room_reading(free)
+            # First without who holds the room: a replica that fits now is let go without it (building it walks every
+            # bound GPU pod of the cluster once per change of the reading, on the event loop: 0.1 s at 16,384 nodes).
+            reading = self._room_reading(free, holders=False)
             for round in range(1, GROUP_ROUNDS + 2):  # the victims' PodGroups read as the plan asks (core/preempting.py)
                 snapshot = replace(snapshot, free_gpus=free, room=reading)
                 plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
+                if plan.needs_room and reading.holders is None:  # it fits nowhere now: who holds the room, then again
+                    reading = self._room_reading(free)
+                    snapshot = replace(snapshot, room=reading)
+                    plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
                 if not plan.needs_groups or not self.leading():
                     break
                 groups = await self._victim_groups().read(plan.needs_groups)
@@ -181,10 +187,10 @@ class PlacementReporter:
         conf = await self.volcano.scheduler(fresh_within=0.0)
         return conf is not None and not conf.preempts_for_topology
 
-    def _room_reading(self, free: Mapping[str, int]) -> RoomReading:
+    def _room_reading(self, free: Mapping[str, int], holders: bool = True) -> RoomReading:
         """The free-room reading for exact preemption: the room of pods being deleted counts as free (it is
         on its way: no plan takes more for it), less the room this leader took for a held replica not
-        placed yet; victims only in the namespaces given."""
+        placed yet; victims only in the namespaces given (`holders` False: who holds the room left unread)."""
         releasing = self.room.releasing_now()
         now = time.monotonic()
         settled = {
@@ -194,8 +200,10 @@ class PlacementReporter:
         }
         claimed, self._claims = claimed_room(self._claims, now, settled)  # placed, gone or past its hold: its room is its own or free
         room = {node: max(0, gpus + releasing.get(node, 0) - claimed.get(node, 0)) for node, gpus in free.items()}
-        holders = self.room.holders_now(self.victim_namespaces)
-        return RoomReading(room, holders, self.room.gangs_now(), self.room.facts_now(), self.victim_namespaces)
+        if not holders:
+            return RoomReading(room, None, {}, self.room.facts_now(), self.victim_namespaces)
+        holding = self.room.holders_now(self.victim_namespaces)
+        return RoomReading(room, holding, self.room.gangs_now(), self.room.facts_now(), self.victim_namespaces)
 
     async def _until_leaving(self, claim: Mapping[str, int], timeout: float = LEAVING_TIMEOUT) -> None:
         """Until the reading shows the victims' room leaving (their deletion seen by its watch), or `timeout`."""
