@@ -80,16 +80,22 @@ def test_a_high_priority_hard_replica_preempts_exactly_one_leafs_batch_pods(
     )
     assert group["spec"]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
 
-    placed = cluster.bound_pods(namespace, "storm-service-name=urgent", 2, timeout=120)
+    # Exactly the four batch pods of that leaf were preempted: none elsewhere, none more.
+    runs_in_one_leaf_taking_its_four(cluster, topology, namespace, "urgent", before)
+
+
+def runs_in_one_leaf_taking_its_four(
+    cluster: DevCluster, topology: Topology, namespace: str, name: str, before: dict[str, tuple[str, str]]
+) -> list[str]:
+    """StormService `name`'s replica runs within one leaf, within two minutes, and the batch pods gone are exactly
+    the four that leaf held: none elsewhere, none more. Its nodes."""
+    placed = cluster.bound_pods(namespace, f"storm-service-name={name}", 2, timeout=120)
     domain = topology.lowest_common_switch(node_names(placed))
     assert domain is not None and domain.tier == 1, f"the replica crossed its leaf: {node_names(placed)}"
-
-    # Exactly the four batch pods of that leaf were preempted: none elsewhere, none more.
-    leaf_nodes = set(topology.nodes_under(domain.name))
     gone = preempted(cluster, namespace, BATCH, before)
-    expected = {name for name, (_, node) in before.items() if node in leaf_nodes}
-    assert gone == expected, f"preempted {sorted(gone)}; the leaf {domain.name} held {sorted(expected)}"
-    assert len(gone) == 4
+    expected = {pod for pod, (_, node) in before.items() if node in set(topology.nodes_under(domain.name))}
+    assert gone == expected and len(gone) == 4, f"took {sorted(gone)}; the leaf {domain.name} held {sorted(expected)}"
+    return node_names(placed)
 
 
 def test_a_replica_reclaims_its_queues_share_from_another_team_within_one_leaf(
@@ -107,12 +113,7 @@ def test_a_replica_reclaims_its_queues_share_from_another_team_within_one_leaf(
     before = fill_with_batch(cluster, namespace, len(topology.nodes), priority_class=HIGH, queue="team-b")
     roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
     cluster.create(stormservice("owed", namespace, roles, annotations={MODE: "hard", HIGHEST_TIER: "1"}))
-    placed = cluster.bound_pods(namespace, "storm-service-name=owed", 2, timeout=120)
-    domain = topology.lowest_common_switch(node_names(placed))
-    assert domain is not None and domain.tier == 1, f"the replica crossed its leaf: {node_names(placed)}"
-    gone = preempted(cluster, namespace, BATCH, before)
-    expected = {name for name, (_, node) in before.items() if node in set(topology.nodes_under(domain.name))}
-    assert gone == expected and len(gone) == 4, f"reclaimed {sorted(gone)}; the leaf {domain.name} held {sorted(expected)}"
+    runs_in_one_leaf_taking_its_four(cluster, topology, namespace, "owed", before)
 
 
 def test_a_replica_that_no_preemption_can_place_says_why_in_its_warning_and_in_explain(
@@ -255,18 +256,13 @@ def test_a_high_priority_soft_replica_preempts_in_the_best_leaf_and_only_as_much
     before = fill_with_batch(cluster, namespace, len(topology.nodes))
     roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
     cluster.create(stormservice("soft", namespace, roles, annotations={MODE: "soft", HIGHEST_TIER: "1"}))
-    placed = cluster.bound_pods(namespace, "storm-service-name=soft", 2, timeout=120)
-    domain = topology.lowest_common_switch(node_names(placed))
-    assert domain is not None and domain.tier == 1, f"the replica crossed its leaf: {node_names(placed)}"
-    gone = preempted(cluster, namespace, BATCH, before)
-    expected = {name for name, (_, node) in before.items() if node in set(topology.nodes_under(domain.name))}
-    assert gone == expected and len(gone) == 4, f"preempted {sorted(gone)}; the leaf {domain.name} held {sorted(expected)}"
+    placed = runs_in_one_leaf_taking_its_four(cluster, topology, namespace, "soft", before)
     said = [e["message"] for e in cluster.events(namespace, "soft") if e["reason"] == "ReplicaNarrowed"]
     assert said and "held hard within tier 1 for at most 120 s" in said[0], said
     # Its PodGroup carries the narrowing; the webhook and the reconciler give it back its request after 120 s.
     [group] = [g for g in cluster.podgroups(namespace) if g["spec"].get("priorityClassName") == HIGH]
     assert json.loads(group["metadata"]["annotations"][NARROWED_ANNOTATION])["tier"] == 1
-    print(f"\n  soft: {len(gone)} batch pods preempted (4 needed); the replica on {node_names(placed)}, under {domain.name}")
+    print(f"\n  soft: one leaf's four batch pods preempted; the replica on {placed}")
 
 
 def test_a_lower_priority_stormservice_replica_is_preempted_whole_and_placed_again_whole(
