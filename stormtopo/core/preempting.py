@@ -158,7 +158,8 @@ def plan_room(
     # Where it fits now, it goes at once: the cheapest check first (soft: the cluster's free GPUs together), and
     # nothing of the victims read (at 16,384 nodes that is most of a plan's time).
     if soft and fits(list(free.values()), wanted):  # (a narrowing left on its PodGroup is taken off first: soft goes across)
-        return _as_asked(replica, request, wait, let_go) if narrowing and not enabled else let_go
+        undo = _undo_narrowing(replica, request, wait) if narrowing and not enabled else None
+        return undo or let_go
     if any(d.fits for level in range(1, allowed_tier + 1) for d in domains_at_tier(topology, free, wanted, level)[:1]):
         return let_go
     if reading.holders is None:
@@ -218,9 +219,9 @@ def _narrowed(
     if replica.podgroup is None:
         return let_go
     if victims is None or not reading.gangpreempt:
-        as_asked = _as_asked(replica, request, waiting, let_go)  # a narrowing left on its PodGroup comes off first
-        if as_asked is not let_go:
-            return as_asked
+        undo = _undo_narrowing(replica, request, waiting)  # a narrowing left on its PodGroup comes off first
+        if undo is not None:
+            return undo
         message = f"replica {replica.name} must preempt (no room for its whole gang anywhere now), but is not narrowed: {why}; let go"
         return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNotNarrowed", message),), replace(hold, let_go=True))
     unknown = frozenset(h.gang for node, i in victims.chosen if (h := holders[node][i]).gang is not None and h.gang not in reading.groups)
@@ -273,11 +274,12 @@ def _as_job(holder: Holder, reading: RoomReading, values: Mapping[str, int]) -> 
     return replace(holder, priority=job_priority(group.priority_class, values)) if group is not None else holder
 
 
-def _as_asked(replica: HeldReplica, request: TopologyRequest, waiting: RoomPlan, let_go: RoomPlan) -> RoomPlan:
-    """A replica to let go as its request asks: first its PodGroup's narrowing taken off, where one (left by an earlier
-    hold of the same RoleSet, or this one's) still holds it hard; let go once its PodGroup shows it."""
+def _undo_narrowing(replica: HeldReplica, request: TopologyRequest, waiting: RoomPlan) -> RoomPlan | None:
+    """Before a replica goes as its request asks: its PodGroup's narrowing taken off, where one (left by an earlier
+    hold of the same RoleSet, or this one's) still holds it hard, the replica let go once its PodGroup shows it;
+    None where none does (it may go now)."""
     if narrowing_held(replica.podgroup) is None or replica.podgroup is None:
-        return let_go
+        return None
     return RoomPlan(
         (unnarrow(replica.namespace, replica.podgroup, request),), hold=waiting.hold or RoomHold(), recheck_in=waiting.recheck_in
     )
