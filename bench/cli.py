@@ -227,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seconds", type=float, default=60.0, help="with --cluster: each phase's probing (default 60)")
     p = add(
+        "room-stall",
+        run_room_stall,
+        "the leader's event loop while held replicas that must preempt are planned over 16,384 nodes (no cluster).",
+        "room-stall.json",
+    )
+    p.add_argument("--nodes", type=int, default=16_384, help="nodes of 8 GPUs, filled (default 16,384)")
+    p.add_argument("--rounds", type=int, default=20, help="held replicas planned, one change of the reading before each (default 20)")
+    p = add(
         "memory",
         run_memory,
         "the operator's memory at 10,000 StormServices, 100,000 admitted pods and 4,096 nodes, follower and leader (simulated).",
@@ -545,6 +553,16 @@ def run_loop_stall(args: argparse.Namespace, command: str) -> int:
     else:
         result = loop_stall.run(args.services, args.replicas)
     path = record.write(args.name or ("loop-stall-cluster" if args.cluster else "loop-stall"), command, result)
+    print(f"results: {path}")
+    _print_json(result)
+    return 0
+
+
+def run_room_stall(args: argparse.Namespace, command: str) -> int:
+    from bench import room_stall
+
+    result = room_stall.run(args.nodes, args.rounds)
+    path = record.write(args.name or "room-stall", command, result)
     print(f"results: {path}")
     _print_json(result)
     return 0

@@ -92,7 +92,7 @@ def probe_pod(index: Index) -> tuple[dict[str, Any], dict[str, Any], dict[str, A
     return pod, roleset, service
 
 
-async def drain(index: Index, queue_kind: type[WorkQueue[Hashable]], chunk: int | None) -> dict[str, float]:
+async def drain(index: Index, queue_kind: type[WorkQueue[Hashable]], chunk: int | None) -> dict[str, Any]:
     """Queue every key as the resync does (yielding every `chunk` keys; None: never, as it did before) and
     drain both queues, with the ticker and the probe running."""
     reconciler = Reconciler(index, cast(Any, None), cast(Any, None), OptedInList(cast(Any, None)))
@@ -111,65 +111,86 @@ async def drain(index: Index, queue_kind: type[WorkQueue[Hashable]], chunk: int 
     services, placements = (
         queue_kind(name, handle, workers=4) for name, handle in zip(("stormservices", "placements"), handlers, strict=True)
     )
-    loop = asyncio.get_running_loop()
-    stalls: list[float] = []
-    answers: list[float] = []
     pod, roleset, service = probe_pod(index)
-    done = asyncio.Event()
+    watch = LoopWatch(lambda: admit_pod(pod, roleset, service, index.cluster_tiers()))
+    async with watch:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        services.start()
+        placements.start()
+        for i, key in enumerate(list(index.stormservices)):  # the resync, as handlers.Operator.resync queues
+            services.add(key)
+            if chunk is not None and i % chunk == chunk - 1:
+                await asyncio.sleep(0)
+        for i, key in enumerate(list(index.rolesets)):
+            placements.add(key)
+            if chunk is not None and i % chunk == chunk - 1:
+                await asyncio.sleep(0)
+        while len(services) or len(placements):
+            await asyncio.sleep(0.01)
+        drained = loop.time() - started
+    for task in (*services._tasks, *placements._tasks):
+        task.cancel()
+    return {"drain_seconds": round(drained, 3), **watch.result()}
 
-    async def ticker() -> None:
-        while not done.is_set():
+
+class LoopWatch:
+    """While entered: a ticker that sleeps TICK at a time and records how late each wake-up is (the longest is
+    the loop's longest stall), and a probe that calls `admit` (what the pod webhook does for a pod) every
+    PROBE_EVERY and records the time from its arrival to its answer."""
+
+    def __init__(self, admit: Callable[[], object]) -> None:
+        self.admit = admit
+        self.stalls: list[float] = []
+        self.answers: list[float] = []
+        self._done = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> LoopWatch:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._ticker()), loop.create_task(self._prober())]
+        await asyncio.sleep(0.05)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self._done.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _ticker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._done.is_set():
             started = loop.time()
             await asyncio.sleep(TICK)
-            stalls.append(loop.time() - started - TICK)
+            self.stalls.append(loop.time() - started - TICK)
 
-    async def admit(asked: float) -> None:
-        admit_pod(pod, roleset, service, index.cluster_tiers())
-        answers.append(loop.time() - asked)
+    async def _answer(self, asked: float) -> None:
+        self.admit()
+        self.answers.append(asyncio.get_running_loop().time() - asked)
 
-    async def prober() -> None:
+    async def _prober(self) -> None:
         # Requests arrive every PROBE_EVERY whatever the loop does (the API server sends them): those due
         # while the loop was held are taken as arrived when due, and wait from then.
+        loop = asyncio.get_running_loop()
         pending: set[asyncio.Task[None]] = set()
         due = loop.time()
-        while not done.is_set():
+        while not self._done.is_set():
             while due <= loop.time():
-                task = loop.create_task(admit(due))
+                task = loop.create_task(self._answer(due))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
                 due += PROBE_EVERY
             await asyncio.sleep(max(0.0, due - loop.time()))
         await asyncio.gather(*pending)
 
-    watchers = [loop.create_task(ticker()), loop.create_task(prober())]
-    await asyncio.sleep(0.05)
-    started = loop.time()
-    services.start()
-    placements.start()
-    for i, key in enumerate(list(index.stormservices)):  # the resync, as handlers.Operator.resync queues
-        services.add(key)
-        if chunk is not None and i % chunk == chunk - 1:
-            await asyncio.sleep(0)
-    for i, key in enumerate(list(index.rolesets)):
-        placements.add(key)
-        if chunk is not None and i % chunk == chunk - 1:
-            await asyncio.sleep(0)
-    while len(services) or len(placements):
-        await asyncio.sleep(0.01)
-    drained = loop.time() - started
-    done.set()
-    await asyncio.gather(*watchers)
-    for task in (*services._tasks, *placements._tasks):
-        task.cancel()
-    ordered = sorted(answers)
-    return {
-        "drain_seconds": round(drained, 3),
-        "longest_stall_ms": round(1000 * max(stalls), 2),
-        "webhook_p99_ms": round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 2),
-        "webhook_max_ms": round(1000 * ordered[-1], 2),
-        "webhook_median_ms": round(1000 * statistics.median(ordered), 3),
-        "probes": len(answers),
-    }
+    def result(self) -> dict[str, Any]:
+        ordered = sorted(self.answers)
+        return {
+            "longest_stall_ms": round(1000 * max(self.stalls), 2),
+            "webhook_p99_ms": round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 2),
+            "webhook_max_ms": round(1000 * ordered[-1], 2),
+            "webhook_median_ms": round(1000 * statistics.median(ordered), 3),
+            "probes": len(ordered),
+        }
 
 
 def run(services: int, replicas: int) -> dict[str, Any]:

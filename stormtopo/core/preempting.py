@@ -64,8 +64,8 @@ class RoomReading:
     """The free-room reading as exact preemption plans over it."""
 
     free: Mapping[str, int]  # free GPUs per node, those of pods being deleted included (room on its way)
-    # Preemptable only in the victims' namespaces, never a pod being deleted; None: not read yet (a replica that
-    # fits now is let go without it; one that does not asks for it: needs_room).
+    # Never preemptable while being deleted; None: not read yet (a replica that fits now is let go without it; one
+    # that does not asks for it: needs_room).
     holders: Mapping[str, Sequence[Holder]] | None
     gangs: Mapping[str, GangSize]
     nodes: Mapping[str, NodeFacts] | None = None  # labels and taints: where the replica's pods could run at all
@@ -295,10 +295,12 @@ def _judged(holder: Holder, queue: str, priority: int, reading: RoomReading, val
 
 
 def _takeable(holder: Holder, queue: str, priority: int, reading: RoomReading, values: Mapping[str, int]) -> bool:
-    """A holder the replica may take as its job is ranked: of its queue and a lower job priority (its PodGroup's
-    class, as Volcano ranks jobs), or of a gang whose PodGroup is still to be read."""
+    """A holder the replica may take as its job is ranked: in the victims' namespaces, of its queue and a lower job
+    priority (its PodGroup's class, as Volcano ranks jobs), or of a gang whose PodGroup is still to be read."""
     if holder.gang is None:
         return False  # no PodGroup named: no job Volcano would preempt
+    if reading.namespaces is not None and holder.namespace not in reading.namespaces:
+        return False  # outside the victims' namespaces (the chart's victimNamespaces)
     group = reading.groups.get(holder.gang)
     if group is None:
         return not reading.groups_read

@@ -31,7 +31,7 @@ CLUSTER = ""  # the domain of a soft gang that may span the whole cluster
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # strconv.ParseBool's true; anything else is false
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per bound GPU pod of the cluster, in the leader's free-room reading
 class Holder:
     """A bound pod that holds GPUs on a node, as preemption sees it."""
 
@@ -39,6 +39,11 @@ class Holder:
     priority: int
     preemptable: bool  # scheduled by Volcano, and not marked volcano.sh/preemptable: "false"
     gang: str | None = None  # its gang, where the caller knows it (with its GangSize); None: counted alone
+
+    @property
+    def namespace(self) -> str | None:
+        """Its gang's namespace (a gang is named "namespace/PodGroup"); None without a gang."""
+        return None if self.gang is None else self.gang.partition("/")[0]
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -76,7 +77,7 @@ class Explainer:
         ask: Explain,
         topology: Topology,
         free: dict[str, int],
-        holders: dict[str, list[Holder]],
+        holders: Mapping[str, Sequence[Holder]],
         gangs: dict[str, GangSize] | None = None,
         volcano: SchedulerConf | None = None,
     ) -> Pending | None:

@@ -149,8 +149,8 @@ class PlacementReporter:
                 return
             memory = self._memory.get(key, ReplicaMemory())
             free = self.room.free_now()  # (listed above: current to the last event of its watch)
-            # First without who holds the room: a replica that fits now is let go without it (building it walks every
-            # bound GPU pod of the cluster once per change of the reading, on the event loop: 0.1 s at 16,384 nodes).
+            # First without who holds the room: a replica that fits now is let go without it (a plan over every bound
+            # GPU pod of the cluster: most of a plan's time at 16,384 nodes).
             reading = self._room_reading(free, holders=False)
             for round in range(1, GROUP_ROUNDS + 2):  # the victims' PodGroups read as the plan asks (core/preempting.py)
                 snapshot = replace(snapshot, free_gpus=free, room=reading)
@@ -202,8 +202,7 @@ class PlacementReporter:
         room = {node: max(0, gpus + releasing.get(node, 0) - claimed.get(node, 0)) for node, gpus in free.items()}
         if not holders:
             return RoomReading(room, None, {}, self.room.facts_now(), self.victim_namespaces)
-        holding = self.room.holders_now(self.victim_namespaces)
-        return RoomReading(room, holding, self.room.gangs_now(), self.room.facts_now(), self.victim_namespaces)
+        return RoomReading(room, self.room.holders_now(), self.room.gangs_now(), self.room.facts_now(), self.victim_namespaces)
 
     async def _until_leaving(self, claim: Mapping[str, int], timeout: float = LEAVING_TIMEOUT) -> None:
         """Until the reading shows the victims' room leaving (their deletion seen by its watch), or `timeout`."""

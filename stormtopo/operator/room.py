@@ -16,6 +16,8 @@ could run at all (core/node_fit.py), not the pods themselves.
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -77,21 +79,23 @@ class NodeRoom:
     api: Api
     loops: Loops
     resource: str = GPU
-    _pods: dict[Key, tuple[str, int]] = field(default_factory=dict)  # bound pods holding GPUs: (node, GPUs)
+    # Bound pods holding GPUs: their node and how preemption ranks them (core/preemption.py), pods alike sharing one Holder
+    _pods: dict[Key, tuple[str, Holder]] = field(default_factory=dict)
     _nodes: dict[str, tuple[int, bool]] = field(default_factory=dict)  # (allocatable GPUs, takes new pods)
     _used: dict[str, int] = field(default_factory=dict)  # GPUs held per node, the sum of _pods
-    _ranks: dict[Key, tuple[int, bool]] = field(default_factory=dict)  # of pods in _pods: (priority, preemptable)
-    _rank_kinds: dict[tuple[int, bool], tuple[int, bool]] = field(default_factory=dict)
+    # Kept as each event changes them (one node or gang at a time), never rebuilt whole: at 16,384 nodes a rebuild
+    # of any of them took 30 to 90 ms of the event loop.
+    _node_pods: dict[str, dict[Key, Holder]] = field(default_factory=dict)  # of _pods, per node
+    _holders: dict[str, tuple[Holder, ...]] = field(default_factory=dict)  # per node, the values of _node_pods
+    _gangs: dict[str, GangSize] = field(default_factory=dict)  # per gang ("namespace/PodGroup"), its pods in _pods
     # Every bound pod's node and other requests; per node its labels, taints, allocatable, and what pods request.
     _holds: dict[Key, tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=dict)
     _shared: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = field(default_factory=dict)
     _facts: dict[str, tuple[Mapping[str, str], tuple[Mapping[str, str], ...], Mapping[str, int]]] = field(default_factory=dict)
     _requested: dict[str, dict[str, int]] = field(default_factory=dict)
-    _facts_at: tuple[int, dict[str, NodeFacts]] | None = None  # facts_now's last answer, at `changes`
-    # holders_now's last answer per namespaces asked for (the explanation asks for all, exact preemption for some), at `changes`
-    _holders_at: dict[frozenset[str] | None, tuple[int, dict[str, list[Holder]]]] = field(default_factory=dict)
-    _gang_of: dict[Key, str] = field(default_factory=dict)  # of pods in _pods: "namespace/PodGroup" (one string per gang)
-    _gangs_at: tuple[int, dict[str, GangSize]] | None = None  # gangs_now's last answer, at `changes`
+    _node_facts: dict[str, NodeFacts] = field(default_factory=dict)  # per node, from _facts less _requested
+    # The copies last handed out, at `changes`: a reader (a planner on a thread) holds one while the watch goes on.
+    _copies: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
     _leaving: set[Key] = field(default_factory=set)  # of pods in _pods: those being deleted
     changes: int = 0  # counts every change of the reading: a plan over an unchanged reading need not be made again
     _streams: WatchStreams | None = None
@@ -113,9 +117,18 @@ class NodeRoom:
             else:
                 name = "room-nodes"
                 stream = watch.ListWatch(self.api, self._streams, "Node", "v1", "/api/v1/nodes", "", self._on_node, self._node_gone)
-            stream.on_listed = self._listed[kind].set
+            stream.on_listed = functools.partial(self._on_listed, kind)
             self.loops.supervise(name, watch.PERIOD, stream.run)
             log.info("following %s for the free-room reading", "bound pods" if kind == "Pod" else "nodes")
+
+    def _on_listed(self, kind: str) -> None:
+        """A complete list of `kind`. Once both are listed, what the reading holds (at 16,384 nodes about 150,000
+        objects) is frozen out of the collector's reach, as everything loaded by the time the operator is ready is
+        (operator/app.py): a full collection scanning it held the event loop about 40 ms, several times a minute
+        while held replicas were planned (bench/room_stall.py). Frozen objects are still freed when unused."""
+        self._listed.setdefault(kind, asyncio.Event()).set()
+        if all(event.is_set() for event in self._listed.values()):
+            gc.freeze()
 
     def listed(self) -> bool:
         """Whether the first list is done (started if it was not): a pass over many services checks
@@ -164,40 +177,25 @@ class NodeRoom:
         return self.facts_now()
 
     def facts_now(self) -> dict[str, NodeFacts]:
-        """Built once per change of the reading (a healing pass reads it for every service): read only."""
-        if self._facts_at is not None and self._facts_at[0] == self.changes:
-            return self._facts_at[1]
-        out = {}
-        for name, (labels, taints, allocatable) in self._facts.items():
-            requested = self._requested.get(name, {})
-            left = {resource: amount - requested.get(resource, 0) for resource, amount in allocatable.items()}
-            out[name] = NodeFacts(labels, taints, left)
-        self._facts_at = (self.changes, out)
-        return out
+        """Read only (a healing pass reads it for every service): one copy per change of the reading."""
+        return self._copy("facts", self._node_facts)
 
     async def allocatable_gpus(self) -> dict[str, int]:
         """Allocatable GPUs of every node (what a HyperNode's binpack divides by)."""
         await self._ready()
         return {node: gpus for node, (gpus, _) in self._nodes.items()}
 
-    def holders_now(self, namespaces: frozenset[str] | None = None) -> dict[str, list[Holder]]:
+    def holders_now(self) -> dict[str, tuple[Holder, ...]]:
         """Per node, the pods holding its GPUs as preemption ranks them (core/preemption.py), each with its
-        Volcano gang (its PodGroup) where it names one; with `namespaces`, a pod outside them is not
-        preemptable. Built once per change of the reading (every bound GPU pod of the cluster: a tenth of a
-        second at 16,384 nodes), read only."""
-        cached = self._holders_at.get(namespaces)
-        if cached is not None and cached[0] == self.changes:
-            return cached[1]
-        out: dict[str, list[Holder]] = {}
-        kinds: dict[tuple[int, int, bool, str | None], Holder] = {}  # pods alike share one object
-        for key, (node, gpus) in self._pods.items():
-            priority, preemptable = self._ranks.get(key, (0, False))
-            preemptable = preemptable and (namespaces is None or key[0] in namespaces)
-            gang = self._gang_of.get(key)
-            holder = kinds.setdefault((gpus, priority, preemptable, gang), Holder(gpus, priority, preemptable, gang))
-            out.setdefault(node, []).append(holder)
-        self._holders_at = {k: v for k, v in self._holders_at.items() if v[0] == self.changes} | {namespaces: (self.changes, out)}
-        return out
+        Volcano gang (its PodGroup) where it names one. Read only: one copy per change of the reading."""
+        return self._copy("holders", self._holders)
+
+    def _copy(self, what: str, of: dict[str, Any]) -> dict[str, Any]:
+        """A copy of `of` (a thread may read it while the watch changes `of`), made once per change."""
+        copied = self._copies.get(what)
+        if copied is None or copied[0] != self.changes:
+            copied = self._copies[what] = (self.changes, dict(of))
+        return copied[1]
 
     def releasing_now(self) -> dict[str, int]:
         """Per node, the GPUs of pods being deleted: free once they end (Volcano places onto them already)."""
@@ -205,58 +203,33 @@ class NodeRoom:
         for key in self._leaving:
             held = self._pods.get(key)
             if held is not None:
-                out[held[0]] = out.get(held[0], 0) + held[1]
+                out[held[0]] = out.get(held[0], 0) + held[1].gpus
         return out
 
     def gangs_now(self) -> dict[str, GangSize]:
         """Each gang that holds GPUs: its running pods and their GPUs, taken as its minimum (the operator
         keeps no other team's PodGroup: a gang is assumed to run at its minMember, so preemption counts a
-        victim of a gang as the whole gang lost, never less). Built once per change of the reading."""
-        if self._gangs_at is not None and self._gangs_at[0] == self.changes:
-            return self._gangs_at[1]
-        running: dict[str, list[int]] = {}
-        for key, gang in self._gang_of.items():
-            held = self._pods.get(key)
-            if held is not None:
-                running.setdefault(gang, []).append(held[1])
-        out = {gang: GangSize(len(gpus), len(gpus), sum(gpus)) for gang, gpus in running.items()}
-        self._gangs_at = (self.changes, out)
-        return out
+        victim of a gang as the whole gang lost, never less). Read only: one copy per change of the reading."""
+        return self._copy("gangs", self._gangs)
 
     def _on_pod(self, event: str | None, pod: dict[str, Any]) -> None:
         key = key_of(pod)
-        gone = event == "DELETED"
-        gpus_changed = self._set_pod(key, None if gone else pod_gpus(pod, self.resource))
-        leaving = not gone and key in self._pods and bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-        rank = rank_of(pod) if key in self._pods else None
-        if rank is not None and leaving:
-            rank = (rank[0], False)  # being deleted: its room is on its way, never a victim again
-        rank = self._rank_kinds.setdefault(rank, rank) if rank is not None else None  # a few kinds in a cluster: shared
-        if leaving != (key in self._leaving):
-            self.changes += 1
-            (self._leaving.add if leaving else self._leaving.discard)(key)
-        was = self._ranks.get(key)
-        if was != rank:
-            if was is not None and rank is not None:
-                self.changes += 1  # a pod marked not preemptable, or given another class: what preemption may take
-            if rank is None:
-                self._ranks.pop(key, None)
-            else:
-                self._ranks[key] = rank
-        group = None if gone or key not in self._pods else ((pod.get("metadata") or {}).get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
-        gang = f"{key[0]}/{group}" if group else None
-        if self._gang_of.get(key) != gang:
-            self.changes += 1
-            if gang is None:
-                self._gang_of.pop(key, None)
-            else:
-                self._gang_of[key] = gang
-        if self._set_requests(key, None if gone else pod) or gpus_changed:
+        meta = pod.get("metadata") or {}
+        held = None if event == "DELETED" else pod_gpus(pod, self.resource)
+        leaving = held is not None and bool(meta.get("deletionTimestamp"))
+        changed = leaving != (key in self._leaving)
+        (self._leaving.add if leaving else self._leaving.discard)(key)
+        placed = None
+        if held is not None:
+            priority, preemptable = rank_of(pod)
+            group = (meta.get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
+            # being deleted: its room is on its way, never a victim again
+            placed = (held[0], Holder(held[1], priority, preemptable and not leaving, f"{key[0]}/{group}" if group else None))
+        changed |= self._set_pod(key, placed)
+        if self._set_requests(key, None if event == "DELETED" else pod) or changed:
             self.changes += 1
 
     def _pod_gone(self, key: Key) -> None:
-        self._ranks.pop(key, None)
-        self._gang_of.pop(key, None)
         self._leaving.discard(key)
         if self._set_pod(key, None) | self._set_requests(key, None):
             self.changes += 1
@@ -279,24 +252,60 @@ class NodeRoom:
             on = self._requested.setdefault(holds[0], {})
             for resource, amount in holds[1]:
                 on[resource] = on.get(resource, 0) + amount
+        for node in {was[0] if was else None, holds[0] if holds else None} - {None}:
+            self._refresh_facts(str(node))
         return True
 
-    def _set_pod(self, key: Key, holds: tuple[str, int] | None) -> bool:
+    def _refresh_facts(self, node: str) -> None:
+        """The node's facts again, after its own change or a change of what its pods request."""
+        if node not in self._facts:
+            self._node_facts.pop(node, None)
+            return
+        labels, taints, allocatable = self._facts[node]
+        requested = self._requested.get(node, {})
+        self._node_facts[node] = NodeFacts(labels, taints, {r: amount - requested.get(r, 0) for r, amount in allocatable.items()})
+
+    def _set_pod(self, key: Key, held: tuple[str, Holder] | None) -> bool:
+        """Where a pod holds GPUs, and as what (None: nowhere); whether that changed."""
         was = self._pods.get(key)
-        if was == holds:
+        if was == held:
             return False
         if was is not None:
-            node, gpus = was
-            left = self._used.get(node, 0) - gpus
-            if left:
-                self._used[node] = left
-            else:
-                self._used.pop(node, None)
-            del self._pods[key]
-        if holds is not None:
-            self._pods[key] = holds
-            self._used[holds[0]] = self._used.get(holds[0], 0) + holds[1]
+            self._take_off(key, *was)
+        if held is not None:
+            self._put_on(key, *held)
         return True
+
+    def _put_on(self, key: Key, node: str, holder: Holder) -> None:
+        self._pods[key] = (node, holder)
+        self._used[node] = self._used.get(node, 0) + holder.gpus
+        on = self._node_pods.setdefault(node, {})
+        on[key] = holder
+        self._holders[node] = tuple(on.values())
+        if holder.gang is not None:
+            size = self._gangs.get(holder.gang, GangSize(0, 0, 0))
+            self._gangs[holder.gang] = GangSize(size.running + 1, size.min_member + 1, size.gpus + holder.gpus)
+
+    def _take_off(self, key: Key, node: str, holder: Holder) -> None:
+        del self._pods[key]
+        left = self._used.get(node, 0) - holder.gpus
+        if left:
+            self._used[node] = left
+        else:
+            self._used.pop(node, None)
+        on = self._node_pods.get(node, {})
+        on.pop(key, None)
+        if on:
+            self._holders[node] = tuple(on.values())
+        else:
+            self._node_pods.pop(node, None)
+            self._holders.pop(node, None)
+        if holder.gang is not None:
+            size = self._gangs.get(holder.gang, GangSize(1, 1, holder.gpus))
+            if size.running > 1:
+                self._gangs[holder.gang] = GangSize(size.running - 1, size.min_member - 1, size.gpus - holder.gpus)
+            else:
+                self._gangs.pop(holder.gang, None)
 
     def _on_node(self, event: str | None, node: dict[str, Any]) -> None:
         name = str((node.get("metadata") or {}).get("name"))
@@ -306,10 +315,12 @@ class NodeRoom:
         reading, facts = node_gpus(node, self.resource), node_facts(node)
         if self._nodes.get(name) != reading or self._facts.get(name) != facts:
             self._nodes[name], self._facts[name] = reading, facts
+            self._refresh_facts(name)
             self.changes += 1
 
     def _node_gone(self, key: Key) -> None:
         self._facts.pop(key[1], None)
+        self._node_facts.pop(key[1], None)
         if self._nodes.pop(key[1], None) is not None:
             self.changes += 1
 

@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "admission",
     "preemption",
     "loop-stall",
+    "room-stall",
     "optin-creates",
     "memory",
     "uninstall",

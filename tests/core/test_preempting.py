@@ -93,6 +93,7 @@ def plan(**kw: Any) -> Any:
         kw.pop("gangs", {}),
         kw.pop("nodes", None),
         groups=groups,
+        namespaces=kw.pop("namespaces", None),
         groups_read=kw.pop("groups_read", False),
         gangpreempt=kw.pop("gangpreempt", True),
     )
@@ -153,6 +154,16 @@ def test_victims_are_only_of_the_replicas_own_queue_the_others_are_volcanos_to_r
     assert queue_of({"spec": {"queue": "team-b"}}) == "team-b" and queue_of({"spec": {}}) == DEFAULT_QUEUE and queue_of(None) is None
     unknown = plan(queue=None)  # its PodGroup not read yet: held, nothing evicted
     assert not unknown.writes and unknown.hold == RoomHold()
+
+
+def test_victims_are_only_in_the_namespaces_given() -> None:
+    """s0's four are another team's (namespace team): with victims only in batch (the chart's victimNamespaces), the
+    replica takes s1's four instead; with none given, s0's, the first of the leaves alike."""
+    holders = ALL | {n: [Holder(4, 100, True, f"team/{n}-{i}") for i in (0, 1)] for n in ("node0", "node1")}
+    assert {v.node for v in preempts(plan(holders=holders)).victims} == {"node0", "node1"}
+    assert {v.node for v in preempts(plan(holders=holders, namespaces=frozenset({"batch"}))).victims} == {"node2", "node3"}
+    assert preempts(plan(holders=holders, namespaces=frozenset({"batch"}))).namespaces == ("batch",)
+    assert not any(isinstance(w, PreemptPods) for w in plan(holders=holders, namespaces=frozenset({"other"})).writes)
 
 
 def test_a_victim_is_ranked_by_its_jobs_class_not_its_pods_own_priority() -> None:
