@@ -227,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seconds", type=float, default=60.0, help="with --cluster: each phase's probing (default 60)")
     p = add(
+        "collector",
+        run_collector,
+        "the garbage collector's full passes while the readings grow to 10,000 StormServices and 100,000 pods, then churn (no cluster).",
+        "collector.json",
+    )
+    p.add_argument("--services", type=int, default=10_000, help="StormServices fed (default 10,000; 5 RoleSets, 10 pods each)")
+    p = add(
         "room-stall",
         run_room_stall,
         "the leader's event loop while held replicas that must preempt are planned over 16,384 nodes (no cluster).",
@@ -553,6 +560,16 @@ def run_loop_stall(args: argparse.Namespace, command: str) -> int:
     else:
         result = loop_stall.run(args.services, args.replicas)
     path = record.write(args.name or ("loop-stall-cluster" if args.cluster else "loop-stall"), command, result)
+    print(f"results: {path}")
+    _print_json(result)
+    return 0
+
+
+def run_collector(args: argparse.Namespace, command: str) -> int:
+    from bench import collector
+
+    result = collector.run(args.services)
+    path = record.write(args.name or "collector", command, result)
     print(f"results: {path}")
     _print_json(result)
     return 0

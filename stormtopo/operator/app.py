@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import hashlib
 import logging
 import os
@@ -22,7 +21,7 @@ from stormtopo.core.cooldown import NO_ROOM_RECHECKS
 from stormtopo.core.victims import Fewest
 from stormtopo.core.vocabulary import AIBRIX
 from stormtopo.kube.client import Api, NotFound
-from stormtopo.operator import handlers, healing, metrics, webhook
+from stormtopo.operator import collector, handlers, healing, metrics, webhook
 from stormtopo.operator.config import VOLCANO_RECHECK_SECONDS, OperatorConfig, parse_args
 from stormtopo.operator.events import IDLE_BEAT, EventRecorder
 from stormtopo.operator.explainer import Explainer
@@ -151,6 +150,7 @@ async def run(config: OperatorConfig) -> None:
     webhook, the probes, and kopf's watches; on the way out, the Lease handed over first."""
     if config.kubeconfig:
         os.environ["KUBECONFIG"] = config.kubeconfig  # kopf's own login reads it too
+    collector.install()  # a slow full pass freezes what survived it (operator/collector.py)
     api = Api(config.kubeconfig)
     index = Index(api)
     loops = Loops(hang=config.hang_seconds)  # every background task, supervised; cancelled on the way out
@@ -431,7 +431,7 @@ async def _register_when_watching(
     # Everything loaded so far (kopf, aiohttp, the modules, the first lists) lives as long as the
     # process: out of the collector's reach, a full collection no longer scans it. Measured during
     # bench --admission: full collections of 20-141 ms, each stalling every admission in flight.
-    gc.freeze()
+    collector.freeze()
     if drain.task is None:  # not ready again once SIGTERM has come
         ready.set()
     log.info("stormtopo operator ready; webhook on %s:%s", config.webhook_host, config.webhook_port)

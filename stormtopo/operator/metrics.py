@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from stormtopo.core.verdict import Why
+from stormtopo.operator import collector
 from stormtopo.operator.loops import Loop, Loops
 
 ADMISSION_SECONDS = Histogram(
@@ -147,6 +148,21 @@ class LoopHealth(Collector):
 
 LOOPS = LoopHealth()
 REGISTRY.register(LOOPS)
+
+
+class CollectorPasses(Collector):
+    """The garbage collector's full passes (operator/collector.py), read at scrape time: a pass holds the event loop
+    for as long as it takes, so the longest is a stall every webhook answer in flight waited out."""
+
+    def collect(self) -> Iterator[Metric]:
+        passes = collector.PASSES
+        longest = "The longest full pass of the garbage collector since the process started"
+        freezes = "Full passes longer than the limit, after which what survived was frozen out of later passes"
+        yield GaugeMetricFamily("stormtopo_gc_longest_full_pass_seconds", longest, passes.longest)
+        yield CounterMetricFamily("stormtopo_gc_freezes", freezes, passes.freezes)
+
+
+REGISTRY.register(CollectorPasses())
 
 
 def watch(loops: Loops, leading: Callable[[], bool]) -> None:

@@ -16,8 +16,6 @@ could run at all (core/node_fit.py), not the pods themselves.
 from __future__ import annotations
 
 import asyncio
-import functools
-import gc
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -79,13 +77,13 @@ class NodeRoom:
     api: Api
     loops: Loops
     resource: str = GPU
-    # Bound pods holding GPUs: their node and how preemption ranks them (core/preemption.py), pods alike sharing one Holder
-    _pods: dict[Key, tuple[str, Holder]] = field(default_factory=dict)
+    # Bound pods holding GPUs: their node (a string: nothing here for the collector's passes to walk, operator/collector.py)
+    _pods: dict[Key, str] = field(default_factory=dict)
     _nodes: dict[str, tuple[int, bool]] = field(default_factory=dict)  # (allocatable GPUs, takes new pods)
     _used: dict[str, int] = field(default_factory=dict)  # GPUs held per node, the sum of _pods
     # Kept as each event changes them (one node or gang at a time), never rebuilt whole: at 16,384 nodes a rebuild
     # of any of them took 30 to 90 ms of the event loop.
-    _node_pods: dict[str, dict[Key, Holder]] = field(default_factory=dict)  # of _pods, per node
+    _node_pods: dict[str, dict[Key, Holder]] = field(default_factory=dict)  # of _pods, per node: how preemption ranks each
     _holders: dict[str, tuple[Holder, ...]] = field(default_factory=dict)  # per node, the values of _node_pods
     _gangs: dict[str, GangSize] = field(default_factory=dict)  # per gang ("namespace/PodGroup"), its pods in _pods
     # Every bound pod's node and other requests; per node its labels, taints, allocatable, and what pods request.
@@ -117,18 +115,9 @@ class NodeRoom:
             else:
                 name = "room-nodes"
                 stream = watch.ListWatch(self.api, self._streams, "Node", "v1", "/api/v1/nodes", "", self._on_node, self._node_gone)
-            stream.on_listed = functools.partial(self._on_listed, kind)
+            stream.on_listed = self._listed[kind].set
             self.loops.supervise(name, watch.PERIOD, stream.run)
             log.info("following %s for the free-room reading", "bound pods" if kind == "Pod" else "nodes")
-
-    def _on_listed(self, kind: str) -> None:
-        """A complete list of `kind`. Once both are listed, what the reading holds (at 16,384 nodes about 150,000
-        objects) is frozen out of the collector's reach, as everything loaded by the time the operator is ready is
-        (operator/app.py): a full collection scanning it held the event loop about 40 ms, several times a minute
-        while held replicas were planned (bench/room_stall.py). Frozen objects are still freed when unused."""
-        self._listed.setdefault(kind, asyncio.Event()).set()
-        if all(event.is_set() for event in self._listed.values()):
-            gc.freeze()
 
     def listed(self) -> bool:
         """Whether the first list is done (started if it was not): a pass over many services checks
@@ -201,9 +190,9 @@ class NodeRoom:
         """Per node, the GPUs of pods being deleted: free once they end (Volcano places onto them already)."""
         out: dict[str, int] = {}
         for key in self._leaving:
-            held = self._pods.get(key)
-            if held is not None:
-                out[held[0]] = out.get(held[0], 0) + held[1].gpus
+            node = self._pods.get(key)
+            if node is not None:
+                out[node] = out.get(node, 0) + self._node_pods[node][key].gpus
         return out
 
     def gangs_now(self) -> dict[str, GangSize]:
@@ -267,7 +256,8 @@ class NodeRoom:
 
     def _set_pod(self, key: Key, held: tuple[str, Holder] | None) -> bool:
         """Where a pod holds GPUs, and as what (None: nowhere); whether that changed."""
-        was = self._pods.get(key)
+        node = self._pods.get(key)
+        was = None if node is None else (node, self._node_pods[node][key])
         if was == held:
             return False
         if was is not None:
@@ -277,7 +267,7 @@ class NodeRoom:
         return True
 
     def _put_on(self, key: Key, node: str, holder: Holder) -> None:
-        self._pods[key] = (node, holder)
+        self._pods[key] = node
         self._used[node] = self._used.get(node, 0) + holder.gpus
         on = self._node_pods.setdefault(node, {})
         on[key] = holder

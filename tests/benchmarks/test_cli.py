@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "preemption",
     "loop-stall",
     "room-stall",
+    "collector",
     "optin-creates",
     "memory",
     "uninstall",

@@ -192,19 +192,3 @@ def test_what_the_reading_keeps_as_each_event_comes_is_what_one_list_of_the_last
     assert room.facts_now() == fresh.facts_now()
     assert room.free_now(False) == fresh.free_now(False) and room.releasing_now() == fresh.releasing_now()
 
-
-def test_once_both_are_listed_what_the_reading_holds_leaves_the_collectors_full_passes() -> None:
-    """At 16,384 nodes a full collection over the reading held the event loop about 40 ms (bench/room_stall.py): once
-    its pods and nodes are listed, what it holds is frozen out of the collector's passes (still freed when unused)."""
-    import gc
-
-    room = NodeRoom(Api.__new__(Api), Loops())
-    room._listed["Pod"] = asyncio.Event()  # (started: both kinds followed)
-    frozen = gc.get_freeze_count()
-    try:
-        room._on_listed("Node")
-        assert gc.get_freeze_count() == frozen  # the pods not listed yet: nothing frozen
-        room._on_listed("Pod")
-        assert gc.get_freeze_count() > frozen and room.listed()
-    finally:
-        gc.unfreeze()
