@@ -191,4 +191,3 @@ def test_what_the_reading_keeps_as_each_event_comes_is_what_one_list_of_the_last
     assert room.gangs_now() == fresh.gangs_now() and room.gangs_now()
     assert room.facts_now() == fresh.facts_now()
     assert room.free_now(False) == fresh.free_now(False) and room.releasing_now() == fresh.releasing_now()
-
