@@ -87,6 +87,9 @@ async def planning(nodes: int, rounds: int, seed: int) -> dict[str, Any]:
             room._on_node("ADDED", _node(name))
     for pod in pods:
         room._on_pod("ADDED", pod)
+    if hasattr(room, "_on_listed"):  # as its watch tells it once listed (the operator of BEFORE had no such step)
+        room._on_listed("Node")
+        room._on_listed("Pod")
     reporter = PlacementReporter(Index(cast(Any, None)), cast(Any, None), lambda *_: None, cast(Any, None), room)
     gated = {"schedulingGates": [{"name": ROOM_GATE}]}
     held = [{"metadata": {"name": f"svc-rs-{role}-0", "namespace": "inference"}, "spec": gated} for role in ("prefill", "decode")]
