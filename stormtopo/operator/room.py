@@ -89,7 +89,7 @@ class NodeRoom:
     _gangs: dict[str, GangSize] = field(default_factory=dict)  # per gang ("namespace/PodGroup"), its pods in _pods
     # Every bound pod's node and other requests; per node its labels, taints, allocatable, and what pods request.
     _holds: dict[Key, tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=dict)
-    _shared: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    _shared: dict[tuple[tuple[str, int], ...], tuple[tuple[tuple[str, int], ...], int]] = field(default_factory=dict)  # (copy, pods)
     _facts: dict[str, tuple[Mapping[str, str], tuple[Mapping[str, str], ...], Mapping[str, int]]] = field(default_factory=dict)
     _requested: dict[str, dict[str, int]] = field(default_factory=dict)
     _node_facts: dict[str, NodeFacts] = field(default_factory=dict)  # per node, from _facts less _requested
@@ -237,8 +237,7 @@ class NodeRoom:
     def _set_requests(self, key: Key, pod: Mapping[str, Any] | None) -> bool:
         holds = None
         if pod is not None and _bound(pod):
-            asked = tuple(sorted(pod_requests(pod.get("spec") or {}).items()))
-            holds = (str(pod["spec"]["nodeName"]), self._shared.setdefault(asked, asked))
+            holds = (str(pod["spec"]["nodeName"]), tuple(sorted(pod_requests(pod.get("spec") or {}).items())))
         was = self._holds.get(key)
         if was == holds:
             return False
@@ -246,8 +245,14 @@ class NodeRoom:
             on = self._requested.get(was[0], {})
             for resource, amount in was[1]:
                 on[resource] = on.get(resource, 0) - amount
+                if not on[resource]:
+                    del on[resource]
+            if not on:
+                self._requested.pop(was[0], None)  # (nothing kept of a node no pod requests anything of)
             del self._holds[key]
+            self._unshare(was[1])
         if holds is not None:
+            holds = (holds[0], self._share(holds[1]))
             self._holds[key] = holds
             on = self._requested.setdefault(holds[0], {})
             for resource, amount in holds[1]:
@@ -255,6 +260,20 @@ class NodeRoom:
         for node in {was[0] if was else None, holds[0] if holds else None} - {None}:
             self._refresh_facts(str(node))
         return True
+
+    def _share(self, asked: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+        """One copy of requests alike, counted: kept while a pod asks for them (a tenant whose every pod asks
+        for other amounts adds nothing that outlives its pods)."""
+        shared, pods = self._shared.get(asked, (asked, 0))
+        self._shared[asked] = (shared, pods + 1)
+        return shared
+
+    def _unshare(self, asked: tuple[tuple[str, int], ...]) -> None:
+        shared, pods = self._shared.get(asked, (asked, 1))
+        if pods > 1:
+            self._shared[asked] = (shared, pods - 1)
+        else:
+            self._shared.pop(asked, None)
 
     def _refresh_facts(self, node: str) -> None:
         """The node's facts again, after its own change or a change of what its pods request."""

@@ -191,6 +191,13 @@ def test_what_the_reading_keeps_as_each_event_comes_is_what_one_list_of_the_last
     assert room.gangs_now() == fresh.gangs_now() and room.gangs_now()
     assert room.facts_now() == fresh.facts_now()
     assert room.free_now(False) == fresh.free_now(False) and room.releasing_now() == fresh.releasing_now()
+    # Nothing kept that the last states do not need: requests alike shared while a pod asks for them, nodes'
+    # requests while a pod requests anything there.
+    assert room._shared == fresh._shared and room._requested == fresh._requested
+    for pod in last.values():
+        if pod is not None:
+            room._on_pod("DELETED", pod)
+    assert room._shared == {} and room._requested == {} and room._holds == {} and room._pods == {}
 
 
 def test_what_the_first_lists_bring_is_frozen_out_of_the_collectors_passes_once(monkeypatch: Any) -> None:
