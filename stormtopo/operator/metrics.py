@@ -7,6 +7,7 @@ tests/integration/test_prometheus.py checks every one of those queries against a
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable, Iterator
 
@@ -158,8 +159,10 @@ class CollectorPasses(Collector):
         passes = collector.PASSES
         longest = "The longest full pass of the garbage collector since the process started"
         freezes = "Full passes longer than the limit, after which what survived was frozen out of later passes"
+        frozen = "Objects frozen out of the collector's passes (gc.get_freeze_count): grows with the cluster, not with time"
         yield GaugeMetricFamily("stormtopo_gc_longest_full_pass_seconds", longest, passes.longest)
         yield CounterMetricFamily("stormtopo_gc_freezes", freezes, passes.freezes)
+        yield GaugeMetricFamily("stormtopo_gc_frozen_objects", frozen, gc.get_freeze_count())
 
 
 REGISTRY.register(CollectorPasses())
