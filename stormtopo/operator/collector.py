@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 SLOW_PASS = 0.02  # seconds: a full pass longer than this freezes what survived it
+# A full pass considered every 2 passes of the middle generation, not CPython's 10: with what lived long frozen, a
+# pass walks only what survived since the last, so more of them are each shorter (bench collector: the longest
+# while growing to 10,000 StormServices 36 ms instead of 60, through a rollout of every pod 89 ms instead of 226).
+FULL_EVERY = 2
 
 
 @dataclass(eq=False)  # one instance is one callback: found in gc.callbacks by identity
@@ -61,9 +65,11 @@ class Passes:
 PASSES = Passes()
 
 
-def install(slow: float = SLOW_PASS) -> Passes:
-    """Time every full pass, and freeze after one longer than `slow` seconds (once per process)."""
+def install(slow: float = SLOW_PASS, full_every: int = FULL_EVERY) -> Passes:
+    """Time every full pass, and freeze after one longer than `slow` seconds of CPU (once per process)."""
     PASSES.slow = slow
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, full_every)
     if not any(callback is PASSES for callback in gc.callbacks):
         gc.callbacks.append(PASSES)
     return PASSES

@@ -43,9 +43,11 @@ def test_installed_once_by_identity_and_timing_real_passes() -> None:
 
     other = collector.Passes(slow=float("inf"))  # alike in every field: still not the operator's
     gc.callbacks.append(other)
+    thresholds = gc.get_threshold()
     passes = collector.install(slow=float("inf"))  # (nothing of the test process frozen)
     try:
         assert collector.install(slow=float("inf")) is passes and [c for c in gc.callbacks if c is passes] == [passes]
+        assert gc.get_threshold() == (*thresholds[:2], collector.FULL_EVERY)
         full = passes.full
         gc.collect()
         assert passes.full == full + 1
@@ -53,3 +55,4 @@ def test_installed_once_by_identity_and_timing_real_passes() -> None:
         gc.callbacks.remove(passes)
         gc.callbacks.remove(other)
         passes.slow = collector.SLOW_PASS
+        gc.set_threshold(*thresholds)
