@@ -29,8 +29,8 @@ from typing import Any
 
 SLOW_PASS = 0.02  # seconds: a full pass longer than this freezes what survived it
 # A full pass considered every 2 passes of the middle generation, not CPython's 10: with what lived long frozen, a
-# pass walks only what survived since the last, so more of them are each shorter (bench collector: the longest
-# while growing to 10,000 StormServices 36 ms instead of 60, through a rollout of every pod 89 ms instead of 226).
+# pass walks only what survived since the last, so more of them are each shorter (bench collector, one run each: the
+# longest while growing to 10,000 StormServices 36 ms instead of 60, through a rollout of every pod 89 ms, not 226).
 FULL_EVERY = 2
 
 
