@@ -32,7 +32,7 @@ def child(services: int, replicas: int, nodes: int, policy: bool) -> dict[str, A
     """In the child: the readings grown, then churned, with the full passes timed."""
     from typing import cast
 
-    from bench.memory import admitted_pod, node_of, roleset_of, stormservice_of
+    from bench.memory import admitted_pod, delivered, node_of, roleset_of, stormservice_of
     from stormtopo.operator import collector
     from stormtopo.operator.index import Index
     from stormtopo.operator.loops import Loops
@@ -58,17 +58,11 @@ def child(services: int, replicas: int, nodes: int, policy: bool) -> dict[str, A
     for n in range(nodes):
         room._on_node("ADDED", node_of(n))
     pods: list[dict[str, Any]] = []
-    for i in range(services):
-        svc = stormservice_of(i, f"team-{i % 100:03d}")
-        index.observe("StormService", "ADDED", svc)
-        for r in range(replicas):
-            roleset = roleset_of(svc, r)
-            index.observe("RoleSet", "ADDED", roleset)
-            for role in ("prefill", "decode"):
-                pod = admitted_pod(roleset, role, f"node-{len(pods) % nodes:05d}", 4)
-                index.observe("Pod", "ADDED", pod)
-                room._on_pod("ADDED", pod)
-                pods.append({"metadata": {"name": pod["metadata"]["name"], "namespace": pod["metadata"]["namespace"]}})
+    for kind, obj in delivered(services, replicas, nodes):
+        index.observe(kind, "ADDED", obj)
+        if kind == "Pod":
+            room._on_pod("ADDED", obj)
+            pods.append({"metadata": {"name": obj["metadata"]["name"], "namespace": obj["metadata"]["namespace"]}})
     longest_growing = timed.longest
     phase("growth", started, full, freezes)
     started, full, freezes = time.monotonic(), timed.full, collector.PASSES.freezes

@@ -22,6 +22,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,21 @@ def node_of(i: int) -> dict[str, Any]:
     }
 
 
+def delivered(services: int, replicas: int, nodes: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(kind, object) of every StormService, RoleSet and admitted pod, in the order their watches deliver them:
+    `replicas` RoleSets a service over 100 namespaces, a prefill and a decode pod each, spread over `nodes`."""
+    pods = 0
+    for i in range(services):
+        svc = stormservice_of(i, f"team-{i % 100:03d}")
+        yield "StormService", svc
+        for r in range(replicas):
+            roleset = roleset_of(svc, r)
+            yield "RoleSet", roleset
+            for role in ("prefill", "decode"):
+                yield "Pod", admitted_pod(roleset, role, f"node-{pods % nodes:05d}", 4)
+                pods += 1
+
+
 def child(services: int, replicas: int, nodes: int, leader: bool, feed: bool) -> dict[str, Any]:
     """In the child: the readings fed (or not: the baseline), then what the process holds."""
     from typing import cast
@@ -154,18 +170,12 @@ def child(services: int, replicas: int, nodes: int, leader: bool, feed: bool) ->
         if leader:
             for n in range(nodes):
                 room._on_node("ADDED", node_of(n))
-        for i in range(services):
-            svc = stormservice_of(i, f"team-{i % 100:03d}")
-            index.observe("StormService", "ADDED", svc)
-            for r in range(replicas):
-                roleset = roleset_of(svc, r)
-                index.observe("RoleSet", "ADDED", roleset)
-                for role in ("prefill", "decode"):
-                    pod = admitted_pod(roleset, role, f"node-{pods % nodes:05d}", 4)
-                    index.observe("Pod", "ADDED", pod)
-                    if leader:
-                        room._on_pod("ADDED", pod)
-                    pods += 1
+        for kind, obj in delivered(services, replicas, nodes):
+            index.observe(kind, "ADDED", obj)
+            if kind == "Pod":
+                if leader:
+                    room._on_pod("ADDED", obj)
+                pods += 1
     gc.collect()
     return {
         "pods": pods,
