@@ -129,8 +129,8 @@ async def planning(nodes: int, rounds: int, seed: int) -> dict[str, Any]:
     }
 
 
-def _source(commit: str, into: Path) -> Path:
-    """The operator of `commit` (its stormtopo package), from git archive."""
+def operator_of(commit: str, into: Path) -> Path:
+    """The operator of `commit` (its stormtopo package), from git archive, to import from `into`."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "stormtopo"], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
@@ -148,7 +148,7 @@ def _in_child(source: Path, nodes: int, rounds: int, seed: int) -> dict[str, Any
 def run(nodes: int, rounds: int, seed: int = 1, before: str = BEFORE) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": nodes, "seed": seed, "before_commit": before, "runs": {"before": [], "after": []}}
     with tempfile.TemporaryDirectory() as tmp:
-        sources = {"before": _source(before, Path(tmp)), "after": REPO}
+        sources = {"before": operator_of(before, Path(tmp)), "after": REPO}
         for _ in range(RUNS):
             for arm in ("before", "after"):
                 out["runs"][arm].append(_in_child(sources[arm], nodes, rounds, seed))

@@ -40,6 +40,7 @@ from stormtopo.core.vocabulary import (
 )
 from stormtopo.kube.client import Api, Forbidden, NotFound, Unauthorized
 from stormtopo.operator import metrics
+from stormtopo.operator.collector import LongLived
 
 log = logging.getLogger(__name__)
 
@@ -224,11 +225,11 @@ DELIVERED_BY_RELIST = ("StormService", "RoleSet", "HyperNode")
 @dataclass
 class Index:
     api: Api
-    stormservices: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    rolesets: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    hypernodes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    podgroups: dict[Key, dict[str, Any]] = field(default_factory=dict)  # replica and stormtopo-owned ones
-    pods: dict[Key, dict[str, Any]] = field(default_factory=dict)  # pods stormtopo admitted
+    stormservices: LongLived[Key, dict[str, Any]] = field(default_factory=LongLived)
+    rolesets: LongLived[Key, dict[str, Any]] = field(default_factory=LongLived)
+    hypernodes: LongLived[str, dict[str, Any]] = field(default_factory=LongLived)
+    podgroups: LongLived[Key, dict[str, Any]] = field(default_factory=LongLived)  # replica and stormtopo-owned ones
+    pods: LongLived[Key, dict[str, Any]] = field(default_factory=LongLived)  # pods stormtopo admitted
     # (namespace, RoleSet) -> names of its admitted pods: a placement check reads one replica's pods.
     _pods_by_replica: dict[Key, set[str]] = field(default_factory=dict)
     # (namespace, StormService) -> names of its RoleSets: reconciling one service must not scan them all.
@@ -240,7 +241,7 @@ class Index:
     # Per namespace, every StormService's RoleSet name prefix with its name, sorted: who shares a prefix.
     _prefixes: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     _in_play_sorted: list[Key] | None = None  # sorted once per change of the set, not per call
-    _seen: dict[tuple[str, Key], int] = field(default_factory=dict)  # (kind, key) -> when last observed
+    _seen: LongLived[tuple[str, Key], int] = field(default_factory=LongLived)  # (kind, key) -> when last observed
     _clock: int = 0
     _specs: SharedSpecs = field(default_factory=SharedSpecs)  # the StormServices' and RoleSets' specs, one copy each
     # Admitted pods that held a node and are gone: healing reads free GPUs afresh when this moves,
@@ -259,7 +260,7 @@ class Index:
     caught_up: bool = False
     _deleted_early: set[tuple[str, Key]] = field(default_factory=set)  # deletions seen before caught up: a list must not revive them
     # Objects of kopf's kinds deleted since the last re-list began (kind, key) -> when: a re-list must not revive them.
-    _deleted_since: dict[tuple[str, Key], int] = field(default_factory=dict)
+    _deleted_since: LongLived[tuple[str, Key], int] = field(default_factory=LongLived)
     _priorities_refused: bool = False
     # Node name -> the labels the tree and a release read (hostname, labelMatch keys), read (not watched)
     # by the placement shell when a placement check needs them: regexMatch and labelMatch HyperNodes

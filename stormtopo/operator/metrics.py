@@ -152,15 +152,18 @@ REGISTRY.register(LOOPS)
 
 
 class CollectorPasses(Collector):
-    """The garbage collector's full passes (operator/collector.py), read at scrape time: a pass holds the event loop
-    for as long as it takes, so the longest is a stall every webhook answer in flight waited out."""
+    """The garbage collector's passes (operator/collector.py), read at scrape time: a pass holds the event loop for
+    as long as it takes, so the longest is a stall every webhook answer in flight waited out."""
 
     def collect(self) -> Iterator[Metric]:
         passes = collector.PASSES
-        longest = "The longest full pass of the garbage collector since the process started"
-        freezes = "Full passes longer than the limit, after which what survived was frozen out of later passes"
+        about = "The longest pass of the garbage collector since the process started, per generation"
+        longest = GaugeMetricFamily("stormtopo_gc_longest_pass_seconds", about, labels=["generation"])
+        for generation, seconds in enumerate(passes.longest):
+            longest.add_metric([str(generation)], seconds)
+        yield longest
+        freezes = "Middle or full passes longer than the limit, after which what survived was frozen out of later passes"
         frozen = "Objects frozen out of the collector's passes (gc.get_freeze_count): grows with the cluster, not with time"
-        yield GaugeMetricFamily("stormtopo_gc_longest_full_pass_seconds", longest, passes.longest)
         yield CounterMetricFamily("stormtopo_gc_freezes", freezes, passes.freezes)
         yield GaugeMetricFamily("stormtopo_gc_frozen_objects", frozen, gc.get_freeze_count())
 

@@ -31,6 +31,7 @@ from stormtopo.core.vocabulary import GPU, GROUP_NAME_ANNOTATION
 from stormtopo.kube.client import Api
 from stormtopo.kube.watch import WatchStreams
 from stormtopo.operator import collector, watch
+from stormtopo.operator.collector import LongLived
 from stormtopo.operator.index import Key, key_of
 from stormtopo.operator.loops import Loops
 
@@ -78,9 +79,10 @@ class NodeRoom:
     api: Api
     loops: Loops
     resource: str = GPU
-    # Bound pods holding GPUs: their node (a string: nothing here for the collector's passes to walk, operator/collector.py)
-    _pods: dict[Key, str] = field(default_factory=dict)
-    _nodes: dict[str, tuple[int, bool]] = field(default_factory=dict)  # (allocatable GPUs, takes new pods)
+    # The dicts of tuples and strings are LongLived: once frozen, they stay out of the collector's passes
+    # (operator/collector.py). Bound pods holding GPUs: their node.
+    _pods: LongLived[Key, str] = field(default_factory=LongLived)
+    _nodes: LongLived[str, tuple[int, bool]] = field(default_factory=LongLived)  # (allocatable GPUs, takes new pods)
     _used: dict[str, int] = field(default_factory=dict)  # GPUs held per node, the sum of _pods
     # Kept as each event changes them (one node or gang at a time), never rebuilt whole: at 16,384 nodes a rebuild
     # of any of them took 30 to 90 ms of the event loop.
@@ -88,9 +90,9 @@ class NodeRoom:
     _holders: dict[str, tuple[Holder, ...]] = field(default_factory=dict)  # per node, the values of _node_pods
     _gangs: dict[str, GangSize] = field(default_factory=dict)  # per gang ("namespace/PodGroup"), its pods in _pods
     # Every bound pod's node and other requests; per node its labels, taints, allocatable, and what pods request.
-    _holds: dict[Key, tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=dict)
+    _holds: LongLived[Key, tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=LongLived)
     _shared: dict[tuple[tuple[str, int], ...], tuple[tuple[tuple[str, int], ...], int]] = field(default_factory=dict)  # (copy, pods)
-    _facts: dict[str, tuple[Mapping[str, str], tuple[Mapping[str, str], ...], Mapping[str, int]]] = field(default_factory=dict)
+    _facts: LongLived[str, tuple[Mapping[str, str], tuple[Mapping[str, str], ...], Mapping[str, int]]] = field(default_factory=LongLived)
     _requested: dict[str, dict[str, int]] = field(default_factory=dict)
     _node_facts: dict[str, NodeFacts] = field(default_factory=dict)  # per node, from _facts less _requested
     # The copies last handed out, at `changes`: a reader (a planner on a thread) holds one while the watch goes on.

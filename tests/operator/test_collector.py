@@ -1,6 +1,6 @@
-"""The collector's full passes (operator/collector.py): a pass that took more than the limit of CPU freezes what
-survived it, so the next walks only what was made after; shorter passes, passes long only in wall time (the
-thread waiting for a core), and younger generations freeze nothing."""
+"""The collector's passes (operator/collector.py): a middle or full pass that took more than the limit of CPU freezes
+what survived it, so the next walk only what was made after; shorter passes, passes long only in wall time (the
+thread waiting for a core), and the young generation's passes freeze nothing. Every pass is timed."""
 
 from __future__ import annotations
 
@@ -11,31 +11,36 @@ import pytest
 from stormtopo.operator import collector
 
 
-def test_a_slow_full_pass_freezes_what_survived_it_and_nothing_else_does(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slow_middle_or_full_pass_freezes_what_survived_it_and_nothing_else_does(monkeypatch: pytest.MonkeyPatch) -> None:
     wall, cpu = [0.0], [0.0]
     froze: list[bool] = []
     monkeypatch.setattr(collector.time, "perf_counter", lambda: wall[0])
     monkeypatch.setattr(collector.time, "thread_time", lambda: cpu[0])
     monkeypatch.setattr(collector.gc, "freeze", lambda: froze.append(True))
-    passes = collector.Passes(slow=0.02)
+    passes = collector.Passes(slow=0.005)
 
-    def full_pass(seconds: float, generation: int = 2, waiting: float = 0.0) -> None:
+    def collect(generation: int, seconds: float, waiting: float = 0.0) -> None:
         info: dict[str, Any] = {"generation": generation, "collected": 0, "uncollectable": 0}
         passes("start", info)
         wall[0] += seconds + waiting
         cpu[0] += seconds
         passes("stop", info)
 
-    full_pass(0.01)
-    full_pass(0.5, generation=1)  # a young generation's pass: not a full one, not counted
-    full_pass(0.005, waiting=0.1)  # long only because its thread waited for a core: nothing to gain by a freeze
-    assert (passes.full, passes.freezes, froze) == (2, 0, []) and passes.longest == pytest.approx(0.105)
-    full_pass(0.7)
-    assert (passes.full, passes.freezes, len(froze)) == (3, 1, 1) and passes.longest == pytest.approx(0.7)
-    full_pass(0.015)
-    assert (passes.full, passes.freezes, len(froze)) == (4, 1, 1)
+    collect(2, 0.004)
+    collect(0, 0.5)  # the young generation's: what survived one pass is mostly what the next event replaces
+    collect(2, 0.001, waiting=0.1)  # long only because its thread waited for a core: nothing to gain by a freeze
+    assert (passes.passes, passes.freezes, froze) == ([1, 0, 2], 0, []) and passes.longest == pytest.approx([0.5, 0.0, 0.101])
+    collect(1, 0.03)
+    assert (passes.passes, passes.freezes, len(froze)) == ([1, 1, 2], 1, 1) and passes.longest[1] == pytest.approx(0.03)
+    collect(2, 0.7)
+    assert (passes.freezes, len(froze), max(passes.longest)) == (2, 2, pytest.approx(0.7))
+    collect(1, 0.004)
+    assert (passes.passes, passes.freezes) == ([1, 2, 3], 2)
     passes("stop", {"generation": 2})  # installed while a pass ran: its start never seen, nothing judged
-    assert (passes.full, passes.freezes) == (4, 1)
+    passes("start", {"generation": 1})
+    passes("stop", {"generation": 2})  # (a stop of another generation than the start seen: nothing judged)
+    passes("stop", {"generation": 7})
+    assert (passes.passes, passes.freezes) == ([1, 2, 3], 2)
 
 
 def test_installed_once_by_identity_and_timing_real_passes() -> None:
@@ -47,12 +52,55 @@ def test_installed_once_by_identity_and_timing_real_passes() -> None:
     passes = collector.install(slow=float("inf"))  # (nothing of the test process frozen)
     try:
         assert collector.install(slow=float("inf")) is passes and [c for c in gc.callbacks if c is passes] == [passes]
-        assert gc.get_threshold() == (*thresholds[:2], collector.FULL_EVERY)
-        full = passes.full
+        assert gc.get_threshold() == (thresholds[0], collector.MIDDLE_EVERY, collector.FULL_EVERY)
+        counted = list(passes.passes)
+        gc.collect(1)
         gc.collect()
-        assert passes.full == full + 1
+        assert passes.passes[1] > counted[1] and passes.passes[2] > counted[2]  # (and any young pass meanwhile)
     finally:
         gc.callbacks.remove(passes)
         gc.callbacks.remove(other)
         passes.slow = collector.SLOW_PASS
         gc.set_threshold(*thresholds)
+
+
+def test_the_readings_stay_frozen_out_of_every_pass_as_events_change_them() -> None:
+    """Once frozen, the index and the free-room reading stay out of the collector's passes whatever events change
+    them: a dict of strings and tuples is untracked by a full pass, then tracked again in the youngest generation
+    by its next new key and walked whole by every pass after, 100,000 entries or not (collector.LongLived)."""
+    import gc
+    from typing import cast
+
+    from bench.memory import admitted_pod, delivered, node_of, roleset_of, stormservice_of
+    from stormtopo.operator.index import Index
+    from stormtopo.operator.loops import Loops
+    from stormtopo.operator.room import NodeRoom
+
+    index, room = Index(cast(Any, None)), NodeRoom(cast(Any, None), Loops())
+    for n in range(64):
+        room._on_node("ADDED", node_of(n))
+    for kind, obj in delivered(40, 5, 64):  # 40 StormServices, 200 RoleSets, 400 admitted pods
+        index.observe(kind, "ADDED", obj)
+        if kind == "Pod":
+            room._on_pod("ADDED", obj)
+    gc.collect()  # full passes: the first untracks the tuples of strings, the second the dicts holding only such
+    gc.collect()
+    gc.freeze()
+    try:
+        service = stormservice_of(41, "team-new")
+        roleset = roleset_of(service, 0)
+        pod = admitted_pod(roleset, "prefill", "node-00001", 4)
+        for kind, obj in (("StormService", service), ("RoleSet", roleset), ("Pod", pod)):
+            index.observe(kind, "ADDED", obj)
+        room._on_pod("ADDED", pod)
+        room._on_node("ADDED", node_of(64))
+        walked = {id(o) for o in gc.get_objects()}  # every generation the passes collect (not the frozen)
+        kept = {
+            f"{type(owner).__name__}.{name}": (len(part), id(part))
+            for owner in (index, room)
+            for name, part in vars(owner).items()
+            if isinstance(part, (dict, set, list)) and len(part) >= 40
+        }
+        assert len(kept) > 10 and not [name for name, (_, at) in kept.items() if at in walked], kept
+    finally:
+        gc.unfreeze()
