@@ -17,6 +17,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -263,6 +264,33 @@ def test_a_high_priority_soft_replica_preempts_in_the_best_leaf_and_only_as_much
     [group] = [g for g in cluster.podgroups(namespace) if g["spec"].get("priorityClassName") == HIGH]
     assert json.loads(group["metadata"]["annotations"][NARROWED_ANNOTATION])["tier"] == 1
     print(f"\n  soft: one leaf's four batch pods preempted; the replica on {placed}")
+
+
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_a_service_scaled_to_two_replicas_takes_two_leaves_one_each_and_only_their_batch_pods(
+    cluster: DevCluster, topology: Topology, namespace: str, priority_classes: None, mode: str
+) -> None:
+    """Issue 41, item 2, two replicas at once (a service created with two, or scaled up, on a full cluster): each
+    replica runs within a leaf of its own within two minutes, and the pods preempted are exactly those two
+    leaves' eight: never a third leaf's, never more."""
+    before = fill_with_batch(cluster, namespace, len(topology.nodes))
+    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
+    name = f"pair-{mode}"
+    cluster.create(stormservice(name, namespace, roles, replicas=2, annotations={MODE: mode, HIGHEST_TIER: "1"}))
+    placed = cluster.bound_pods(namespace, f"storm-service-name={name}", 4, timeout=150)
+    replicas: dict[str, list[dict[str, Any]]] = {}
+    for pod in placed:
+        replicas.setdefault(pod["metadata"]["labels"][ROLESET_LABEL], []).append(pod)
+    leaves = {}
+    for roleset, pods in replicas.items():
+        domain = topology.lowest_common_switch(node_names(pods))
+        assert domain is not None and domain.tier == 1, f"replica {roleset} crossed its leaf: {node_names(pods)}"
+        leaves[roleset] = domain.name
+    assert len(set(leaves.values())) == 2, f"two replicas, one leaf each: {leaves}"
+    gone = preempted(cluster, namespace, BATCH, before)
+    under = {node for leaf in leaves.values() for node in topology.nodes_under(leaf)}
+    expected = {pod for pod, (_, node) in before.items() if node in under}
+    assert gone == expected and len(gone) == 8, f"took {sorted(gone)}; the leaves {sorted(leaves.values())} held {sorted(expected)}"
 
 
 def test_a_lower_priority_stormservice_replica_is_preempted_whole_and_placed_again_whole(
