@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import inspect
 import json
 import statistics
 import subprocess
@@ -91,6 +92,10 @@ async def planning(nodes: int, rounds: int, seed: int) -> dict[str, Any]:
         room._on_listed("Node")
         room._on_listed("Pod")
     reporter = PlacementReporter(Index(cast(Any, None)), cast(Any, None), lambda *_: None, cast(Any, None), room)
+    # The replica the reading is for, where the operator's reading asks (a replica's own claim is its own room).
+    read_room: Any = reporter._room_reading
+    if "key" in inspect.signature(read_room).parameters:
+        read_room = functools.partial(read_room, ("bench", "held"))
     gated = {"schedulingGates": [{"name": ROOM_GATE}]}
     held = [{"metadata": {"name": f"svc-rs-{role}-0", "namespace": "inference"}, "spec": gated} for role in ("prefill", "decode")]
     replica = HeldReplica("inference", "svc-rs", held, [8, 8], 2, 0, [{}], 0.0)
@@ -110,7 +115,7 @@ async def planning(nodes: int, rounds: int, seed: int) -> dict[str, Any]:
                 room._on_pod("ADDED", after)
                 pods[(i * 7919) % len(pods)] = after
                 started = time.perf_counter()
-                reading = reporter._room_reading(room.free_now())
+                reading = read_room(room.free_now())
                 reads.append(time.perf_counter() - started)
                 started = time.perf_counter()
                 planned = functools.partial(plan_room, replica, request, 1, topology, {}, PRIORITY, reading, None)

@@ -82,6 +82,8 @@ class RoomHold:
     preempted: bool = False  # victims were evicted for it: never again for this hold
     narrowed_at: float | None = None  # wall seconds its PodGroup's narrowing was first written (core/narrowing.py)
     let_go: bool = False  # let go after narrowing was judged: a plan before its pods' events is not said again
+    # The victims its narrowing counts on gangpreempt to take: kept from the next held replica's reading (narrowing_claim).
+    counts_on: tuple[Victim, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,8 @@ def _narrowed(
     if not is_narrowed_to(replica.podgroup, request, tier, wall):  # narrowed first; let go once its PodGroup shows it
         at = narrowed_since(hold.narrowed_at, wall)
         narrowed = narrow(replica.namespace, replica.podgroup, request, tier, at)
-        return RoomPlan((narrowed,), hold=replace(hold, narrowed_at=at), recheck_in=waiting.recheck_in)
+        counts_on = tuple(Victim(node, (h := holders[node][i]).gpus, h.priority, h.gang) for node, i in victims.chosen)
+        return RoomPlan((narrowed,), hold=replace(hold, narrowed_at=at, counts_on=counts_on), recheck_in=waiting.recheck_in)
     pods = ", ".join(f"{n} of priority {p}" for p, n in victims.by_priority)
     message = (
         f"replica {replica.name} must preempt (no room for its whole gang anywhere now): its PodGroup is held hard "
@@ -370,25 +373,57 @@ class RoomClaim:
 
     gpus: Mapping[str, int]  # per node
     until: float
+    victims: tuple[Victim, ...] = ()  # who frees it: never a victim for the next replica either
 
 
 def room_claim(writes: Sequence[Write], now: float, hold: float) -> RoomClaim | None:
     """The claim of a plan that preempts: its victims' GPUs per node, for as long as its hold."""
     taken = next((w for w in writes if isinstance(w, PreemptPods)), None)
-    if taken is None:
-        return None
+    return None if taken is None else _claim(taken.victims, now + hold)
+
+
+def narrowing_claim(hold: RoomHold | None, now: float) -> RoomClaim | None:
+    """The claim of a replica narrowed (core/narrowing.py): the victims it counts on gangpreempt to take, for as
+    long as its narrowing. Without it the next soft replica that must preempt would count on the same victims,
+    be narrowed too, and wait hard for room the first takes, up to the narrowing's end, where Volcano would have
+    preempted for it elsewhere at once."""
+    return None if hold is None or not hold.counts_on else _claim(hold.counts_on, now + NARROWED_FOR)
+
+
+def _claim(victims: tuple[Victim, ...], until: float) -> RoomClaim:
     gpus: dict[str, int] = {}
-    for victim in taken.victims:
+    for victim in victims:
         gpus[victim.node] = gpus.get(victim.node, 0) + victim.gpus
-    return RoomClaim(gpus, now + hold)
+    return RoomClaim(gpus, until, victims)
 
 
-def claimed_room(claims: Mapping[K, RoomClaim], now: float, settled: Collection[K]) -> tuple[dict[str, int], dict[K, RoomClaim]]:
-    """The GPUs per node still claimed, and the claims kept: those of replicas not `settled` (placed or gone)
-    and within their hold."""
+def claimed_room(
+    claims: Mapping[K, RoomClaim], now: float, settled: Collection[K], but: K | None = None
+) -> tuple[dict[str, int], dict[K, RoomClaim]]:
+    """The GPUs per node still claimed by any replica `but` this one, and the claims kept: those of replicas not
+    `settled` (placed or gone) and within their hold."""
     kept = {key: claim for key, claim in claims.items() if now <= claim.until and key not in settled}
     total: dict[str, int] = {}
-    for claim in kept.values():
+    for key, claim in kept.items():
+        if key == but:
+            continue  # (its own room)
         for node, gpus in claim.gpus.items():
             total[node] = total.get(node, 0) + gpus
     return total, kept
+
+
+def unclaimed(holders: Mapping[str, Sequence[Holder]], claims: Collection[RoomClaim]) -> Mapping[str, Sequence[Holder]]:
+    """Who holds each node's GPUs, less the victims claimed for another replica (one holder for each, as the
+    reading knows it: bound, preemptable). `holders` itself where nothing is claimed (a reading is not copied)."""
+    claimed = [victim for claim in claims for victim in claim.victims]
+    if not claimed:
+        return holders
+    out = dict(holders)
+    for victim in claimed:
+        left = list(out.get(victim.node, ()))
+        for i, holder in enumerate(left):
+            if holder.preemptable and (holder.gpus, holder.priority, holder.gang) == (victim.gpus, victim.priority, victim.gang):
+                del left[i]
+                out[victim.node] = tuple(left)
+                break
+    return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from stormtopo.core.narrowing import narrows
 from stormtopo.core.placement import is_held, is_held_for_room
-from stormtopo.core.preempting import GROUP_ROUNDS, HOLD_MAX, RoomClaim, RoomReading, claimed_room, room_claim
+from stormtopo.core.preempting import GROUP_ROUNDS, HOLD_MAX, RoomClaim, RoomReading, claimed_room, narrowing_claim, room_claim, unclaimed
 from stormtopo.core.replica import (
     Explain,
     ReplicaMemory,
@@ -151,12 +151,12 @@ class PlacementReporter:
             free = self.room.free_now()  # (listed above: current to the last event of its watch)
             # First without who holds the room: a replica that fits now is let go without it (a plan over every bound
             # GPU pod of the cluster: most of a plan's time at 16,384 nodes).
-            reading = self._room_reading(free, holders=False)
+            reading = self._room_reading(key, free, holders=False)
             for round in range(1, GROUP_ROUNDS + 2):  # the victims' PodGroups read as the plan asks (core/preempting.py)
                 snapshot = replace(snapshot, free_gpus=free, room=reading)
                 plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
                 if plan.needs_room and reading.holders is None:  # it fits nowhere now: who holds the room, then again
-                    reading = self._room_reading(free)
+                    reading = self._room_reading(key, free)
                     snapshot = replace(snapshot, room=reading)
                     plan = await asyncio.get_running_loop().run_in_executor(self._planner, self._plan, snapshot, memory)
                 if not plan.needs_groups or not self.leading():
@@ -175,6 +175,8 @@ class PlacementReporter:
             claim = room_claim(plan.writes, time.monotonic(), self.room_hold)
             if claim is not None:
                 self._claims[key] = claim
+            elif key not in self._claims and (counted := narrowing_claim(plan.memory.room, time.monotonic())) is not None:
+                self._claims[key] = counted  # (once: a narrowing's claim lasts as long as the narrowing)
             await self._carry_out(key, snapshot, plan)
             if claim is not None:
                 await self._until_leaving(claim.gpus)
@@ -187,10 +189,11 @@ class PlacementReporter:
         conf = await self.volcano.scheduler(fresh_within=0.0)
         return conf is not None and not conf.preempts_for_topology
 
-    def _room_reading(self, free: Mapping[str, int], holders: bool = True) -> RoomReading:
-        """The free-room reading for exact preemption: the room of pods being deleted counts as free (it is
-        on its way: no plan takes more for it), less the room this leader took for a held replica not
-        placed yet; victims only in the namespaces given (`holders` False: who holds the room left unread)."""
+    def _room_reading(self, key: Key, free: Mapping[str, int], holders: bool = True) -> RoomReading:
+        """The free-room reading for replica `key`: the room of pods being deleted counts as free (it is on its
+        way: no plan takes more for it), less the room this leader took or counts on for another held replica
+        not placed yet, and less the victims that one counts on; victims only in the namespaces given
+        (`holders` False: who holds the room left unread)."""
         releasing = self.room.releasing_now()
         now = time.monotonic()
         settled = {
@@ -198,11 +201,14 @@ class PlacementReporter:
             for replica in self._claims
             if (found := self.index.replica_snapshot(replica, now)) is None or replica_state(found).complete
         }
-        claimed, self._claims = claimed_room(self._claims, now, settled)  # placed, gone or past its hold: its room is its own or free
+        # Placed, gone or past its hold: its room is its own or free. The replica's own claim is its own room.
+        claimed, self._claims = claimed_room(self._claims, now, settled, but=key)
         room = {node: max(0, gpus + releasing.get(node, 0) - claimed.get(node, 0)) for node, gpus in free.items()}
         if not holders:
             return RoomReading(room, None, {}, self.room.facts_now(), self.victim_namespaces)
-        return RoomReading(room, self.room.holders_now(), self.room.gangs_now(), self.room.facts_now(), self.victim_namespaces)
+        others = [claim for replica, claim in self._claims.items() if replica != key]
+        holding = unclaimed(self.room.holders_now(), others)  # victims another replica counts on: not this one's
+        return RoomReading(room, holding, self.room.gangs_now(), self.room.facts_now(), self.victim_namespaces)
 
     async def _until_leaving(self, claim: Mapping[str, int], timeout: float = LEAVING_TIMEOUT) -> None:
         """Until the reading shows the victims' room leaving (their deletion seen by its watch), or `timeout`."""

@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from stormtopo.core.topology.tree import Topology
+from stormtopo.core.topology.tree import Switch, Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, NARROWED_ANNOTATION, ROLESET_LABEL
 from stormtopo.devenv import cluster as dev
 from stormtopo.devenv.client import DevCluster, node_names
@@ -291,6 +291,38 @@ def test_a_service_scaled_to_two_replicas_takes_two_leaves_one_each_and_only_the
     under = {node for leaf in leaves.values() for node in topology.nodes_under(leaf)}
     expected = {pod for pod, (_, node) in before.items() if node in under}
     assert gone == expected and len(gone) == 8, f"took {sorted(gone)}; the leaves {sorted(leaves.values())} held {sorted(expected)}"
+
+
+def test_of_two_soft_replicas_where_one_leaf_can_be_taken_one_is_narrowed_there_and_the_other_goes_at_once(
+    cluster: DevCluster, topology: Topology, namespace: str, priority_classes: None
+) -> None:
+    """Issue 41, item 5, two soft replicas at once where one leaf only holds enough lower-priority work: in
+    every other leaf one node is held at the replicas' own priority. The first replica is narrowed into that
+    leaf and takes its four batch pods; the second must not wait, held hard within tier 1, on the victims the
+    first takes (up to the narrowing's 120 s): it goes as it is, soft, and Volcano preempts for it across
+    leaves, as without stormtopo (Volcano's gangpreempt treats a soft job as one without a topology: across
+    the spine as well). Both run within a minute; before the narrowing claimed its victims, the second waited
+    120 s (narrowed onto the same leaf as the first)."""
+    leaves = sorted(name for name, switch in topology.switches.items() if switch.tier == 1)
+    first = leaves[0]
+    for leaf in leaves:
+        for n, node in enumerate(sorted(topology.nodes_under(leaf))):
+            held = HIGH if leaf != first and n == 0 else LOW  # one node a leaf at the replicas' priority, but in `first`
+            for i in range(2):
+                cluster.create(batch_pod(f"batch-{node}-{i}", namespace, held, node=node))
+    bound = cluster.bound_pods(namespace, BATCH, 2 * len(topology.nodes), timeout=120)
+    before = {p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"]["nodeName"]) for p in bound}
+    roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
+    cluster.create(stormservice("two-soft", namespace, roles, replicas=2, annotations={MODE: "soft", HIGHEST_TIER: "1"}))
+    placed = cluster.bound_pods(namespace, "storm-service-name=two-soft", 4, timeout=60)
+    replicas: dict[str, list[str]] = {}
+    for pod in placed:
+        replicas.setdefault(pod["metadata"]["labels"][ROLESET_LABEL], []).append(pod["spec"]["nodeName"])
+    spans = sorted((topology.lowest_common_switch(nodes) or Switch("?", 9, None)).tier for nodes in replicas.values())
+    assert spans[0] == 1 and spans[1] >= 2, f"one replica within the leaf that could be taken, the other across leaves: {replicas}"
+    gone = preempted(cluster, namespace, BATCH, before)
+    assert set(topology.nodes_under(first)) <= {before[pod][1] for pod in gone}, f"the first leaf's batch pods taken: {sorted(gone)}"
+    print(f"\n  two soft replicas: {replicas}; {len(gone)} batch pods preempted")
 
 
 def test_a_lower_priority_stormservice_replica_is_preempted_whole_and_placed_again_whole(

@@ -137,6 +137,7 @@ def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for
     leader took for a held replica is kept from the next one until that replica is placed; victims only in
     the namespaces given."""
     from stormtopo.core.preempting import RoomClaim
+    from stormtopo.core.writes import Victim
     from stormtopo.kube.client import Api
     from stormtopo.operator.loops import Loops
     from stormtopo.operator.room import NodeRoom
@@ -156,7 +157,8 @@ def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for
     assert room.releasing_now() == {"n0": 4}
     index = Index(cast(Any, None))
     reporter = PlacementReporter(index, cast(Any, None), lambda *_: None, cast(Any, None), room, victim_namespaces=frozenset({"batch"}))
-    reading = reporter._room_reading({"n0": 0, "n1": 0})
+    mine, other = ("ns", "svc-rs"), ("ns", "next-rs")
+    reading = reporter._room_reading(other, {"n0": 0, "n1": 0})
     assert reading.free == {"n0": 4, "n1": 0}  # b's room is on its way
     assert [h.preemptable for h in reading.holders["n0"]] == [True, False]  # b is leaving: never a victim again
     assert reading.namespaces == frozenset({"batch"})  # team's c is not the given namespaces' (the planner's filter)
@@ -170,11 +172,14 @@ def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for
     }
     index.observe("StormService", "ADDED", service)
     index.observe("RoleSet", "ADDED", roleset)
-    reporter._claims[("ns", "svc-rs")] = RoomClaim({"n0": 4}, float("inf"))
-    assert reporter._room_reading({"n0": 0, "n1": 0}).free == {"n0": 0, "n1": 0}
+    reporter._claims[mine] = RoomClaim({"n0": 4}, float("inf"), (Victim("n0", 4, 10),))  # a's room, say (a narrowing's)
+    theirs = reporter._room_reading(other, {"n0": 0, "n1": 0})
+    assert theirs.free == {"n0": 0, "n1": 0} and [h.preemptable for h in theirs.holders["n0"]] == [False]  # nor a as a victim
+    own = reporter._room_reading(mine, {"n0": 0, "n1": 0})  # ... but the replica that claimed it plans with its own room
+    assert own.free == {"n0": 4, "n1": 0} and [h.preemptable for h in own.holders["n0"]] == [True, False]
     # ... until it is gone (or placed, or past its hold): then the claim is dropped.
     index.observe("RoleSet", "DELETED", roleset)
-    assert reporter._room_reading({"n0": 0, "n1": 0}).free == {"n0": 4, "n1": 0} and not reporter._claims
+    assert reporter._room_reading(other, {"n0": 0, "n1": 0}).free == {"n0": 4, "n1": 0} and not reporter._claims
 
 
 def test_labels_read_while_the_hypernodes_changed_their_selectors_are_no_reading() -> None:
