@@ -7,7 +7,8 @@ victims within one domain of that tier, as it does for a hard replica. So a soft
 (core/preempting.py) that fits nowhere now (no domain of its tier, nor the cluster's free GPUs together: else
 Volcano places it without preempting) and for which some domain within its tier holds lower-priority work
 gangpreempt may take, is narrowed to the lowest such tier before its pods go: the leader records it on the
-replica's own PodGroup, and lets the pods go once its PodGroup shows it.
+replica's own PodGroup, and lets the pods go once its PodGroup shows it. The victims it counts on are claimed
+(core/preempting.py narrowing_claim): the next replica that must preempt plans without them.
 
 The record (`stormtopo.io/narrowed`: {"v": 1, "tier": T, "at": "<UTC time>"}) lives on the replica's PodGroup.
 The admission webhook keeps it through AIBrix's rewrites and gives the PodGroup `hard` within T, as the
