@@ -57,6 +57,7 @@ HOLD_MAX = 30.0  # seconds a replica is held at the room gate at most, from its 
 DEFAULT_QUEUE = "default"  # Volcano's queue for a PodGroup that names none
 NO_GANGPREEMPT = "Volcano's scheduler runs no gangpreempt, and its preempt skips every job with a network topology"
 GROUP_ROUNDS = 4  # reads of victims' PodGroups one plan may ask for, before a gang not read is left alone
+CLAIMED_RECHECK = 2.0  # seconds: a soft replica that would go anywhere while another's room is claimed looks again
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class RoomReading:
     groups: Mapping[str, VictimGroup] = field(default_factory=dict)  # gang -> its PodGroup, as read so far
     groups_read: bool = False  # no more reads: a gang whose PodGroup is not known is not taken
     gangpreempt: bool = True  # Volcano's scheduler runs gangpreempt (as its configuration reads; unread: assumed)
+    # Another held replica's room or victims are claimed (RoomClaim): Volcano is making room for it now.
+    claimed_elsewhere: bool = False
 
 
 @dataclass(frozen=True)
@@ -224,16 +227,21 @@ def _narrowed(
         undo = _undo_narrowing(replica, request, waiting)  # a narrowing left on its PodGroup comes off first
         if undo is not None:
             return undo
+        if reading.gangpreempt and reading.claimed_elsewhere:
+            # Let go soft, gangpreempt would take its victims anywhere: those another replica's narrowing counts on
+            # too (on the local control plane it did, and that one then waited out its narrowing). It waits until
+            # that one is placed, within its hold's limit.
+            return RoomPlan(hold=replace(hold, counts_on=()), recheck_in=min(CLAIMED_RECHECK, waiting.recheck_in or CLAIMED_RECHECK))
         message = f"replica {replica.name} must preempt (no room for its whole gang anywhere now), but is not narrowed: {why}; let go"
-        return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNotNarrowed", message),), replace(hold, let_go=True))
+        return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNotNarrowed", message),), replace(hold, let_go=True, counts_on=()))
     unknown = frozenset(h.gang for node, i in victims.chosen if (h := holders[node][i]).gang is not None and h.gang not in reading.groups)
     if unknown:
         return RoomPlan(hold=hold, needs_groups=unknown)
     tier = victims.tier
+    counts_on = tuple(Victim(node, (h := holders[node][i]).gpus, h.priority, h.gang) for node, i in victims.chosen)
     if not is_narrowed_to(replica.podgroup, request, tier, wall):  # narrowed first; let go once its PodGroup shows it
         at = narrowed_since(hold.narrowed_at, wall)
         narrowed = narrow(replica.namespace, replica.podgroup, request, tier, at)
-        counts_on = tuple(Victim(node, (h := holders[node][i]).gpus, h.priority, h.gang) for node, i in victims.chosen)
         return RoomPlan((narrowed,), hold=replace(hold, narrowed_at=at, counts_on=counts_on), recheck_in=waiting.recheck_in)
     pods = ", ".join(f"{n} of priority {p}" for p, n in victims.by_priority)
     message = (
@@ -242,7 +250,7 @@ def _narrowed(
         f"one domain of that tier, not across the cluster (the fewest are in tier-{tier} {victims.domain}: "
         f"{victims.pods} pod(s) holding {victims.gpus} GPUs, {pods}); then its request ({request.describe()}) again"
     )
-    return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNarrowed", message),), replace(hold, let_go=True))
+    return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNarrowed", message),), replace(hold, let_go=True, counts_on=counts_on))
 
 
 @dataclass(frozen=True)
@@ -283,9 +291,8 @@ def _undo_narrowing(replica: HeldReplica, request: TopologyRequest, waiting: Roo
     None where none does (it may go now)."""
     if narrowing_held(replica.podgroup) is None or replica.podgroup is None:
         return None
-    return RoomPlan(
-        (unnarrow(replica.namespace, replica.podgroup, request),), hold=waiting.hold or RoomHold(), recheck_in=waiting.recheck_in
-    )
+    hold = replace(waiting.hold or RoomHold(), counts_on=())
+    return RoomPlan((unnarrow(replica.namespace, replica.podgroup, request),), hold=hold, recheck_in=waiting.recheck_in)
 
 
 def _judged(holder: Holder, queue: str, priority: int, reading: RoomReading, values: Mapping[str, int]) -> Holder:
@@ -374,6 +381,7 @@ class RoomClaim:
     gpus: Mapping[str, int]  # per node
     until: float
     victims: tuple[Victim, ...] = ()  # who frees it: never a victim for the next replica either
+    counting: bool = False  # a narrowing's: victims Volcano is to take (not evicted by stormtopo), as counted now
 
 
 def room_claim(writes: Sequence[Write], now: float, hold: float) -> RoomClaim | None:
@@ -387,14 +395,28 @@ def narrowing_claim(hold: RoomHold | None, now: float) -> RoomClaim | None:
     long as its narrowing. Without it the next soft replica that must preempt would count on the same victims,
     be narrowed too, and wait hard for room the first takes, up to the narrowing's end, where Volcano would have
     preempted for it elsewhere at once."""
-    return None if hold is None or not hold.counts_on else _claim(hold.counts_on, now + NARROWED_FOR)
+    return None if hold is None or not hold.counts_on else _claim(hold.counts_on, now + NARROWED_FOR, counting=True)
 
 
-def _claim(victims: tuple[Victim, ...], until: float) -> RoomClaim:
+def kept_claim(kept: RoomClaim | None, exact: RoomClaim | None, hold: RoomHold | None, now: float) -> RoomClaim | None:
+    """A replica's claim after a plan: `exact`'s where it preempted; a narrowing's as its hold counts now (the one
+    `kept` while it counts on the same victims, so its time runs from the first); none once its hold counts on
+    nothing (let go without narrowing, its narrowing undone); else as `kept` (until it is placed, gone or past it)."""
+    if exact is not None:
+        return exact
+    counted = narrowing_claim(hold, now)
+    if counted is not None:
+        return kept if kept is not None and kept.victims == counted.victims else counted
+    if hold is not None and kept is not None and kept.counting:
+        return None
+    return kept
+
+
+def _claim(victims: tuple[Victim, ...], until: float, counting: bool = False) -> RoomClaim:
     gpus: dict[str, int] = {}
     for victim in victims:
         gpus[victim.node] = gpus.get(victim.node, 0) + victim.gpus
-    return RoomClaim(gpus, until, victims)
+    return RoomClaim(gpus, until, victims, counting)
 
 
 def claimed_room(
@@ -413,17 +435,21 @@ def claimed_room(
 
 
 def unclaimed(holders: Mapping[str, Sequence[Holder]], claims: Collection[RoomClaim]) -> Mapping[str, Sequence[Holder]]:
-    """Who holds each node's GPUs, less the victims claimed for another replica (one holder for each, as the
-    reading knows it: bound, preemptable). `holders` itself where nothing is claimed (a reading is not copied)."""
+    """Who holds each node's GPUs, less the victims claimed for another replica: for each, one holder alike (its
+    GPUs, priority and gang) that is still a victim, unless one alike is leaving already (that one is the victim
+    claimed: evicted for it). `holders` itself where nothing is claimed (a reading is not copied)."""
     claimed = [victim for claim in claims for victim in claim.victims]
     if not claimed:
         return holders
-    out = dict(holders)
+    out = {node: list(holders.get(node, ())) for node in {victim.node for victim in claimed}}
+    gone: dict[str, list[Holder]] = {node: [] for node in out}  # leaving holders taken for a claimed victim
     for victim in claimed:
-        left = list(out.get(victim.node, ()))
-        for i, holder in enumerate(left):
-            if holder.preemptable and (holder.gpus, holder.priority, holder.gang) == (victim.gpus, victim.priority, victim.gang):
-                del left[i]
-                out[victim.node] = tuple(left)
-                break
-    return out
+        alike = [h for h in out[victim.node] if (h.gpus, h.priority, h.gang) == (victim.gpus, victim.priority, victim.gang)]
+        leaving = next((h for h in alike if not h.preemptable and not any(h is g for g in gone[victim.node])), None)
+        if leaving is not None:
+            gone[victim.node].append(leaving)
+            continue
+        taken = next((h for h in alike if h.preemptable), None)
+        if taken is not None:
+            out[victim.node] = [h for h in out[victim.node] if h is not taken]
+    return {**holders, **{node: tuple(hs) for node, hs in out.items()}}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from stormtopo.core.narrowing import narrows
 from stormtopo.core.placement import is_held, is_held_for_room
-from stormtopo.core.preempting import GROUP_ROUNDS, HOLD_MAX, RoomClaim, RoomReading, claimed_room, narrowing_claim, room_claim, unclaimed
+from stormtopo.core.preempting import GROUP_ROUNDS, HOLD_MAX, RoomClaim, RoomReading, claimed_room, kept_claim, room_claim, unclaimed
 from stormtopo.core.replica import (
     Explain,
     ReplicaMemory,
@@ -173,10 +173,9 @@ class PlacementReporter:
             if not self.leading():
                 return  # deposed while it planned: the new leader plans again
             claim = room_claim(plan.writes, time.monotonic(), self.room_hold)
-            if claim is not None:
-                self._claims[key] = claim
-            elif key not in self._claims and (counted := narrowing_claim(plan.memory.room, time.monotonic())) is not None:
-                self._claims[key] = counted  # (once: a narrowing's claim lasts as long as the narrowing)
+            kept = kept_claim(self._claims.pop(key, None), claim, plan.memory.room, time.monotonic())
+            if kept is not None:
+                self._claims[key] = kept
             await self._carry_out(key, snapshot, plan)
             if claim is not None:
                 await self._until_leaving(claim.gpus)
@@ -204,11 +203,12 @@ class PlacementReporter:
         # Placed, gone or past its hold: its room is its own or free. The replica's own claim is its own room.
         claimed, self._claims = claimed_room(self._claims, now, settled, but=key)
         room = {node: max(0, gpus + releasing.get(node, 0) - claimed.get(node, 0)) for node, gpus in free.items()}
-        if not holders:
-            return RoomReading(room, None, {}, self.room.facts_now(), self.victim_namespaces)
         others = [claim for replica, claim in self._claims.items() if replica != key]
+        if not holders:
+            return RoomReading(room, None, {}, self.room.facts_now(), self.victim_namespaces, claimed_elsewhere=bool(others))
         holding = unclaimed(self.room.holders_now(), others)  # victims another replica counts on: not this one's
-        return RoomReading(room, holding, self.room.gangs_now(), self.room.facts_now(), self.victim_namespaces)
+        facts = self.room.facts_now()
+        return RoomReading(room, holding, self.room.gangs_now(), facts, self.victim_namespaces, claimed_elsewhere=bool(others))
 
     async def _until_leaving(self, claim: Mapping[str, int], timeout: float = LEAVING_TIMEOUT) -> None:
         """Until the reading shows the victims' room leaving (their deletion seen by its watch), or `timeout`."""

@@ -96,6 +96,7 @@ def plan(**kw: Any) -> Any:
         namespaces=kw.pop("namespaces", None),
         groups_read=kw.pop("groups_read", False),
         gangpreempt=kw.pop("gangpreempt", True),
+        claimed_elsewhere=kw.pop("claimed_elsewhere", False),
     )
     args: dict[str, Any] = {
         "request": HARD1,
@@ -448,28 +449,43 @@ def test_a_soft_replica_that_must_preempt_is_narrowed_to_one_leaf_before_its_pod
 def test_a_narrowed_replica_claims_its_victims_so_that_the_next_is_not_narrowed_onto_them() -> None:
     """Two soft replicas that must preempt, planned one after the other: the second must not count on the victims
     the first's narrowing counts on (it would be narrowed too, and wait hard for room the first takes, up to the
-    narrowing's end). Found on the local control plane (test_priority.py)."""
+    narrowing's end); nor go soft, for gangpreempt to take them anywhere, while the first's room is being made.
+    Found on the local control plane (test_priority.py)."""
     from stormtopo.core.narrowing import NARROWED_FOR
-    from stormtopo.core.preempting import RoomClaim, narrowing_claim, unclaimed
+    from stormtopo.core.preempting import RoomClaim, kept_claim, narrowing_claim, unclaimed
 
     first = narrowed()
     claim = narrowing_claim(first.hold, 100.0)
-    assert claim == RoomClaim({"node0": 8, "node1": 8}, 100.0 + NARROWED_FOR, first.hold.counts_on)
+    assert claim == RoomClaim({"node0": 8, "node1": 8}, 100.0 + NARROWED_FOR, first.hold.counts_on, counting=True)
     assert narrowing_claim(RoomHold(), 100.0) is None and narrowing_claim(None, 100.0) is None
     named = {n: [Holder(4, 100, True, f"batch/{n}-{i}") for i in range(2)] for n in NODES}
     left = unclaimed(named, [claim])
     assert {n: len(hs) for n, hs in left.items()} == {n: 0 if n in ("node0", "node1") else 2 for n in NODES}
     assert len(named["node0"]) == 2 and unclaimed(named, []) is named  # the reading itself never changed
-    # A victim being deleted (not preemptable) or of another gang is not the one claimed: left as it is.
-    assert unclaimed({"node0": [Holder(4, 100, False, "batch/node0-0")]}, [claim]) == {"node0": [Holder(4, 100, False, "batch/node0-0")]}
+    # Another gang's pod is not the one claimed; one alike already leaving is (evicted for it): the running one stays.
+    other = {"node0": [Holder(4, 100, True, "batch/x")]}
+    assert unclaimed(other, [claim]) == {"node0": tuple(other["node0"]), "node1": ()}
+    leaving = {"node0": [Holder(4, 100, True, "batch/node0-0"), Holder(4, 100, False, "batch/node0-0")]}
+    assert unclaimed(leaving, [claim])["node0"] == (Holder(4, 100, True, "batch/node0-0"), Holder(4, 100, False, "batch/node0-0"))
     # The next replica: narrowed into another leaf where one qualifies ...
-    second = narrowed(holders=left)
+    second = narrowed(holders=left, claimed_elsewhere=True)
     assert {v.node for v in second.hold.counts_on} == {"node2", "node3"}
-    # ... and where none does (every other leaf holds a node at its priority), let go as it is, at once, soft.
+    # ... and where none does (every other leaf holds a node at its priority): not let go soft while the first's room
+    # is being made (gangpreempt could take its victims anywhere), but looked at again shortly; then let go.
     others = {n: batch(priority=HIGH) for n in ("node2", "node4", "node6")}
+    waits = narrowed(holders={**left, **others}, claimed_elsewhere=True)
+    assert not waits.writes and not waits.says and waits.recheck_in == 2.0 and waits.hold is not None
     alone = narrowed(holders={**left, **others})
     assert len(releases(alone.writes)) == 2 and [s.reason for s in alone.says] == ["ReplicaNotNarrowed"]
-    assert not [w for w in alone.writes if isinstance(w, PatchPodGroup)]
+    assert not [w for w in alone.writes if isinstance(w, PatchPodGroup)] and not alone.hold.counts_on
+    # What the shell keeps after each plan: the claim as first made while it counts on the same victims ...
+    assert kept_claim(claim, None, first.hold, 150.0) is claim
+    moved = replace(first.hold, counts_on=second.hold.counts_on)  # ... one made anew when they change ...
+    assert kept_claim(claim, None, moved, 150.0) == narrowing_claim(moved, 150.0)
+    assert kept_claim(claim, None, alone.hold, 150.0) is None  # ... none once it counts on nothing ...
+    assert kept_claim(claim, None, None, 150.0) is claim  # ... and, with no hold any more, until it is placed or gone
+    exact = RoomClaim({"node0": 4}, 130.0)
+    assert kept_claim(claim, exact, first.hold, 100.0) is exact and kept_claim(exact, None, RoomHold(), 100.0) is exact
 
 
 def test_narrowing_never_costs_a_soft_replica_room_it_has_or_preemption_it_had() -> None:

@@ -26,7 +26,7 @@ from kubernetes.client.rest import ApiException
 from stormtopo.core.topology.tree import Switch, Topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, NARROWED_ANNOTATION, ROLESET_LABEL
 from stormtopo.devenv import cluster as dev
-from stormtopo.devenv.client import DevCluster, node_names
+from stormtopo.devenv.client import DevCluster, Timeout, node_names
 from stormtopo.devenv.workloads import Role, stormservice
 from tests.builders import BATCH_LABEL, batch_pod
 from tests.conftest import stormtopo
@@ -238,6 +238,21 @@ def last_loaded_actions(cluster_dir: Path) -> str:
     return text[text.rindex(LOADED) + len(LOADED) :].split("]", 1)[0]
 
 
+def what_happened(cluster: DevCluster, namespace: str, name: str) -> str:
+    """StormService `name`'s Events, its replicas' PodGroups (topology, narrowing, phase) and pods: a failure's story."""
+    lines = [f"{e['reason']}: {e['message']}" for e in cluster.events(namespace, name)]
+    for group in cluster.podgroups(namespace):
+        if group["metadata"]["name"].startswith(f"{name}-"):
+            narrowed = (group["metadata"].get("annotations") or {}).get(NARROWED_ANNOTATION)
+            lines.append(
+                f"PodGroup {group['metadata']['name']}: {group['spec'].get('networkTopology')} {narrowed} {group.get('status', {})}"
+            )
+    for pod in cluster.pods(namespace, f"storm-service-name={name}"):
+        spec = pod["spec"]
+        lines.append(f"pod {pod['metadata']['name']}: {spec.get('nodeName')} {pod['status'].get('phase')} {spec.get('schedulingGates')}")
+    return "\n".join(lines)
+
+
 def preempted(cluster: DevCluster, namespace: str, selector: str, before: dict[str, tuple[str, str]]) -> set[str]:
     """The pods of `before` (name -> (uid, node)) no longer running as they were: deleted, or replaced."""
     running = [p for p in cluster.pods(namespace, selector) if not p["metadata"].get("deletionTimestamp")]
@@ -314,7 +329,10 @@ def test_of_two_soft_replicas_where_one_leaf_can_be_taken_one_is_narrowed_there_
     before = {p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"]["nodeName"]) for p in bound}
     roles = (Role("prefill", gpus=8, priority_class=HIGH), Role("decode", gpus=8, priority_class=HIGH))
     cluster.create(stormservice("two-soft", namespace, roles, replicas=2, annotations={MODE: "soft", HIGHEST_TIER: "1"}))
-    placed = cluster.bound_pods(namespace, "storm-service-name=two-soft", 4, timeout=60)
+    try:
+        placed = cluster.bound_pods(namespace, "storm-service-name=two-soft", 4, timeout=60)
+    except Timeout:
+        raise AssertionError(what_happened(cluster, namespace, "two-soft")) from None
     replicas: dict[str, list[str]] = {}
     for pod in placed:
         replicas.setdefault(pod["metadata"]["labels"][ROLESET_LABEL], []).append(pod["spec"]["nodeName"])

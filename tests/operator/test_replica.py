@@ -172,11 +172,13 @@ def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for
     }
     index.observe("StormService", "ADDED", service)
     index.observe("RoleSet", "ADDED", roleset)
-    reporter._claims[mine] = RoomClaim({"n0": 4}, float("inf"), (Victim("n0", 4, 10),))  # a's room, say (a narrowing's)
+    reporter._claims[mine] = RoomClaim({"n0": 4, "n1": 4}, float("inf"), (Victim("n0", 4, 10), Victim("n1", 4, 10)), counting=True)
     theirs = reporter._room_reading(other, {"n0": 0, "n1": 0})
-    assert theirs.free == {"n0": 0, "n1": 0} and [h.preemptable for h in theirs.holders["n0"]] == [False]  # nor a as a victim
+    assert theirs.free == {"n0": 0, "n1": 0} and theirs.claimed_elsewhere
+    # On n0 the victim claimed is b, alike and leaving (evicted for it): a stays a victim. On n1 one of two alike goes.
+    assert [h.preemptable for h in theirs.holders["n0"]] == [True, False] and len(theirs.holders["n1"]) == 1
     own = reporter._room_reading(mine, {"n0": 0, "n1": 0})  # ... but the replica that claimed it plans with its own room
-    assert own.free == {"n0": 4, "n1": 0} and [h.preemptable for h in own.holders["n0"]] == [True, False]
+    assert own.free == {"n0": 4, "n1": 0} and len(own.holders["n1"]) == 2 and not own.claimed_elsewhere
     # ... until it is gone (or placed, or past its hold): then the claim is dropped.
     index.observe("RoleSet", "DELETED", roleset)
     assert reporter._room_reading(other, {"n0": 0, "n1": 0}).free == {"n0": 4, "n1": 0} and not reporter._claims
