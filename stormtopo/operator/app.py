@@ -150,7 +150,7 @@ async def run(config: OperatorConfig) -> None:
     webhook, the probes, and kopf's watches; on the way out, the Lease handed over first."""
     if config.kubeconfig:
         os.environ["KUBECONFIG"] = config.kubeconfig  # kopf's own login reads it too
-    collector.install()  # a slow full pass freezes what survived it (operator/collector.py)
+    collector.install()  # slow passes: a full one freezes what survived it, a middle one asks for one (operator/collector.py)
     api = Api(config.kubeconfig)
     index = Index(api)
     loops = Loops(hang=config.hang_seconds)  # every background task, supervised; cancelled on the way out

@@ -7,43 +7,51 @@ reading are about 900,000 objects, and a full pass over them took 0.7 s (`python
 objects are trees of dicts and tuples that their reference counts free, not the collector. So what lives long is
 frozen out of the passes (gc.freeze; a frozen object is still freed when nothing uses it): everything loaded by the
 time the operator is ready (operator/app.py), the free-room reading once first listed (operator/room.py), and,
-after any pass of the middle or the oldest generation that took more than SLOW_PASS of CPU, whatever survived it,
-so that the next passes walk only what was made since. The young generation's passes are not judged: what survived
-one pass only is mostly what the next event replaces.
+after any full pass that took more than SLOW_PASS of CPU, whatever survived it, so that the next passes walk only
+what was made since. A middle pass that slow asks for a full pass at once (a thread of its own runs it: a pass
+cannot start another), which then freezes: not the middle pass itself, since only a full pass collects the
+garbage cycles that died in the oldest generation, and a freeze would keep them for good. The young generation's
+passes are not judged: what survived one pass only is mostly what the next event replaces.
 
-Two things keep a freeze from holding. A dict of strings and tuples of strings (a reading keyed by namespace and
-name) is untracked by a full pass, and tracked again, in the youngest generation, by the next key it is given:
-every pass walks it whole from then (2.5 ms per 100,000 entries) until a full pass untracks it again. Such dicts are
-LongLived: always tracked, so once frozen they stay frozen. And objects that replace others (a rollout replacing
-every pod) count nothing toward CPython's next pass, which comes later and walks more: the middle generation is
-collected every MIDDLE_EVERY passes of the young one, not CPython's 10, so that what survives a pass reaches a
-judged pass soon.
+Two things keep a freeze from holding. A dict of only strings, numbers and tuples of them (a reading keyed by
+namespace and name) is untracked by a full pass, and tracked again, in the youngest generation, by the next fresh
+tuple it is given, as a key or a value, new or replacing an equal one: every pass walks it whole from then (2.5 ms
+per 100,000 entries) until a full pass untracks it again. Such dicts are LongLived: always tracked, so once frozen
+they stay frozen (a dict holding dicts is never untracked: it needs nothing). And objects that replace others (a
+rollout replacing every pod) count nothing toward CPython's next pass, which comes later and walks more: the
+generations' thresholds are (CPython's young one, MIDDLE_EVERY, FULL_EVERY), so that a middle pass comes after 4
+young ones (CPython: 11) and what survives a pass reaches a judged pass soon.
 
-The price of a freeze: a garbage cycle with a frozen member is never collected, with everything it reaches. A freeze
-after a middle pass also keeps cycles that died since the last full pass. Measured by hand (a scratch script, not
-a benchmark): the operator's webhook app answering 10,000 AdmissionReviews from 16 keep-alive connections while
-freezing every 10 ms (258 freezes) kept 137 objects (14.5 KB), all of those connections'; without freezes, none.
-Freezes come only with growth or churn (tens per 100,000 pods), none at rest. `stormtopo_gc_frozen_objects` shows
-what is frozen.
+The price of a freeze: a garbage cycle with a frozen member is never collected, with everything it reaches. Since a
+freeze comes right after a full pass, what it keeps is cycles alive then that die later. Measured by hand (a scratch
+script, not a benchmark): the operator's webhook app answering 10,000 AdmissionReviews from 16 keep-alive
+connections while freezing every 10 ms (258 freezes) kept 137 objects (14.5 KB), all of those connections';
+without freezes, none. Freezes come with growth and churn (about 100 per 100,000 pods created or replaced in the
+benchmark); at rest, at most a few per re-list of a very large cluster (a re-list of 100,000 pods made full passes
+of about 5 ms). `stormtopo_gc_frozen_objects` shows what is frozen.
 
-The callback runs inside the collector, on whichever thread allocated: it only times the pass and freezes (no
-lock, no log line); the figures are read at each scrape (operator/metrics.py).
+The callback runs inside the collector, on whichever thread allocated: it only times the pass, freezes or asks for a
+full pass (no lock, no log line); the figures are read at each scrape (operator/metrics.py).
 """
 
 from __future__ import annotations
 
 import gc
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-SLOW_PASS = 0.005  # seconds of CPU: a middle or full pass longer than this freezes what survived it
-# Passes of the younger generation between two of the older (CPython: 10, 10). More, shorter passes: with what
-# lived long frozen, a pass walks only what survived since the last (bench collector: see BENCHMARKS.md).
+SLOW_PASS = 0.0025  # seconds of CPU: a full pass longer than this freezes; a middle one, a full pass next
+# The older generations' thresholds (CPython: 10, 10): a middle pass once more than 3 young passes ran since the last,
+# a full one once more than 2 middle ones did. More, shorter passes: with what lived long frozen, a pass walks only
+# what survived since the last (bench collector: see BENCHMARKS.md).
 MIDDLE_EVERY = 3
 FULL_EVERY = 2
 GENERATIONS = 3
 
+log = logging.getLogger("stormtopo.collector")
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -65,6 +73,7 @@ class Passes:
     passes: list[int] = field(default_factory=lambda: [0] * GENERATIONS)
     longest: list[float] = field(default_factory=lambda: [0.0] * GENERATIONS)
     freezes: int = 0
+    full_due: threading.Event = field(default_factory=threading.Event)  # a middle pass was slow: a full pass next
     _started: tuple[int, float, float] | None = None  # (generation, wall, this thread's CPU) at the pass's start
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
@@ -79,21 +88,44 @@ class Passes:
         (_, wall, cpu), self._started = self._started, None
         self.passes[generation] += 1
         self.longest[generation] = max(self.longest[generation], time.perf_counter() - wall)
-        if generation > 0 and time.thread_time() - cpu > self.slow:
-            self.freezes += 1
-            gc.freeze()  # what survived a middle or full pass is alive: the next ones walk only what is made after
+        if generation == 0 or time.thread_time() - cpu <= self.slow:
+            return
+        if generation == 1:
+            self.full_due.set()  # (full_passes: a pass cannot start another)
+            return
+        self.freezes += 1
+        gc.freeze()  # what survived a full pass is alive: the next ones walk only what is made after it
 
 
 PASSES = Passes()
+_FULL_PASSES: list[threading.Thread] = []  # the thread that runs the full passes slow middle ones ask for (one)
+
+
+def full_passes(passes: Passes, pause: float = 1.0) -> None:
+    """A full pass each time a middle pass was slow, for ever (a daemon thread's loop). It holds the interpreter as
+    any pass does, right after the middle pass: about as long, since what survived that pass is most of what it
+    walks (bench collector)."""
+    while True:
+        passes.full_due.wait()
+        passes.full_due.clear()
+        try:
+            gc.collect()
+        except Exception:  # (none is known: but a loop that dies in silence is the worst bug)
+            log.exception("a full pass of the garbage collector failed; trying again in %.0f s", pause)
+            time.sleep(pause)
 
 
 def install(slow: float = SLOW_PASS, middle_every: int = MIDDLE_EVERY, full_every: int = FULL_EVERY) -> Passes:
-    """Time every pass, and freeze after a middle or full one longer than `slow` seconds of CPU (once per process)."""
+    """Time every pass, freeze after a full one longer than `slow` seconds of CPU, and run a full pass after a
+    middle one as slow (installed once per process)."""
     PASSES.slow = slow
     young, _, _ = gc.get_threshold()
     gc.set_threshold(young, middle_every, full_every)
     if not any(callback is PASSES for callback in gc.callbacks):
         gc.callbacks.append(PASSES)
+    if not _FULL_PASSES:
+        _FULL_PASSES.append(threading.Thread(target=full_passes, args=(PASSES,), name="stormtopo-full-passes", daemon=True))
+        _FULL_PASSES[0].start()
     return PASSES
 
 

@@ -225,11 +225,11 @@ DELIVERED_BY_RELIST = ("StormService", "RoleSet", "HyperNode")
 @dataclass
 class Index:
     api: Api
-    stormservices: LongLived[Key, dict[str, Any]] = field(default_factory=LongLived)
-    rolesets: LongLived[Key, dict[str, Any]] = field(default_factory=LongLived)
-    hypernodes: LongLived[str, dict[str, Any]] = field(default_factory=LongLived)
-    podgroups: LongLived[Key, dict[str, Any]] = field(default_factory=LongLived)  # replica and stormtopo-owned ones
-    pods: LongLived[Key, dict[str, Any]] = field(default_factory=LongLived)  # pods stormtopo admitted
+    stormservices: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    rolesets: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    hypernodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    podgroups: dict[Key, dict[str, Any]] = field(default_factory=dict)  # replica and stormtopo-owned ones
+    pods: dict[Key, dict[str, Any]] = field(default_factory=dict)  # pods stormtopo admitted
     # (namespace, RoleSet) -> names of its admitted pods: a placement check reads one replica's pods.
     _pods_by_replica: dict[Key, set[str]] = field(default_factory=dict)
     # (namespace, StormService) -> names of its RoleSets: reconciling one service must not scan them all.
@@ -241,7 +241,8 @@ class Index:
     # Per namespace, every StormService's RoleSet name prefix with its name, sorted: who shares a prefix.
     _prefixes: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     _in_play_sorted: list[Key] | None = None  # sorted once per change of the set, not per call
-    _seen: LongLived[tuple[str, Key], int] = field(default_factory=LongLived)  # (kind, key) -> when last observed
+    # (kind, key) -> when last observed. LongLived, as _deleted_since: strings and tuples, frozen for good (operator/collector.py).
+    _seen: LongLived[tuple[str, Key], int] = field(default_factory=LongLived)
     _clock: int = 0
     _specs: SharedSpecs = field(default_factory=SharedSpecs)  # the StormServices' and RoleSets' specs, one copy each
     # Admitted pods that held a node and are gone: healing reads free GPUs afresh when this moves,

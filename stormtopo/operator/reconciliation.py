@@ -19,6 +19,7 @@ from stormtopo.core.reconciliation import plan_stormservice
 from stormtopo.core.writes import ListOptedIn
 from stormtopo.kube.client import Api, KubeError
 from stormtopo.operator import metrics
+from stormtopo.operator.collector import LongLived
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key, key_of
 from stormtopo.operator.optin import OptedInList
@@ -33,7 +34,7 @@ class Reconciler:
     api: Api  # the planned writes are executed through this
     report: Report
     opted_in: OptedInList | None = None  # None: no admission policy to feed (tests of the planner's shell)
-    _said: dict[Key, str] = field(default_factory=dict)  # what was last said of each request
+    _said: LongLived[Key, str] = field(default_factory=LongLived)  # what was last said of each request (operator/collector.py)
     _invalid: set[Key] = field(default_factory=set)
     _unlisting: set[asyncio.Task[None]] = field(default_factory=set)
 

@@ -79,8 +79,8 @@ class NodeRoom:
     api: Api
     loops: Loops
     resource: str = GPU
-    # The dicts of tuples and strings are LongLived: once frozen, they stay out of the collector's passes
-    # (operator/collector.py). Bound pods holding GPUs: their node.
+    # The dicts of only strings, numbers and tuples of them are LongLived: once frozen, they stay out of the
+    # collector's passes (operator/collector.py). Bound pods holding GPUs: their node.
     _pods: LongLived[Key, str] = field(default_factory=LongLived)
     _nodes: LongLived[str, tuple[int, bool]] = field(default_factory=LongLived)  # (allocatable GPUs, takes new pods)
     _used: dict[str, int] = field(default_factory=dict)  # GPUs held per node, the sum of _pods
@@ -92,7 +92,7 @@ class NodeRoom:
     # Every bound pod's node and other requests; per node its labels, taints, allocatable, and what pods request.
     _holds: LongLived[Key, tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=LongLived)
     _shared: dict[tuple[tuple[str, int], ...], tuple[tuple[tuple[str, int], ...], int]] = field(default_factory=dict)  # (copy, pods)
-    _facts: LongLived[str, tuple[Mapping[str, str], tuple[Mapping[str, str], ...], Mapping[str, int]]] = field(default_factory=LongLived)
+    _facts: dict[str, tuple[Mapping[str, str], tuple[Mapping[str, str], ...], Mapping[str, int]]] = field(default_factory=dict)
     _requested: dict[str, dict[str, int]] = field(default_factory=dict)
     _node_facts: dict[str, NodeFacts] = field(default_factory=dict)  # per node, from _facts less _requested
     # The copies last handed out, at `changes`: a reader (a planner on a thread) holds one while the watch goes on.
