@@ -36,8 +36,10 @@ full pass (no lock, no log line); the figures are read at each scrape (operator/
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -73,7 +75,10 @@ class Passes:
     passes: list[int] = field(default_factory=lambda: [0] * GENERATIONS)
     longest: list[float] = field(default_factory=lambda: [0.0] * GENERATIONS)
     freezes: int = 0
-    full_due: threading.Event = field(default_factory=threading.Event)  # a middle pass was slow: a full pass next
+    # A middle pass was slow: a full pass next, by full_passes, woken through a pipe (`wake`: its writing end). No
+    # lock: the callback runs at any allocation, inside whatever its thread holds (a threading.Event's own lock, say).
+    full_due: bool = False
+    wake: int | None = None
     _started: tuple[int, float, float] | None = None  # (generation, wall, this thread's CPU) at the pass's start
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
@@ -91,7 +96,10 @@ class Passes:
         if generation == 0 or time.thread_time() - cpu <= self.slow:
             return
         if generation == 1:
-            self.full_due.set()  # (full_passes: a pass cannot start another)
+            self.full_due = True  # (full_passes: a pass cannot start another)
+            if self.wake is not None:
+                with contextlib.suppress(OSError):  # (full: a wake-up is waiting already)
+                    os.write(self.wake, b"\0")
             return
         self.freezes += 1
         gc.freeze()  # what survived a full pass is alive: the next ones walk only what is made after it
@@ -101,18 +109,22 @@ PASSES = Passes()
 _FULL_PASSES: list[threading.Thread] = []  # the thread that runs the full passes slow middle ones ask for (one)
 
 
-def full_passes(passes: Passes, pause: float = 1.0) -> None:
-    """A full pass each time a middle pass was slow, for ever (a daemon thread's loop). It holds the interpreter as
-    any pass does, right after the middle pass: about as long, since what survived that pass is most of what it
-    walks (bench collector)."""
-    while True:
-        passes.full_due.wait()
-        passes.full_due.clear()
-        try:
-            gc.collect()
-        except Exception:  # (none is known: but a loop that dies in silence is the worst bug)
-            log.exception("a full pass of the garbage collector failed; trying again in %.0f s", pause)
-            time.sleep(pause)
+def full_passes(passes: Passes, woken: int, pause: float = 1.0) -> None:
+    """A full pass as soon as a middle pass was slow, each time `woken` (a pipe's reading end) is written to, until
+    its writing end is closed (never, for the operator's daemon thread). It holds the interpreter as any pass does:
+    about as long as the middle pass, since what survived that pass is most of what it walks (bench collector)."""
+    while os.read(woken, 512):
+        while passes.full_due:
+            passes.full_due = False
+            full = passes.passes[2]
+            try:
+                gc.collect()
+            except Exception:  # (none is known: but a loop that dies in silence is the worst bug)
+                log.exception("a full pass of the garbage collector failed; trying again in %.0f s", pause)
+                time.sleep(pause)
+            if passes.passes[2] == full:  # it did nothing: the pass that asked (writing the pipe) was not over yet
+                passes.full_due = True
+                time.sleep(0.001)
 
 
 def install(slow: float = SLOW_PASS, middle_every: int = MIDDLE_EVERY, full_every: int = FULL_EVERY) -> Passes:
@@ -124,7 +136,9 @@ def install(slow: float = SLOW_PASS, middle_every: int = MIDDLE_EVERY, full_ever
     if not any(callback is PASSES for callback in gc.callbacks):
         gc.callbacks.append(PASSES)
     if not _FULL_PASSES:
-        _FULL_PASSES.append(threading.Thread(target=full_passes, args=(PASSES,), name="stormtopo-full-passes", daemon=True))
+        woken, PASSES.wake = os.pipe()
+        os.set_blocking(PASSES.wake, False)
+        _FULL_PASSES.append(threading.Thread(target=full_passes, args=(PASSES, woken), name="stormtopo-full-passes", daemon=True))
         _FULL_PASSES[0].start()
     return PASSES
 

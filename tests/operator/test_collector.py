@@ -6,7 +6,9 @@ generation's passes do nothing. Every pass is timed."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -33,10 +35,10 @@ def test_a_slow_full_pass_freezes_what_survived_it_and_a_slow_middle_pass_asks_f
     collect(0, 0.5)  # the young generation's: what survived one pass is mostly what the next event replaces
     collect(2, 0.001, waiting=0.1)  # long only because its thread waited for a core: nothing to gain by a freeze
     collect(1, 0.004)
-    assert (passes.passes, passes.freezes, froze, passes.full_due.is_set()) == ([1, 1, 2], 0, [], False)
+    assert (passes.passes, passes.freezes, froze, passes.full_due) == ([1, 1, 2], 0, [], False)
     assert passes.longest == pytest.approx([0.5, 0.004, 0.101])
     collect(1, 0.03)  # slow: a full pass asked for, nothing frozen (its dead cycles are the full pass's to collect)
-    assert (passes.freezes, froze, passes.full_due.is_set()) == (0, [], True) and passes.longest[1] == pytest.approx(0.03)
+    assert (passes.freezes, froze, passes.full_due) == (0, [], True) and passes.longest[1] == pytest.approx(0.03)
     collect(2, 0.7)
     assert (passes.freezes, len(froze), max(passes.longest)) == (1, 1, pytest.approx(0.7))
     passes("stop", {"generation": 2})  # installed while a pass ran: its start never seen, nothing judged
@@ -47,24 +49,41 @@ def test_a_slow_full_pass_freezes_what_survived_it_and_a_slow_middle_pass_asks_f
 
 
 def test_a_full_pass_is_run_each_time_one_is_asked_for_and_the_loop_survives_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    passes = collector.Passes()
     ran: list[int] = []
     done = threading.Event()
 
     def collect() -> int:
         ran.append(1)
-        if len(ran) == 1:
-            raise RuntimeError("boom")  # logged; the loop goes on
-        done.set()
+        if len(ran) == 2:
+            raise RuntimeError("boom")  # logged; the loop goes on, and asks again
+        if len(ran) > 1:
+            passes.passes[2] += 1  # a full pass (the first call found one running: it did nothing)
+        if len(ran) == 4:
+            done.set()
         return 0
 
     monkeypatch.setattr(collector.gc, "collect", collect)
-    threading.Thread(target=collector.full_passes, args=(passes, 0.0), daemon=True).start()
-    passes.full_due.set()
-    while len(ran) < 1:
-        threading.Event().wait(0.01)
-    passes.full_due.set()
-    assert done.wait(10) and len(ran) == 2
+    woken, wake = os.pipe()
+    passes = collector.Passes(slow=-1.0, wake=wake)
+    thread = threading.Thread(target=collector.full_passes, args=(passes, woken, 0.0), daemon=True)
+    thread.start()
+    try:
+        slow_middle = {"generation": 1}
+        passes("start", slow_middle)
+        passes("stop", slow_middle)  # (slow: any CPU time is over -1 s)
+        deadline = time.monotonic() + 10
+        while len(ran) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        assert ran == [1, 1, 1] and not passes.full_due  # asked again until one ran, then no more
+        passes("start", slow_middle)
+        passes("stop", slow_middle)
+        assert done.wait(10) and len(ran) == 4
+    finally:
+        os.close(wake)  # its writing end closed: the loop ends
+        thread.join(10)
+        os.close(woken)
+    assert not thread.is_alive()
 
 
 def test_installed_once_by_identity_and_timing_real_passes() -> None:
