@@ -74,8 +74,8 @@ class RoomReading:
     groups: Mapping[str, VictimGroup] = field(default_factory=dict)  # gang -> its PodGroup, as read so far
     groups_read: bool = False  # no more reads: a gang whose PodGroup is not known is not taken
     gangpreempt: bool = True  # Volcano's scheduler runs gangpreempt (as its configuration reads; unread: assumed)
-    # Another held replica's room or victims are claimed (RoomClaim): Volcano is making room for it now.
-    claimed_elsewhere: bool = False
+    # Nodes where another held replica's room or victims are claimed (RoomClaim): Volcano is making room for it there.
+    claimed_elsewhere: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def plan_room(
                 n: [_judged(h, replica.queue, priority, reading, values) for h in hs] for n, hs in reading.holders.items() if n in free
             }
             why = plan_preemption(topology, free, judged, wanted, priority, allowed_tier, reading.gangs, fewest=fewest).render()
-        return _narrowed(replica, request, within, why, holders, reading, replace(wait, writes=let_go.writes), wall)
+        return _narrowed(replica, request, within, why, holders, reading, replace(wait, writes=let_go.writes), wall, free)
     plan = plan_preemption(topology, free, ranked, wanted, priority, allowed_tier, reading.gangs, soft=soft, fewest=fewest)
     if plan.victims is None:
         return let_go
@@ -214,11 +214,12 @@ def _narrowed(
     reading: RoomReading,
     waiting: RoomPlan,
     wall: float,
+    free: Mapping[str, int],
 ) -> RoomPlan:
     """A soft replica that must preempt: its PodGroup narrowed to the lowest tier where one domain's victims make
     room, then its pods let go; where none does, let go as it is (gangpreempt then takes room anywhere), and the
     Event says why (`why`: no domain qualifies, or no gangpreempt). `waiting`: the hold as it stands, with the
-    writes that let the replica go."""
+    writes that let the replica go; `free`: the nodes where its pods could run."""
     let_go = RoomPlan(waiting.writes)
     hold = waiting.hold or RoomHold()
     if replica.podgroup is None:
@@ -227,7 +228,7 @@ def _narrowed(
         undo = _undo_narrowing(replica, request, waiting)  # a narrowing left on its PodGroup comes off first
         if undo is not None:
             return undo
-        if reading.gangpreempt and reading.claimed_elsewhere:
+        if reading.gangpreempt and not reading.claimed_elsewhere.isdisjoint(free):
             # Let go soft, gangpreempt would take its victims anywhere: those another replica's narrowing counts on
             # too (on the local control plane it did, and that one then waited out its narrowing). It waits until
             # that one is placed, within its hold's limit.

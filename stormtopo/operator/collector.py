@@ -26,7 +26,7 @@ The price of a freeze: a garbage cycle with a frozen member is never collected, 
 freeze comes right after a full pass, what it keeps is cycles alive then that die later. Measured by hand (a scratch
 script, not a benchmark): the operator's webhook app answering 10,000 AdmissionReviews from 16 keep-alive
 connections while freezing every 10 ms (258 freezes) kept 137 objects (14.5 KB), all of those connections';
-without freezes, none. Freezes come with growth and churn (about 100 per 100,000 pods created or replaced in the
+without freezes, none. Freezes come with growth and churn (about 80 per 100,000 pods created or replaced in the
 benchmark); at rest, at most a few per re-list of a very large cluster (a re-list of 100,000 pods made full passes
 of about 5 ms). `stormtopo_gc_frozen_objects` shows what is frozen.
 

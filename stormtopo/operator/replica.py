@@ -198,17 +198,18 @@ class PlacementReporter:
         settled = {
             replica
             for replica in self._claims
-            if (found := self.index.replica_snapshot(replica, now)) is None or replica_state(found).complete
+            if (found := self.index.replica_snapshot(replica, now)) is None or replica_state(found).complete or not found.live_pods()
         }
         # Placed, gone or past its hold: its room is its own or free. The replica's own claim is its own room.
         claimed, self._claims = claimed_room(self._claims, now, settled, but=key)
         room = {node: max(0, gpus + releasing.get(node, 0) - claimed.get(node, 0)) for node, gpus in free.items()}
         others = [claim for replica, claim in self._claims.items() if replica != key]
+        claimed_nodes = frozenset(node for claim in others for node in claim.gpus)
         if not holders:
-            return RoomReading(room, None, {}, self.room.facts_now(), self.victim_namespaces, claimed_elsewhere=bool(others))
+            return RoomReading(room, None, {}, self.room.facts_now(), self.victim_namespaces, claimed_elsewhere=claimed_nodes)
         holding = unclaimed(self.room.holders_now(), others)  # victims another replica counts on: not this one's
         facts = self.room.facts_now()
-        return RoomReading(room, holding, self.room.gangs_now(), facts, self.victim_namespaces, claimed_elsewhere=bool(others))
+        return RoomReading(room, holding, self.room.gangs_now(), facts, self.victim_namespaces, claimed_elsewhere=claimed_nodes)
 
     async def _until_leaving(self, claim: Mapping[str, int], timeout: float = LEAVING_TIMEOUT) -> None:
         """Until the reading shows the victims' room leaving (their deletion seen by its watch), or `timeout`."""

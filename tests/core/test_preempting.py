@@ -96,7 +96,7 @@ def plan(**kw: Any) -> Any:
         namespaces=kw.pop("namespaces", None),
         groups_read=kw.pop("groups_read", False),
         gangpreempt=kw.pop("gangpreempt", True),
-        claimed_elsewhere=kw.pop("claimed_elsewhere", False),
+        claimed_elsewhere=kw.pop("claimed_elsewhere", frozenset()),
     )
     args: dict[str, Any] = {
         "request": HARD1,
@@ -468,13 +468,16 @@ def test_a_narrowed_replica_claims_its_victims_so_that_the_next_is_not_narrowed_
     leaving = {"node0": [Holder(4, 100, True, "batch/node0-0"), Holder(4, 100, False, "batch/node0-0")]}
     assert unclaimed(leaving, [claim])["node0"] == (Holder(4, 100, True, "batch/node0-0"), Holder(4, 100, False, "batch/node0-0"))
     # The next replica: narrowed into another leaf where one qualifies ...
-    second = narrowed(holders=left, claimed_elsewhere=True)
+    second = narrowed(holders=left, claimed_elsewhere=frozenset(claim.gpus))
     assert {v.node for v in second.hold.counts_on} == {"node2", "node3"}
     # ... and where none does (every other leaf holds a node at its priority): not let go soft while the first's room
     # is being made (gangpreempt could take its victims anywhere), but looked at again shortly; then let go.
     others = {n: batch(priority=HIGH) for n in ("node2", "node4", "node6")}
-    waits = narrowed(holders={**left, **others}, claimed_elsewhere=True)
+    waits = narrowed(holders={**left, **others}, claimed_elsewhere=frozenset(claim.gpus))
     assert not waits.writes and not waits.says and waits.recheck_in == 2.0 and waits.hold is not None
+    # (Not for room claimed on nodes where its pods could not run anyway: let go.)
+    away = narrowed(holders={**left, **others}, claimed_elsewhere=frozenset({"elsewhere"}))
+    assert len(releases(away.writes)) == 2 and [s.reason for s in away.says] == ["ReplicaNotNarrowed"]
     alone = narrowed(holders={**left, **others})
     assert len(releases(alone.writes)) == 2 and [s.reason for s in alone.says] == ["ReplicaNotNarrowed"]
     assert not [w for w in alone.writes if isinstance(w, PatchPodGroup)] and not alone.hold.counts_on

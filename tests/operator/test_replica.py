@@ -172,14 +172,22 @@ def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for
     }
     index.observe("StormService", "ADDED", service)
     index.observe("RoleSet", "ADDED", roleset)
+    held = builders.pod("svc-rs-r-0", "r", held=True)
+    index.observe("Pod", "ADDED", held)  # its pod, held: not placed yet
     reporter._claims[mine] = RoomClaim({"n0": 4, "n1": 4}, float("inf"), (Victim("n0", 4, 10), Victim("n1", 4, 10)), counting=True)
     theirs = reporter._room_reading(other, {"n0": 0, "n1": 0})
-    assert theirs.free == {"n0": 0, "n1": 0} and theirs.claimed_elsewhere
+    assert theirs.free == {"n0": 0, "n1": 0} and theirs.claimed_elsewhere == {"n0", "n1"}
     # On n0 the victim claimed is b, alike and leaving (evicted for it): a stays a victim. On n1 one of two alike goes.
     assert [h.preemptable for h in theirs.holders["n0"]] == [True, False] and len(theirs.holders["n1"]) == 1
     own = reporter._room_reading(mine, {"n0": 0, "n1": 0})  # ... but the replica that claimed it plans with its own room
     assert own.free == {"n0": 4, "n1": 0} and len(own.holders["n1"]) == 2 and not own.claimed_elsewhere
-    # ... until it is gone (or placed, or past its hold): then the claim is dropped.
+    # ... until its pods are gone (scaled away: the RoleSet still there) ...
+    index.observe("Pod", "DELETED", held)
+    assert reporter._room_reading(other, {"n0": 0, "n1": 0}).free == {"n0": 4, "n1": 0} and not reporter._claims
+    reporter._claims[mine] = RoomClaim({"n0": 4}, float("inf"))
+    index.observe("Pod", "ADDED", held)
+    assert reporter._room_reading(other, {"n0": 0, "n1": 0}).free == {"n0": 0, "n1": 0}
+    # ... or it is gone (or placed, or past its hold): then the claim is dropped.
     index.observe("RoleSet", "DELETED", roleset)
     assert reporter._room_reading(other, {"n0": 0, "n1": 0}).free == {"n0": 4, "n1": 0} and not reporter._claims
 
