@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "collector",
         run_collector,
-        "the garbage collector's full passes while the readings grow to 10,000 StormServices and 100,000 pods, then churn (no cluster).",
+        "every pass of the garbage collector while the readings grow to 10,000 StormServices and 100,000 pods, then churn (no cluster).",
         "collector.json",
     )
     p.add_argument("--services", type=int, default=10_000, help="StormServices fed (default 10,000; 5 RoleSets, 10 pods each)")

@@ -162,7 +162,7 @@ class CollectorPasses(Collector):
         for generation, seconds in enumerate(passes.longest):
             longest.add_metric([str(generation)], seconds)
         yield longest
-        freezes = "Middle or full passes longer than the limit, after which what survived was frozen out of later passes"
+        freezes = "Full passes longer than the limit, after which what survived was frozen out of later passes"
         frozen = "Objects frozen out of the collector's passes (gc.get_freeze_count): grows with the cluster, not with time"
         yield CounterMetricFamily("stormtopo_gc_freezes", freezes, passes.freezes)
         yield GaugeMetricFamily("stormtopo_gc_frozen_objects", frozen, gc.get_freeze_count())
