@@ -87,6 +87,7 @@ class RoomHold:
     let_go: bool = False  # let go after narrowing was judged: a plan before its pods' events is not said again
     # The victims its narrowing counts on gangpreempt to take: kept from the next held replica's reading (narrowing_claim).
     counts_on: tuple[Victim, ...] = ()
+    waited: bool = False  # it waited for room another replica's narrowing counts on: said once per hold
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,16 @@ def _narrowed(
             # Let go soft, gangpreempt would take its victims anywhere: those another replica's narrowing counts on
             # too (on the local control plane it did, and that one then waited out its narrowing). It waits until
             # that one is placed, within its hold's limit.
-            return RoomPlan(hold=replace(hold, counts_on=()), recheck_in=min(CLAIMED_RECHECK, waiting.recheck_in or CLAIMED_RECHECK))
+            claimed = len(reading.claimed_elsewhere.intersection(free))
+            message = (
+                f"replica {replica.name} must preempt (no room for its whole gang anywhere now) and is not narrowed: {why}; "
+                f"it waits while another replica's narrowing counts on lower-priority work on {claimed} node(s) where its pods "
+                f"could run (let go as it is, Volcano's gangpreempt could take that work for it), until that replica is placed, "
+                f"at the latest until its hold ends; then it goes as it is"
+            )
+            says = () if hold.waited else (Say("Normal", "ReplicaWaitingForRoom", message),)
+            recheck = min(CLAIMED_RECHECK, waiting.recheck_in or CLAIMED_RECHECK)
+            return RoomPlan(says=says, hold=replace(hold, counts_on=(), waited=True), recheck_in=recheck)
         message = f"replica {replica.name} must preempt (no room for its whole gang anywhere now), but is not narrowed: {why}; let go"
         return RoomPlan(let_go.writes, (Say("Normal", "ReplicaNotNarrowed", message),), replace(hold, let_go=True, counts_on=()))
     unknown = frozenset(h.gang for node, i in victims.chosen if (h := holders[node][i]).gang is not None and h.gang not in reading.groups)
@@ -446,7 +456,7 @@ def unclaimed(holders: Mapping[str, Sequence[Holder]], claims: Collection[RoomCl
     gone: dict[str, list[Holder]] = {node: [] for node in out}  # leaving holders taken for a claimed victim
     for victim in claimed:
         alike = [h for h in out[victim.node] if (h.gpus, h.priority, h.gang) == (victim.gpus, victim.priority, victim.gang)]
-        leaving = next((h for h in alike if not h.preemptable and not any(h is g for g in gone[victim.node])), None)
+        leaving = next((h for h in alike if h.leaving and not any(h is g for g in gone[victim.node])), None)
         if leaving is not None:
             gone[victim.node].append(leaving)
             continue

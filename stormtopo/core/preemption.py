@@ -39,6 +39,7 @@ class Holder:
     priority: int
     preemptable: bool  # scheduled by Volcano, and not marked volcano.sh/preemptable: "false"
     gang: str | None = None  # its gang, where the caller knows it (with its GangSize); None: counted alone
+    leaving: bool = False  # being deleted (so not preemptable): its room is on its way
 
     @property
     def namespace(self) -> str | None:

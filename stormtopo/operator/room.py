@@ -226,7 +226,7 @@ class NodeRoom:
             priority, preemptable = rank_of(pod)
             group = (meta.get("annotations") or {}).get(GROUP_NAME_ANNOTATION)
             # being deleted: its room is on its way, never a victim again
-            placed = (held[0], Holder(held[1], priority, preemptable and not leaving, f"{key[0]}/{group}" if group else None))
+            placed = (held[0], Holder(held[1], priority, preemptable and not leaving, f"{key[0]}/{group}" if group else None, leaving))
         changed |= self._set_pod(key, placed)
         if self._set_requests(key, None if event == "DELETED" else pod) or changed:
             self.changes += 1

@@ -465,8 +465,11 @@ def test_a_narrowed_replica_claims_its_victims_so_that_the_next_is_not_narrowed_
     # Another gang's pod is not the one claimed; one alike already leaving is (evicted for it): the running one stays.
     other = {"node0": [Holder(4, 100, True, "batch/x")]}
     assert unclaimed(other, [claim]) == {"node0": tuple(other["node0"]), "node1": ()}
-    leaving = {"node0": [Holder(4, 100, True, "batch/node0-0"), Holder(4, 100, False, "batch/node0-0")]}
-    assert unclaimed(leaving, [claim])["node0"] == (Holder(4, 100, True, "batch/node0-0"), Holder(4, 100, False, "batch/node0-0"))
+    leaving = {"node0": [Holder(4, 100, True, "batch/node0-0"), Holder(4, 100, False, "batch/node0-0", leaving=True)]}
+    assert unclaimed(leaving, [claim])["node0"] == tuple(leaving["node0"])
+    # A pod marked not preemptable is no look-alike on its way out: the claimed victim beside it is taken.
+    kept = {"node0": [Holder(4, 100, True, "batch/node0-0"), Holder(4, 100, False, "batch/node0-0")]}
+    assert unclaimed(kept, [claim])["node0"] == (Holder(4, 100, False, "batch/node0-0"),)
     # The next replica: narrowed into another leaf where one qualifies ...
     second = narrowed(holders=left, claimed_elsewhere=frozenset(claim.gpus))
     assert {v.node for v in second.hold.counts_on} == {"node2", "node3"}
@@ -474,7 +477,12 @@ def test_a_narrowed_replica_claims_its_victims_so_that_the_next_is_not_narrowed_
     # is being made (gangpreempt could take its victims anywhere), but looked at again shortly; then let go.
     others = {n: batch(priority=HIGH) for n in ("node2", "node4", "node6")}
     waits = narrowed(holders={**left, **others}, claimed_elsewhere=frozenset(claim.gpus))
-    assert not waits.writes and not waits.says and waits.recheck_in == 2.0 and waits.hold is not None
+    assert not waits.writes and waits.recheck_in == 2.0 and waits.hold is not None and waits.hold.waited
+    [wait] = waits.says  # said once per hold (issue 41, item 4): what it waits for, and until when
+    assert wait.reason == "ReplicaWaitingForRoom" and "on 2 node(s) where its pods could run" in wait.message
+    assert "no domain qualifies for preemption" in wait.message and "at the latest until its hold ends" in wait.message
+    again = narrowed(holders={**left, **others}, claimed_elsewhere=frozenset(claim.gpus), hold=waits.hold)
+    assert not again.writes and not again.says and again.recheck_in == 2.0
     # (Not for room claimed on nodes where its pods could not run anyway: let go.)
     away = narrowed(holders={**left, **others}, claimed_elsewhere=frozenset({"elsewhere"}))
     assert len(releases(away.writes)) == 2 and [s.reason for s in away.says] == ["ReplicaNotNarrowed"]
