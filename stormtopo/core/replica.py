@@ -39,7 +39,7 @@ EXPLAIN_INTERVAL_MAX = 160.0
 
 @dataclass(frozen=True)
 class KnownNodes:
-    """The cluster's nodes as last read (they are read, not watched): each node's hostname label."""
+    """The cluster's nodes as last handed to the index (operator/room.py watches them): each node's hostname label."""
 
     hostnames: Mapping[str, str] = field(default_factory=dict)  # node -> its kubernetes.io/hostname label ("" if none)
     fresh: bool = False  # read moments ago: a node missing from it is not in the cluster

@@ -109,7 +109,7 @@ class Healer:
     api: Api
     report: Report
     room: NodeRoom  # every node's free and allocatable GPUs, followed by watch (room.py)
-    read_nodes: Callable[[], Awaitable[None]]  # the tree is only as current as the last reading of the nodes
+    read_nodes: Callable[[], Awaitable[None]]  # hands the index the free-room reading's node labels, for the tree
     cooldown: float = COOLDOWN
     recheck: float = NO_ROOM_RECHECK  # seconds: NO_ROOM_RECHECKS times the interval its loop runs at
     make_room_enabled: bool = False  # --heal-make-room

@@ -26,7 +26,7 @@ from stormtopo.core.reconciliation import ServiceSnapshot
 from stormtopo.core.replica import KnownNodes, ReplicaSnapshot
 from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers
-from stormtopo.core.topology.hypernodes import selector_label_keys, selects_among_nodes, topology_from_hypernodes
+from stormtopo.core.topology.hypernodes import selects_among_nodes, topology_from_hypernodes
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import (
     AIBRIX,
@@ -263,11 +263,10 @@ class Index:
     # Objects of kopf's kinds deleted since the last re-list began (kind, key) -> when: a re-list must not revive them.
     _deleted_since: LongLived[tuple[str, Key], int] = field(default_factory=LongLived)
     _priorities_refused: bool = False
-    # Node name -> the labels the tree and a release read (hostname, labelMatch keys), read (not watched)
-    # by the placement shell when a placement check needs them: regexMatch and labelMatch HyperNodes
-    # select among all nodes, and a release pins by hostname.
-    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
-    nodes_read_at: float = float("-inf")  # monotonic; -inf: never, or HyperNodes changed what to keep of them
+    # Node name -> its labels, as the free-room reading (operator/room.py) holds them: their one owner; this is
+    # its mapping itself, not a copy, handed over by the placement shell when a placement check needs them
+    # (regexMatch and labelMatch HyperNodes select among all nodes, and a release pins by hostname).
+    nodes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     _node_reads: int = 0
     _selects: tuple[int, bool] | None = None  # (_hypernode_changes, some HyperNode selects by label or pattern)
     _topology: tuple[int, int, Topology, KnownNodes] | None = None  # (_hypernode_changes, _node_reads, tree, nodes)
@@ -292,7 +291,6 @@ class Index:
             else:
                 self.hypernodes[name] = slim(obj)
             self._hypernode_changes += 1
-            self.nodes_read_at = float("-inf")  # its selectors may read other node labels now
             return
         store = {"StormService": self.stormservices, "RoleSet": self.rolesets, "PodGroup": self.podgroups, "Pod": self.pods}[kind]
         key = key_of(obj)
@@ -460,9 +458,10 @@ class Index:
                 return sibling
         return None
 
-    def replica_snapshot(self, key: Key, now: float, fresh_within: float = 0.0) -> ReplicaSnapshot | None:
+    def replica_snapshot(self, key: Key, now: float, fresh: bool = False) -> ReplicaSnapshot | None:
         """One replica as the index sees it now, for the placement planner; None if its RoleSet or
-        StormService is not known (deleted, or its event on the way)."""
+        StormService is not known (deleted, or its event on the way). `fresh`: the nodes were just read
+        (a node the tree lacks is not in the cluster)."""
         roleset = self.rolesets.get(key)
         stormservice = self.stormservices.get(service_key_of(roleset)) if roleset else None
         if roleset is None or stormservice is None:
@@ -475,7 +474,7 @@ class Index:
             self.podgroups.get(key),
             self.cluster_tiers(),
             self.topology(),
-            self.known_nodes(now - self.nodes_read_at <= fresh_within),
+            self.known_nodes(fresh),
             tuple(r["metadata"]["name"] for r in rolesets),
             now=now,
             siblings=self._siblings(stormservice, key, rolesets),
@@ -489,10 +488,10 @@ class Index:
             return ()
         return tuple(Replica(r, tuple(self.pods_of(key[0], r["metadata"]["name"]))) for r in rolesets if r["metadata"]["name"] != key[1])
 
-    def set_nodes(self, labels: dict[str, dict[str, str]], read_at: float) -> None:
-        """A fresh reading of the nodes (see node_label_keys); the tree is rebuilt only if they changed."""
-        self.nodes_read_at = read_at
-        if labels != self.nodes:
+    def set_nodes(self, labels: Mapping[str, Mapping[str, str]]) -> None:
+        """The nodes' labels as read now (operator/room.py node_labels: the same mapping until a label changes);
+        the tree is rebuilt only from another one."""
+        if labels is not self.nodes:
             self.nodes = labels
             self._node_reads += 1
 
@@ -507,10 +506,6 @@ class Index:
         if self._selects is None or self._selects[0] != self._hypernode_changes:
             self._selects = (self._hypernode_changes, selects_among_nodes(self.hypernodes.values()))
         return self._selects[1]
-
-    def node_label_keys(self) -> frozenset[str]:
-        """What to keep of a node's labels: its hostname and what the HyperNodes' labelMatch reads."""
-        return selector_label_keys(self.hypernodes.values()) | {HOSTNAME_LABEL}
 
     def topology(self) -> Topology:
         """The switch tree the HyperNodes describe, over every node read: built once per HyperNode or

@@ -43,7 +43,7 @@ class NodeTier:
     enabled: bool = True
     report: Report | None = None  # a refused write is said on its HyperNode, once per kind of refusal
     # Reads the nodes' labels into the index when the tree depends on them (labelMatch, regexMatch members):
-    # the placement path's reading (operator/replica.py read_nodes), the one owner of node labels.
+    # operator/replica.py read_nodes, from the free-room reading, the one owner of node labels.
     read_nodes: Callable[[], Awaitable[None]] | None = None
     _memory: NodeTierMemory = field(default_factory=NodeTierMemory)  # as the planners returned it (core/node_tier_pass.py)
 
@@ -59,7 +59,7 @@ class NodeTier:
             await self._carry_out(plan)
             return
         if self.read_nodes is not None and self.index.selects_by_label():
-            await self.read_nodes()  # labels kept by the selectors the HyperNodes have now, not those they had
+            await self.read_nodes()
         # Nodes that take new pods only: no other node is listed.
         free = await self.room.free_gpus(taking_new_pods=True)
         allocatable = await self.room.allocatable_gpus()
@@ -69,7 +69,7 @@ class NodeTier:
             free,
             allocatable,
             tuple(self.index.stormservices_in_play().values()) if self.keep_runs else (),
-            # The labels labelMatch members read (Index.node_label_keys).
+            # The labels labelMatch members read (every node's, as the free-room reading holds them).
             node_labels=self._node_labels(),
             node_reads=self.index.node_reads,
             named_leaves=self.named_leaves,
@@ -85,11 +85,10 @@ class NodeTier:
             log.info("node tier: %d HyperNode writes", len(plan.writes))
         await self._carry_out(plan)
 
-    def _node_labels(self) -> Mapping[str, dict[str, str]] | None:
+    def _node_labels(self) -> Mapping[str, Mapping[str, str]] | None:
         """The labels labelMatch members read; None (planned blind: such a member may select any node, and no
-        node it might select is listed) while none are read, or while they were kept for an older tree."""
-        stale = self.read_nodes is not None and self.index.nodes_read_at == float("-inf")
-        return self.index.nodes if self.index.nodes and not stale else None
+        node it might select is listed) while none are read."""
+        return self.index.nodes or None
 
     async def _carry_out(self, plan: NodeTierPlan) -> None:
         """The plan's writes; what they were planned over is remembered only once written, so that a failed

@@ -99,6 +99,8 @@ class NodeRoom:
     _copies: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
     _leaving: set[Key] = field(default_factory=set)  # of pods in _pods: those being deleted
     changes: int = 0  # counts every change of the reading: a plan over an unchanged reading need not be made again
+    label_changes: int = 0  # counts every change of a node's labels (a node come or gone too)
+    _labels: tuple[int, dict[str, Mapping[str, str]]] | None = None  # every node's labels as last handed out, at label_changes
     _streams: WatchStreams | None = None
     _listed: dict[str, asyncio.Event] = field(default_factory=dict)
     _frozen: bool = False  # what the first lists brought is frozen out of the collector's passes
@@ -144,11 +146,18 @@ class NodeRoom:
             for kind in kinds:
                 await self._listed[kind].wait()
 
-    async def node_labels(self) -> dict[str, Mapping[str, str]]:
+    async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
         """Every node's labels, current to the last event of the node watch (bound pods are not needed,
-        nor waited for: a tree that selects nodes by label reads only this)."""
+        nor waited for: a tree that selects nodes by label reads only this). The operator's one reading of
+        them: the index builds the switch tree over this very mapping, which stays the same object until a
+        node's labels change (then a new one), so a reader may keep it and compare it by identity."""
         await self._ready(("Node",))
-        return {name: labels for name, (labels, _, _) in self._facts.items()}
+        return self.labels_now()
+
+    def labels_now(self) -> Mapping[str, Mapping[str, str]]:
+        if self._labels is None or self._labels[0] != self.label_changes:
+            self._labels = (self.label_changes, {name: labels for name, (labels, _, _) in self._facts.items()})
+        return self._labels[1]
 
     @classmethod
     def read(cls, api: Api) -> NodeRoom:
@@ -336,12 +345,15 @@ class NodeRoom:
             return
         reading, facts = node_gpus(node, self.resource), node_facts(node)
         if self._nodes.get(name) != reading or self._facts.get(name) != facts:
+            if name not in self._facts or self._facts[name][0] != facts[0]:
+                self.label_changes += 1
             self._nodes[name], self._facts[name] = reading, facts
             self._refresh_facts(name)
             self.changes += 1
 
     def _node_gone(self, key: Key) -> None:
-        self._facts.pop(key[1], None)
+        if self._facts.pop(key[1], None) is not None:
+            self.label_changes += 1
         self._node_facts.pop(key[1], None)
         if self._nodes.pop(key[1], None) is not None:
             self.changes += 1

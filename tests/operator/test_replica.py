@@ -4,6 +4,7 @@ counts only replicas that are unsatisfiable now."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any, cast
 
 from prometheus_client import REGISTRY
@@ -19,7 +20,7 @@ def _gauge() -> float | None:
 
 def test_a_replica_whose_service_opts_out_leaves_the_pending_gauge() -> None:
     index = Index(cast(Any, None))  # no API call: objects arrive as events
-    index.set_nodes({}, float("inf"))  # nodes read "now": no API read of them either
+    index.set_nodes({})
     said: list[tuple[str, str]] = []
     reporter = PlacementReporter(
         index, cast(Any, None), lambda _obj, kind, reason, _msg: said.append((kind, reason)), cast(Any, None), cast(Any, None)
@@ -192,21 +193,30 @@ def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for
     assert reporter._room_reading(other, {"n0": 0, "n1": 0}).free == {"n0": 4, "n1": 0} and not reporter._claims
 
 
-def test_labels_read_while_the_hypernodes_changed_their_selectors_are_no_reading() -> None:
-    """read_nodes keeps of each node the keys the HyperNodes' labelMatch reads; a HyperNode that comes while
-    the labels are read may read other keys: what was read is not kept as current (read again next time)."""
+def test_the_tree_is_built_over_the_free_room_readings_labels_and_again_only_when_they_change() -> None:
+    """One owner of the nodes' labels (issue 44): read_nodes hands the free-room reading's mapping to the index,
+    not a copy; the tree is rebuilt when that mapping is another (a label changed) or the HyperNodes changed, and
+    a HyperNode that selects by other labels needs no new read (every label is there)."""
     index = Index(cast(Any, None))
     hypernode = {"metadata": {"name": "r0"}, "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "n0"}}}]}}
     index.observe("HyperNode", "ADDED", hypernode)
 
     class Room:
-        async def node_labels(self) -> dict[str, dict[str, str]]:
-            by_label = {"type": "Node", "selector": {"labelMatch": {"matchLabels": {"rack": "r1"}}}}
-            index.observe("HyperNode", "ADDED", {"metadata": {"name": "r1"}, "spec": {"tier": 1, "members": [by_label]}})
-            return {"n0": {"rack": "r1", "kubernetes.io/hostname": "n0"}}
+        labels: Mapping[str, Mapping[str, str]] = {"n0": {"rack": "r1", "zone": "z1", "kubernetes.io/hostname": "n0"}}
 
-    reporter = PlacementReporter(index, cast(Any, None), lambda *_: None, cast(Any, None), cast(Any, Room()))
-    asyncio.run(reporter.read_nodes(0.0))
-    assert index.nodes_read_at == float("-inf") and index.nodes == {}
-    asyncio.run(reporter.read_nodes(0.0))  # read again, with the selectors as they are now: kept
-    assert index.nodes_read_at > float("-inf") and index.nodes == {"n0": {"rack": "r1", "kubernetes.io/hostname": "n0"}}
+        async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
+            return self.labels
+
+    room = Room()
+    reporter = PlacementReporter(index, cast(Any, None), lambda *_: None, cast(Any, None), cast(Any, room))
+    asyncio.run(reporter.read_nodes())
+    tree, reads = index.topology(), index.node_reads
+    assert index.nodes is room.labels and index.known_nodes(fresh=True).hostnames == {"n0": "n0"}
+    asyncio.run(reporter.read_nodes())  # the same mapping: nothing to rebuild
+    assert index.node_reads == reads and index.topology() is tree
+    by_label = {"type": "Node", "selector": {"labelMatch": {"matchLabels": {"zone": "z1"}}}}
+    index.observe("HyperNode", "ADDED", {"metadata": {"name": "r1"}, "spec": {"tier": 1, "members": [by_label]}})
+    assert index.topology() is not tree and "n0" in index.topology().nodes_under("r1")  # no new read needed
+    room.labels = {"n0": {"rack": "r1", "zone": "z2", "kubernetes.io/hostname": "n0"}}
+    asyncio.run(reporter.read_nodes())
+    assert index.node_reads == reads + 1 and "n0" not in index.topology().nodes_under("r1")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -40,6 +40,26 @@ def test_a_pod_holds_gpus_only_while_bound_and_unfinished() -> None:
     assert pod_gpus(_pod("a", "n0", 0)) is None  # another tenant's CPU pod costs no memory
     assert pod_gpus(_pod("a", "n0", 2, "Succeeded")) is None
     assert pod_gpus({**_pod("a", "", 2)}) is None
+
+
+def test_node_labels_are_one_mapping_until_a_label_changes() -> None:
+    """The reading is the one owner of the nodes' labels (issue 44): the index builds the switch tree over the
+    mapping it hands out, by identity, so it must stay the same object while no label changes (a heartbeat, a
+    node's GPUs) and be another once one does, a node comes or a node goes."""
+    room = NodeRoom(cast(Any, None), Loops())
+    room._on_node(None, _node("n0", 8))
+    first = room.labels_now()
+    assert first == {"n0": {}} and room.labels_now() is first
+    room._on_node(None, _node("n0", 4, ready="False"))  # its GPUs and readiness: the labels stay
+    assert room.labels_now() is first
+    labelled = {**_node("n0", 4, ready="False"), "metadata": {"name": "n0", "labels": {"rack": "r1"}}}
+    room._on_node(None, labelled)
+    second = room.labels_now()
+    assert second is not first and second == {"n0": {"rack": "r1"}} and first == {"n0": {}}  # (a reader's copy kept)
+    room._on_node(None, _node("n1", 8))
+    assert (third := room.labels_now()) is not second and set(third) == {"n0", "n1"}
+    room._on_node("DELETED", _node("n1", 8))
+    assert room.labels_now() is not third and set(room.labels_now()) == {"n0"}
 
 
 def test_lists_once_then_follows_the_watch(tmp_path: Path) -> None:
