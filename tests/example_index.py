@@ -17,7 +17,7 @@ def index_of(*objects: dict[str, Any], hypernodes: list[dict[str, Any]] | None =
     index = Index(cast(Any, None))
     for hypernode in hypernodes if hypernodes is not None else hypernode_manifests(parse_topology(TOPOLOGY_FILE.read_text())):
         index.observe("HyperNode", "ADDED", hypernode)
-    index.set_nodes({n: {"kubernetes.io/hostname": n} for n in nodes or [f"node{i}" for i in range(8)]})
+    index.set_nodes({n: {"kubernetes.io/hostname": n} for n in nodes or [f"node{i}" for i in range(8)]}, 0.0)
     for obj in objects:
         index.observe(str(obj["kind"]), "ADDED", obj)
     return index

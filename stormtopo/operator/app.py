@@ -31,7 +31,7 @@ from stormtopo.operator.loops import Loop, Loops, backoff, run_every
 from stormtopo.operator.node_tier import NODE_TIER_INTERVAL, NODE_TIER_MIN_GAP, NODE_TIER_OFF_INTERVAL, NodeTier
 from stormtopo.operator.optin import OptedInList
 from stormtopo.operator.reconciliation import Reconciler
-from stormtopo.operator.replica import PlacementReporter
+from stormtopo.operator.replica import NODES_TTL, PlacementReporter
 from stormtopo.operator.room import NodeRoom
 from stormtopo.operator.scheduler_conf import VolcanoConf
 
@@ -188,7 +188,7 @@ async def run(config: OperatorConfig) -> None:
         api,
         events,
         room,
-        reporter.read_nodes,
+        lambda: reporter.read_nodes(NODES_TTL),
         config.heal_cooldown,
         recheck=NO_ROOM_RECHECKS * config.heal_interval,
         make_room_enabled=config.heal_make_room,
@@ -208,7 +208,7 @@ async def run(config: OperatorConfig) -> None:
             keep_runs=config.node_tier_keep_runs,
             named_leaves=frozenset(config.node_tier_leaf),
             report=events,
-            read_nodes=reporter.read_nodes,
+            read_nodes=lambda: reporter.read_nodes(NODES_TTL),
         )
         loops.every("node-tier", NODE_TIER_INTERVAL, node_tier.check, wake=bound_or_gone, min_gap=NODE_TIER_MIN_GAP)
     else:

@@ -26,7 +26,7 @@ from stormtopo.core.reconciliation import ServiceSnapshot
 from stormtopo.core.replica import KnownNodes, ReplicaSnapshot
 from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers
-from stormtopo.core.topology.hypernodes import selects_among_nodes, topology_from_hypernodes
+from stormtopo.core.topology.hypernodes import selector_label_keys, selects_among_nodes, topology_from_hypernodes
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import (
     AIBRIX,
@@ -267,6 +267,8 @@ class Index:
     # its mapping itself, not a copy, handed over by the placement shell when a placement check needs them
     # (regexMatch and labelMatch HyperNodes select among all nodes, and a release pins by hostname).
     nodes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    nodes_read_at: float = float("-inf")  # monotonic; -inf: never
+    _node_version: object = None  # of the labels the tree reads, as the reading counts their changes
     _node_reads: int = 0
     _selects: tuple[int, bool] | None = None  # (_hypernode_changes, some HyperNode selects by label or pattern)
     _topology: tuple[int, int, Topology, KnownNodes] | None = None  # (_hypernode_changes, _node_reads, tree, nodes)
@@ -458,10 +460,9 @@ class Index:
                 return sibling
         return None
 
-    def replica_snapshot(self, key: Key, now: float, fresh: bool = False) -> ReplicaSnapshot | None:
+    def replica_snapshot(self, key: Key, now: float, fresh_within: float = 0.0) -> ReplicaSnapshot | None:
         """One replica as the index sees it now, for the placement planner; None if its RoleSet or
-        StormService is not known (deleted, or its event on the way). `fresh`: the nodes were just read
-        (a node the tree lacks is not in the cluster)."""
+        StormService is not known (deleted, or its event on the way)."""
         roleset = self.rolesets.get(key)
         stormservice = self.stormservices.get(service_key_of(roleset)) if roleset else None
         if roleset is None or stormservice is None:
@@ -474,7 +475,7 @@ class Index:
             self.podgroups.get(key),
             self.cluster_tiers(),
             self.topology(),
-            self.known_nodes(fresh),
+            self.known_nodes(now - self.nodes_read_at <= fresh_within),
             tuple(r["metadata"]["name"] for r in rolesets),
             now=now,
             siblings=self._siblings(stormservice, key, rolesets),
@@ -488,11 +489,14 @@ class Index:
             return ()
         return tuple(Replica(r, tuple(self.pods_of(key[0], r["metadata"]["name"]))) for r in rolesets if r["metadata"]["name"] != key[1])
 
-    def set_nodes(self, labels: Mapping[str, Mapping[str, str]]) -> None:
-        """The nodes' labels as read now (operator/room.py node_labels: the same mapping until a label changes);
-        the tree is rebuilt only from another one."""
-        if labels is not self.nodes:
-            self.nodes = labels
+    def set_nodes(self, labels: Mapping[str, Mapping[str, str]], read_at: float, version: object = None) -> None:
+        """The nodes' labels as read at `read_at` (operator/room.py node_labels: its mapping, not a copy); the
+        tree is rebuilt only if what it reads of them changed: the node_label_keys' `version`, as the reading
+        counts their changes (None: compared whole)."""
+        self.nodes_read_at = read_at
+        changed = labels != self.nodes if version is None else version != self._node_version
+        self.nodes, self._node_version = labels, version
+        if changed:
             self._node_reads += 1
 
     @property
@@ -506,6 +510,10 @@ class Index:
         if self._selects is None or self._selects[0] != self._hypernode_changes:
             self._selects = (self._hypernode_changes, selects_among_nodes(self.hypernodes.values()))
         return self._selects[1]
+
+    def node_label_keys(self) -> frozenset[str]:
+        """What the tree and a release read of a node's labels: its hostname and what the HyperNodes' labelMatch reads."""
+        return selector_label_keys(self.hypernodes.values()) | {HOSTNAME_LABEL}
 
     def topology(self) -> Topology:
         """The switch tree the HyperNodes describe, over every node read: built once per HyperNode or

@@ -59,7 +59,7 @@ class NodeTier:
             await self._carry_out(plan)
             return
         if self.read_nodes is not None and self.index.selects_by_label():
-            await self.read_nodes()
+            await self.read_nodes()  # (the tree over the labels its HyperNodes' selectors read now)
         # Nodes that take new pods only: no other node is listed.
         free = await self.room.free_gpus(taking_new_pods=True)
         allocatable = await self.room.allocatable_gpus()

@@ -49,6 +49,8 @@ from stormtopo.operator.writer import execute
 
 log = logging.getLogger(__name__)
 
+NODES_TTL = 30.0  # seconds a reading of the nodes is reused for the switch tree and releases
+NODES_FRESH = 5.0  # a reading this recent knows every node: one it lacks is not in the cluster
 LEAVING_TIMEOUT = 5.0  # seconds the next held replica waits for the last one's victims to show as leaving
 GROUP_RETRY = 2.0  # seconds before a preemption whose victims' PodGroups went unread is planned again
 # Seconds a held replica's plan waits for the free-room reading's first list (before it takes the room lock); then
@@ -77,6 +79,7 @@ class PlacementReporter:
     _memory: dict[Key, ReplicaMemory] = field(default_factory=dict)  # only replicas with something to remember
     _asks: dict[Key, tuple[Explain, Topology]] = field(default_factory=dict)  # explanations waiting for the worker
     _explanations: WorkQueue[Key] | None = None
+    _reading_nodes: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: Callable[[Key], None] | None = None  # queues a replica's placement check (the operator's placements queue)
     # (namespace, StormService) -> its spread, as the planner returned it (only services with something to keep)
     _spread: dict[Key, SpreadMemory] = field(default_factory=dict)
@@ -92,8 +95,8 @@ class PlacementReporter:
         memory = self._memory.get(key, ReplicaMemory())
         plan = self._plan(snapshot, memory)
         if plan.needs_nodes:  # a pod bound on a node the last reading lacked: read again, once
-            await self.read_nodes()
-            snapshot = self.index.replica_snapshot(key, time.monotonic(), fresh=True) or snapshot
+            await self.read_nodes(NODES_FRESH)
+            snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH) or snapshot
             plan = self._plan(replace(snapshot, nodes=replace(snapshot.nodes, fresh=True)), memory)
         if plan.needs_all_pods:  # pods created before the opt-in were never admitted: read them all
             pods = await asyncio.to_thread(self.api.pods_of_group, *key)
@@ -218,19 +221,27 @@ class PlacementReporter:
             await asyncio.sleep(0.05)
 
     async def _snapshot(self, key: Key) -> ReplicaSnapshot | None:
-        snapshot = self.index.replica_snapshot(key, time.monotonic())
+        snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH)
         if snapshot is None or not is_opted_in(snapshot.stormservice["metadata"].get("annotations")):
             return snapshot  # (held pods of a service that opted out go free: no node is needed)
         # Nodes are read only where the tree depends on them, or to pin a held pod by hostname.
         if snapshot.nodes.shapes_tree or any(is_held(p) or is_held_for_room(p) for p in snapshot.pods):
-            await self.read_nodes()
-            snapshot = self.index.replica_snapshot(key, time.monotonic(), fresh=True)
+            await self.read_nodes(NODES_TTL)
+            snapshot = self.index.replica_snapshot(key, time.monotonic(), NODES_FRESH)
         return snapshot
 
-    async def read_nodes(self) -> None:
-        """Every node's labels into the index, for the tree and releases: the free-room reading's own (a watch
-        of the nodes, current to its last event; their one owner), handed over, not copied."""
-        self.index.set_nodes(await self.room.node_labels())
+    async def read_nodes(self, older_than: float) -> None:
+        """Every node's labels into the index, for the tree and releases: the free-room reading's own mapping (a
+        watch of the nodes; their one owner), not a copy, with the version of the labels the tree reads, so that
+        no other label's change rebuilds it. At most every `older_than` seconds: at 16,384 nodes a tree rebuilt at
+        each node come or gone would cost the event loop tens of ms each (a second with regexMatch leaves). One
+        read at a time: the placement workers that find it stale together wait for the one reading."""
+        async with self._reading_nodes:
+            if time.monotonic() - self.index.nodes_read_at <= older_than:
+                return  # another worker just read them
+            started = time.monotonic()
+            labels = await self.room.node_labels()
+            self.index.set_nodes(labels, started, self.room.label_version(self.index.node_label_keys()))
 
     async def _carry_out(self, key: Key, snapshot: ReplicaSnapshot, plan: ReplicaPlan) -> None:
         self._remember(key, plan.memory_before_writes(self._memory.get(key, ReplicaMemory())))

@@ -100,6 +100,8 @@ class NodeRoom:
     _leaving: set[Key] = field(default_factory=set)  # of pods in _pods: those being deleted
     changes: int = 0  # counts every change of the reading: a plan over an unchanged reading need not be made again
     label_changes: int = 0  # counts every change of a node's labels (a node come or gone too)
+    _nodes_changed: int = 0  # counts nodes come or gone
+    _key_changes: dict[str, int] = field(default_factory=dict)  # per label key, its changes on any node (admins' keys: few)
     _labels: tuple[int, dict[str, Mapping[str, str]]] | None = None  # every node's labels as last handed out, at label_changes
     _streams: WatchStreams | None = None
     _listed: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -153,6 +155,11 @@ class NodeRoom:
         node's labels change (then a new one), so a reader may keep it and compare it by identity."""
         await self._ready(("Node",))
         return self.labels_now()
+
+    def label_version(self, keys: frozenset[str]) -> tuple[int, tuple[tuple[str, int], ...]]:
+        """A version of these labels of every node: it changes when a node comes or goes or one of them changes
+        on some node, not for any other label (a tree over them need not be rebuilt for those)."""
+        return self._nodes_changed, tuple((key, self._key_changes.get(key, 0)) for key in sorted(keys))
 
     def labels_now(self) -> Mapping[str, Mapping[str, str]]:
         if self._labels is None or self._labels[0] != self.label_changes:
@@ -345,8 +352,14 @@ class NodeRoom:
             return
         reading, facts = node_gpus(node, self.resource), node_facts(node)
         if self._nodes.get(name) != reading or self._facts.get(name) != facts:
-            if name not in self._facts or self._facts[name][0] != facts[0]:
+            was = self._facts.get(name)
+            if was is None:
                 self.label_changes += 1
+                self._nodes_changed += 1
+            elif was[0] != facts[0]:
+                self.label_changes += 1
+                for key in {k for k in was[0].keys() | facts[0].keys() if was[0].get(k) != facts[0].get(k)}:
+                    self._key_changes[key] = self._key_changes.get(key, 0) + 1
             self._nodes[name], self._facts[name] = reading, facts
             self._refresh_facts(name)
             self.changes += 1
@@ -354,6 +367,7 @@ class NodeRoom:
     def _node_gone(self, key: Key) -> None:
         if self._facts.pop(key[1], None) is not None:
             self.label_changes += 1
+            self._nodes_changed += 1
         self._node_facts.pop(key[1], None)
         if self._nodes.pop(key[1], None) is not None:
             self.changes += 1

@@ -215,6 +215,7 @@ def _operator_call(keep_runs: bool = NodeTier.keep_runs) -> dict[str, Any]:
         hypernodes={},
         stormservices=services,
         nodes={},
+        nodes_read_at=0.0,
         node_reads=0,
         stormservices_in_play=lambda: services,
     )

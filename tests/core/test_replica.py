@@ -79,7 +79,7 @@ def test_without_unique_hostnames_a_release_pins_by_node_name() -> None:
         pod("p", "prefill", "node4"), pod("d", "decode", "node5"), pod("r", "router", held=True),
     )  # fmt: skip
     index.set_nodes(
-        {**{f"node{i}": {"kubernetes.io/hostname": f"node{i}"} for i in range(8)}, "node6": {"kubernetes.io/hostname": "node4"}}
+        {**{f"node{i}": {"kubernetes.io/hostname": f"node{i}"} for i in range(8)}, "node6": {"kubernetes.io/hostname": "node4"}}, 0
     )
     (patch,) = [w for w in plan_replica(snapshot(index), ReplicaMemory()).writes if isinstance(w, PatchPod)]
     terms = patch.ops[2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -95,7 +95,7 @@ def test_a_node_the_last_reading_lacked_is_read_again_before_a_release_or_a_verd
     )  # fmt: skip
     plan = plan_replica(snapshot(index), ReplicaMemory())
     assert plan.needs_nodes and plan.writes == () and plan.says == ()  # node9 is newer than the reading
-    index.set_nodes({n: {"kubernetes.io/hostname": n} for n in ("node0", "node1", "node9")})
+    index.set_nodes({n: {"kubernetes.io/hostname": n} for n in ("node0", "node1", "node9")}, 100.0)
     assert released_to(plan_replica(snapshot(index), ReplicaMemory()).writes) == ["node0", "node1", "node9"]
 
 

@@ -316,7 +316,7 @@ def test_a_pods_own_required_terms_are_each_narrowed() -> None:
 def test_without_unique_hostnames_each_node_is_kept_out_by_name() -> None:
     index = index_of(*replica("svc-a", held=True), *replica("svc-b", ("node0", "node1")))
     index.set_nodes(
-        {**{f"node{i}": {"kubernetes.io/hostname": f"node{i}"} for i in range(8)}, "node7": {"kubernetes.io/hostname": "node0"}}
+        {**{f"node{i}": {"kubernetes.io/hostname": f"node{i}"} for i in range(8)}, "node7": {"kubernetes.io/hostname": "node0"}}, 0
     )
     ops = let_go(plan_for(index))["svc-a-p"]
     (term,) = ops[2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]

@@ -4,14 +4,15 @@ counts only replicas that are unsatisfiable now."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import Any, cast
 
 from prometheus_client import REGISTRY
 
 from stormtopo.core.replica import ReplicaMemory
 from stormtopo.operator.index import Index
+from stormtopo.operator.loops import Loops
 from stormtopo.operator.replica import PlacementReporter
+from stormtopo.operator.room import NodeRoom
 
 
 def _gauge() -> float | None:
@@ -20,7 +21,7 @@ def _gauge() -> float | None:
 
 def test_a_replica_whose_service_opts_out_leaves_the_pending_gauge() -> None:
     index = Index(cast(Any, None))  # no API call: objects arrive as events
-    index.set_nodes({})
+    index.set_nodes({}, float("inf"))  # nodes read "now": no API read of them either
     said: list[tuple[str, str]] = []
     reporter = PlacementReporter(
         index, cast(Any, None), lambda _obj, kind, reason, _msg: said.append((kind, reason)), cast(Any, None), cast(Any, None)
@@ -193,30 +194,30 @@ def test_the_room_reading_counts_room_on_its_way_as_free_less_what_was_taken_for
     assert reporter._room_reading(other, {"n0": 0, "n1": 0}).free == {"n0": 4, "n1": 0} and not reporter._claims
 
 
-def test_the_tree_is_built_over_the_free_room_readings_labels_and_again_only_when_they_change() -> None:
+def test_the_tree_is_built_over_the_free_room_readings_labels_and_again_only_when_those_it_reads_change() -> None:
     """One owner of the nodes' labels (issue 44): read_nodes hands the free-room reading's mapping to the index,
-    not a copy; the tree is rebuilt when that mapping is another (a label changed) or the HyperNodes changed, and
-    a HyperNode that selects by other labels needs no new read (every label is there)."""
+    not a copy; the tree is rebuilt when the labels it reads changed (by the reading's version of them) or the
+    HyperNodes did, not for another label; a HyperNode that selects by other labels needs no new read."""
     index = Index(cast(Any, None))
     hypernode = {"metadata": {"name": "r0"}, "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "n0"}}}]}}
     index.observe("HyperNode", "ADDED", hypernode)
-
-    class Room:
-        labels: Mapping[str, Mapping[str, str]] = {"n0": {"rack": "r1", "zone": "z1", "kubernetes.io/hostname": "n0"}}
-
-        async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
-            return self.labels
-
-    room = Room()
-    reporter = PlacementReporter(index, cast(Any, None), lambda *_: None, cast(Any, None), cast(Any, room))
-    asyncio.run(reporter.read_nodes())
+    room = NodeRoom(cast(Any, None), Loops())
+    room._listed["Node"] = asyncio.Event()
+    room._listed["Node"].set()
+    room._streams = cast(Any, object())  # (followed already: no watch is started)
+    node = {"metadata": {"name": "n0", "labels": {"rack": "r1", "zone": "z1", "kubernetes.io/hostname": "n0"}}, "status": {}}
+    room._on_node(None, node)
+    reporter = PlacementReporter(index, cast(Any, None), lambda *_: None, cast(Any, None), room)
+    asyncio.run(reporter.read_nodes(0.0))
     tree, reads = index.topology(), index.node_reads
-    assert index.nodes is room.labels and index.known_nodes(fresh=True).hostnames == {"n0": "n0"}
-    asyncio.run(reporter.read_nodes())  # the same mapping: nothing to rebuild
-    assert index.node_reads == reads and index.topology() is tree
+    assert index.nodes is asyncio.run(room.node_labels()) and index.known_nodes(fresh=True).hostnames == {"n0": "n0"}
+    room._on_node(None, {**node, "metadata": {**node["metadata"], "labels": {**node["metadata"]["labels"], "nfd": "x"}}})
+    asyncio.run(reporter.read_nodes(0.0))  # a label the tree does not read: nothing to rebuild
+    assert index.node_reads == reads and index.topology() is tree and index.nodes["n0"]["nfd"] == "x"
+    asyncio.run(reporter.read_nodes(3600.0))  # read moments ago: not read again
     by_label = {"type": "Node", "selector": {"labelMatch": {"matchLabels": {"zone": "z1"}}}}
     index.observe("HyperNode", "ADDED", {"metadata": {"name": "r1"}, "spec": {"tier": 1, "members": [by_label]}})
     assert index.topology() is not tree and "n0" in index.topology().nodes_under("r1")  # no new read needed
-    room.labels = {"n0": {"rack": "r1", "zone": "z2", "kubernetes.io/hostname": "n0"}}
-    asyncio.run(reporter.read_nodes())
+    room._on_node(None, {**node, "metadata": {**node["metadata"], "labels": {**node["metadata"]["labels"], "zone": "z2"}}})
+    asyncio.run(reporter.read_nodes(0.0))
     assert index.node_reads == reads + 1 and "n0" not in index.topology().nodes_under("r1")

@@ -62,6 +62,21 @@ def test_node_labels_are_one_mapping_until_a_label_changes() -> None:
     assert room.labels_now() is not third and set(room.labels_now()) == {"n0"}
 
 
+def test_the_version_of_some_labels_changes_with_them_and_with_the_nodes_only() -> None:
+    room = NodeRoom(cast(Any, None), Loops())
+    room._on_node(None, _node("n0", 8))
+    rack = frozenset({"rack"})
+    first = room.label_version(rack)
+    room._on_node(None, {**_node("n0", 8), "metadata": {"name": "n0", "labels": {"nfd/cpu": "x"}}})
+    assert room.label_version(rack) == first != room.label_version(frozenset({"nfd/cpu"}))  # another label
+    room._on_node(None, {**_node("n0", 8), "metadata": {"name": "n0", "labels": {"nfd/cpu": "x", "rack": "r1"}}})
+    assert (second := room.label_version(rack)) != first
+    room._on_node(None, _node("n1", 8))
+    assert (third := room.label_version(rack)) != second  # a node come
+    room._on_node("DELETED", _node("n1", 8))
+    assert room.label_version(rack) != third  # and gone
+
+
 def test_lists_once_then_follows_the_watch(tmp_path: Path) -> None:
     async def scenario() -> None:
         lists: dict[str, list[dict[str, str]]] = {"pods": [], "nodes": []}

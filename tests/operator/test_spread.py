@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
 from typing import Any, cast
 
 from stormtopo.core.writes import DeleteUnboundPod
@@ -41,15 +40,10 @@ class Room:
         await asyncio.sleep(0.01)  # an await between the snapshot and the plan
         return dict(ALL_FREE)
 
-    def __init__(self, labels: Mapping[str, Mapping[str, str]]) -> None:
-        self.labels = labels
-
-    async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
-        return self.labels  # (the same mapping while no label changes, as operator/room.py hands it out)
-
 
 def reporter_of(index: Index, api: Api, woken: list[tuple[str, str]]) -> PlacementReporter:
-    reporter = PlacementReporter(index, cast(Any, api), lambda *_: None, cast(Any, None), cast(Any, Room(index.nodes)))
+    index.set_nodes(index.nodes, float("inf"))  # read "now": no API read of the nodes
+    reporter = PlacementReporter(index, cast(Any, api), lambda *_: None, cast(Any, None), cast(Any, Room()))
     reporter.wake = woken.append
     return reporter
 

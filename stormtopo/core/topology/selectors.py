@@ -73,8 +73,29 @@ def label_requirements(selector: Mapping[str, Any]) -> list[Requirement] | None:
     return requirements
 
 
-def selected_nodes(selector: Mapping[str, Any], nodes: Mapping[str, Mapping[str, str]]) -> set[str]:
-    """The nodes a Node-type member's selector names, among `nodes` (name -> labels)."""
+class NodesByLabel:
+    """`nodes` (name -> labels) by the value of a label, built for a key when first asked: a labelMatch that
+    requires one of some values reads only the nodes that have them. One per tree build, whose HyperNodes
+    select by a few keys: 512 leaves selected by label over 16,384 nodes cost 4.8 s scanning every node for
+    every leaf."""
+
+    def __init__(self, nodes: Mapping[str, Mapping[str, str]]) -> None:
+        self.nodes = nodes
+        self._by_key: dict[str, dict[str, set[str]]] = {}
+
+    def having(self, key: str, values: frozenset[str]) -> set[str]:
+        by_value = self._by_key.get(key)
+        if by_value is None:
+            by_value = self._by_key[key] = {}
+            for name, labels in self.nodes.items():
+                if key in labels:
+                    by_value.setdefault(labels[key], set()).add(name)
+        return set().union(*(by_value.get(value, ()) for value in values))
+
+
+def selected_nodes(selector: Mapping[str, Any], nodes: Mapping[str, Mapping[str, str]], by_label: NodesByLabel | None = None) -> set[str]:
+    """The nodes a Node-type member's selector names, among `nodes` (name -> labels); `by_label`: the same
+    nodes indexed by label, kept by a caller that resolves many selectors over them."""
     members: set[str] = set()
     exact = selector.get("exactMatch")
     if exact is not None:
@@ -93,6 +114,10 @@ def selected_nodes(selector: Mapping[str, Any], nodes: Mapping[str, Mapping[str,
         requirements = label_requirements(labels)
         if requirements is None:
             return set()
-        if requirements:  # an empty labelMatch adds nothing
+        narrowing = next((r for r in requirements if r.operator == "In"), None)
+        if narrowing is not None:  # only the nodes with one of its values can match
+            candidates = (by_label or NodesByLabel(nodes)).having(narrowing.key, narrowing.values)
+            members |= {name for name in candidates if all(r.matches(nodes[name]) for r in requirements)}
+        elif requirements:  # an empty labelMatch adds nothing
             members |= {name for name, have in nodes.items() if all(r.matches(have) for r in requirements)}
     return members
