@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -82,16 +83,16 @@ def test_names_alone_still_work_and_label_members_then_select_nothing() -> None:
 
 def test_a_labelmatch_read_through_the_nodes_by_label_selects_what_a_scan_of_every_node_does() -> None:
     """The tree's build resolves a labelMatch that requires one of some values from the nodes that have them
-    (NodesByLabel: 512 leaves over 16,384 nodes went from 4.8 s to about 50 ms); it must select exactly what
+    (NodeLookup: 512 leaves over 16,384 nodes went from 4.8 s to about 50 ms); it must select exactly what
     checking every node selects, whatever else the selector requires."""
     import itertools
     import random
 
-    from stormtopo.core.topology.selectors import NodesByLabel
+    from stormtopo.core.topology.selectors import NodeLookup
 
     rng = random.Random(7)
     nodes = {f"n{i}": {k: rng.choice(["a", "b", "c"]) for k in ("rack", "zone", "pool") if rng.random() < 0.7} for i in range(200)}
-    by_label = NodesByLabel(nodes)
+    lookup = NodeLookup(nodes)
     requirements: list[dict[str, Any]] = [
         {"matchLabels": {"rack": "a"}},
         {"matchLabels": {"rack": "a", "zone": "b"}},
@@ -104,5 +105,27 @@ def test_a_labelmatch_read_through_the_nodes_by_label_selects_what_a_scan_of_eve
         selector = {"labelMatch": {"matchLabels": {**one.get("matchLabels", {}), **two.get("matchLabels", {})},
                                    "matchExpressions": one.get("matchExpressions", []) + two.get("matchExpressions", [])}}  # fmt: skip
         scanned = {n for n, labels in nodes.items() if all(r.matches(labels) for r in label_requirements(selector["labelMatch"]) or [])}
-        assert selected_nodes(selector, nodes, by_label) == selected_nodes(selector, nodes) == scanned, selector
-    assert selected_nodes({"labelMatch": {"matchLabels": {"rack": "a"}}}, nodes, by_label)  # (not vacuous)
+        assert selected_nodes(selector, nodes, lookup) == selected_nodes(selector, nodes) == scanned, selector
+    assert selected_nodes({"labelMatch": {"matchLabels": {"rack": "a"}}}, nodes, lookup)  # (not vacuous)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "prefix"),
+    [("^gpu-a-", "gpu-a-"), ("^gpu-a-0[0-9]$", "gpu-a-0"), ("^gpu-ab*", "gpu-a"), ("^gpu-a+", "gpu-a"), ("^g{2}", ""),
+     ("gpu-a-", ""), ("^a|^b", ""), ("^(?i)gpu", ""), ("^gpu\\.a", "gpu"), ("^", ""), ("^gpu?", "gp")],
+)  # fmt: skip
+def test_a_patterns_literal_prefix_is_what_every_name_it_matches_begins_with(pattern: str, prefix: str) -> None:
+    from stormtopo.core.topology.selectors import literal_prefix
+
+    assert literal_prefix(pattern) == prefix
+
+
+def test_a_regexmatch_read_through_the_names_sorted_selects_what_a_search_of_every_name_does() -> None:
+    from stormtopo.core.topology.selectors import NodeLookup
+
+    nodes: dict[str, dict[str, str]] = {f"{kind}-{rack}-{i:02}": {} for kind in ("gpu", "cpu", "gpux") for rack in "ab" for i in range(12)}
+    lookup = NodeLookup(nodes)
+    for pattern in ("^gpu-a-", "^gpu", "^gpu-a-0[0-9]$", "^gpux?-b", "^gp*u", "-a-1", "^cpu-b-11$", "^zzz", "^gpu-(a|b)-00", "(?i)^GPU-A"):
+        scanned = {n for n in nodes if re.search(pattern, n)}
+        assert selected_nodes({"regexMatch": {"pattern": pattern}}, nodes, lookup) == scanned, pattern
+    assert len(selected_nodes({"regexMatch": {"pattern": "^gpu-a-"}}, nodes, lookup)) == 12  # (not vacuous)

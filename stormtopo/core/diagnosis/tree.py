@@ -12,7 +12,7 @@ from stormtopo.core.diagnosis.findings import Finding, Level, _names, _plural
 from stormtopo.core.diagnosis.snapshot import Snapshot
 from stormtopo.core.topology.hypernodes import topology_from_hypernodes
 from stormtopo.core.topology.node_tier import exact_name
-from stormtopo.core.topology.selectors import NodesByLabel, selected_nodes
+from stormtopo.core.topology.selectors import NodeLookup, selected_nodes
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import MANAGED_BY_LABEL, NODE_TIER_LABEL, OPERATOR_NAME, TOPOLOGY_SOURCE_LABEL
 
@@ -123,7 +123,7 @@ def check_hypernodes(snapshot: Snapshot) -> list[Finding]:
     missing_nodes: list[str] = []
     missing_members: list[str] = []
     tiers: dict[str, int] = {name: int((hn.get("spec") or {}).get("tier", 1)) for name, hn in hypernodes.items()}
-    by_label = NodesByLabel(snapshot.nodes)  # (one index of the nodes for every selector)
+    lookup = NodeLookup(snapshot.nodes)  # (one index of the nodes for every selector)
     for name, hn in sorted(hypernodes.items()):
         for member in (hn.get("spec") or {}).get("members") or []:
             selector = member.get("selector") or {}
@@ -136,7 +136,7 @@ def check_hypernodes(snapshot: Snapshot) -> list[Finding]:
                 if child not in hypernodes:
                     missing_members.append(f"{name} names HyperNode {child}")
             elif member.get("type") == "Node":
-                for node in selected_nodes(selector, snapshot.nodes, by_label):
+                for node in selected_nodes(selector, snapshot.nodes, lookup):
                     node_parents.setdefault(node, set()).add(name)
                 named = exact_name(member)
                 if nodes_known and named and named not in snapshot.nodes:

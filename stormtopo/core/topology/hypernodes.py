@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stormtopo.core.topology.node_tier import node_tier_members
-from stormtopo.core.topology.selectors import NodesByLabel, selected_nodes
+from stormtopo.core.topology.selectors import NodeLookup, selected_nodes
 from stormtopo.core.topology.tree import NodeSpec, Switch, Topology, TopologyError
 from stormtopo.core.vocabulary import HYPERNODE_API, MANAGED_BY, MANAGED_BY_LABEL, OPERATOR_NAME
 
@@ -53,7 +53,7 @@ def topology_from_hypernodes(
     folded = node_tier_members(hypernodes)
     hypernodes = [hn for hn in hypernodes if hn["metadata"]["name"] not in folded]
     labels = _labels_by_node(nodes)
-    by_label = NodesByLabel(labels)
+    lookup = NodeLookup(labels)
     switches: dict[str, Switch] = {}
     parents: dict[str, str] = {}
     members: dict[str, NodeSpec] = {}
@@ -72,7 +72,7 @@ def topology_from_hypernodes(
                     children.append(child)
                     parents.setdefault(child, name)
             elif member.get("type") == "Node":
-                member_nodes |= selected_nodes(selector, labels, by_label)
+                member_nodes |= selected_nodes(selector, labels, lookup)
         switches[name] = Switch(name, int(spec.get("tier", 1)), None, tuple(children), tuple(sorted(member_nodes)))
         for node in sorted(member_nodes):
             members.setdefault(node, NodeSpec(node, name, 0, "0", "0"))

@@ -13,6 +13,7 @@ Volcano resolves HyperNode-type members by exactMatch only; regexMatch and label
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,15 +74,17 @@ def label_requirements(selector: Mapping[str, Any]) -> list[Requirement] | None:
     return requirements
 
 
-class NodesByLabel:
-    """`nodes` (name -> labels) by the value of a label, built for a key when first asked: a labelMatch that
-    requires one of some values reads only the nodes that have them. One per tree build, whose HyperNodes
-    select by a few keys: 512 leaves selected by label over 16,384 nodes cost 4.8 s scanning every node for
-    every leaf."""
+class NodeLookup:
+    """`nodes` (name -> labels) indexed for the selectors of many HyperNodes: by the value of a label, built for a
+    key when first asked (a labelMatch that requires one of some values reads only the nodes that have them),
+    and by name, sorted (a regexMatch anchored at the start reads only the names with its literal prefix). One
+    per tree build: 512 leaves over 16,384 nodes cost 4.8 s by label and 0.9 s by pattern, checking every node
+    for every leaf."""
 
     def __init__(self, nodes: Mapping[str, Mapping[str, str]]) -> None:
         self.nodes = nodes
         self._by_key: dict[str, dict[str, set[str]]] = {}
+        self._sorted: list[str] | None = None
 
     def having(self, key: str, values: frozenset[str]) -> set[str]:
         by_value = self._by_key.get(key)
@@ -92,10 +95,38 @@ class NodesByLabel:
                     by_value.setdefault(labels[key], set()).add(name)
         return set().union(*(by_value.get(value, ()) for value in values))
 
+    def named_from(self, prefix: str) -> list[str]:
+        """The names that begin with `prefix`."""
+        if self._sorted is None:
+            self._sorted = sorted(self.nodes)
+        start = bisect.bisect_left(self._sorted, prefix)
+        end = start
+        while end < len(self._sorted) and self._sorted[end].startswith(prefix):
+            end += 1
+        return self._sorted[start:end]
 
-def selected_nodes(selector: Mapping[str, Any], nodes: Mapping[str, Mapping[str, str]], by_label: NodesByLabel | None = None) -> set[str]:
+
+_SPECIAL = frozenset(".^$*+?{}[]\\|()")
+
+
+def literal_prefix(pattern: str) -> str:
+    """What every name a pattern matches begins with, where the pattern is anchored at the start ("^gpu-a-" ->
+    "gpu-a-"); "" where that cannot be said simply (not anchored, an alternation, flags, an escape)."""
+    if not pattern.startswith("^") or "|" in pattern:
+        return ""
+    prefix: list[str] = []
+    for char in pattern[1:]:
+        if char in _SPECIAL:
+            if char in "*?{" and prefix:  # its last character may be absent or repeated
+                prefix.pop()
+            break
+        prefix.append(char)
+    return "".join(prefix)
+
+
+def selected_nodes(selector: Mapping[str, Any], nodes: Mapping[str, Mapping[str, str]], lookup: NodeLookup | None = None) -> set[str]:
     """The nodes a Node-type member's selector names, among `nodes` (name -> labels); `by_label`: the same
-    nodes indexed by label, kept by a caller that resolves many selectors over them."""
+    nodes indexed, kept by a caller that resolves many selectors over them."""
     members: set[str] = set()
     exact = selector.get("exactMatch")
     if exact is not None:
@@ -108,7 +139,9 @@ def selected_nodes(selector: Mapping[str, Any], nodes: Mapping[str, Mapping[str,
             pattern = re.compile(str(regex.get("pattern") or ""))
         except re.error:
             return set()
-        members |= {name for name in nodes if pattern.search(name)}
+        prefix = literal_prefix(pattern.pattern)
+        names = (lookup or NodeLookup(nodes)).named_from(prefix) if prefix else nodes
+        members |= {name for name in names if pattern.search(name)}
     labels = selector.get("labelMatch")
     if labels is not None:
         requirements = label_requirements(labels)
@@ -116,7 +149,7 @@ def selected_nodes(selector: Mapping[str, Any], nodes: Mapping[str, Mapping[str,
             return set()
         narrowing = next((r for r in requirements if r.operator == "In"), None)
         if narrowing is not None:  # only the nodes with one of its values can match
-            candidates = (by_label or NodesByLabel(nodes)).having(narrowing.key, narrowing.values)
+            candidates = (lookup or NodeLookup(nodes)).having(narrowing.key, narrowing.values)
             members |= {name for name in candidates if all(r.matches(nodes[name]) for r in requirements)}
         elif requirements:  # an empty labelMatch adds nothing
             members |= {name for name, have in nodes.items() if all(r.matches(have) for r in requirements)}
