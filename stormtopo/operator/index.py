@@ -267,7 +267,7 @@ class Index:
     # its mapping itself, not a copy, handed over by the placement shell when a placement check needs them
     # (regexMatch and labelMatch HyperNodes select among all nodes, and a release pins by hostname).
     nodes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    nodes_read_at: float = float("-inf")  # monotonic; -inf: never
+    nodes_read_at: float = float("-inf")  # monotonic; -inf: never, or HyperNodes changed since
     _node_version: object = None  # of the labels the tree reads, as the reading counts their changes
     _node_reads: int = 0
     _selects: tuple[int, bool] | None = None  # (_hypernode_changes, some HyperNode selects by label or pattern)
@@ -293,6 +293,7 @@ class Index:
             else:
                 self.hypernodes[name] = slim(obj)
             self._hypernode_changes += 1
+            self.nodes_read_at = float("-inf")  # its selectors may read labels changed since: read them at the next look
             return
         store = {"StormService": self.stormservices, "RoleSet": self.rolesets, "PodGroup": self.podgroups, "Pod": self.pods}[kind]
         key = key_of(obj)

@@ -101,7 +101,9 @@ class NodeRoom:
     changes: int = 0  # counts every change of the reading: a plan over an unchanged reading need not be made again
     label_changes: int = 0  # counts every change of a node's labels (a node come or gone too)
     _nodes_changed: int = 0  # counts nodes come or gone
-    _key_changes: dict[str, int] = field(default_factory=dict)  # per label key, its changes on any node (admins' keys: few)
+    # Per label key some reader asked a version of (label_version: the HyperNodes' selectors', written by admins),
+    # its changes on any node; other keys are not counted (whoever may label a node could add keys without end).
+    _key_changes: dict[str, int] = field(default_factory=dict)
     _labels: tuple[int, dict[str, Mapping[str, str]]] | None = None  # every node's labels as last handed out, at label_changes
     _streams: WatchStreams | None = None
     _listed: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -159,7 +161,9 @@ class NodeRoom:
     def label_version(self, keys: frozenset[str]) -> tuple[int, tuple[tuple[str, int], ...]]:
         """A version of these labels of every node: it changes when a node comes or goes or one of them changes
         on some node, not for any other label (a tree over them need not be rebuilt for those)."""
-        return self._nodes_changed, tuple((key, self._key_changes.get(key, 0)) for key in sorted(keys))
+        for key in keys - self._key_changes.keys():  # counted from now: the key set itself is part of the version
+            self._key_changes[key] = 0
+        return self._nodes_changed, tuple((key, self._key_changes[key]) for key in sorted(keys))
 
     def labels_now(self) -> Mapping[str, Mapping[str, str]]:
         if self._labels is None or self._labels[0] != self.label_changes:
@@ -358,8 +362,8 @@ class NodeRoom:
                 self._nodes_changed += 1
             elif was[0] != facts[0]:
                 self.label_changes += 1
-                for key in {k for k in was[0].keys() | facts[0].keys() if was[0].get(k) != facts[0].get(k)}:
-                    self._key_changes[key] = self._key_changes.get(key, 0) + 1
+                for key in self._key_changes.keys() & {k for k in was[0].keys() | facts[0].keys() if was[0].get(k) != facts[0].get(k)}:
+                    self._key_changes[key] += 1
             self._nodes[name], self._facts[name] = reading, facts
             self._refresh_facts(name)
             self.changes += 1

@@ -65,16 +65,22 @@ def test_node_labels_are_one_mapping_until_a_label_changes() -> None:
 def test_the_version_of_some_labels_changes_with_them_and_with_the_nodes_only() -> None:
     room = NodeRoom(cast(Any, None), Loops())
     room._on_node(None, _node("n0", 8))
-    rack = frozenset({"rack"})
-    first = room.label_version(rack)
+    rack, nfd = frozenset({"rack"}), frozenset({"nfd/cpu"})
+    first, nfd_first = room.label_version(rack), room.label_version(nfd)
     room._on_node(None, {**_node("n0", 8), "metadata": {"name": "n0", "labels": {"nfd/cpu": "x"}}})
-    assert room.label_version(rack) == first != room.label_version(frozenset({"nfd/cpu"}))  # another label
+    assert room.label_version(rack) == first and room.label_version(nfd) != nfd_first  # another label
     room._on_node(None, {**_node("n0", 8), "metadata": {"name": "n0", "labels": {"nfd/cpu": "x", "rack": "r1"}}})
     assert (second := room.label_version(rack)) != first
     room._on_node(None, _node("n1", 8))
     assert (third := room.label_version(rack)) != second  # a node come
     room._on_node("DELETED", _node("n1", 8))
-    assert room.label_version(rack) != third  # and gone
+    assert (fourth := room.label_version(rack)) != third  # and gone
+    room._on_node(None, {**_node("n0", 8), "metadata": {"name": "n0", "labels": {"nfd/cpu": "x"}}})
+    assert room.label_version(rack) != fourth  # a label it reads taken off
+    # Only the keys asked about are counted: a node labelled with ever new keys keeps nothing per key.
+    for i in range(50):
+        room._on_node(None, {**_node("n0", 8), "metadata": {"name": "n0", "labels": {f"evil.example/k{i}": "x"}}})
+    assert set(room._key_changes) == {"rack", "nfd/cpu"}
 
 
 def test_lists_once_then_follows_the_watch(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import hashlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from stormtopo.core.topology.selectors import selected_nodes
+from stormtopo.core.topology.selectors import NodeLookup, selected_nodes
 from stormtopo.core.topology.tree import NAME_MAX, NodeSpec, Switch, Topology
 from stormtopo.core.vocabulary import HYPERNODE_API, MANAGED_BY, MANAGED_BY_LABEL, NODE_TIER_LABEL, OPERATOR_NAME, TOPOLOGY_SOURCE_LABEL
 from stormtopo.core.writes import CreateHyperNode, DeleteHyperNode, SetHyperNodeMembers, Write
@@ -401,6 +401,8 @@ def _selecting(
     for hn in current.values():
         names |= {n for m in (hn.get("spec") or {}).get("members") or [] if m.get("type") == "Node" and (n := exact_name(m))}
     labels: Mapping[str, Mapping[str, str]] = node_labels if node_labels is not None else {n: {} for n in names}
+    named = {n: labels.get(n, {}) for n in names}
+    lookup = NodeLookup(named)  # one for every member (at 16,384 nodes a scan per member cost seconds)
     out: dict[str, set[str]] = {}
     for name, hn in current.items():
         if name in ours:
@@ -411,7 +413,7 @@ def _selecting(
             elif m.get("type") == "Node":
                 selector = m.get("selector") or {}
                 blind = "labelMatch" in selector and node_labels is None
-                selected = set(names) if blind else selected_nodes(selector, {n: labels.get(n, {}) for n in names})
+                selected = set(names) if blind else selected_nodes(selector, named, lookup)
             else:
                 continue
             for node in selected:

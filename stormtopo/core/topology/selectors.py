@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,8 +125,10 @@ def literal_prefix(pattern: str) -> str:
 
 
 def selected_nodes(selector: Mapping[str, Any], nodes: Mapping[str, Mapping[str, str]], lookup: NodeLookup | None = None) -> set[str]:
-    """The nodes a Node-type member's selector names, among `nodes` (name -> labels); `by_label`: the same
-    nodes indexed, kept by a caller that resolves many selectors over them."""
+    """The nodes a Node-type member's selector names, among `nodes` (name -> labels); `lookup`: those nodes
+    indexed, kept by a caller that resolves many selectors over them (one over other nodes is not used)."""
+    if lookup is not None and lookup.nodes is not nodes:
+        lookup = None
     members: set[str] = set()
     exact = selector.get("exactMatch")
     if exact is not None:
@@ -140,7 +142,10 @@ def selected_nodes(selector: Mapping[str, Any], nodes: Mapping[str, Mapping[str,
         except re.error:
             return set()
         prefix = literal_prefix(pattern.pattern)
-        names = (lookup or NodeLookup(nodes)).named_from(prefix) if prefix else nodes
+        if lookup is not None and prefix:
+            names: Iterable[str] = lookup.named_from(prefix)
+        else:  # (one selector alone: no sort of every name for it)
+            names = (name for name in nodes if name.startswith(prefix))
         members |= {name for name in names if pattern.search(name)}
     labels = selector.get("labelMatch")
     if labels is not None:
