@@ -242,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=16_384, help="nodes of 8 GPUs, filled (default 16,384)")
     p.add_argument("--rounds", type=int, default=20, help="held replicas planned, one change of the reading before each (default 20)")
     p = add(
+        "node-tier-stall",
+        run_node_tier_stall,
+        "the leader's event loop while the node tier keeps its short lists current over 16,384 nodes (no cluster).",
+        "node-tier-stall.json",
+    )
+    p.add_argument("--spines", type=int, default=16, help="spines of 32 leaves of 32 nodes of 8 GPUs (default 16: 16,384 nodes)")
+    p.add_argument("--rounds", type=int, default=20, help="passes, a few pods ended and bound on listed nodes before each (default 20)")
+    p = add(
         "memory",
         run_memory,
         "the operator's memory at 10,000 StormServices, 100,000 admitted pods and 4,096 nodes, follower and leader (simulated).",
@@ -580,6 +588,16 @@ def run_room_stall(args: argparse.Namespace, command: str) -> int:
 
     result = room_stall.run(args.nodes, args.rounds)
     path = record.write(args.name or "room-stall", command, result)
+    print(f"results: {path}")
+    _print_json(result)
+    return 0
+
+
+def run_node_tier_stall(args: argparse.Namespace, command: str) -> int:
+    from bench import node_tier_stall
+
+    result = node_tier_stall.run(args.spines, args.rounds)
+    path = record.write(args.name or "node-tier-stall", command, result)
     print(f"results: {path}")
     _print_json(result)
     return 0

@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "preemption",
     "loop-stall",
     "room-stall",
+    "node-tier-stall",
     "collector",
     "optin-creates",
     "memory",

@@ -35,9 +35,13 @@ def hypernode_manifests(topology: Topology) -> list[dict[str, Any]]:
     return [hypernode_manifest(topology, s) for s in ordered]
 
 
-def _labels_by_node(nodes: Mapping[str, Mapping[str, str]] | Iterable[str]) -> dict[str, Mapping[str, str]]:
-    # A mapping to anything but labels (free GPUs per node, say) gives the names alone.
+def _labels_by_node(nodes: Mapping[str, Mapping[str, str]] | Iterable[str]) -> Mapping[str, Mapping[str, str]]:
+    # A mapping to anything but labels (free GPUs per node, say) gives the names alone. Node labels themselves are
+    # taken as they are (the operator's 16,384 nodes: no copy per tree).
     if isinstance(nodes, Mapping):
+        first = next(iter(nodes.values()), {})
+        if isinstance(first, Mapping):
+            return nodes
         return {str(n): (labels if isinstance(labels, Mapping) else {}) for n, labels in nodes.items()}
     return {str(n): {} for n in nodes}
 
@@ -72,6 +76,10 @@ def topology_from_hypernodes(
                     children.append(child)
                     parents.setdefault(child, name)
             elif member.get("type") == "Node":
+                if len(selector) == 1 and (exact := selector.get("exactMatch")) is not None:  # (most members: one name)
+                    if exact.get("name"):
+                        member_nodes.add(str(exact["name"]))
+                    continue
                 member_nodes |= selected_nodes(selector, labels, lookup)
         switches[name] = Switch(name, int(spec.get("tier", 1)), None, tuple(children), tuple(sorted(member_nodes)))
         for node in sorted(member_nodes):
