@@ -39,7 +39,7 @@ def _labels_by_node(nodes: Mapping[str, Mapping[str, str]] | Iterable[str]) -> M
     # A mapping to anything but labels (free GPUs per node, say) gives the names alone. Node labels themselves are
     # taken as they are (the operator's 16,384 nodes: no copy per tree).
     if isinstance(nodes, Mapping):
-        first = next(iter(nodes.values()), {})
+        first: object = next(iter(nodes.values()), {})
         if isinstance(first, Mapping):
             return nodes
         return {str(n): (labels if isinstance(labels, Mapping) else {}) for n, labels in nodes.items()}
