@@ -26,7 +26,7 @@ from stormtopo.core.reconciliation import ServiceSnapshot
 from stormtopo.core.replica import KnownNodes, ReplicaSnapshot
 from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import ClusterTiers
-from stormtopo.core.topology.hypernodes import selector_label_keys, selects_among_nodes, topology_from_hypernodes
+from stormtopo.core.topology.hypernodes import TreeMemo, selector_label_keys, selects_among_nodes, topology_from_hypernodes
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import (
     AIBRIX,
@@ -272,6 +272,7 @@ class Index:
     _node_reads: int = 0
     _selects: tuple[int, bool] | None = None  # (_hypernode_changes, some HyperNode selects by label or pattern)
     _topology: tuple[int, int, Topology, KnownNodes] | None = None  # (_hypernode_changes, _node_reads, tree, nodes)
+    _tree_memo: TreeMemo = field(default_factory=TreeMemo)  # what the last build resolved, for the next
 
     # -- watch events --------------------------------------------------------------------------
     def observe(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
@@ -528,7 +529,7 @@ class Index:
         changes, reads = self._hypernode_changes, self._node_reads
         if self._topology is None or self._topology[:2] != (changes, reads):
             hypernodes = list(self.hypernodes.values())
-            tree = topology_from_hypernodes(hypernodes, self.nodes)
+            tree = topology_from_hypernodes(hypernodes, self.nodes, self._tree_memo)
             hostnames = {node: labels.get(HOSTNAME_LABEL, "") for node, labels in self.nodes.items()}
             self._topology = (changes, reads, tree, KnownNodes(hostnames, shapes_tree=selects_among_nodes(hypernodes)))
         return self._topology[2], self._topology[3]
