@@ -152,8 +152,7 @@ def test_a_tree_built_over_the_last_builds_memo_is_the_tree_built_afresh() -> No
     same()
     hns["exact"] = hypernode("exact", 1, *[("Node", {"exactMatch": {"name": f"n{i}"}}) for i in range(2)])  # a new object
     same()
-    tier0 = {"metadata": {"name": "n5.node"}, "spec": {"tier": 0, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "n5"}}}]}}
-    hns["n5.node"] = tier0
+    hns["n5.node"] = hypernode("n5.node", 0, ("Node", {"exactMatch": {"name": "n5"}}))
     folding = ("HyperNode", {"exactMatch": {"name": "n5.node"}})
     hns["exact"] = hypernode("exact", 1, ("Node", {"exactMatch": {"name": "n0"}}), folding)
     same()
