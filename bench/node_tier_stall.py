@@ -99,7 +99,8 @@ async def passes(spines: int, rounds: int, seed: int) -> dict[str, Any]:
         index.observe("HyperNode", "ADDED", copy.deepcopy(manifest))
     room = NodeRoom(cast(Any, None), Loops())
     for node in nodes:
-        room._on_node("ADDED", {"metadata": {"name": node}, "status": {"allocatable": {GPU: "8"}}})
+        labels = {"kubernetes.io/hostname": node, "topology.example/rack": node[:8]}
+        room._on_node("ADDED", {"metadata": {"name": node, "labels": labels}, "status": {"allocatable": {GPU: "8"}}})
     pods = {node: _pod(f"on-{node}", node, gpus) for node, gpus in used.items()}
     for pod in pods.values():
         room._on_pod("ADDED", pod)
@@ -109,6 +110,8 @@ async def passes(spines: int, rounds: int, seed: int) -> dict[str, Any]:
     room._streams = cast(Any, object())  # (followed already: no watch is started)
     gc.collect()
     gc.freeze()  # what the operator had loaded by the time it was ready
+    # The labels as the placement path hands them over (a held pod is pinned by hostname): the tree built over them.
+    index.set_nodes(room.labels_now(), time.monotonic())
     tier = NodeTier(index, cast(Any, api), room)
     await tier.check()  # the first pass: every leaf's list written, before the minute measured
     first_writes = api.writes
@@ -181,6 +184,7 @@ if __name__ == "__main__":  # the child: the operator of its source tree, as it 
     import stormtopo.operator.app  # noqa: F401  (kopf, aiohttp and every module the operator imports)
     from stormtopo.operator import collector
 
+    sys.setswitchinterval(0.0005)  # (stormtopo/operator/__main__.py, in both arms' operators)
     collector.install()  # (operator/app.py's run installs it first)
     spines_, rounds_, seed_ = (int(a) for a in sys.argv[1:4])
     print(json.dumps(asyncio.run(passes(spines_, rounds_, seed_))))

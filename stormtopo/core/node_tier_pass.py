@@ -37,7 +37,7 @@ class NodeTierReading:
     """What one pass reads: the HyperNodes as the watch has them, and the GPUs per node from the free-room
     reading (`free`: nodes that take new pods only)."""
 
-    hypernodes: Collection[Mapping[str, Any]]  # (a view of the index's: read within the pass, never kept)
+    hypernodes: Collection[Mapping[str, Any]]  # (a tuple of the index's: planned on a thread while the watch goes on)
     hypernode_changes: int  # the index's count of HyperNode changes: the tree's version
     free: Mapping[str, int] = field(default_factory=dict)
     allocatable: Mapping[str, int] = field(default_factory=dict)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from stormtopo.core.node_tier_pass import NodeTierMemory, NodeTierPlan, NodeTierReading, plan_off, plan_pass, refusals_to_say
@@ -47,6 +48,9 @@ class NodeTier:
     # operator/replica.py read_nodes, from the free-room reading, the one owner of node labels.
     read_nodes: Callable[[], Awaitable[None]] | None = None
     _memory: NodeTierMemory = field(default_factory=NodeTierMemory)  # as the planners returned it (core/node_tier_pass.py)
+    # Its passes are planned here (at 16,384 nodes a pass where anything moved is 130 to 150 ms): on the event loop
+    # they would hold every admission that long; in asyncio's default pool, a worker the API calls need.
+    _planner: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="node-tier-planner"))
 
     async def check(self) -> None:
         """One pass (a loop of the operator runs it every NODE_TIER_INTERVAL); an exception goes to the
@@ -54,7 +58,8 @@ class NodeTier:
         if not self.leading():
             return
         if not self.enabled:
-            plan = plan_off(list(self.index.hypernodes.values()), self.index.hypernode_changes, self._memory)
+            hypernodes = tuple(self.index.hypernodes.values())
+            plan = await self._planned(plan_off, hypernodes, self.index.hypernode_changes, self._memory)
             if plan.writes:
                 log.info("node tier off: %d HyperNode writes put the leaves back", len(plan.writes))
             await self._carry_out(plan)
@@ -76,9 +81,7 @@ class NodeTier:
             named_leaves=self.named_leaves,
             keep_runs=self.keep_runs,
         )
-        # On a thread: at 16,384 nodes a pass where anything moved is about 130 ms of CPU, which on the event
-        # loop would hold every admission that long, each pass of a busy cluster.
-        plan = await asyncio.to_thread(plan_pass, reading, self._memory)
+        plan = await self._planned(plan_pass, reading, self._memory)
         self._memory = plan.memory
         for line in plan.said:
             log.warning("node tier: %s", line)
@@ -87,6 +90,9 @@ class NodeTier:
         if plan.writes:
             log.info("node tier: %d HyperNode writes", len(plan.writes))
         await self._carry_out(plan)
+
+    async def _planned(self, planner: Callable[..., NodeTierPlan], *args: object) -> NodeTierPlan:
+        return await asyncio.get_running_loop().run_in_executor(self._planner, planner, *args)
 
     def _node_labels(self) -> Mapping[str, Mapping[str, str]] | None:
         """The labels labelMatch members read; None (planned blind: such a member may select any node, and no

@@ -165,3 +165,5 @@ def test_a_tree_built_over_the_last_builds_memo_is_the_tree_built_afresh() -> No
     del hns["by-label"]
     same()
     assert set(memo.resolved) == set(hns)  # nothing gone is kept
+    # Only a HyperNode that selects by label or pattern keeps the labels it was resolved over (older ones not kept alive).
+    assert memo.resolved["spine"][1] is None and memo.resolved["exact"][1] is None and memo.resolved["by-name"][1] is labels

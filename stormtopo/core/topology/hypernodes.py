@@ -37,7 +37,8 @@ def hypernode_manifests(topology: Topology) -> list[dict[str, Any]]:
 
 def _labels_by_node(nodes: Mapping[str, Mapping[str, str]] | Iterable[str]) -> Mapping[str, Mapping[str, str]]:
     # A mapping to anything but labels (free GPUs per node, say) gives the names alone. Node labels themselves are
-    # taken as they are (the operator's 16,384 nodes: no copy per tree).
+    # taken as they are (the operator's 16,384 nodes: no copy per tree), judged by their first value: every caller
+    # gives name -> labels for every node, or no labels at all.
     if isinstance(nodes, Mapping):
         first: object = next(iter(nodes.values()), {})
         if isinstance(first, Mapping):
@@ -109,7 +110,8 @@ def topology_from_hypernodes(
         if kept is not None and kept[0] is hn and (not kept[2].by_nodes or kept[1] is labels):
             resolved[name] = kept
         else:
-            resolved[name] = (hn, labels, _resolve(hn, labels, lookup))
+            these = _resolve(hn, labels, lookup)
+            resolved[name] = (hn, labels if these.by_nodes else None, these)  # (no older labels kept alive for nothing)
         these = resolved[name][2]
         member_nodes = these.nodes
         if any(child in folded for child in these.children):
