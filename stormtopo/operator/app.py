@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import kopf
 from aiohttp import web
@@ -102,18 +103,18 @@ class CertificateReloader:
         await run_every(Loop("certificate-reloader", self.interval, time.monotonic()), self.interval, self.check)
 
 
-def detect_volcano(index: Index) -> bool:
-    """Volcano's PodGroup fields and its HyperNodes; False while the HyperNode CRD is missing.
+def detect_volcano(index: Index) -> list[dict[str, Any]] | None:
+    """Volcano's PodGroup fields, and its HyperNodes listed (for the event loop to load: Index.prime); None while
+    the HyperNode CRD is missing. API calls: run on a thread.
 
     Without Volcano installed yet (day one) the operator still starts: the webhook serves, requests
     that need a missing field get the "Volcano too old" Event, and this runs again until it is there."""
     index.detect_volcano_fields()  # a missing PodGroup CRD reads as no topology fields
     try:
-        index.prime()
+        return index.list_hypernodes()
     except NotFound:
         log.warning("HyperNode CRD (topology.volcano.sh) not installed: is Volcano? Checking again soon")
-        return False
-    return True
+        return None
 
 
 class VolcanoWatch:
@@ -128,8 +129,10 @@ class VolcanoWatch:
         if self.primed:
             await asyncio.to_thread(self.index.detect_volcano_fields)
             return
-        self.primed = await asyncio.to_thread(detect_volcano, self.index)
-        if self.primed:
+        listed = await asyncio.to_thread(detect_volcano, self.index)
+        if listed is not None:  # loaded here, on the event loop, which the index belongs to
+            self.index.prime(listed)
+            self.primed = True
             log.info("Volcano's HyperNode CRD found: %d HyperNodes loaded", len(self.index.hypernodes))
 
 
@@ -308,7 +311,10 @@ class Drain:
 
 async def _start_volcano_detection(index: Index, loops: Loops, interval: float) -> None:
     try:
-        primed = await asyncio.to_thread(detect_volcano, index)
+        listed = await asyncio.to_thread(detect_volcano, index)
+        if listed is not None:
+            index.prime(listed)
+        primed = listed is not None
     except Exception:  # the API server not reachable yet: serve anyway, detect later
         log.exception("detecting Volcano's CRDs failed; retrying in %.0f s", interval)
         primed = False

@@ -563,9 +563,14 @@ class Index:
         if values != self.priority_values:
             self.priority_values = values
 
-    def prime(self) -> None:
-        """Load HyperNodes before the webhook serves, so the first admission knows the cluster's tiers."""
-        for hypernode in self.api.list_objects(VOLCANO_TOPOLOGY, "hypernodes"):
+    def list_hypernodes(self) -> list[dict[str, Any]]:
+        """Every HyperNode, read from the API (on a thread: Index.prime loads them)."""
+        return list(self.api.list_objects(VOLCANO_TOPOLOGY, "hypernodes"))
+
+    def prime(self, hypernodes: list[dict[str, Any]]) -> None:
+        """Load HyperNodes before the webhook serves, so the first admission knows the cluster's tiers. On the event
+        loop: the index is the loop's (a thread observing while the loop reads it would change what the loop iterates)."""
+        for hypernode in hypernodes:
             self.observe("HyperNode", None, hypernode)
 
     # -- lookups for admission -----------------------------------------------------------------

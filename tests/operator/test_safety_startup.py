@@ -4,6 +4,7 @@ and new PodGroup fields, when they are installed later."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -18,27 +19,33 @@ class FakeIndex:
         self.installed = False
         self.detections = 0
         self.hypernodes: dict[str, object] = {}
+        self.primed_on: threading.Thread | None = None
 
     def detect_volcano_fields(self) -> None:
         self.detections += 1
 
-    def prime(self) -> None:
+    def list_hypernodes(self) -> list[dict[str, object]]:
         if not self.installed:
             raise ApiError.of(404, "GET", "/apis/topology.volcano.sh/v1alpha1/hypernodes", "404 page not found")
-        self.hypernodes["s0"] = {}
+        return [{"metadata": {"name": "s0"}}]
+
+    def prime(self, hypernodes: list[dict[str, object]]) -> None:
+        self.primed_on = threading.current_thread()
+        for hypernode in hypernodes:
+            self.hypernodes[str(hypernode["metadata"]["name"])] = hypernode  # type: ignore[index]
 
 
 def test_a_missing_hypernode_crd_is_a_warning_not_a_crash(caplog: pytest.LogCaptureFixture) -> None:
     index = FakeIndex()
-    assert detect_volcano(index) is False  # type: ignore[arg-type]
+    assert detect_volcano(index) is None  # type: ignore[arg-type]
     assert "HyperNode CRD (topology.volcano.sh) not installed" in caplog.text
     index.installed = True
-    assert detect_volcano(index) is True and index.hypernodes  # type: ignore[arg-type]
+    assert detect_volcano(index) == [{"metadata": {"name": "s0"}}] and not index.hypernodes  # type: ignore[arg-type]
 
 
 def test_other_api_errors_are_not_hidden() -> None:
     class Forbidden(FakeIndex):
-        def prime(self) -> None:
+        def list_hypernodes(self) -> list[dict[str, object]]:
             raise ApiError.of(403, "GET", "/apis/topology.volcano.sh/v1alpha1/hypernodes", "forbidden")
 
     with pytest.raises(ApiError):
@@ -56,7 +63,7 @@ def test_crds_installed_later_are_picked_up_and_capabilities_re_detected() -> No
             if index.hypernodes:
                 break
             await asyncio.sleep(0.05)
-        assert index.hypernodes
+        assert index.hypernodes and index.primed_on is threading.main_thread()  # (listed on a thread, loaded on the loop)
         before = index.detections
         await asyncio.sleep(0.2)
         assert index.detections > before  # capabilities keep being re-read (a Volcano upgrade)
