@@ -28,15 +28,12 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, cast
 
-from bench.room_stall import REPO, operator_of
+from bench.room_stall import alternating
 
 BEFORE = "b477526"  # each node tier pass planned on the event loop
-RUNS = 2  # children per arm, alternating
 PREFIX = "/apis/topology.volcano.sh/v1alpha1/hypernodes"
 GPU = "nvidia.com/gpu"
 
@@ -150,25 +147,9 @@ async def passes(spines: int, rounds: int, seed: int) -> dict[str, Any]:
     }
 
 
-def _in_child(source: Path, spines: int, rounds: int, seed: int) -> dict[str, Any]:
-    import subprocess
-
-    env = {"MALLOC_ARENA_MAX": "2", "PATH": "", "PYTHONPATH": f"{source}:{REPO}"}
-    args = [sys.executable, __file__, str(spines), str(rounds), str(seed)]
-    done = subprocess.run(args, cwd=source, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-2000:])
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
-
-
 def run(spines: int, rounds: int, seed: int = 3, before: str = BEFORE) -> dict[str, Any]:
-    out: dict[str, Any] = {"spines": spines, "seed": seed, "before_commit": before, "runs": {"before": [], "after": []}}
-    with tempfile.TemporaryDirectory() as tmp:
-        sources = {"before": operator_of(before, Path(tmp)), "after": REPO}
-        for _ in range(RUNS):
-            for arm in ("before", "after"):
-                out["runs"][arm].append(_in_child(sources[arm], spines, rounds, seed))
-                print(f"  {arm}: longest stall {out['runs'][arm][-1]['longest_stall_ms']} ms", flush=True)
+    runs = alternating(__file__, [str(spines), str(rounds), str(seed)], before)
+    out: dict[str, Any] = {"spines": spines, "seed": seed, "before_commit": before, "runs": runs}
     for arm in ("before", "after"):
         runs = out["runs"][arm]
         out[arm] = {key: max(r[key] for r in runs) for key in ("longest_stall_ms", "webhook_p99_ms", "tree_on_loop_ms_max")}

@@ -141,23 +141,31 @@ def operator_of(commit: str, into: Path) -> Path:
     return into
 
 
-def _in_child(source: Path, nodes: int, rounds: int, seed: int) -> dict[str, Any]:
+def in_child(script: str, source: Path, argv: list[str]) -> dict[str, Any]:
+    """One run of an arm: `script` in a fresh interpreter that imports the operator of `source` first; its last line."""
     env = {"MALLOC_ARENA_MAX": "2", "PATH": "", "PYTHONPATH": f"{source}:{REPO}"}
-    args = [sys.executable, __file__, str(nodes), str(rounds), str(seed)]
-    done = subprocess.run(args, cwd=source, capture_output=True, text=True, env=env)
+    done = subprocess.run([sys.executable, script, *argv], cwd=source, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def run(nodes: int, rounds: int, seed: int = 1, before: str = BEFORE) -> dict[str, Any]:
-    out: dict[str, Any] = {"nodes": nodes, "seed": seed, "before_commit": before, "runs": {"before": [], "after": []}}
+def alternating(script: str, argv: list[str], before: str) -> dict[str, list[dict[str, Any]]]:
+    """RUNS runs of each arm, alternating (the machine is shared and drifts): the operator of commit `before`, from
+    git archive, and this checkout's."""
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
         sources = {"before": operator_of(before, Path(tmp)), "after": REPO}
         for _ in range(RUNS):
             for arm in ("before", "after"):
-                out["runs"][arm].append(_in_child(sources[arm], nodes, rounds, seed))
-                print(f"  {arm}: longest stall {out['runs'][arm][-1]['longest_stall_ms']} ms", flush=True)
+                runs[arm].append(in_child(script, sources[arm], argv))
+                print(f"  {arm}: longest stall {runs[arm][-1]['longest_stall_ms']} ms", flush=True)
+    return runs
+
+
+def run(nodes: int, rounds: int, seed: int = 1, before: str = BEFORE) -> dict[str, Any]:
+    runs = alternating(__file__, [str(nodes), str(rounds), str(seed)], before)
+    out: dict[str, Any] = {"nodes": nodes, "seed": seed, "before_commit": before, "runs": runs}
     for arm in ("before", "after"):
         runs = out["runs"][arm]
         out[arm] = {key: max(r[key] for r in runs) for key in ("longest_stall_ms", "webhook_p99_ms", "reading_on_loop_ms_max")}
