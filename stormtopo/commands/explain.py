@@ -13,13 +13,13 @@ from stormtopo.commands.report import NotFound, cluster_view, print_report
 from stormtopo.core.explanation import allowed_tier, explain
 from stormtopo.core.moves import recorded_time
 from stormtopo.core.narrowing import narrowed_tier, narrowing_ends, narrowing_held
-from stormtopo.core.placement import placement_record
+from stormtopo.core.placement import is_held_for_room, is_live, placement_record
 from stormtopo.core.priority import known_replica_priority
 from stormtopo.core.priority import priority_values as class_values
 from stormtopo.core.replica import ReplicaSnapshot, gang_name, replica_state
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.spread import replicas_per_domain, spread_tier
-from stormtopo.core.vocabulary import AIBRIX, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
+from stormtopo.core.vocabulary import AIBRIX, DOMAIN_GATE, ROOM_GATE, STORMSERVICE_LABEL, VOLCANO_SCHEDULING
 from stormtopo.core.volcano_conf import SchedulerConf
 from stormtopo.kube.client import Api, Forbidden, Unauthorized
 from stormtopo.kube.errors import KubeError
@@ -74,6 +74,9 @@ def explain_stormservice(api: Api, namespace: str, name: str, scheduler_configma
         narrowed = narrowed_tier(podgroup, request, tiers, time.time()) if held and request else None
         if narrowed is not None:  # a soft replica held hard while Volcano preempts for it (core/narrowing.py)
             entry["narrowed"] = {"tier": narrowed, "until": recorded_time(narrowing_ends(podgroup) or 0.0)}
+        gated = {"room": sum(1 for p in pods if is_held_for_room(p) and is_live(p)), "spread": len(state.held)}
+        if any(gated.values()):  # pods Volcano does not see yet: why, and where its Events say more
+            entry["held"] = gated
         if state.created and state.complete:
             entry["placed"] = placement_record(topology, nodes)
         else:
@@ -143,6 +146,18 @@ def render(report: Mapping[str, Any]) -> list[str]:
             lines.append(
                 f"    held hard within tier {narrowed['tier']} until {narrowed['until']}, so that Volcano's gangpreempt takes its "
                 "victims within one domain (stormtopo.io/narrowed); then as its request asks"
+            )
+        held = entry.get("held") or {}
+        if held.get("room"):
+            lines.append(
+                f"    {held['room']} pod(s) held at stormtopo's gate {ROOM_GATE} while it plans how the replica preempts (at most "
+                "the preemption hold, 30 s by default, from its oldest pod): its Events say what it decided (ReplicaNarrowed, "
+                "ReplicaNotNarrowed, ReplicaWaitingForRoom, ReplicaPreempting, ReplicaLetGo)"
+            )
+        if held.get("spread"):
+            lines.append(
+                f"    {held['spread']} pod(s) held at stormtopo's gate {DOMAIN_GATE} until a sibling replica is placed "
+                "(replicas of a spread service are let go one at a time)"
             )
         pending = entry.get("pending")
         if pending:

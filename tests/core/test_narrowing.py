@@ -122,6 +122,12 @@ def test_explain_says_a_pending_replica_is_held_hard_until_its_narrowing_ends() 
     assert "    held hard within tier 1 until 2027-01-15T08:02:00Z, so that Volcano's gangpreempt takes its victims" in "\n".join(lines)
     plain = render({"namespace": "ns", "stormservice": "svc", "request": "soft within tier 2, scope RoleSet", "replicas": [entry]})
     assert not any("held hard" in line for line in plain)
+    assert not any("gate" in line for line in plain)
+    # Pods at stormtopo's gates, which Volcano does not see yet: why, and which Events say what was decided.
+    gated = entry | {"held": {"room": 2, "spread": 0}}
+    lines = render({"namespace": "ns", "stormservice": "svc", "request": "soft within tier 2, scope RoleSet", "replicas": [gated]})
+    assert "    2 pod(s) held at stormtopo's gate stormtopo.io/room while it plans how the replica preempts" in "\n".join(lines)
+    assert "ReplicaWaitingForRoom" in "\n".join(lines) and "stormtopo.io/domain" not in "\n".join(lines)
 
 
 def test_a_plan_narrows_when_it_writes_the_record_whether_or_not_the_podgroup_had_annotations() -> None:
