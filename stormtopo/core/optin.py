@@ -28,7 +28,7 @@ This module is the pure part: keys, the label and the policy objects (the gate's
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stormtopo.core.jsonpatch import pointer
@@ -131,18 +131,29 @@ def opt_in_patch(operation: str, stormservice: Mapping[str, Any], old: Mapping[s
     return label_roles(stormservice)
 
 
-def listing(stormservice: Mapping[str, Any] | None, prefix_shared_with: str | None = None) -> str | None:
+def listing(
+    stormservice: Mapping[str, Any] | None, prefix_shared_with: str | None = None, rolesets: Iterable[Mapping[str, Any]] = ()
+) -> str | None:
     """What its namespace's ConfigMap says of a StormService: nothing unless it carries a network-topology
     annotation (valid or not: an invalid one keeps its last valid constraint). Then its scope, with
     MOVABLE after it while it is movable (the chart's eviction policy lets stormtopo evict pods of those
     services only); a service whose role templates all carry OPTED_IN_LABEL is held by that label, and
-    listed only while it is movable."""
+    listed only while it is movable, or while one of its `rolesets` (its replicas, as the reconciler knows
+    them) still has a role without it: a service opted in by an update whose owner labelled its templates in a
+    rollout stays listed until its last replica of the old templates is gone (AIBrix may still make pods of
+    it, which carry no label)."""
     annotations = ((stormservice or {}).get("metadata") or {}).get("annotations") or {}
     if not is_opted_in(annotations):
         return None
     if movable(stormservice, prefix_shared_with):
         return written_scope(annotations).value + MOVABLE
-    return None if labelled(stormservice) else written_scope(annotations).value
+    held_by_label = labelled(stormservice) and all(_roleset_labelled(r) for r in rolesets)
+    return None if held_by_label else written_scope(annotations).value
+
+
+def _roleset_labelled(roleset: Mapping[str, Any]) -> bool:
+    roles = (roleset.get("spec") or {}).get("roles")
+    return isinstance(roles, list) and bool(roles) and all(OPTED_IN_LABEL in _role_labels(role) for role in roles)
 
 
 def _has_all(of: str, *fields: str) -> str:

@@ -68,7 +68,8 @@ def plan_stormservice(snapshot: ServiceSnapshot, said: str | None = None, now: f
     if say is not None and verdict == said:
         say = None
     meta = snapshot.stormservice["metadata"]
-    listed = ListOptedIn(meta.get("namespace", ""), meta["name"], listing(snapshot.stormservice, snapshot.prefix_shared_with))
+    scope = listing(snapshot.stormservice, snapshot.prefix_shared_with, snapshot.rolesets)
+    listed = ListOptedIn(meta.get("namespace", ""), meta["name"], scope)
     if isinstance(request, RequestError):
         # Bad input changes nothing (the Warning says why), but a move's hold is no request: it is let go.
         return ServicePlan(tuple(_let_go(snapshot)), verdict, say, invalid=True, listing=listed)

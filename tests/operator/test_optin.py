@@ -150,6 +150,28 @@ def test_a_new_opted_in_service_gets_the_label_on_every_role_template_and_keeps_
     assert not labelled(service(annotations=HARD))  # no roles: nothing held by a label, listed as before
 
 
+def test_a_service_its_owner_labels_in_a_rollout_stays_listed_until_its_last_replica_of_the_old_templates_is_gone() -> None:
+    """A service opted in by an update is held by its namespace's list; once its owner puts the label on its role
+    templates (a rollout of its own), the label holds its new pods. AIBrix may still make pods of a replica of the
+    old templates, which carry no label: listed until none is left."""
+    from stormtopo.core.reconciliation import ServiceSnapshot, plan_stormservice
+    from stormtopo.core.request import ClusterTiers
+
+    labels = {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}}
+    rolled = with_roles(service(annotations=HARD), labels, labels)
+
+    def roleset(name: str, *templates: dict[str, Any]) -> dict[str, Any]:
+        meta = {"name": name, "namespace": "ns", "uid": name}
+        return {"metadata": meta, "spec": {"roles": [{"name": f"r{i}", "template": t} for i, t in enumerate(templates)]}}
+
+    old, new = roleset("svc-old", {}, labels), roleset("svc-new", labels, labels)
+    assert listing(rolled, None, [old, new]) == "RoleSet" and listing(rolled, None, [new]) is None and listing(rolled) is None
+    assert listing(rolled, None, [{"metadata": {"name": "x"}, "spec": {}}]) == "RoleSet"  # (roles unknown: listed)
+    during = plan_stormservice(ServiceSnapshot(rolled, (old, new), {}, ClusterTiers()))
+    after = plan_stormservice(ServiceSnapshot(rolled, (new,), {}, ClusterTiers()))
+    assert during.listing.scope == "RoleSet" and after.listing.scope is None
+
+
 def test_an_update_keeps_the_label_only_where_the_stored_version_had_it_on_every_role() -> None:
     """A re-apply of a manifest without the label (server-side apply drops it) or a new role: labelled
     again, so the update rolls nothing. An opt-in by update: untouched (labelling would roll every
