@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stormtopo.core.optin import LABEL_POLICY, MOVABLE, _meta, _roles, labelled, listing, split_key
-from stormtopo.core.request import is_opted_in
+from stormtopo.core.request import is_opted_in, written_scope
 from stormtopo.core.vocabulary import OPTED_IN_LABEL
 
 # -- what the gate may list ----------------------------------------------------------------------
@@ -88,11 +88,22 @@ def gate_listing(
     return want.removesuffix(MOVABLE), "an update of the stored StormService that asks for a network topology"
 
 
+def _may_be_listed(stored: Mapping[str, Any]) -> str | None:
+    """What a stored StormService may be listed as, as far as the gate can tell: listing() of it, or, where its
+    role templates carry the opt-in label, its scope: whether it stays listed for a while (replicas of its old,
+    unlabelled templates) is the reconciler's to say, from its RoleSets, which the gate does not read."""
+    want = listing(stored)
+    annotations = _meta(stored).get("annotations") or {}
+    if want is None and is_opted_in(annotations) and labelled(stored):
+        return written_scope(annotations).value
+    return want
+
+
 def confirmed(stored: Mapping[str, Any] | None, listed: str | None = None) -> bool:
     """The cluster confirms a listing once the StormService is stored with a request, and (`listed`:
     what the gate listed) one that lists the same (a made-up review must not keep `+heal` on the list of
     a service that asks for no healing); the reconciler then keeps its listing from the StormService."""
-    want = listing(stored) if stored is not None else None
+    want = _may_be_listed(stored) if stored is not None else None
     return want is not None and (listed is None or want.removesuffix(MOVABLE) == listed.removesuffix(MOVABLE))
 
 
@@ -183,7 +194,7 @@ def expiry_verdict(stored: Mapping[str, Any] | None, listed: str | None = None) 
     'unlist-refuted' (it exists without a request: the same) or 'unlist' (it does not exist)."""
     if stored is None:
         return "unlist"
-    want = listing(stored)
+    want = _may_be_listed(stored)
     if want is None:
         return "unlist-refuted"
     # Only ever narrowed here (`+heal` taken off): this read may race the reconciler of another replica

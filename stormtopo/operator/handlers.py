@@ -107,9 +107,10 @@ class Operator:
             self.prefix_changed(key_of(body))
         if kind == "StormService" and not deleted:
             self.stormservices.add(key_of(body))
-        elif kind == "RoleSet" and not deleted:
+        elif kind == "RoleSet":  # (gone too: its service may leave its namespace's list, core/optin.py listing)
             self.stormservices.add(service_key_of(body))
-            self.placements.add(key_of(body))
+            if not deleted:
+                self.placements.add(key_of(body))
         elif kind in ("Pod", "PodGroup") and roleset_name(body):
             self.placements.add((key_of(body)[0], roleset_name(body) or ""))
 

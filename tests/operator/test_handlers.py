@@ -136,6 +136,18 @@ def test_a_stormservice_come_or_gone_by_any_path_requeues_those_whose_roleset_pr
     operator.forget("StormService", ("ns", "short-roleset-x"))  # pruned by a re-list
     assert ("ns", "short") in operator.stormservices.keys  # type: ignore[attr-defined]
 
+    # A RoleSet gone queues its StormService too: with its last replica of unlabelled templates gone, the service
+    # leaves its namespace's list (core/optin.py listing), not only at the next resync.
+    class Reporter:
+        def forget(self, key: Any) -> None:
+            pass
+
+    operator.reporter = cast(Any, Reporter())
+    operator.stormservices.keys.clear()  # type: ignore[attr-defined]
+    roleset = {"kind": "RoleSet", "metadata": {"name": "short-roleset-a", "namespace": "ns", "labels": {"storm-service-name": "short"}}}
+    operator.follow("RoleSet", {"type": "DELETED"}, roleset)
+    assert operator.stormservices.keys == [("ns", "short")]  # type: ignore[attr-defined]
+
 
 def test_kopf_retries_a_watch_through_an_outage_of_any_length(monkeypatch: pytest.MonkeyPatch) -> None:
     """kopf's own request loop, given stormtopo's settings: 200 failed attempts in a row (over an hour and a half

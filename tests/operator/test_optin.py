@@ -110,6 +110,11 @@ def test_confirmed_means_stored_with_a_request() -> None:
     assert confirmed(service(annotations=HARD), "RoleSet") and confirmed(service(annotations=HARD), "RoleSet" + MOVABLE)
     assert not confirmed(service(annotations=HARD), "StormService")
     assert expiry_verdict(service(annotations=HARD), "RoleSet" + MOVABLE) == "relist-refuted"
+    # Labelled on every role: whether it stays listed (replicas of older, unlabelled templates) is the reconciler's
+    # to say from its RoleSets; the gate confirms and keeps what was listed.
+    labelled_service = with_roles(service(annotations=HARD), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
+    assert confirmed(labelled_service, "RoleSet") and expiry_verdict(labelled_service, "RoleSet") == "keep"
+    assert not confirmed(with_roles(service(), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}}), "RoleSet")  # opted out
     assert expiry_verdict(service(), "RoleSet") == "unlist-refuted"
     # Never widened by the sweep (its read may be stale beside another replica's reconciler): kept.
     assert expiry_verdict(service(annotations={**HARD, HEAL_ANNOTATION: "true"}), "RoleSet") == "keep"
