@@ -60,6 +60,17 @@ def test_a_service_that_opts_out_goes_free_and_one_opted_in_by_an_update_is_list
     assert not any(OPTED_IN_LABEL in labels for labels in role_labels(joined))  # a label there would roll every replica
     assert cluster.opted_in().get(f"{namespace}.joining") == "RoleSet"  # listed by the gate before the update was stored
 
+    # Its owner puts the label on its role templates in a rollout of its own: AIBrix updates its replica's RoleSet, and
+    # once every RoleSet has the labelled templates the label holds its pods; the list lets it go (install.md).
+    roles = joined["spec"]["template"]["spec"]["roles"]
+    for role in roles:
+        role.setdefault("template", {}).setdefault("metadata", {}).setdefault("labels", {})[OPTED_IN_LABEL] = "true"
+    cluster.patch_stormservice(namespace, "joining", {"spec": {"template": {"spec": {"roles": roles}}}})
+    cluster.wait(lambda: f"{namespace}.joining" not in cluster.opted_in(), 90, "the service off its namespace's list")
+    rolesets = cluster.rolesets(namespace, "joining")
+    replicas = [((r.get("template") or {}).get("metadata") or {}).get("labels") or {} for rs in rolesets for r in rs["spec"]["roles"]]
+    assert replicas and all(labels.get(OPTED_IN_LABEL) == "true" for labels in replicas)  # (unlisted only then)
+
 
 def test_of_two_services_whose_roleset_prefix_agrees_neither_is_movable_until_one_goes(
     cluster: DevCluster, cluster_dir: Path, namespace: str
