@@ -48,7 +48,7 @@ class NodeTier:
     # operator/replica.py read_nodes, from the free-room reading, the one owner of node labels.
     read_nodes: Callable[[], Awaitable[None]] | None = None
     _memory: NodeTierMemory = field(default_factory=NodeTierMemory)  # as the planners returned it (core/node_tier_pass.py)
-    # Its passes are planned here (at 16,384 nodes a pass where anything moved is 130 to 150 ms): on the event loop
+    # Its passes are planned here (at 16,384 nodes a pass where anything moved is 150 to 190 ms): on the event loop
     # they would hold every admission that long; in asyncio's default pool, a worker the API calls need.
     _planner: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="node-tier-planner"))
 

@@ -153,8 +153,8 @@ class NodeRoom:
     async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
         """Every node's labels, current to the last event of the node watch (bound pods are not needed,
         nor waited for: a tree that selects nodes by label reads only this). The operator's one reading of
-        them: the index builds the switch tree over this very mapping, which stays the same object until a
-        node's labels change (then a new one), so a reader may keep it and compare it by identity."""
+        them: the index builds the switch tree over this very mapping (not a copy), which is never changed: a
+        node's labels changing makes a new one, so a reader may keep it (label_version says when to rebuild)."""
         await self._ready(("Node",))
         return self.labels_now()
 
