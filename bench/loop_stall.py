@@ -1,5 +1,5 @@
-"""`python -m bench loop-stall`: the leader's event loop while a resync queues every StormService and RoleSet
-(issue 42, item 3), without a cluster.
+"""`python -m bench loop-stall`: the leader's event loop while a resync queues every StormService and RoleSet, and
+while a re-list prunes what it no longer has (issue 42, item 3), without a cluster.
 
 The webhooks, the gate and /healthz share one asyncio loop with the work queues' workers. A resync queues every
 StormService and RoleSet of every tenant; a handler with nothing to do (a service that never opted in) returns
@@ -14,6 +14,9 @@ planner (plan_replica over the index's snapshot) behind the RoleSets queue. Whil
   does: one due while the loop was held waits from when it was due) to its answer: p99 and max.
 The same run measures the resync and the work queue as they were before they yielded (the resync queued
 every key at once, a worker took the next key at once: the baseline), and as they are: both and their ratio.
+Then, with four admitted pods per RoleSet in the index (120,000 at the defaults), a re-list's prunes of every kind
+(handlers.Operator.relist), nothing gone: as they were (every kind's keys walked in one go for each kind) and as
+they are (per kind, a slice at a time).
 """
 
 from __future__ import annotations
@@ -193,16 +196,59 @@ class LoopWatch:
         }
 
 
-def run(services: int, replicas: int) -> dict[str, Any]:
+RELISTED = ("StormService", "RoleSet", "HyperNode", "PodGroup", "Pod")  # handlers.Operator.relist's kinds, in its order
+
+
+def admit_pods(index: Index, per_replica: int) -> int:
+    """`per_replica` admitted pods of each RoleSet, as the pod webhook's admissions leave them in the index."""
+    for namespace, name in list(index.rolesets):
+        labels = {"storm-service-name": name.rsplit("-roleset-", 1)[0], "roleset-name": name, "role-name": "prefill"}
+        for p in range(per_replica):
+            index.observe("Pod", None, {"metadata": {"name": f"{name}-prefill-{p}", "namespace": namespace, "labels": labels}})
+    return len(index.pods)
+
+
+def prune_before(seen: dict[tuple[str, Any], int], kind: str, listed: set[Any], mark: int) -> list[Any]:
+    """The prune as it was: one walk, in one go, of every kind's keys (one dict of (kind, key)) for each kind listed."""
+    return [key for (k, key), when in list(seen.items()) if k == kind and when <= mark and key not in listed]
+
+
+async def relist(index: Index, before: bool) -> dict[str, Any]:
+    """What a re-list does on the loop once each kind's list is in (handlers.Operator.relist): the prune of every kind,
+    here with nothing gone (every key listed), with the ticker and the probe running."""
+    listed = {kind: set(index._store(kind)) for kind in RELISTED}
+    combined = {(kind, key): when for kind, seen in index._seen.items() for key, when in seen.items()}
+    mark = index.mark()
+    pod, roleset, service = probe_pod(index)
+    watch = LoopWatch(lambda: admit_pod(pod, roleset, service, index.cluster_tiers()))
+    async with watch:
+        for kind in RELISTED:
+            if before:
+                prune_before(combined, kind, listed[kind], mark)
+            else:
+                await index.prune(kind, listed[kind], mark)
+            await asyncio.sleep(0)  # (the next kind's list, on a thread)
+    return watch.result()
+
+
+def run(services: int, replicas: int, pods_per_replica: int = 4) -> dict[str, Any]:
     index = cluster(services, replicas)
     before = asyncio.run(drain(index, QueueBefore, None))
     after = asyncio.run(drain(index, cast(type[WorkQueue[Hashable]], WorkQueue), RESYNC_CHUNK))
+    pods = admit_pods(index, pods_per_replica)
+    relist_before, relist_after = asyncio.run(relist(index, before=True)), asyncio.run(relist(index, before=False))
     return {
         "services": services,
         "rolesets": len(index.rolesets),
         "before": before,
         "after": after,
         "longest_stall_ratio": round(after["longest_stall_ms"] / before["longest_stall_ms"], 4) if before["longest_stall_ms"] else None,
+        "relist": {
+            "admitted_pods": pods,
+            "before": relist_before,
+            "after": relist_after,
+            "longest_stall_ratio": round(relist_after["longest_stall_ms"] / relist_before["longest_stall_ms"], 4),
+        },
     }
 
 

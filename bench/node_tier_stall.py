@@ -38,9 +38,10 @@ PREFIX = "/apis/topology.volcano.sh/v1alpha1/hypernodes"
 GPU = "nvidia.com/gpu"
 
 
-def hypernodes_api(index: Any) -> Any:
+def hypernodes_api(index: Any, loop: asyncio.AbstractEventLoop) -> Any:
     """HyperNodes as the API server keeps them (create, merge patch of members, delete, get), each write delivered
-    to the index as its watch would deliver it: the operator's own client, its requests answered from a dict."""
+    to the index as its watch would deliver it (on the loop, whatever thread wrote): the operator's own client, its
+    requests answered from a dict."""
     from stormtopo.kube.client import Api
 
     class HyperNodes(Api):
@@ -58,9 +59,9 @@ def hypernodes_api(index: Any) -> Any:
             elif method == "PATCH":
                 self.stored[name]["spec"]["members"] = copy.deepcopy(body["spec"]["members"])
             elif method == "DELETE":
-                index.observe("HyperNode", "DELETED", self.stored.pop(name))
+                loop.call_soon_threadsafe(index.observe, "HyperNode", "DELETED", self.stored.pop(name))
                 return {}
-            index.observe("HyperNode", "MODIFIED", copy.deepcopy(self.stored[name]))
+            loop.call_soon_threadsafe(index.observe, "HyperNode", "MODIFIED", copy.deepcopy(self.stored[name]))
             return {}
 
     return HyperNodes()
@@ -90,7 +91,7 @@ async def passes(spines: int, rounds: int, seed: int) -> dict[str, Any]:
     nodes = sorted(topology.nodes)
     used = fabric.fragmentation(nodes, seed)
     index = Index(cast(Any, None))
-    api = hypernodes_api(index)
+    api = hypernodes_api(index, asyncio.get_running_loop())
     for manifest in hypernode_manifests(topology):
         api.stored[manifest["metadata"]["name"]] = manifest
         index.observe("HyperNode", "ADDED", copy.deepcopy(manifest))
@@ -109,15 +110,25 @@ async def passes(spines: int, rounds: int, seed: int) -> dict[str, Any]:
     gc.freeze()  # what the operator had loaded by the time it was ready
     # The labels as the placement path hands them over (a held pod is pinned by hostname): the tree built over them.
     index.set_nodes(room.labels_now(), time.monotonic())
+    primed = time.perf_counter()
+    if hasattr(index, "build_tree"):  # as the operator does once the HyperNodes are primed and labels read: on a thread
+        await index.build_tree()
+    primed_tree = time.perf_counter() - primed
     tier = NodeTier(index, cast(Any, api), room)
-    await tier.check()  # the first pass: every leaf's list written, before the minute measured
-    first_writes = api.writes
-    index.topology()
-    rng = random.Random(seed)
     probe = {"metadata": {"name": "plain-0", "namespace": "team", "labels": {}}, "spec": {"containers": [{"name": "c"}]}}
+    admit = lambda: admit_pod(probe, None, None, ClusterTiers())  # noqa: E731  (what the pod webhook does for a plain pod)
+    # A leader's start: the first pass writes every leaf's list, then the first placement check builds the tree whole.
+    async with LoopWatch(admit) as start:
+        await tier.check()
+        await asyncio.sleep(0)  # (the watch events of its writes)
+        started = time.perf_counter()
+        index.topology()
+        first_tree = time.perf_counter() - started
+    first_writes = api.writes
+    rng = random.Random(seed)
     checks: list[float] = []
     trees: list[float] = []
-    async with LoopWatch(lambda: admit_pod(probe, None, None, ClusterTiers())) as watch:
+    async with LoopWatch(admit) as watch:
         for i in range(rounds):
             # Two pods end somewhere; two replicas' pods are bound on nodes the lists name (what they are for):
             # those leaves' lists move.
@@ -134,15 +145,27 @@ async def passes(spines: int, rounds: int, seed: int) -> dict[str, Any]:
             index.topology()  # a placement check after the HyperNodes it wrote: the tree rebuilt on the loop
             trees.append(time.perf_counter() - started)
             await asyncio.sleep(0.1)
+    writes, hypernodes = api.writes, len(api.stored)
+    # The node tier turned off: every leaf gets its nodes back and the tier-0 HyperNodes go (plan_off), in one pass.
+    tier.enabled = False
+    async with LoopWatch(admit) as off:
+        await tier.check()
+        await asyncio.sleep(0)
+        index.topology()
     return {
         "nodes": len(nodes),
-        "hypernodes": len(api.stored),
+        "hypernodes": hypernodes,  # (the node tier's tier-0 ones among them, as the rounds left them)
         "rounds": rounds,
         "first_pass_writes": first_writes,
-        "writes_in_rounds": api.writes - first_writes,
+        "writes_in_rounds": writes - first_writes,
+        "off_writes": api.writes - writes,
         "pass_ms_median": round(1000 * statistics.median(checks), 1),
         "tree_on_loop_ms_median": round(1000 * statistics.median(trees), 1),
         "tree_on_loop_ms_max": round(1000 * max(trees), 1),
+        "first_tree_ms": round(1000 * first_tree, 1),  # on the loop, at the first placement check
+        "primed_tree_ms": round(1000 * primed_tree, 1),  # on a thread, before the webhook serves (none before)
+        "start_longest_stall_ms": start.result()["longest_stall_ms"],
+        "off_longest_stall_ms": off.result()["longest_stall_ms"],
         **watch.result(),
     }
 
@@ -152,12 +175,23 @@ def run(spines: int, rounds: int, seed: int = 3, before: str = BEFORE) -> dict[s
     out: dict[str, Any] = {"spines": spines, "seed": seed, "before_commit": before, "runs": runs}
     for arm in ("before", "after"):
         runs = out["runs"][arm]
-        out[arm] = {key: max(r[key] for r in runs) for key in ("longest_stall_ms", "webhook_p99_ms", "tree_on_loop_ms_max")}
+        keys = (
+            "longest_stall_ms",
+            "webhook_p99_ms",
+            "tree_on_loop_ms_max",
+            "first_tree_ms",
+            "start_longest_stall_ms",
+            "off_longest_stall_ms",
+        )
+        out[arm] = {key: max(r[key] for r in runs) for key in keys}
         out[arm]["pass_ms_median"] = statistics.median(r["pass_ms_median"] for r in runs)
         out[arm]["writes_in_rounds"] = statistics.median(r["writes_in_rounds"] for r in runs)
     out["nodes"] = out["runs"]["after"][0]["nodes"]
     out["longest_stall_ratio"] = round(out["after"]["longest_stall_ms"] / out["before"]["longest_stall_ms"], 4)
     out["webhook_p99_ratio"] = round(out["after"]["webhook_p99_ms"] / out["before"]["webhook_p99_ms"], 4)
+    for moment in ("start", "off"):
+        key = f"{moment}_longest_stall_ms"
+        out[f"{moment}_longest_stall_ratio"] = round(out["after"][key] / out["before"][key], 4)
     return out
 
 

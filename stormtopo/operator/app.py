@@ -132,6 +132,7 @@ class VolcanoWatch:
         listed = await asyncio.to_thread(detect_volcano, self.index)
         if listed is not None:  # loaded here, on the event loop, which the index belongs to
             self.index.prime(listed)
+            await self.index.build_tree()
             self.primed = True
             log.info("Volcano's HyperNode CRD found: %d HyperNodes loaded", len(self.index.hypernodes))
 
@@ -314,6 +315,7 @@ async def _start_volcano_detection(index: Index, loops: Loops, interval: float) 
         listed = await asyncio.to_thread(detect_volcano, index)
         if listed is not None:
             index.prime(listed)
+            await index.build_tree()  # the first, whole, before the webhook serves: on a thread
         primed = listed is not None
     except Exception:  # the API server not reachable yet: serve anyway, detect later
         log.exception("detecting Volcano's CRDs failed; retrying in %.0f s", interval)

@@ -146,7 +146,7 @@ class Operator:
             except (KubeError, OSError) as exc:
                 log.warning("re-list of %s failed, retried in %.0f s: %s", plural, self.relist_seconds, exc)
                 continue
-            for key in self.index.prune(kind, listed, mark):
+            for key in await self.index.prune(kind, listed, mark):
                 log.info("forgot %s %s/%s: deleted while a watch was down", kind, *key)
                 self.forget(kind, key)
             if kind in DELIVERED_BY_RELIST:

@@ -242,6 +242,7 @@ class PlacementReporter:
             started = time.monotonic()
             labels = await self.room.node_labels()
             self.index.set_nodes(labels, started, self.room.label_version(self.index.node_label_keys()))
+            await self.index.build_tree()  # (over labels that changed, a whole build: not on the loop)
 
     async def _carry_out(self, key: Key, snapshot: ReplicaSnapshot, plan: ReplicaPlan) -> None:
         self._remember(key, plan.memory_before_writes(self._memory.get(key, ReplicaMemory())))

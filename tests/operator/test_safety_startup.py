@@ -20,6 +20,7 @@ class FakeIndex:
         self.detections = 0
         self.hypernodes: dict[str, object] = {}
         self.primed_on: threading.Thread | None = None
+        self.tree_built = -1  # over how many HyperNodes the tree was built once they were primed
 
     def detect_volcano_fields(self) -> None:
         self.detections += 1
@@ -33,6 +34,9 @@ class FakeIndex:
         self.primed_on = threading.current_thread()
         for hypernode in hypernodes:
             self.hypernodes[str(hypernode["metadata"]["name"])] = hypernode  # type: ignore[index]
+
+    async def build_tree(self) -> None:
+        self.tree_built = len(self.hypernodes)
 
 
 def test_a_missing_hypernode_crd_is_a_warning_not_a_crash(caplog: pytest.LogCaptureFixture) -> None:
@@ -64,6 +68,7 @@ def test_crds_installed_later_are_picked_up_and_capabilities_re_detected() -> No
                 break
             await asyncio.sleep(0.05)
         assert index.hypernodes and index.primed_on is threading.main_thread()  # (listed on a thread, loaded on the loop)
+        assert index.tree_built == len(index.hypernodes)  # and the tree built from them before a placement check needs it
         before = index.detections
         await asyncio.sleep(0.2)
         assert index.detections > before  # capabilities keep being re-read (a Volcano upgrade)
