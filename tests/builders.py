@@ -22,6 +22,7 @@ from stormtopo.core.vocabulary import (
 from stormtopo.devenv.workloads import IMAGE, PD_1P1D, Role, stormservice
 
 ADMITTED = {ADMITTED_LABEL: "true"}  # the label the webhook puts on the pods it admitted
+HARD_TIER_1_RECORD = '{"v":1,"mode":"hard","highestTierAllowed":1,"scope":"RoleSet"}'  # stormtopo.io/request, as stormtopo writes it
 
 
 def service(

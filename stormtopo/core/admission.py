@@ -78,7 +78,7 @@ def admit_podgroup(
         released = released_hold(old or last_valid, stormservice, roleset["metadata"]["name"])
         if released is not None:
             fields = {**fields, "networkTopology": released}
-        described = ((last_valid or {}).get("metadata") or {}).get("annotations", {}).get(REQUEST_ANNOTATION, "")
+        recorded = ((last_valid or {}).get("metadata") or {}).get("annotations", {}).get(REQUEST_ANNOTATION, "")
     elif request is None or request.scope is Scope.STORMSERVICE:
         return Decision()  # with scope StormService the replicas' pods join the service's own PodGroup
     else:
@@ -90,9 +90,9 @@ def admit_podgroup(
             held_tier(stormservice, roleset["metadata"]["name"], podgroup, request, cluster, now, old),
             dict(cluster.priority_values) if cluster is not None else None,
         )
-        described = request.describe()
+        recorded = request.record()
     patch = set_spec_fields(podgroup.get("spec"), fields)
-    patch += set_annotations(podgroup, {**_dropped(podgroup, old, "annotations"), REQUEST_ANNOTATION: described})
+    patch += set_annotations(podgroup, {**_dropped(podgroup, old, "annotations"), REQUEST_ANNOTATION: recorded})
     patch += set_labels(podgroup, _dropped(podgroup, old, "labels"))
     unchanged = {**(podgroup.get("spec") or {}), **fields} == ((old or {}).get("spec") or {})
     if old and old.get("status") and not podgroup.get("status") and unchanged:

@@ -18,20 +18,19 @@ time recorded in the move (`at`) against the clock their shell passes in.
 
 from __future__ import annotations
 
-import ast
 import datetime
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
-from stormtopo.core.request import Mode, Scope, TierLimit, TopologyRequest, network_topology_of
+from stormtopo.core.request import Mode, Scope, TopologyRequest, network_topology_of, recorded_request
 from stormtopo.core.switches import switch_problem, switched_on
 from stormtopo.core.vocabulary import HEAL_ANNOTATION, MOVES_ANNOTATION, REQUEST_ANNOTATION, SCOPE
 
 # A move record's version ("v"): 2 names the wide replica it makes room for as data ({"namespace",
 # "stormService", "replica"}); records without one (the release before) named it in a sentence, still read.
 MOVE_RECORD_VERSION = 2
+_MOVE_VERSIONS_READ = (None, MOVE_RECORD_VERSION)  # None: the release before, which wrote no version
 HOLD = 120.0  # seconds: a moving gang still not bound this long after its move is let go (the healer settles it)
 CLOCK_SKEW = 60.0  # seconds a move's recorded start may be ahead of the reader's clock (replicas' clocks differ)
 MOVE_DEADLINE = 600.0  # seconds: a move not settled by then no longer holds its gang, nor the service's other replicas back
@@ -57,8 +56,10 @@ def heal_annotation_problem(stormservice: Mapping[str, Any], scope_is_roleset: b
 
 
 def recorded_moves(stormservice: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """The last move of each replica (unreadable: none)."""
-    return annotation_table(stormservice, MOVES_ANNOTATION)
+    """The last move of each replica (unreadable: none). A record of a version this release does not know (a
+    release after it, rolled back from) is not read, as if that replica had not moved: its hold ends."""
+    table = annotation_table(stormservice, MOVES_ANNOTATION)
+    return {replica: move for replica, move in table.items() if move.get("v") in _MOVE_VERSIONS_READ}
 
 
 def annotation_table(obj: Mapping[str, Any], annotation: str) -> dict[str, Mapping[str, Any]]:
@@ -163,32 +164,6 @@ def recorded_topology(recorded: object) -> dict[str, object] | None:
     if name is not None and not (isinstance(name, str) and name):
         return None
     return dict(recorded)
-
-
-_DESCRIBED = re.compile(r"(hard|soft) within (?:tier ([0-9]+)|tier ('.*'|\".*\")|any tier)(?:, scope RoleSet)?")
-
-
-def recorded_request(described: object, defaults: tuple[tuple[str, object], ...] = ()) -> TopologyRequest | None:
-    """A replica's request read back from what TopologyRequest.describe() wrote on its PodGroup
-    ("soft within tier 2, scope RoleSet"; before scopes, without the scope); None if it is not one."""
-    found = _DESCRIBED.fullmatch(described.strip()) if isinstance(described, str) else None
-    if found is None:
-        return None
-    mode, tier, name = found.groups()
-    limit = TierLimit()
-    if tier is not None:
-        limit = TierLimit(tier=int(tier))
-    elif name is not None:
-        try:
-            value = ast.literal_eval(name)
-        except (ValueError, SyntaxError):
-            return None
-        if not isinstance(value, str):
-            return None
-        limit = TierLimit(tier_name=value)
-    if mode == Mode.HARD.value and limit == TierLimit():
-        return None  # hard needs a tier: not something describe() wrote
-    return TopologyRequest(Mode(mode), limit, Scope.ROLESET, None, defaults)
 
 
 def recorded_time(seconds: float) -> str:

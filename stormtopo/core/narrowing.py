@@ -26,9 +26,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stormtopo.core.jsonpatch import pointer, set_annotations, set_spec_fields
-from stormtopo.core.moves import CLOCK_SKEW, moving_tier, recorded_request, recorded_seconds, recorded_time, released_topology
+from stormtopo.core.moves import CLOCK_SKEW, moving_tier, recorded_seconds, recorded_time, released_topology
 from stormtopo.core.podgroup import held_within
-from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest
+from stormtopo.core.request import ClusterTiers, Mode, Scope, TopologyRequest, recorded_request
 from stormtopo.core.vocabulary import NARROWED_ANNOTATION, REQUEST_ANNOTATION
 from stormtopo.core.writes import PatchPodGroup
 

@@ -74,7 +74,7 @@ def _podgroup(
             "name": name,
             "namespace": namespace,
             "labels": {**labels, MANAGED_BY_LABEL: OPERATOR_NAME},
-            "annotations": {REQUEST_ANNOTATION: request.describe()},
+            "annotations": {REQUEST_ANNOTATION: request.record()},
             "ownerReferences": [owner],
         },
         "spec": spec,

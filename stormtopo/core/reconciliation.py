@@ -158,7 +158,7 @@ def _replica_group(
     ops = set_spec_fields(current.get("spec"), wanted) + stale_priority_class(current, wanted)
     # The request annotation marks a constrained gang; without it the pod webhook waits for one forever.
     if REQUEST_ANNOTATION not in ((current.get("metadata") or {}).get("annotations") or {}):
-        ops += set_annotations(current, {REQUEST_ANNOTATION: request.describe()})
+        ops += set_annotations(current, {REQUEST_ANNOTATION: request.record()})
     return [PatchPodGroup(namespace, roleset["metadata"]["name"], ops)] if ops else []
 
 

@@ -17,6 +17,9 @@ has are passed in, so "a tier deeper than any HyperNode" is caught here too.
 
 from __future__ import annotations
 
+import ast
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -53,6 +56,11 @@ class TierLimit:
     tier: int | None = None
     tier_name: str | None = None
 
+    def record(self) -> dict[str, object]:
+        if self.tier is not None:
+            return {"highestTierAllowed": self.tier}
+        return {"highestTierName": self.tier_name} if self.tier_name is not None else {}
+
     def describe(self) -> str:
         if self.tier is not None:
             return f"tier {self.tier}"
@@ -78,6 +86,16 @@ class TopologyRequest:
         if self.replica_limit is None:
             return None
         return network_topology_of(self.mode, self.replica_limit)
+
+    def record(self) -> str:
+        """What its PodGroups carry in `stormtopo.io/request`: the request as data, with a version (read back by
+        recorded_request, to decide when a move's or a narrowing's hold ends; `kubectl get -o yaml` shows it)."""
+        record: dict[str, object] = {"v": RECORD_VERSION, "mode": self.mode.value, **self.limit.record(), "scope": self.scope.value}
+        if self.replica_limit:
+            record["replica"] = self.replica_limit.record()
+        if self.spread:
+            record["spread"] = self.spread.record()
+        return json.dumps(record, separators=(",", ":"))
 
     def describe(self) -> str:
         text = f"{self.mode.value} within {self.limit.describe()}, scope {self.scope.value}"
@@ -120,6 +138,62 @@ class ClusterTiers:
         if limit.tier is not None:
             return limit.tier
         return dict(self.tier_of_name).get(limit.tier_name or "")
+
+
+RECORD_VERSION = 1  # of the `stormtopo.io/request` record; a record of another version is not read
+RECORD_LIMIT = 512  # characters: a record stormtopo writes is under 150; longer is not read
+
+
+def recorded_request(recorded: object, defaults: tuple[tuple[str, object], ...] = ()) -> TopologyRequest | None:
+    """A replica's request read back from its PodGroup's `stormtopo.io/request` (TopologyRequest.record), its
+    mode and limit; None if it is not one stormtopo could have written. The release before wrote a sentence
+    (TopologyRequest.describe: "soft within tier 2, scope RoleSet"): read too, for one release."""
+    if not isinstance(recorded, str) or len(recorded) > RECORD_LIMIT:
+        return None
+    text = recorded.strip()
+    mode_limit = _read_record(text) if text.startswith("{") else _read_sentence(text)
+    if mode_limit is None:
+        return None
+    mode, limit = mode_limit
+    if mode is Mode.HARD and limit == TierLimit():
+        return None  # hard needs a tier: not something stormtopo wrote
+    return TopologyRequest(mode, limit, Scope.ROLESET, None, defaults)
+
+
+def _read_record(text: str) -> tuple[Mode, TierLimit] | None:
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("v") != RECORD_VERSION or record.get("mode") not in (Mode.HARD, Mode.SOFT):
+        return None
+    tier, name = record.get("highestTierAllowed"), record.get("highestTierName")
+    if tier is not None and name is not None:
+        return None
+    if tier is not None and not (isinstance(tier, int) and not isinstance(tier, bool) and tier >= 1):
+        return None
+    if name is not None and not (isinstance(name, str) and name):
+        return None
+    return Mode(record["mode"]), TierLimit(tier, name)
+
+
+_DESCRIBED = re.compile(r"(hard|soft) within (?:tier ([0-9]+)|tier ('.*'|\".*\")|any tier)(?:, scope RoleSet)?")
+
+
+def _read_sentence(text: str) -> tuple[Mode, TierLimit] | None:
+    found = _DESCRIBED.fullmatch(text)
+    if found is None:
+        return None
+    mode, tier, name = found.groups()
+    if tier is not None:
+        return Mode(mode), TierLimit(tier=int(tier))
+    if name is None:
+        return Mode(mode), TierLimit()
+    try:
+        value = ast.literal_eval(name)
+    except (ValueError, SyntaxError):
+        return None
+    return (Mode(mode), TierLimit(tier_name=value)) if isinstance(value, str) else None
 
 
 @dataclass

@@ -17,7 +17,7 @@ from stormtopo.core.request import ClusterTiers, TopologyRequest, parse_request
 from stormtopo.core.topology.fabric import parse_topology
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, REQUEST_ANNOTATION, SCOPE
 from stormtopo.core.writes import CreatePodGroup, LabelPod, PatchPodGroup
-from tests.builders import aibrix_roleset, pod, podgroup, service
+from tests.builders import HARD_TIER_1_RECORD, aibrix_roleset, pod, podgroup, service
 
 EXAMPLE = parse_topology((Path(__file__).resolve().parents[2] / "examples" / "topology" / "aibrix-1730.yaml").read_text())
 TIERS = ClusterTiers(frozenset({1, 2, 3}))
@@ -33,7 +33,7 @@ def request(annotations: dict[str, str]) -> TopologyRequest:
 def constrained_podgroup() -> dict[str, Any]:
     return podgroup(
         "svc-roleset-abcde",
-        annotations={REQUEST_ANNOTATION: "hard within tier 1"},
+        annotations={REQUEST_ANNOTATION: HARD_TIER_1_RECORD},
         spec={"minMember": 2, "minTaskMember": {"prefill": 1, "decode": 1}, "networkTopology": {"mode": "hard", "highestTierAllowed": 1}},
     )
 
@@ -117,7 +117,7 @@ def test_aibrixs_update_keeps_the_last_valid_constraint_while_the_request_is_inv
     ops = {op["path"]: op["value"] for op in decision.patch}
     assert ops["/spec/networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
     assert ops["/spec/minTaskMember"] == {"prefill": 1, "decode": 1}
-    assert ops["/metadata/annotations"] == {REQUEST_ANNOTATION: "hard within tier 1"}
+    assert ops["/metadata/annotations"] == {REQUEST_ANNOTATION: HARD_TIER_1_RECORD}
 
 
 def test_aibrixs_rewrite_of_a_pending_replica_keeps_volcanos_status_and_foreign_metadata() -> None:
@@ -141,7 +141,7 @@ def test_aibrixs_rewrite_of_a_pending_replica_keeps_volcanos_status_and_foreign_
     ops = {op["path"]: op["value"] for op in decision.patch}
     assert ops["/status"] == stored["status"]
     assert ops["/metadata/labels/team"] == "a"
-    assert ops["/metadata/annotations"] == {"volcano.sh/job-allocated-hypernode": "s2", REQUEST_ANNOTATION: request(HARD1).describe()}
+    assert ops["/metadata/annotations"] == {"volcano.sh/job-allocated-hypernode": "s2", REQUEST_ANNOTATION: request(HARD1).record()}
     assert "/spec/networkTopology" in ops
 
 
@@ -441,7 +441,7 @@ def moving(annotations: dict[str, str], at: float = NOW - 30, **record: object) 
     return ss
 
 
-def held_podgroup(recorded: str = "soft within tier 2, scope RoleSet") -> dict[str, Any]:
+def held_podgroup(recorded: str = '{"v":1,"mode":"soft","highestTierAllowed":2,"scope":"RoleSet"}') -> dict[str, Any]:
     pg = constrained_podgroup()
     pg["metadata"]["annotations"] = {REQUEST_ANNOTATION: recorded}
     pg["spec"]["networkTopology"] = dict(HELD)
@@ -460,6 +460,18 @@ def test_while_the_service_asks_for_healing_the_moving_replica_stays_held() -> N
     assert planned_topology(moving(SOFT2_HEAL), held_podgroup()) is None  # held already: nothing to write
     as_asked = {**held_podgroup(), "spec": {**held_podgroup()["spec"], "networkTopology": dict(AS_ASKED)}}
     assert planned_topology(moving(SOFT2_HEAL), as_asked) == HELD  # the reconciler holds it too (AIBrix's rewrite)
+
+
+def test_a_move_record_of_a_version_not_known_holds_nothing() -> None:
+    """Move records carry a version: the release before wrote none, this one 2; one of a later release (rolled back
+    from) is not read, rather than read as something it may not mean."""
+    from stormtopo.core.moves import moving_tier
+
+    assert moving_tier(moving(SOFT2_HEAL), "svc-roleset-abcde", NOW) == 1
+    assert moving_tier(moving(SOFT2_HEAL, v=2), "svc-roleset-abcde", NOW) == 1
+    for unknown in (3, "2", 1.5):
+        assert moving_tier(moving(SOFT2_HEAL, v=unknown), "svc-roleset-abcde", NOW) is None
+        assert planned_topology(moving(SOFT2_HEAL, v=unknown), held_podgroup()) == AS_ASKED
 
 
 def test_removing_the_heal_annotation_ends_the_hold() -> None:
@@ -501,11 +513,24 @@ def test_an_invalid_request_lets_the_hold_go_to_the_last_valid_request_and_keeps
     assert plan.writes == (
         PatchPodGroup("ns", "svc-roleset-abcde", [{"op": "replace", "path": "/spec/networkTopology", "value": AS_ASKED}]),
     )
-    # Its last valid request hard within a tier name, or before scopes were written: read back as well.
+    # Its last valid request hard within a tier name, or soft within any tier: read back as well.
+    by_name = '{"v":1,"mode":"hard","highestTierName":"leaf","scope":"RoleSet"}'
+    assert planned_topology(bad, held_podgroup(by_name)) == {"mode": "hard", "highestTierName": "leaf"}
+    assert planned_topology(bad, held_podgroup('{"v":1,"mode":"soft","scope":"RoleSet"}')) == {"mode": "soft"}
+    # As the release before recorded it (a sentence), and before scopes were written: read for one release.
+    assert planned_topology(bad, held_podgroup("soft within tier 2, scope RoleSet")) == AS_ASKED
     assert planned_topology(bad, held_podgroup("hard within tier 'leaf', scope RoleSet")) == {"mode": "hard", "highestTierName": "leaf"}
     assert planned_topology(bad, held_podgroup("soft within any tier")) == {"mode": "soft"}
     # What it records cannot be read back: left as it is, rather than given a topology guessed from nothing.
-    assert planned_topology(bad, held_podgroup("something else")) is None
+    for unreadable in (
+        "something else",
+        '{"v":2,"mode":"soft","highestTierAllowed":2}',  # a version this release does not know
+        '{"v":1,"mode":"hard","scope":"RoleSet"}',  # hard without a tier
+        '{"v":1,"mode":"soft","highestTierAllowed":true}',
+        '{"v":1,"mode":"soft","highestTierAllowed":2,"highestTierName":"leaf"}',
+        '{"v":1,"mode":"soft","highestTierAllowed":' + "9" * 600 + "}",  # longer than any record written
+    ):
+        assert planned_topology(bad, held_podgroup(unreadable)) is None, unreadable
     # Let go already (or never held): nothing to write.
     assert planned_topology(bad, {**held_podgroup(), "spec": {**held_podgroup()["spec"], "networkTopology": dict(AS_ASKED)}}) is None
 

@@ -9,7 +9,7 @@ from stormtopo.core.podgroup import owned_podgroup
 from stormtopo.core.request import ClusterTiers, parse_request
 from stormtopo.core.vocabulary import HIGHEST_TIER, MODE
 from stormtopo.devenv.workloads import Role
-from tests.builders import aibrix_roleset, service
+from tests.builders import HARD_TIER_1_RECORD, aibrix_roleset, service
 
 CLUSTER = ClusterTiers(frozenset({1, 2, 3}))
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
@@ -30,7 +30,7 @@ def test_podgroup_admission_adds_constraint_and_gang_and_survives_aibrix_spec_re
     assert ops["/spec/networkTopology"]["value"] == {"mode": "hard", "highestTierAllowed": 1}
     assert ops["/spec/minTaskMember"]["value"] == {"prefill": 1, "decode": 1}
     assert "/spec/minMember" not in ops  # already right
-    assert ops["/metadata/annotations"]["value"] == {"stormtopo.io/request": "hard within tier 1, scope RoleSet"}
+    assert ops["/metadata/annotations"]["value"] == {"stormtopo.io/request": HARD_TIER_1_RECORD}
 
 
 def test_podgroup_of_a_service_without_annotations_or_with_bad_ones_is_left_alone() -> None:

@@ -16,7 +16,7 @@ from stormtopo.core.vocabulary import HIGHEST_TIER, MODE, PLACEMENT_ANNOTATION, 
 from stormtopo.core.writes import AdoptPod, LabelPod, PatchPod, PatchPodGroup, RecordPlacement
 from stormtopo.devenv.workloads import Role
 from stormtopo.operator.index import Index
-from tests.builders import pod, podgroup, roleset, service
+from tests.builders import HARD_TIER_1_RECORD, pod, podgroup, roleset, service
 from tests.example_index import index_of
 
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
@@ -284,5 +284,5 @@ def test_a_podgroup_with_the_topology_but_without_the_request_annotation_gets_it
     bare = {"metadata": {"name": "svc-rs", "namespace": "ns", "annotations": {}}, "spec": spec}
     (write,) = plan_stormservice(ServiceSnapshot(service(HARD1), (roleset(),), {"svc-rs": bare}, TIERS)).writes
     assert isinstance(write, PatchPodGroup) and write.ops == [
-        {"op": "add", "path": "/metadata/annotations", "value": {REQUEST_ANNOTATION: "hard within tier 1, scope RoleSet"}}
+        {"op": "add", "path": "/metadata/annotations", "value": {REQUEST_ANNOTATION: HARD_TIER_1_RECORD}}
     ]

@@ -125,3 +125,29 @@ def test_a_tier_name_is_refused_when_no_hypernode_has_a_tier_name() -> None:
     with pytest.raises(RequestError) as caught:
         parse_request({MODE: "hard", HIGHEST_TIER_NAME: "leaf"}, ClusterTiers(frozenset({1, 2})))
     assert "no HyperNode of this cluster has a tierName" in str(caught.value) and HIGHEST_TIER in str(caught.value)
+
+
+def test_the_request_a_podgroup_records_is_data_read_back_as_written_and_the_sentence_before_it_too() -> None:
+    """Issue 44, item 2: `stormtopo.io/request` is JSON with a version; the sentence the release before wrote is read."""
+    import json
+
+    from stormtopo.core.request import Mode, Scope, TierLimit, TopologyRequest, recorded_request
+
+    for request in (
+        TopologyRequest(Mode.HARD, TierLimit(tier=1)),
+        TopologyRequest(Mode.HARD, TierLimit(tier_name="leaf"), spread=TierLimit(tier=2)),
+        TopologyRequest(Mode.SOFT, TierLimit()),
+        TopologyRequest(Mode.SOFT, TierLimit(tier=3), Scope.STORMSERVICE, replica_limit=TierLimit(tier=1)),
+    ):
+        record = request.record()
+        assert json.loads(record)["v"] == 1 and "within" not in record
+        back = recorded_request(record, (("highestTierAllowed", 1),))
+        assert back is not None and (back.mode, back.limit, back.defaults) == (request.mode, request.limit, (("highestTierAllowed", 1),))
+        old = recorded_request(request.describe())  # as the release before wrote it: a sentence of scope RoleSet, no spread
+        if request.scope is Scope.ROLESET and request.spread is None:
+            assert old is not None and (old.mode, old.limit) == (request.mode, request.limit)
+        else:
+            assert old is None  # (the sentence's reader never read these; the record does)
+    assert json.loads(TopologyRequest(Mode.HARD, TierLimit(tier=2), spread=TierLimit(tier_name="spine")).record()) == {
+        "v": 1, "mode": "hard", "highestTierAllowed": 2, "scope": "RoleSet", "spread": {"highestTierName": "spine"}
+    }  # fmt: skip
