@@ -298,12 +298,7 @@ def build_parser(prog: str = "stormtopo") -> argparse.ArgumentParser:
 
 def describe_api_error(exc: ApiError) -> str:
     """One line: the request that failed, the API server's own message, and what to do."""
-    import json
-
-    try:
-        message = str(json.loads(exc.body).get("message") or "").strip()
-    except (ValueError, AttributeError):
-        message = exc.body.strip()[:200]
+    message = exc.message
     advice = _API_ADVICE.get(exc.status, "the API server may be unhealthy: retry, or check its logs" if exc.status >= 500 else "")
     return "; ".join(part for part in (f"{exc.request} failed (HTTP {exc.status})", message, advice) if part)
 

@@ -67,11 +67,7 @@ def _ordered_writes(diff: HyperNodeDiff, existing: Sequence[Mapping[str, Any]]) 
 def _api_message(exc: Exception) -> str:
     if not isinstance(exc, ApiError):
         return f"cannot reach the API server: {exc}"
-    try:
-        message = str(json.loads(exc.body).get("message") or "")
-    except (ValueError, AttributeError):
-        message = ""
-    return f"HTTP {exc.status}: {message or exc.body.strip()[:300]}"
+    return f"HTTP {exc.status}: {exc.message}"
 
 
 def _fail(text: str) -> int:

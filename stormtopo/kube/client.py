@@ -24,6 +24,7 @@ from stormtopo.kube.credentials import Credentials, CredentialsError, IssuedCred
 from stormtopo.kube.errors import (
     ApiError,
     ApiUnavailable,
+    BudgetRefused,
     Conflict,
     Forbidden,
     Gone,
@@ -40,6 +41,7 @@ __all__ = [
     "Api",
     "ApiError",
     "ApiUnavailable",
+    "BudgetRefused",
     "Conflict",
     "Credentials",
     "CredentialsError",

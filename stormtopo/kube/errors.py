@@ -1,6 +1,7 @@
 """What a request to the API server can fail with, typed as kopf types them: callers catch NotFound,
 Conflict, Forbidden, Gone, Invalid, TooManyRequests or ServerError where one is an answer, ApiUnavailable
-where the server could not be reached, and KubeError for any of them. Built in one place (ApiError.of):
+where the server could not be reached, BudgetRefused for an eviction a PodDisruptionBudget forbids, and
+KubeError for any of them. Built in one place (ApiError.of):
 nothing else compares HTTP statuses by number or reads the response's words to decide."""
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ class ApiError(KubeError, RuntimeError):
             429: TooManyRequests,
         }
         kind = kinds.get(status, ServerError if status >= 500 else ApiError)
-        return kind(status, method, path, body)
+        error = kind(status, method, path, body)
+        if path.endswith("/eviction") and error.refused_by_budget:
+            return BudgetRefused(status, method, path, body)
+        return error
 
     @property
     def status_object(self) -> dict[str, Any]:
@@ -50,6 +54,22 @@ class ApiError(KubeError, RuntimeError):
         except ValueError:
             return {}
         return parsed if isinstance(parsed, dict) else {}
+
+    @property
+    def message(self) -> str:
+        """The API server's own words (its Status object's message), else the start of what it answered."""
+        return str(self.status_object.get("message") or "").strip() or self.body.strip()[:300]
+
+    @property
+    def unavailable(self) -> bool:
+        """The server is starting, draining or timed out (503, 504): the same request may work in a moment."""
+        return self.status in (503, 504)
+
+    @property
+    def refusal(self) -> bool:
+        """A request the server will refuse again as it is (RBAC, a policy, invalid, not found): not a conflict
+        (read again and retry), not throttled (429), not the server failing (5xx)."""
+        return 400 <= self.status < 500 and not isinstance(self, Conflict | TooManyRequests | BudgetRefused)
 
     @property
     def reason(self) -> str:
@@ -106,6 +126,11 @@ class TooManyRequests(ApiError):
 
 class ServerError(ApiError):
     """HTTP 5xx: the server failed, or is starting (503)."""
+
+
+class BudgetRefused(ApiError):
+    """An eviction a PodDisruptionBudget forbids now (429 with the DisruptionBudget cause, or 500 for a pod under
+    several budgets): neither throttling nor an outage; the pod may be evicted once the budget allows."""
 
 
 class ApiUnavailable(KubeError, urllib3.exceptions.HTTPError):

@@ -18,7 +18,6 @@ the plan was made from: two leaders, or a pass planned from a stale read, cannot
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -50,7 +49,7 @@ from stormtopo.core.topology.node_tier import node_tier_members
 from stormtopo.core.topology.tree import Topology
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, STORMSERVICE_LABEL
 from stormtopo.core.writes import EvictPod, RecordMove, Write
-from stormtopo.kube.client import Api, ApiError, Conflict, Forbidden, Invalid
+from stormtopo.kube.client import Api, ApiError, BudgetRefused, Conflict, Forbidden, Invalid
 from stormtopo.operator import metrics
 from stormtopo.operator.events import Report
 from stormtopo.operator.index import Index, Key
@@ -58,39 +57,26 @@ from stormtopo.operator.loops import yielding
 from stormtopo.operator.room import NodeRoom
 from stormtopo.operator.writer import evict, execute, record_moves
 
-__all__ = ["Healed", "Healer", "is_budget_refusal", "record_moves", "status_message"]
+__all__ = ["Healed", "Healer", "record_moves"]
 
 log = logging.getLogger("stormtopo.healing")
 
 REFUSED = (Forbidden, Invalid)  # RBAC, or an admission webhook or policy: not a budget, not an outage
 
 
-def is_budget_refusal(exc: ApiError) -> bool:
-    """The Eviction API's answers when a PodDisruptionBudget forbids it: 429 with the budget's message,
-    or 500 for a pod under several budgets. Anything else (RBAC, API priority and fairness, a server
-    error) is no refusal: the move stays under way and the next pass resumes it."""
-    return exc.refused_by_budget
-
-
 def failure_of(error: BaseException) -> Failure:
-    """What the API's answer to an eviction was, for core/evictions.py to decide on."""
+    """What the API's answer to an eviction was, for core/evictions.py to decide on. Anything but a budget's
+    refusal or a refusal proper (RBAC, API priority and fairness, a server error) leaves the move under way, and
+    the next pass resumes it."""
     if isinstance(error, ApiError) and error.namespace_terminating:
         return Failure.TERMINATING
-    if isinstance(error, ApiError) and is_budget_refusal(error):
+    if isinstance(error, BudgetRefused):
         return Failure.BUDGET
     return Failure.REFUSED if isinstance(error, REFUSED) else Failure.OTHER
 
 
 def _message(error: BaseException) -> str:
-    return status_message(error) if isinstance(error, ApiError) else str(error)
-
-
-def status_message(exc: ApiError) -> str:
-    """The API server's own words, not its Status object."""
-    try:
-        return str(json.loads(exc.body).get("message") or exc.body)
-    except (ValueError, AttributeError):
-        return exc.body
+    return error.message if isinstance(error, ApiError) else str(error)
 
 
 @dataclass(frozen=True)
@@ -348,7 +334,7 @@ class Healer:
 
     def _refused(self, stormservice: Mapping[str, Any], what: str, doing: str, exc: ApiError) -> None:
         metrics.HEALING_WRITES_REFUSED.labels(what).inc()
-        message = f"healing moves nothing: {doing} was refused by the API server: {status_message(exc)[:400]}"
+        message = f"healing moves nothing: {doing} was refused by the API server: {exc.message[:400]}"
         log.warning("%s/%s: %s", stormservice["metadata"].get("namespace"), stormservice["metadata"]["name"], message)
         self.report(stormservice, "Warning", "HealingRefused", message)
 

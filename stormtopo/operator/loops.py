@@ -126,7 +126,7 @@ def failure_reason(exc: BaseException) -> str:
 
 
 def _unavailable(exc: BaseException) -> bool:
-    return isinstance(exc, ApiUnavailable) or (isinstance(exc, ApiError) and exc.status in (503, 504))
+    return isinstance(exc, ApiUnavailable) or (isinstance(exc, ApiError) and exc.unavailable)
 
 
 def _power_of_ten(n: int) -> bool:

@@ -130,10 +130,11 @@ class ListWatch:
 
     def _handle(self, event: dict[str, Any]) -> None:
         kind, obj = event.get("type"), event.get("object") or {}
-        if kind == "ERROR":
-            if obj.get("code") == 410:
+        if kind == "ERROR":  # the watch's own Status: typed as an answer to a request would be
+            error = ApiError.of(int(obj.get("code") or 500), "WATCH", self.path, json.dumps(obj))
+            if isinstance(error, Gone):
                 raise Expired()
-            raise ApiError.of(int(obj.get("code") or 500), "WATCH", self.path, json.dumps(obj))
+            raise error
         version = (obj.get("metadata") or {}).get("resourceVersion") or self.resource_version
         if kind != "BOOKMARK":
             key = key_of(obj)

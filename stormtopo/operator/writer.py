@@ -197,9 +197,8 @@ async def execute_hypernode_writes(api: Api, writes: Sequence[Write]) -> None:
             verb = _HYPERNODE_VERBS[type(write)]
             metrics.NODE_TIER_WRITES_REFUSED.labels(verb).inc()
             refused.append(f"{verb} {_hypernode_name(write)}: {exc}")
-            status = getattr(exc, "status", None)
-            if isinstance(status, int) and 400 <= status < 500 and status not in (409, 429):  # refused, not unavailable
-                refusals.append((_hypernode_name(write), f"{verb} ({status})", str(exc)[:300]))
+            if isinstance(exc, ApiError) and exc.refusal:  # refused, not unavailable
+                refusals.append((_hypernode_name(write), f"{verb} ({exc.status})", str(exc)[:300]))
     if refused:
         more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
         raise HyperNodeWritesRefused(f"{len(refused)} of {len(writes)} HyperNode writes refused: {refused[0][:300]}{more}", refusals)

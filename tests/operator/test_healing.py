@@ -31,7 +31,7 @@ class RecordingApi:
     def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
         self.calls.append(("evict", name))
         if name.endswith("-prefill-0"):
-            raise ApiError(
+            raise ApiError.of(
                 429,
                 "POST",
                 f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",

@@ -368,6 +368,30 @@ def test_an_eviction_refused_by_a_budget_is_read_from_its_cause_not_its_words() 
     assert not ApiError.of(403, "POST", "/eviction", body).refused_by_budget
 
 
+def test_what_the_api_answered_is_typed_in_one_place() -> None:
+    """Issue 44, item 2: callers read a type or a property, never a status number nor the words of a body."""
+    from stormtopo.kube.errors import BudgetRefused, Conflict, Forbidden, Gone, NotFound, ServerError, TooManyRequests
+
+    budget = json.dumps({"kind": "Status", "details": {"causes": [{"type": "DisruptionBudget"}]}, "message": "Cannot evict pod"})
+    eviction = "/api/v1/namespaces/ns/pods/p/eviction"
+    assert isinstance(ApiError.of(429, "POST", eviction, budget), BudgetRefused)
+    several = json.dumps({"kind": "Status", "message": "This pod has more than one PodDisruptionBudget"})
+    assert isinstance(ApiError.of(500, "POST", eviction, several), BudgetRefused)
+    throttled = ApiError.of(429, "POST", eviction, json.dumps({"kind": "Status", "reason": "TooManyRequests"}))
+    assert isinstance(throttled, TooManyRequests) and not isinstance(throttled, BudgetRefused)  # API priority and fairness
+    assert isinstance(ApiError.of(429, "PATCH", "/api/v1/pods", budget), TooManyRequests)  # no eviction: no budget's refusal
+    assert isinstance(ApiError.of(410, "WATCH", "/x", "{}"), Gone)
+    assert ApiError.of(403, "GET", "/x", json.dumps({"kind": "Status", "message": " not allowed "})).message == "not allowed"
+    assert ApiError.of(502, "GET", "/x", "<html>bad gateway</html>").message == "<html>bad gateway</html>"
+    refusals = {status: ApiError.of(status, "PATCH", "/x", "{}").refusal for status in (400, 403, 404, 409, 422, 429, 500, 503)}
+    assert refusals == {400: True, 403: True, 404: True, 409: False, 422: True, 429: False, 500: False, 503: False}
+    assert not ApiError.of(429, "POST", eviction, budget).refusal  # the budget may allow it later
+    unavailable = {status: ApiError.of(status, "GET", "/x", "").unavailable for status in (500, 503, 504)}
+    assert unavailable == {500: False, 503: True, 504: True}
+    assert isinstance(ApiError.of(503, "GET", "/x", ""), ServerError)
+    assert {type(ApiError.of(s, "GET", "/x", "")) for s in (403, 404, 409)} == {Forbidden, NotFound, Conflict}
+
+
 def test_an_event_waits_out_an_unavailable_api_server_and_a_refused_one_is_dropped() -> None:
     """The Event poster caught only (ApiError, OSError): urllib3's connection errors ended it for good."""
 
