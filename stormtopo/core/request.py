@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from stormtopo.core.tier import tier_number
+from stormtopo.core.tier import tier_number, tier_of_name
 from stormtopo.core.vocabulary import (
     HIGHEST_TIER,
     HIGHEST_TIER_NAME,
@@ -137,7 +137,7 @@ class ClusterTiers:
         """A limit's tier number, a tier name resolved through the HyperNodes; None if it names none."""
         if limit.tier is not None:
             return limit.tier
-        return dict(self.tier_of_name).get(limit.tier_name or "")
+        return tier_of_name(limit.tier_name, self.tier_of_name)
 
 
 RECORD_VERSION = 1  # of the `stormtopo.io/request` record; a record of another version is not read

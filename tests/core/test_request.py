@@ -151,3 +151,17 @@ def test_the_request_a_podgroup_records_is_data_read_back_as_written_and_the_sen
     assert json.loads(TopologyRequest(Mode.HARD, TierLimit(tier=2), spread=TierLimit(tier_name="spine")).record()) == {
         "v": 1, "mode": "hard", "highestTierAllowed": 2, "scope": "RoleSet", "spread": {"highestTierName": "spine"}
     }  # fmt: skip
+
+
+def test_a_tier_name_is_resolved_one_way_for_a_request_and_for_the_tree() -> None:
+    """Issue 44, item 3: one resolver (core/tier.py tier_of_name): the highest tier carrying the name, else None."""
+    from stormtopo.core.request import ClusterTiers, TierLimit
+    from stormtopo.core.tier import tier_of_name
+    from stormtopo.core.topology.tree import Topology
+
+    named = (("leaf", 1), ("spine", 2), ("leaf", 3))
+    assert [tier_of_name(n, named) for n in ("leaf", "spine", "core", None, "")] == [3, 2, None, None, None]
+    cluster = ClusterTiers(frozenset({1, 2, 3}), frozenset({"leaf", "spine"}), tier_of_name=tuple(sorted(named)))
+    tree = Topology({}, {}, {1: "leaf", 2: "spine", 3: "leaf"})
+    for name in ("leaf", "spine", "core"):
+        assert cluster.number(TierLimit(tier_name=name)) == tree.tier_of_name(name) == tier_of_name(name, named)

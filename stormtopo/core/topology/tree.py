@@ -6,6 +6,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from stormtopo.core.tier import tier_of_name
+
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 # A Kubernetes object name (DNS-1123 subdomain) as the API server checks it: dot-separated labels, at most
 # 253 characters in all. Use with fullmatch: `$` would also accept a trailing newline.
@@ -69,7 +71,7 @@ class Topology:
     def tier_of_name(self, name: str | None) -> int | None:
         """The tier a tierName names in this tree (the HyperNodes' spec.tierName), the highest where several
         tiers carry it (as ClusterTiers.number); None if none is named so."""
-        return max((tier for tier, named in self.tier_names.items() if named == name), default=None) if name else None
+        return tier_of_name(name, ((named, tier) for tier, named in self.tier_names.items()))
 
     def ancestors(self, node: str) -> list[str]:
         """Switches above a node, closest first."""
