@@ -18,17 +18,15 @@ from rich.console import Console
 from stormtopo.commands.explain import priority_values
 from stormtopo.commands.report import NotFound, cluster_view, print_report
 from stormtopo.core.cluster_moves import moves_under_way
-from stormtopo.core.heal_pass import ServiceReading, in_play, plan_alone
-from stormtopo.core.heal_plan import HealPlan
-from stormtopo.core.heal_request import tier_to_heal, wants_healing
+from stormtopo.core.heal_pass import ServicePlan, ServiceReading, in_play, plan_alone
+from stormtopo.core.heal_request import wants_healing
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.movable import not_movable_reason, prefix_sharing, shares_prefix_with
 from stormtopo.core.replica_pods import Replica
 from stormtopo.core.request import RequestError, request_of
 from stormtopo.core.room import Resident
-from stormtopo.core.room_search import RoomSearch, lenders, next_offer
+from stormtopo.core.room_search import RoomSearch, lenders, next_offer, wide_waiting
 from stormtopo.core.topology.node_tier import node_tier_members
-from stormtopo.core.verdict import Block, Why
 from stormtopo.core.vocabulary import AIBRIX, MOVES_ANNOTATION, PLACEMENT_ANNOTATION, ROLESET_LABEL, STORMSERVICE_LABEL, VOLCANO_TOPOLOGY
 from stormtopo.kube.client import Api, ApiError
 from stormtopo.operator.room import NodeRoom
@@ -71,12 +69,16 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
         else:
             if (other := shares_prefix_with(name, names)) is not None:
                 report["notMovable"] = not_movable_reason(name, other)
+    key = (namespace, name)
+    services: dict[tuple[str, str], Mapping[str, Any]] = {}
     try:
-        plan = pass_plan(api, snapshot, (namespace, name))
+        services = services_in_play(api)
+        planned = pass_plan(api, snapshot, key, services)
     except ApiError as exc:  # no right to list StormServices in every namespace: the plan as if nothing else moved
-        plan, report["movesUnknown"] = plan_alone(snapshot, (namespace, name), {}, ()), str(exc)
+        planned, report["movesUnknown"] = plan_alone(snapshot, key, {}, ()), str(exc)
+    plan = planned.plan
     try:
-        rooms = rooms_made(snapshot, plan, lambda: read_lenders(api, snapshot, (namespace, name)))
+        rooms = rooms_made(snapshot, planned, {**services, key: snapshot.stormservice}, lambda: read_lenders(api, snapshot, key))
     except ApiError as exc:  # e.g. no right to list StormServices in every namespace: the rest still holds
         rooms, report["makeRoomUnknown"] = {}, str(exc)
     report["replicas"] = [
@@ -103,12 +105,14 @@ def heal_report(api: Api, namespace: str, name: str) -> dict[str, Any]:
     return report
 
 
-def pass_plan(api: Api, snapshot: HealSnapshot, key: tuple[str, str]) -> HealPlan:
+def services_in_play(api: Api) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """Every StormService a healing pass looks at, as the operator's index holds them (core/heal_pass.py in_play)."""
+    return {(s["metadata"].get("namespace", ""), s["metadata"]["name"]): s for s in api.list_objects(AIBRIX, "stormservices") if in_play(s)}
+
+
+def pass_plan(api: Api, snapshot: HealSnapshot, key: tuple[str, str], services: Mapping[tuple[str, str], Mapping[str, Any]]) -> ServicePlan:
     """The plan the operator's healing pass would make of this service now (core/heal_pass.py plan_alone):
     every StormService in play read for the cluster's moves, and the replicas of those with moves recorded."""
-    services: dict[tuple[str, str], Mapping[str, Any]] = {
-        (s["metadata"].get("namespace", ""), s["metadata"]["name"]): s for s in api.list_objects(AIBRIX, "stormservices") if in_play(s)
-    }
     moving = tuple(service_reading(api, k, s) for k, s in services.items() if moves_under_way(s, snapshot.now))
     return plan_alone(snapshot, key, services, moving)
 
@@ -154,23 +158,23 @@ def read_lenders(api: Api, snapshot: HealSnapshot, own: tuple[str, str]) -> Lend
     return Lenders(tuple(residents(api, replace(snapshot, tiers=tiers), own)), api.gpu_totals(), listed, values)
 
 
-def rooms_made(snapshot: HealSnapshot, plan: HealPlan, read: Callable[[], Lenders]) -> dict[str, dict[str, Any]]:
-    """For each wide replica with nowhere to go, the first replica of another service that lends room that
-    the operator's search (core/room_search.py next_offer) would offer to move out of its way: not one on the
-    node tier's short list, nor one of higher priority, nor one where the wide replica's pods could not run
-    (its own plan may still refuse it: a budget, not ready). The others are read only if needed."""
-    tier = tier_to_heal(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only=False)
-    stuck = [v for v in plan.verdicts if v.block is Block.NO_ROOM and v.why in (Why.SOFT_WIDE, Why.VIOLATION)]
-    if tier is None or not stuck:
+def rooms_made(
+    snapshot: HealSnapshot, planned: ServicePlan, services: Mapping[tuple[str, str], Mapping[str, Any]], read: Callable[[], Lenders]
+) -> dict[str, dict[str, Any]]:
+    """For each wide replica with nowhere to go that the operator's pass would make room for now (its pass's
+    `no_room`, then core/room_search.py wide_waiting over every service in play: none while a move to make room
+    is under way, none within its cool-down, the highest priority first), the first replica of another service
+    that lends room that the operator's search (next_offer) would offer to move out of its way: not one on the
+    node tier's short list, nor one of higher priority, nor one where the wide replica's pods could not run (its
+    own plan may still refuse it: a budget, not ready). The others are read only if needed."""
+    if not planned.heal_pass.no_room:
         return {}
     lenders_read = read()
-    meta = snapshot.stormservice["metadata"]
-    key = (str(meta.get("namespace", "")), str(meta["name"]))
+    waiting = wide_waiting(planned.heal_pass.no_room, list(services.values()), snapshot.now, snapshot.cooldown, lenders_read.priorities)
     out = {}
-    for verdict in stuck:
-        replica = next(r for r in snapshot.replicas if r.name == verdict.replica)
+    for wide in waiting:
         search = RoomSearch(
-            ((key, replica, tier),),
+            (wide,),
             lenders_read.residents,
             lenders_read.allocatable,
             snapshot.nodes,
@@ -178,9 +182,9 @@ def rooms_made(snapshot: HealSnapshot, plan: HealPlan, read: Callable[[], Lender
             lenders_read.listed,
             lenders_read.priorities,
         )
-        if (offer := next_offer(search, snapshot.free)) is not None:
+        if (offer := next_offer(search, planned.snapshot.free)) is not None:
             room = offer.room
-            out[verdict.replica] = {
+            out[wide[1].name] = {
                 "replica": room.resident.replica,
                 "stormservice": f"{room.resident.namespace}/{room.resident.stormservice}",
                 "to": room.to.switch.name,

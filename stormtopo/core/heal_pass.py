@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from stormtopo.core.cluster_moves import is_being_deleted, moving_in_cluster, placed_since, set_aside
 from stormtopo.core.heal_plan import HealMemory, HealPlan
-from stormtopo.core.heal_request import may_need_healing
+from stormtopo.core.heal_request import may_need_healing, tier_to_heal
 from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.healing import MOVE_DEADLINE, plan_healing, plan_stranded
 from stormtopo.core.lending import room_made_for
@@ -120,11 +120,11 @@ class HealPass:
         """The pass's reading of free GPUs, less the targets of every service's moves under way."""
         return replace(self, free=set_aside_moves(free, topology, services))
 
-    def planned(self, key: ServiceKey, snapshot: HealSnapshot, plan: HealPlan) -> HealPass:
+    def planned(self, key: ServiceKey, snapshot: HealSnapshot, plan: HealPlan, opted_in_only: bool = True) -> HealPass:
         """After a service's plan: a move it began counts at once; its wide replicas with nowhere to go
         wait for room to be made (not those of a lender's plan, which was ordered to make room)."""
         started = self.started | {key} if plan.moving is not None else self.started
-        tier = snapshot.healing_tier
+        tier = tier_to_heal(snapshot.stormservice, snapshot.tiers, snapshot.topology, opted_in_only)
         no_room = self.no_room
         if tier is not None and plan.moving is None and snapshot.make_room is None:
             no_room += tuple(
@@ -169,20 +169,20 @@ def plan_service(heal_pass: HealPass, read: ServiceRead, memory: HealMemory, opt
     it goes on. `opted_in_only=False`: `stormtopo heal --dry-run` of a service that does not ask for healing."""
     snapshot, heal_pass = _in_pass(heal_pass, read)
     plan = plan_healing(snapshot, memory, opted_in_only)
-    return ServicePlan(snapshot, plan, heal_pass.planned(read.key, snapshot, plan))
+    return ServicePlan(snapshot, plan, heal_pass.planned(read.key, snapshot, plan, opted_in_only))
 
 
 def plan_alone(
     snapshot: HealSnapshot, key: ServiceKey, in_play: Mapping[ServiceKey, Mapping[str, Any]], moving: tuple[ServiceReading, ...]
-) -> HealPlan:
+) -> ServicePlan:
     """`stormtopo heal --dry-run`: the plan a pass would make of this one service now (plan_service), over
     `snapshot.free` less the targets of the moves under way (`moving`: the services with move records, with
     their replicas), against the cap counted over every StormService `in_play`; as if the service asked for
-    healing where it does not."""
+    healing where it does not. Its pass's `no_room` is what the pass would then make room for (wide_waiting)."""
     services = {**in_play, key: snapshot.stormservice}
     heal_pass, _ = begin_pass(HealerMemory(), services.values(), 0, snapshot.now, snapshot.recheck, snapshot.stranded_after)
     read = ServiceRead(key, snapshot, tuple(services.items()), snapshot.free, moving)
-    return plan_service(heal_pass, read, HealMemory(), opted_in_only=False).plan
+    return plan_service(heal_pass, read, HealMemory(), opted_in_only=False)
 
 
 def plan_notice(heal_pass: HealPass, read: ServiceRead, memory: HealMemory) -> tuple[list[Write], HealMemory, HealPass]:

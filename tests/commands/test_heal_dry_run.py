@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from stormtopo.commands.heal import Lenders, render, rooms_made
-from stormtopo.core.heal_plan import HealMemory
-from stormtopo.core.healing import plan_healing
+from stormtopo.core.heal_pass import ServicePlan, plan_alone
+from stormtopo.core.heal_snapshot import HealSnapshot
 from stormtopo.core.room import Resident
 from tests.builders import service
-from tests.core.healing_cases import BIG, BUSY, SOFT1, WIDE, snap
+from tests.core.healing_cases import BIG, BUSY, NOW, SOFT1, WIDE, snap, stamp
 
 # node0 holds a small replica of another service: s0 holds the wide replica only once it leaves; node4
 # has room for that small replica in s2, which Volcano then surely prefers (tests/core/test_room.py).
 STUCK = {**BUSY, "node0": 2, "node4": 4}
 SMALL = Resident("other", "small", "small-0", {"node0": 2}, (1, 1), 1)
+KEY = ("ns", "svc")
+
+
+def planned(snapshot: HealSnapshot) -> ServicePlan:
+    """What the dry run plans: the operator's pass over this one service (core/heal_pass.py plan_alone)."""
+    return plan_alone(snapshot, KEY, {}, ())
+
+
+def in_play(snapshot: HealSnapshot, *others: dict[str, Any]) -> dict[tuple[str, str], Any]:
+    return {KEY: snapshot.stormservice, **{("other", o["metadata"]["name"]): o for o in others}}
 
 
 def test_a_wide_replica_with_nowhere_to_go_says_which_replica_would_make_room() -> None:
     snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, busy=STUCK)
-    plan = plan_healing(snapshot, HealMemory())
-    assert plan.moving is None  # no leaf holds it now
-    rooms = rooms_made(snapshot, plan, lambda: Lenders((SMALL,), {}))
+    plan = planned(snapshot)
+    assert plan.plan.moving is None  # no leaf holds it now
+    rooms = rooms_made(snapshot, plan, in_play(snapshot), lambda: Lenders((SMALL,), {}))
     assert rooms == {"svc-a": {"replica": "small-0", "stormservice": "other/small", "to": "s2", "frees": "s0"}}
     entry = {
         "replica": "svc-a",
@@ -39,7 +52,7 @@ def test_others_are_read_only_when_a_wide_replica_has_nowhere_to_go() -> None:
     def unread() -> Lenders:
         raise AssertionError("read")
 
-    assert rooms_made(snapshot, plan_healing(snapshot, HealMemory()), unread) == {}
+    assert rooms_made(snapshot, planned(snapshot), in_play(snapshot), unread) == {}
 
 
 def test_the_dry_run_says_when_the_installed_policy_would_refuse_the_move() -> None:
@@ -94,7 +107,26 @@ def test_the_dry_run_offers_only_whom_the_operators_search_would() -> None:
     from dataclasses import replace
 
     snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, busy=STUCK)
-    plan = plan_healing(snapshot, HealMemory())
-    assert rooms_made(snapshot, plan, lambda: Lenders((SMALL,), {})) != {}
-    assert rooms_made(snapshot, plan, lambda: Lenders((replace(SMALL, priority=1000),), {})) == {}  # the wide replica runs at 0
-    assert rooms_made(snapshot, plan, lambda: Lenders((SMALL,), {}, listed=frozenset({"node0"}))) == {}
+    plan, services = planned(snapshot), in_play(snapshot)
+    assert rooms_made(snapshot, plan, services, lambda: Lenders((SMALL,), {})) != {}
+    assert rooms_made(snapshot, plan, services, lambda: Lenders((replace(SMALL, priority=1000),), {})) == {}  # the wide replica runs at 0
+    assert rooms_made(snapshot, plan, services, lambda: Lenders((SMALL,), {}, listed=frozenset({"node0"}))) == {}
+
+
+def test_the_dry_run_offers_no_room_where_the_operators_pass_would_make_none_now() -> None:
+    """The wide replicas the pass would make room for are its own (HealPass.no_room, then wide_waiting): none while
+    another move to make room is under way in the cluster (one at a time), none for a replica room was made for
+    within its cool-down. The dry run once judged its own copy of the rule and offered room the pass would not make."""
+    snapshot = snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE, busy=STUCK)
+    plan, lenders = planned(snapshot), (lambda: Lenders((SMALL,), {}))
+    assert [(key, replica.name) for key, replica, _ in plan.heal_pass.no_room] == [(KEY, "svc-a")]
+    lending = {**SOFT1, "stormtopo.io/lend-room": "true"}
+    under_way = {"x-0": {"v": 2, "at": stamp(NOW - 30), "reason": "make-room", "toTier": 1, "for": {"namespace": "elsewhere"}}}
+    lender = service(
+        {**lending, "stormtopo.io/moves": json.dumps(under_way)}, BIG, name="lender", replicas=2, update_strategy="RollingUpdate"
+    )
+    assert rooms_made(snapshot, plan, in_play(snapshot, lender), lenders) == {}  # one move to make room at a time
+    made = {"x-0": {**under_way["x-0"], "done": True, "for": {"namespace": "ns", "stormService": "svc", "replica": "svc-a"}}}
+    recently = service({**lending, "stormtopo.io/moves": json.dumps(made)}, BIG, name="lender", replicas=2, update_strategy="RollingUpdate")
+    assert rooms_made(snapshot, plan, in_play(snapshot, recently), lenders) == {}  # made for svc-a within its cool-down
+    assert rooms_made(snapshot, plan, in_play(snapshot), lenders) != {}

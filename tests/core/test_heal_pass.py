@@ -141,7 +141,7 @@ def test_the_dry_run_plans_one_service_as_a_pass_would_against_the_clusters_move
     from stormtopo.core.verdict import Block
 
     snapshot = replace(snap(service(SOFT1, BIG, update_strategy="RollingUpdate"), WIDE), max_moving=2)
-    assert plan_alone(snapshot, KEY, {}, ()).moving is not None  # alone in the cluster: it moves, as plan_healing says
+    assert plan_alone(snapshot, KEY, {}, ()).plan.moving is not None  # alone in the cluster: it moves, as plan_healing says
     movers = {}
     for name in ("a", "b"):  # two services that ask for healing, each with a move under way
         mover = service(
@@ -151,13 +151,13 @@ def test_the_dry_run_plans_one_service_as_a_pass_would_against_the_clusters_move
         )
         mover["metadata"]["name"] = name
         movers[("other", name)] = mover
-    capped = plan_alone(snapshot, KEY, movers, ())
+    capped = plan_alone(snapshot, KEY, movers, ()).plan
     assert capped.moving is None and any(v.block is Block.CLUSTER_CAP for v in capped.verdicts)
     assert plan_healing(snapshot, HealMemory()).moving is not None  # what the dry run said before: a move the pass would not make
     plain = replace(
         snapshot, stormservice=service({k: v for k, v in SOFT1.items() if k != "stormtopo.io/heal"}, BIG, update_strategy="RollingUpdate")
     )
-    assert plan_alone(plain, KEY, {}, ()).moving is not None  # judged as if it asked
+    assert plan_alone(plain, KEY, {}, ()).plan.moving is not None  # judged as if it asked
 
 
 def test_a_stranded_notice_whose_read_failed_is_looked_at_again_at_the_next_pass() -> None:
