@@ -47,8 +47,9 @@ HYPERNODES = tuple(hypernode_manifests(EXAMPLE))
 NODES = {name: {"kubernetes.io/hostname": name} for name in EXAMPLE.nodes}
 NOW = 1_800_000_000.0
 HARD1 = {MODE: "hard", HIGHEST_TIER: "1"}
-EXPECTED = tuple(configuration(b""))  # what the doctor expects, as it computes it
-REGISTERED = tuple(configuration(b"ca", url_base="https://127.0.0.1:9443"))
+# What the doctor expects, as it computes it, where the API server serves MutatingAdmissionPolicy (as dev up runs it).
+EXPECTED = tuple(configuration(b"", label_policy="v1beta1"))
+REGISTERED = tuple(configuration(b"ca", url_base="https://127.0.0.1:9443", label_policy="v1beta1"))
 IMAGES = (
     ("volcano-system/volcano-scheduler", "docker.io/volcanosh/vc-scheduler:v1.15.1"),
     ("volcano-system/volcano-controllers", "docker.io/volcanosh/vc-controller-manager:v1.15.1"),
@@ -394,11 +395,23 @@ def test_registered_webhooks_and_policies_are_ok_by_the_operators_names_and_the_
     finding = only(check_admission(healthy()), Level.OK)
     assert "MutatingWebhookConfiguration stormtopo, ValidatingWebhookConfiguration stormtopo" in finding.found
     assert (
-        "admission policies stormtopo-labelled-pods, stormtopo-opted-in-pods, stormtopo-constrained-podgroups with their bindings"
-        in finding.found
+        "admission policies stormtopo-labelled-pods, stormtopo-opted-in-pods, stormtopo-constrained-podgroups, stormtopo-opt-in-label "
+        "with their bindings" in finding.found
     )
     finding = only(check_admission(healthy(admission=chart_named(REGISTERED))), Level.OK)
     assert "MutatingWebhookConfiguration rel-stormtopo" in finding.found and "rel-stormtopo-opted-in-pods" in finding.found
+
+
+def test_an_api_server_without_mutating_admission_policies_is_a_warning_that_says_what_it_costs_and_how_to_serve_them() -> None:
+    """Issue 42, item 2: opted-in creates cost what plain ones do only where the policy labels them; elsewhere (Kubernetes
+    1.34 and 1.35 as installed) stormtopo's webhook does, a call per create: the doctor says so, and how to change it."""
+    without = tuple(configuration(b""))
+    registered = tuple(configuration(b"ca", url_base="https://127.0.0.1:9443"))
+    findings = check_admission(healthy(expected_admission=without, admission=registered))
+    assert [f.level for f in findings] == [Level.OK, Level.WARNING]
+    assert "serves no MutatingAdmissionPolicy" in findings[1].found and "refused while stormtopo is down" in findings[1].found
+    assert "--feature-gates=MutatingAdmissionPolicy=true" in findings[1].todo
+    assert exit_code(findings) == 0  # a warning: the webhook does the same work
 
 
 def test_a_missing_webhook_or_policy_is_an_error() -> None:
@@ -414,7 +427,7 @@ def test_a_missing_webhook_or_policy_is_an_error() -> None:
 def test_webhooks_registered_twice_or_without_a_ca_are_a_warning() -> None:
     finding = only(check_admission(healthy(admission=(*REGISTERED, *chart_named(REGISTERED)))), Level.WARNING)
     assert "registered more than once" in finding.found and "rel-stormtopo, stormtopo" in finding.found and "uninstall one" in finding.todo
-    no_ca = chart_named(tuple(configuration(b"", service=("stormtopo-system", "rel-stormtopo-webhook", 443))))
+    no_ca = chart_named(tuple(configuration(b"", service=("stormtopo-system", "rel-stormtopo-webhook", 443), label_policy="v1beta1")))
     finding = only(check_admission(healthy(admission=no_ca)), Level.WARNING)
     assert "webhook pods.stormtopo.io of MutatingWebhookConfiguration rel-stormtopo has no caBundle" in finding.found
     assert "cert-manager" in finding.todo

@@ -116,4 +116,16 @@ def check_admission(snapshot: Snapshot) -> list[Finding]:
     if not findings:
         policies_text = f"admission policies {', '.join(policies)} with their bindings" if policies else ""
         findings.append(Finding(Level.OK, check, f"registered: {', '.join([*present, policies_text] if policies else present)}"))
+    if not any(o.get("kind") == "MutatingAdmissionPolicy" for o in snapshot.expected_admission):
+        findings.append(
+            Finding(
+                Level.WARNING,
+                check,
+                "the API server serves no MutatingAdmissionPolicy, so stormtopo's webhook labels each new opted-in StormService's "
+                "role templates: each such create waits on a call to stormtopo (1.46 to 1.89 times a plain create, BENCHMARKS.md) "
+                "and is refused while stormtopo is down",
+                "on Kubernetes 1.34 or 1.35, start the API server with --feature-gates=MutatingAdmissionPolicy=true and "
+                "--runtime-config=admissionregistration.k8s.io/v1beta1=true (1.36 serves it), then helm upgrade the chart",
+            )
+        )
     return findings
