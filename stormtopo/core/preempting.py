@@ -445,6 +445,17 @@ def claimed_room(
     return total, kept
 
 
+def room_left(
+    key: K, claims: Mapping[K, RoomClaim], settled: Collection[K], free: Mapping[str, int], releasing: Mapping[str, int], now: float
+) -> tuple[dict[str, int], dict[K, RoomClaim], tuple[RoomClaim, ...]]:
+    """The room replica `key` may plan with, per node: the free GPUs and those of pods being deleted (on their way:
+    no plan takes more for them), less what the leader's other held replicas count on; with the claims kept (not
+    `settled`: placed or gone; within their hold) and the others' among them (their victims are not this one's)."""
+    claimed, kept = claimed_room(claims, now, settled, but=key)
+    room = {node: max(0, gpus + releasing.get(node, 0) - claimed.get(node, 0)) for node, gpus in free.items()}
+    return room, kept, tuple(claim for replica, claim in kept.items() if replica != key)
+
+
 def unclaimed(holders: Mapping[str, Sequence[Holder]], claims: Collection[RoomClaim]) -> Mapping[str, Sequence[Holder]]:
     """Who holds each node's GPUs, less the victims claimed for another replica: for each, one holder alike (its
     GPUs, priority and gang) that is still a victim, unless one alike is leaving already (that one is the victim

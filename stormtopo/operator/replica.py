@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from stormtopo.core.narrowing import narrows
 from stormtopo.core.placement import is_held, is_held_for_room
-from stormtopo.core.preempting import GROUP_ROUNDS, HOLD_MAX, RoomClaim, RoomReading, claimed_room, kept_claim, room_claim, unclaimed
+from stormtopo.core.preempting import GROUP_ROUNDS, HOLD_MAX, RoomClaim, RoomReading, kept_claim, room_claim, room_left, unclaimed
 from stormtopo.core.replica import (
     Explain,
     ReplicaMemory,
@@ -193,17 +193,13 @@ class PlacementReporter:
         way: no plan takes more for it), less the room this leader took or counts on for another held replica
         not placed yet, and less the victims that one counts on; victims only in the namespaces given
         (`holders` False: who holds the room left unread)."""
-        releasing = self.room.releasing_now()
         now = time.monotonic()
-        settled = {
+        settled = {  # placed or gone, as the index has them now: its room is its own, or free
             replica
             for replica in self._claims
             if (found := self.index.replica_snapshot(replica, now)) is None or replica_state(found).complete or not found.live_pods()
         }
-        # Placed, gone or past its hold: its room is its own or free. The replica's own claim is its own room.
-        claimed, self._claims = claimed_room(self._claims, now, settled, but=key)
-        room = {node: max(0, gpus + releasing.get(node, 0) - claimed.get(node, 0)) for node, gpus in free.items()}
-        others = [claim for replica, claim in self._claims.items() if replica != key]
+        room, self._claims, others = room_left(key, self._claims, settled, free, self.room.releasing_now(), now)
         claimed_nodes = frozenset(node for claim in others for node in claim.gpus)
         if not holders:
             return RoomReading(room, None, {}, self.room.facts_now(), self.victim_namespaces, claimed_elsewhere=claimed_nodes)

@@ -396,6 +396,19 @@ def test_the_room_a_preempting_replica_claims_is_kept_until_it_is_placed_gone_or
     assert claimed_room({"a": claim, "b": other}, 120.0, {"b"}) == ({"n0": 8, "n1": 4}, {"a": claim})  # b placed
 
 
+def test_the_room_a_held_replica_plans_with_is_the_free_and_leaving_less_what_the_others_claim() -> None:
+    """What the leader's shell once computed itself (operator/replica.py): the room is free GPUs plus those of pods
+    being deleted, less the other held replicas' claims (never below 0); its own claim is its own room."""
+    from stormtopo.core.preempting import RoomClaim, room_left
+
+    mine, theirs, done = RoomClaim({"n0": 8}, 200.0), RoomClaim({"n0": 4, "n1": 8}, 200.0), RoomClaim({"n1": 8}, 200.0)
+    claims = {"a": mine, "b": theirs, "c": done}
+    room, kept, others = room_left("a", claims, {"c"}, {"n0": 2, "n1": 4, "n2": 8}, {"n0": 8}, 120.0)
+    assert room == {"n0": 6, "n1": 0, "n2": 8}  # n0: 2 free + 8 leaving - 4 claimed by b; n1: 4 - 8, not below 0
+    assert kept == {"a": mine, "b": theirs} and others == (theirs,)  # c is placed: its claim goes
+    assert room_left("a", claims, set(), {"n0": 0}, {}, 300.0) == ({"n0": 0}, {}, ())  # every hold over
+
+
 # Narrowing (core/narrowing.py): exact preemption off, a soft tier-1 replica whose PodGroup asks what its request asks.
 SOFT1 = TopologyRequest(Mode.SOFT, TierLimit(tier=1))
 NOW = 1_800_000_000.0
