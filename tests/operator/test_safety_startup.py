@@ -75,3 +75,64 @@ def test_crds_installed_later_are_picked_up_and_capabilities_re_detected() -> No
         watching.cancel()
 
     asyncio.run(scenario())
+
+
+def test_readyz_answers_503_until_the_first_complete_list_is_in_then_ok() -> None:
+    """Issue 42, item 4: ready means caught up. While the first list of StormServices and RoleSets is still paging,
+    /readyz says 503 (the Service sends it no admission); once the last page is in, the index is caught up and
+    /readyz says ok."""
+    import asyncio
+    import threading
+    import urllib.error
+    import urllib.request
+    from typing import Any, cast
+
+    from stormtopo.operator import app
+    from stormtopo.operator.config import OperatorConfig
+    from stormtopo.operator.index import Index
+    from stormtopo.operator.loops import Loops
+
+    release = threading.Event()
+
+    class Paging:
+        def path(self, group_version: object, plural: str) -> str:
+            return plural
+
+        def pages(self, path: str) -> Any:
+            yield [{"kind": "StormService" if path == "stormservices" else "RoleSet", "metadata": {"namespace": "ns", "name": f"{path}-1"}}]
+            release.wait(10)  # the next page is slow to come
+            yield [{"metadata": {"namespace": "ns", "name": f"{path}-2", "labels": {"storm-service-name": "stormservices-1"}}}]
+
+    class Drain:
+        task = None
+
+        def install(self) -> None:
+            pass
+
+    def status(port: int) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
+
+    async def scenario() -> None:
+        index = Index(cast(Any, None))
+        config = OperatorConfig(metrics_host="127.0.0.1", metrics_port=0, register_webhook=False)
+        ready, kopf_ready = asyncio.Event(), asyncio.Event()
+        probes = await app._serve_probes(config, Loops(), ready)
+        port = probes.addresses[0][1]
+        kopf_ready.set()
+        registering = asyncio.create_task(
+            app._register_when_watching(config, cast(Any, Paging()), b"", kopf_ready, ready, index, cast(Any, Drain()))
+        )
+        while ("ns", "stormservices-1") not in index.stormservices:  # the first page is in, the second not yet
+            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(status, port) == 503 and not index.caught_up
+        release.set()
+        await asyncio.wait_for(registering, 10)
+        assert index.caught_up and ("ns", "rolesets-2") in index.rolesets
+        assert await asyncio.to_thread(status, port) == 200
+        await probes.cleanup()
+
+    asyncio.run(scenario())
