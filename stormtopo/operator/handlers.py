@@ -70,6 +70,7 @@ class Operator:
     relist_seconds: float = RELIST_SECONDS
     watch_missed: dict[str, int] = field(default_factory=dict)  # kind -> objects the re-lists delivered that the watch had not
     _missed_before: dict[str, bool] = field(default_factory=dict)  # kind -> whether the last re-list delivered any
+    _behind: dict[str, bool] = field(default_factory=dict)  # kind -> whether the last two re-lists both delivered some
 
     def __post_init__(self) -> None:
         self.stormservices: WorkQueue[Key] = WorkQueue("stormservices", self._reconcile, workers=4)
@@ -165,15 +166,26 @@ class Operator:
                     self.follow(kind, {"type": "MODIFIED"}, {"kind": kind, **obj})
                     missed += 1
             await asyncio.sleep(0)  # the webhooks and probes share this loop
+        # One re-list may meet events still in flight; two in a row that find some, a watch that is down.
+        again = bool(missed) and self._missed_before.get(kind, False)
         if missed:
             metrics.WATCH_MISSED.labels(kind).inc(missed)
             self.watch_missed[kind] = self.watch_missed.get(kind, 0) + missed
-            # One re-list may meet events still in flight; two in a row that find some, a watch that is down.
-            again = self._missed_before.get(kind, False)
             level = logging.WARNING if again else logging.INFO
             log.log(level, "the %s watch had not delivered %d that the re-list found%s; delivered now", kind, missed, " again" * again)
         self._missed_before[kind] = bool(missed)
+        self._behind[kind] = again
+        metrics.WATCH_BEHIND.labels(kind).set(int(again))
         return listed
+
+    def watch_report(self) -> dict[str, Any]:
+        """kopf's watches as the re-lists see them, for /healthz: per kind, what the re-lists delivered that the watch
+        had not; and the kinds whose last two re-lists both found some (behind: changes come only at each re-list).
+        Information, never a failure: a watch the API server refuses is not fixed by restarting stormtopo."""
+        return {
+            "missed, delivered by the re-list": dict(sorted(self.watch_missed.items())),
+            "behind": sorted(kind for kind, behind in self._behind.items() if behind),
+        }
 
     def watches(self) -> list[watch.ListWatch]:
         """The server-selected list+watch streams of pods and PodGroups, feeding what kopf's handlers fed."""
@@ -221,7 +233,7 @@ class Operator:
         self.loops.every("relist", self.relist_seconds, lambda: self.relist(self.index.api))
         # kopf's watches of StormServices and RoleSets, as the re-lists see them: what they missed is
         # delivered (never a reason to restart: a watch the API server refuses is not stormtopo's fault).
-        self.loops.note("kopf-watches", lambda: {"missed, delivered by the re-list": dict(sorted(self.watch_missed.items()))})
+        self.loops.note("kopf-watches", self.watch_report)
         if self.leadership.api is not None:  # election on (--leader-elect)
             self.loops.supervise("leader-election", self.leadership.retry_period, self.leadership.run)
         self.streams = WatchStreams(self.index.api)

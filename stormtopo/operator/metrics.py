@@ -46,6 +46,12 @@ OBSERVED = Counter(
     "Watch events and listed objects the index recorded, by kind: what the operator's CPU follows",
     ["kind"],
 )
+WATCH_BEHIND = Gauge(
+    "stormtopo_watch_behind",
+    "1 while the last two re-lists of a kind both found objects its watch had not delivered: kopf's watch of it refused or "
+    "failing while lists work, its changes reaching stormtopo only at each re-list",
+    ["kind"],
+)
 WATCH_MISSED = Counter(
     "stormtopo_watch_missed_total",
     "StormServices, RoleSets and HyperNodes a re-list found that their watch had not delivered (a watch down while lists work)",

@@ -95,7 +95,7 @@ def test_a_relist_delivers_the_stormservices_and_rolesets_a_blind_watch_missed()
     index.observe("HyperNode", None, {"kind": "HyperNode", "metadata": {"name": "s0", "resourceVersion": "2"}})
     loops = Loops()
     operator = handlers.Operator(index, cast(Any, None), cast(Any, None), Leadership(None, "default", "test", 15), loops)
-    loops.note("kopf-watches", lambda: {"missed, delivered by the re-list": dict(operator.watch_missed)})
+    loops.note("kopf-watches", operator.watch_report)
     asyncio.run(operator.relist(cast(Any, Api())))
     assert ("ns", "missed") in index.stormservices and ("ns", "missed-roleset-a") in index.rolesets and "s9" in index.hypernodes
     assert operator.watch_missed == {"StormService": 1, "RoleSet": 1, "HyperNode": 1}
@@ -104,6 +104,21 @@ def test_a_relist_delivers_the_stormservices_and_rolesets_a_blind_watch_missed()
     assert healthy and report["kopf-watches"]["missed, delivered by the re-list"] == {"HyperNode": 1, "RoleSet": 1, "StormService": 1}
     asyncio.run(operator.relist(cast(Any, Api())))  # delivered once: the next re-list finds nothing missed
     assert operator.watch_missed == {"StormService": 1, "RoleSet": 1, "HyperNode": 1}
+    assert loops.health()[1]["kopf-watches"]["behind"] == []
+    # The StormService watch down for good: every re-list finds new ones it missed. Two in a row: behind, said in
+    # /healthz and the gauge the StormtopoWatchBehind alert reads; /healthz stays healthy (a restart fixes no 403).
+    from stormtopo.operator import metrics
+
+    for n in (5, 6):
+        lists["stormservices"].append(service(name=f"missed-{n}", version=str(n)))
+        asyncio.run(operator.relist(cast(Any, Api())))
+        behind = loops.health()[1]["kopf-watches"]["behind"]
+        assert behind == ([] if n == 5 else ["StormService"])
+    assert metrics.WATCH_BEHIND.labels("StormService")._value.get() == 1 and metrics.WATCH_BEHIND.labels("RoleSet")._value.get() == 0
+    healthy, _ = loops.health()
+    assert healthy
+    asyncio.run(operator.relist(cast(Any, Api())))  # the watch delivers again: nothing missed, no longer behind
+    assert loops.health()[1]["kopf-watches"]["behind"] == [] and metrics.WATCH_BEHIND.labels("StormService")._value.get() == 0
 
 
 def test_a_stormservice_come_or_gone_by_any_path_requeues_those_whose_roleset_prefix_it_shares() -> None:
