@@ -383,11 +383,16 @@ def test_the_tested_releases_are_compatibility_mds_pairs() -> None:
 
 def chart_named(objects: tuple[dict[str, Any], ...], release: str = "rel") -> tuple[dict[str, Any], ...]:
     """As the chart names them (templates/webhook.yaml): <release>-stormtopo, and policies prefixed with it."""
+
+    def named(name: str) -> str:
+        return f"{release}-stormtopo" if name == "stormtopo" else f"{release}-stormtopo-{name.removeprefix('stormtopo-')}"
+
     out = []
     for obj in objects:
-        name = obj["metadata"]["name"]
-        name = f"{release}-stormtopo" if name == "stormtopo" else f"{release}-stormtopo-{name.removeprefix('stormtopo-')}"
-        out.append({**obj, "metadata": {**obj["metadata"], "name": name}})
+        renamed: dict[str, Any] = {**obj, "metadata": {**obj["metadata"], "name": named(obj["metadata"]["name"])}}
+        if "policyName" in (obj.get("spec") or {}):  # a binding names its release's policy
+            renamed["spec"] = {**obj["spec"], "policyName": named(obj["spec"]["policyName"])}
+        out.append(renamed)
     return tuple(out)
 
 
@@ -422,6 +427,21 @@ def test_a_missing_webhook_or_policy_is_an_error() -> None:
     left = tuple(o for o in REGISTERED if not o["metadata"]["name"].endswith("opted-in-pods"))
     finding = only(check_admission(healthy(admission=left)), Level.ERROR)
     assert "ValidatingAdmissionPolicy *stormtopo-opted-in-pods" in finding.found and "not held while stormtopo is down" in finding.found
+
+
+def test_a_policy_whose_own_binding_is_gone_is_an_error_though_another_installs_binding_of_a_like_name_stays() -> None:
+    """Two installs (the operator's own registration and a chart release): deleting the operator's binding of a policy
+    leaves that policy inert, whatever the chart's binding of its own policy of a like name does."""
+    gone = tuple(
+        o for o in REGISTERED if not (o["kind"].endswith("Binding") and o["metadata"]["name"] == "stormtopo-constrained-podgroups")
+    )
+    findings = check_admission(healthy(admission=(*gone, *chart_named(REGISTERED))))
+    (error,) = [f for f in findings if f.level is Level.ERROR]
+    assert (
+        "not registered: ValidatingAdmissionPolicyBinding *stormtopo-constrained-podgroups for stormtopo-constrained-podgroups"
+        in error.found
+    )
+    assert "may strip networkTopology" in error.found
 
 
 def test_webhooks_registered_twice_or_without_a_ca_are_a_warning() -> None:

@@ -28,6 +28,17 @@ def _webhook_names(obj: Mapping[str, Any]) -> set[str]:
     return {str(w.get("name")) for w in obj.get("webhooks") or []}
 
 
+def _unbound(snapshot: Snapshot, binding_kind: str, policy: str) -> list[str]:
+    """The policies of this name (any install's: the chart prefixes them) that no binding names: a policy binds
+    nothing without its own binding, whatever other bindings of a like name exist."""
+    kind = binding_kind.removesuffix("Binding")
+    found = sorted(
+        str(o["metadata"]["name"]) for o in snapshot.admission if o.get("kind") == kind and str(o["metadata"]["name"]).endswith(policy)
+    )
+    bound = {str((o.get("spec") or {}).get("policyName", "")) for o in snapshot.admission if o.get("kind") == binding_kind}
+    return [name for name in found if name not in bound]
+
+
 def check_admission(snapshot: Snapshot) -> list[Finding]:
     """stormtopo's webhook configurations (found by their webhooks' names) and admission policies with their
     bindings (by name: the chart prefixes them with its release), as operator/webhook.py registers them."""
@@ -75,7 +86,12 @@ def check_admission(snapshot: Snapshot) -> list[Finding]:
             consequence = _CONSEQUENCE.get(policy, "")
         else:
             continue  # the opted-in ConfigMap: the operator writes it in its own namespace
-        if not matches:
+        unbound = _unbound(snapshot, kind, policy) if matches and kind.endswith("Binding") else []
+        if unbound:  # another install's binding of the same name binds its own policy, not this one: inert
+            missing.append(f"{what} for {', '.join(unbound)}")
+            if consequence and consequence not in why:
+                why.append(consequence)
+        elif not matches:
             missing.append(what)
             if consequence and consequence not in why:
                 why.append(consequence)
