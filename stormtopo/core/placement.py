@@ -34,21 +34,28 @@ def domain_labels(topology: Topology, node: str) -> dict[str, str]:
     return {f"{DOMAIN_LABEL_PREFIX}{topology.switches[s].tier}": label_value(s) for s in topology.ancestors(node)}
 
 
+PLACEMENT_RECORD_VERSION = 1  # of each replica's record in stormtopo.io/placement ("v"; the release before wrote none)
+
+
 def placement_record(topology: Topology, nodes: Sequence[str]) -> dict[str, object]:
     """Where one replica landed: its lowest common HyperNode, that HyperNode's tier, and its nodes."""
     span = topology.span(nodes)
     tier = topology.switches[span.hypernode].tier if span.hypernode else None
-    return {"hyperNode": span.hypernode, "tier": tier, "nodes": sorted(set(nodes))}
+    return {"v": PLACEMENT_RECORD_VERSION, "hyperNode": span.hypernode, "tier": tier, "nodes": sorted(set(nodes))}
 
 
 def recorded_placement(current: str | None, replica: str) -> Mapping[str, object] | None:
-    """`replica`'s record in the placement annotation, if it has one."""
+    """`replica`'s record in the placement annotation, if it has one of a version this release reads: its own, or the
+    release before's (no version, the same fields), read as its own, so that an upgrade neither says nor records
+    again where every replica landed (they get the version when they land anew)."""
     try:
         table = json.loads(current) if current else {}
     except ValueError:
         return None
     record = table.get(replica) if isinstance(table, dict) else None
-    return record if isinstance(record, dict) else None
+    if not isinstance(record, dict) or record.get("v", PLACEMENT_RECORD_VERSION) != PLACEMENT_RECORD_VERSION:
+        return None
+    return {"v": PLACEMENT_RECORD_VERSION, **record}
 
 
 def merge_placements(current: str | None, replica: str, record: Mapping[str, object], live: Iterable[str]) -> str:

@@ -62,7 +62,7 @@ def test_domain_labels_and_placement_record() -> None:
         "stormtopo.io/hypernode-tier-3": "s6",
     }
     assert domain_labels(EXAMPLE, "elsewhere") == {}
-    assert placement_record(EXAMPLE, ["node4", "node5"]) == {"hyperNode": "s2", "tier": 1, "nodes": ["node4", "node5"]}
+    assert placement_record(EXAMPLE, ["node4", "node5"]) == {"v": 1, "hyperNode": "s2", "tier": 1, "nodes": ["node4", "node5"]}
     merged = merge_placements('{"gone": {"tier": 3}, "a": {"tier": 2}}', "b", {"tier": 1}, live=["a"])
     assert merged == '{"a":{"tier":2},"b":{"tier":1}}'
     assert merge_placements("not json", "b", {"tier": 1}, live=[]) == '{"b":{"tier":1}}'
@@ -72,7 +72,10 @@ def test_a_recorded_placement_is_found_only_when_the_replica_has_a_record() -> N
     from stormtopo.core.placement import recorded_placement
 
     table = '{"a":{"hyperNode":"s2","tier":1,"nodes":["node4"]}}'
-    assert recorded_placement(table, "a") == {"hyperNode": "s2", "tier": 1, "nodes": ["node4"]}
+    assert recorded_placement(table, "a") == {"v": 1, "hyperNode": "s2", "tier": 1, "nodes": ["node4"]}  # the release before's
+    versioned = '{"a":{"v":1,"hyperNode":"s2","tier":1,"nodes":["node4"]},"b":{"v":2,"hyperNode":"s2","tier":1,"nodes":[]}}'
+    assert recorded_placement(versioned, "a") == {"v": 1, "hyperNode": "s2", "tier": 1, "nodes": ["node4"]}
+    assert recorded_placement(versioned, "b") is None  # a later release's: not read
     assert recorded_placement(table, "b") is None
     assert recorded_placement(None, "a") is None
     assert recorded_placement("not json", "a") is None

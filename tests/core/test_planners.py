@@ -160,7 +160,7 @@ def test_a_new_replica_takes_only_the_topology_of_a_sibling_while_the_request_is
 def test_a_replica_within_its_tier_is_recorded_and_labelled_without_a_warning() -> None:
     placed = plan_placed(EXAMPLE, request(HARD1), 1, "r1", [pod("p", "prefill", "node4"), pod("d", "decode", "node5")])
     assert placed is not None and not placed.violated
-    assert placed.record == {"hyperNode": "s2", "tier": 1, "nodes": ["node4", "node5"]}
+    assert placed.record == {"v": 1, "hyperNode": "s2", "tier": 1, "nodes": ["node4", "node5"]}
     assert [s.reason for s in placed.says] == ["ReplicaPlaced"]
     assert (
         LabelPod(

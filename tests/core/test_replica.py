@@ -173,7 +173,7 @@ def test_a_complete_replica_is_said_recorded_and_labelled_once() -> None:
     plan = plan_replica(snapshot(index), ReplicaMemory())
     assert [s.reason for s in plan.says] == ["ReplicaPlaced"]
     (record,) = [w for w in plan.writes if isinstance(w, RecordPlacement)]
-    assert record.record == {"hyperNode": "s2", "tier": 1, "nodes": ["node4", "node5"]} and record.live == ("svc-rs",)
+    assert record.record == {"v": 1, "hyperNode": "s2", "tier": 1, "nodes": ["node4", "node5"]} and record.live == ("svc-rs",)
     assert plan.first is not None and plan.first.tier == 1
     assert any(isinstance(w, LabelPod) for w in plan.writes)
     again = plan_replica(snapshot(index), plan.memory)
@@ -181,11 +181,16 @@ def test_a_complete_replica_is_said_recorded_and_labelled_once() -> None:
     # After a restart (no memory) the record on the StormService keeps it from being said or recorded again.
     recorded = service(HARD1)
     recorded["metadata"].setdefault("annotations", {})[PLACEMENT_ANNOTATION] = (
-        '{"svc-rs":{"hyperNode":"s2","nodes":["node4","node5"],"tier":1}}'
+        '{"svc-rs":{"hyperNode":"s2","nodes":["node4","node5"],"tier":1,"v":1}}'
     )
     index.observe("StormService", "MODIFIED", recorded)
     restarted = plan_replica(snapshot(index), ReplicaMemory())
     assert restarted.says == () and not [w for w in restarted.writes if isinstance(w, RecordPlacement)]
+    # Nor after an upgrade from the release before, whose records carry no version: not said nor written again.
+    recorded["metadata"]["annotations"][PLACEMENT_ANNOTATION] = '{"svc-rs":{"hyperNode":"s2","nodes":["node4","node5"],"tier":1}}'
+    index.observe("StormService", "MODIFIED", recorded)
+    upgraded = plan_replica(snapshot(index), ReplicaMemory())
+    assert upgraded.says == () and not [w for w in upgraded.writes if isinstance(w, RecordPlacement)]
 
 
 def test_a_partly_bound_replica_is_not_said_placed_yet() -> None:
