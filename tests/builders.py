@@ -49,6 +49,14 @@ def service(
     return svc
 
 
+def service_meta(name: str = "svc", annotations: Mapping[str, str] | None = None, version: str = "7", uid: str = "u-1") -> dict[str, Any]:
+    """A StormService of metadata alone, as the gate and the opted-in lists read it (no spec: they read none)."""
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version}
+    if annotations is not None:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": "orchestration.aibrix.ai/v1alpha1", "kind": "StormService", "metadata": meta}
+
+
 def roleset(
     name: str = "svc-rs",
     roles: Sequence[Role] = PD_1P1D,

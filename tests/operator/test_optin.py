@@ -28,96 +28,90 @@ from stormtopo.devenv.cluster import operator_env
 from stormtopo.kube.client import ApiError
 from stormtopo.operator import listed_pods, webhook
 from stormtopo.operator.optin import GATE_LISTED, NAMES_KEPT, UPDATE_LAG, Gate, ListsSeen, OptedInList
+from tests.builders import service_meta
 
 HARD = {MODE: "hard", HIGHEST_TIER: "1"}
 
 
-def service(name: str = "svc", annotations: Mapping[str, str] | None = None, version: str = "7", uid: str = "u-1") -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version}
-    if annotations is not None:
-        meta["annotations"] = dict(annotations)
-    return {"apiVersion": "orchestration.aibrix.ai/v1alpha1", "kind": "StormService", "metadata": meta}
-
-
 # -- what a review may list (pure) ---------------------------------------------------------------
 def test_an_opt_in_by_update_is_listed_with_its_scope() -> None:
-    stored = service()
-    assert gate_listing("UPDATE", service(annotations=HARD), stored, stored)[0] == "RoleSet"
-    assert gate_listing("UPDATE", service(annotations={**HARD, SCOPE: "StormService"}), stored, stored)[0] == "StormService"
+    stored = service_meta()
+    assert gate_listing("UPDATE", service_meta(annotations=HARD), stored, stored)[0] == "RoleSet"
+    assert gate_listing("UPDATE", service_meta(annotations={**HARD, SCOPE: "StormService"}), stored, stored)[0] == "StormService"
 
 
 def test_a_create_lists_nothing_its_role_templates_carry_the_label() -> None:
     """Issue 42, item 1: a new StormService is held by the opt-in label the mutating webhook puts on its
     role templates; the gate lists no create, genuine or made up."""
-    want, why = gate_listing("CREATE", service(annotations=HARD), None, None)
+    want, why = gate_listing("CREATE", service_meta(annotations=HARD), None, None)
     assert want is None and "label" in why
-    assert gate_listing("CREATE", service(annotations=HARD), None, service())[0] is None
+    assert gate_listing("CREATE", service_meta(annotations=HARD), None, service_meta())[0] is None
 
 
 def test_a_service_that_asks_for_healing_is_listed_as_movable_and_only_then() -> None:
     """The chart's eviction policy lets stormtopo evict pods only of services listed with MOVABLE (issue 34, item 6)."""
-    assert listing(service(annotations={**HARD, HEAL_ANNOTATION: " True "})) == "RoleSet" + MOVABLE
-    assert listing(service(annotations={**HARD, HEAL_ANNOTATION: "false"})) == "RoleSet"
-    assert listing(service(annotations={**HARD, LEND_ROOM_ANNOTATION: "true"})) == "RoleSet"  # lending needs healing
-    assert listing(service(annotations={HEAL_ANNOTATION: "true"})) is None  # no topology request: not listed at all
+    assert listing(service_meta(annotations={**HARD, HEAL_ANNOTATION: " True "})) == "RoleSet" + MOVABLE
+    assert listing(service_meta(annotations={**HARD, HEAL_ANNOTATION: "false"})) == "RoleSet"
+    assert listing(service_meta(annotations={**HARD, LEND_ROOM_ANNOTATION: "true"})) == "RoleSet"  # lending needs healing
+    assert listing(service_meta(annotations={HEAL_ANNOTATION: "true"})) is None  # no topology request: not listed at all
     assert MOVABLE == "+heal"  # the chart's policy (templates/admission-policy.yaml) reads it by this text
 
 
 def test_the_gate_never_unlists() -> None:
     """A review without annotations once unlisted a genuine opted-in StormService."""
-    want, why = gate_listing("UPDATE", service(), service(annotations=HARD), service(annotations=HARD))
+    want, why = gate_listing("UPDATE", service_meta(), service_meta(annotations=HARD), service_meta(annotations=HARD))
     assert want is None and "never unlists" in why
 
 
 def test_an_update_is_listed_only_if_its_old_object_is_the_stored_one() -> None:
-    stored = service(version="7", uid="u-1")
-    new = service(annotations=HARD, version="7", uid="u-1")
-    assert gate_listing("UPDATE", new, service(version="7", uid="u-1"), stored)[0] == "RoleSet"
-    stale = gate_listing("UPDATE", new, service(version="6", uid="u-1"), stored)
+    stored = service_meta(version="7", uid="u-1")
+    new = service_meta(annotations=HARD, version="7", uid="u-1")
+    assert gate_listing("UPDATE", new, service_meta(version="7", uid="u-1"), stored)[0] == "RoleSet"
+    stale = gate_listing("UPDATE", new, service_meta(version="6", uid="u-1"), stored)
     assert stale[0] is None and "stale, replayed or made up" in stale[1]
-    other_uid = gate_listing("UPDATE", new, service(version="7", uid="u-made-up"), stored)
+    other_uid = gate_listing("UPDATE", new, service_meta(version="7", uid="u-made-up"), stored)
     assert other_uid[0] is None
     no_old = gate_listing("UPDATE", new, None, stored)
     assert no_old[0] is None
-    made_up = gate_listing("UPDATE", new, service(version="7"), None)
+    made_up = gate_listing("UPDATE", new, service_meta(version="7"), None)
     assert made_up[0] is None and "made up" in made_up[1]
 
 
 def test_a_version_found_falsely_listed_is_not_listed_again() -> None:
-    stored = service(version="7")
-    new, old = service(annotations=HARD, version="7"), service(version="7")
+    stored = service_meta(version="7")
+    new, old = service_meta(annotations=HARD, version="7"), service_meta(version="7")
     assert gate_listing("UPDATE", new, old, stored, refuted="7")[0] is None
     assert gate_listing("UPDATE", new, old, stored, refuted="5")[0] == "RoleSet"  # an older refutation: a new version
 
 
 def test_other_operations_and_nameless_reviews_list_nothing() -> None:
-    assert gate_listing("DELETE", service(annotations=HARD), None, None)[0] is None
-    assert gate_listing("CONNECT", service(annotations=HARD), None, None)[0] is None
-    nameless = service(annotations=HARD)
+    assert gate_listing("DELETE", service_meta(annotations=HARD), None, None)[0] is None
+    assert gate_listing("CONNECT", service_meta(annotations=HARD), None, None)[0] is None
+    nameless = service_meta(annotations=HARD)
     nameless["metadata"]["name"] = ""
     assert gate_listing("CREATE", nameless, None, None)[0] is None
 
 
 def test_confirmed_means_stored_with_a_request() -> None:
-    assert confirmed(service(annotations=HARD))
-    assert confirmed(service(annotations={MODE: "hardd"}))  # invalid, still opted in: the reconciler keeps it listed
-    assert not confirmed(service())
+    assert confirmed(service_meta(annotations=HARD))
+    assert confirmed(service_meta(annotations={MODE: "hardd"}))  # invalid, still opted in: the reconciler keeps it listed
+    assert not confirmed(service_meta())
     assert not confirmed(None)
-    assert expiry_verdict(service(annotations=HARD)) == "keep"
-    assert expiry_verdict(service()) == "unlist-refuted"
+    assert expiry_verdict(service_meta(annotations=HARD)) == "keep"
+    assert expiry_verdict(service_meta()) == "unlist-refuted"
     assert expiry_verdict(None) == "unlist"
     # What was listed counts, but for `+heal` (the reconciler's to say, not the gate's): another scope is not confirmed.
-    assert confirmed(service(annotations=HARD), "RoleSet") and confirmed(service(annotations=HARD), "RoleSet" + MOVABLE)
-    assert not confirmed(service(annotations=HARD), "StormService")
-    assert expiry_verdict(service(annotations=HARD), "RoleSet" + MOVABLE) == "relist-refuted"
+    assert confirmed(service_meta(annotations=HARD), "RoleSet") and confirmed(service_meta(annotations=HARD), "RoleSet" + MOVABLE)
+    assert not confirmed(service_meta(annotations=HARD), "StormService")
+    assert expiry_verdict(service_meta(annotations=HARD), "RoleSet" + MOVABLE) == "relist-refuted"
     # Labelled on every role: whether it stays listed (replicas of older, unlabelled templates) is the reconciler's
     # to say from its RoleSets; the gate confirms and keeps what was listed.
-    labelled_service = with_roles(service(annotations=HARD), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
+    labelled_service = with_roles(service_meta(annotations=HARD), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
     assert confirmed(labelled_service, "RoleSet") and expiry_verdict(labelled_service, "RoleSet") == "keep"
-    assert not confirmed(with_roles(service(), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}}), "RoleSet")  # opted out
-    assert expiry_verdict(service(), "RoleSet") == "unlist-refuted"
+    assert not confirmed(with_roles(service_meta(), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}}), "RoleSet")  # opted out
+    assert expiry_verdict(service_meta(), "RoleSet") == "unlist-refuted"
     # Never widened by the sweep (its read may be stale beside another replica's reconciler): kept.
-    assert expiry_verdict(service(annotations={**HARD, HEAL_ANNOTATION: "true"}), "RoleSet") == "keep"
+    assert expiry_verdict(service_meta(annotations={**HARD, HEAL_ANNOTATION: "true"}), "RoleSet") == "keep"
 
 
 # -- the opt-in label on role templates (pure) ---------------------------------------------------
@@ -142,17 +136,17 @@ def apply_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any
 
 def test_a_new_opted_in_service_gets_the_label_on_every_role_template_and_keeps_its_own() -> None:
     """Issue 42, item 1: the create writes nothing but itself; every shape a role template comes in."""
-    new = with_roles(service(annotations=HARD), {"metadata": {"labels": {"app": "x"}}}, {"metadata": {}}, {}, None)
+    new = with_roles(service_meta(annotations=HARD), {"metadata": {"labels": {"app": "x"}}}, {"metadata": {}}, {}, None)
     assert not labelled(new) and listing(new) == "RoleSet"
     ops = opt_in_patch("CREATE", new, None)
     patched = apply_patch(new, ops)
     assert labelled(patched) and listing(patched) is None  # held by its label: nothing to list
     assert patched["spec"]["template"]["spec"]["roles"][0]["template"]["metadata"]["labels"] == {"app": "x", OPTED_IN_LABEL: "true"}
     assert opt_in_patch("CREATE", patched, None) == []  # reinvoked: nothing more
-    assert opt_in_patch("CREATE", with_roles(service(), {}), None) == []  # never opted in: untouched
-    healing = with_roles(service(annotations={**HARD, HEAL_ANNOTATION: "true"}), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
+    assert opt_in_patch("CREATE", with_roles(service_meta(), {}), None) == []  # never opted in: untouched
+    healing = with_roles(service_meta(annotations={**HARD, HEAL_ANNOTATION: "true"}), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
     assert listing(healing) == "RoleSet" + MOVABLE  # listed only for the eviction policy
-    assert not labelled(service(annotations=HARD))  # no roles: nothing held by a label, listed as before
+    assert not labelled(service_meta(annotations=HARD))  # no roles: nothing held by a label, listed as before
 
 
 def test_a_service_its_owner_labels_in_a_rollout_stays_listed_until_its_last_replica_of_the_old_templates_is_gone() -> None:
@@ -163,7 +157,7 @@ def test_a_service_its_owner_labels_in_a_rollout_stays_listed_until_its_last_rep
     from stormtopo.core.request import ClusterTiers
 
     labels = {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}}
-    rolled = with_roles(service(annotations=HARD), labels, labels)
+    rolled = with_roles(service_meta(annotations=HARD), labels, labels)
 
     def roleset(name: str, *templates: dict[str, Any]) -> dict[str, Any]:
         meta = {"name": name, "namespace": "ns", "uid": name}
@@ -181,15 +175,15 @@ def test_an_update_keeps_the_label_only_where_the_stored_version_had_it_on_every
     """A re-apply of a manifest without the label (server-side apply drops it) or a new role: labelled
     again, so the update rolls nothing. An opt-in by update: untouched (labelling would roll every
     replica), listed by the gate instead."""
-    old = with_roles(service(annotations=HARD), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
-    reapplied = with_roles(service(annotations=HARD), {"metadata": {"labels": {"app": "x"}}}, {})
+    old = with_roles(service_meta(annotations=HARD), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
+    reapplied = with_roles(service_meta(annotations=HARD), {"metadata": {"labels": {"app": "x"}}}, {})
     assert labelled(apply_patch(reapplied, opt_in_patch("UPDATE", reapplied, old)))
-    plain_before = with_roles(service(), {"metadata": {"labels": {"app": "x"}}})
-    opting = with_roles(service(annotations=HARD), {"metadata": {"labels": {"app": "x"}}})
+    plain_before = with_roles(service_meta(), {"metadata": {"labels": {"app": "x"}}})
+    opting = with_roles(service_meta(annotations=HARD), {"metadata": {"labels": {"app": "x"}}})
     assert opt_in_patch("UPDATE", opting, plain_before) == []
     assert gate_listing("UPDATE", opting, plain_before, plain_before)[0] == "RoleSet"
     assert opt_in_patch("DELETE", reapplied, old) == []
-    no_roles = with_roles(service(annotations=HARD))  # created with none: the roles added later are labelled
+    no_roles = with_roles(service_meta(annotations=HARD))  # created with none: the roles added later are labelled
     assert labelled(apply_patch(reapplied, opt_in_patch("UPDATE", reapplied, no_roles)))
 
 
@@ -359,18 +353,18 @@ def review(operation: str, obj: dict[str, Any], old: dict[str, Any] | None = Non
 
 def opting_in(cluster: Cluster | None, name: str, namespace: str = "ns", indexed: bool = True) -> dict[str, Any]:
     """The review of an update that opts a plain StormService in (stored at version 7, put in `cluster`)."""
-    old = service(name, version="7", uid=f"u-{name}")
+    old = service_meta(name, version="7", uid=f"u-{name}")
     old["metadata"]["namespace"] = namespace
     if cluster is not None:
         cluster.put(old, indexed)
-    new = service(name, HARD, version="7", uid=f"u-{name}")
+    new = service_meta(name, HARD, version="7", uid=f"u-{name}")
     new["metadata"]["namespace"] = namespace
     return review("UPDATE", new, old)
 
 
 def opted_in(name: str, version: str = "8") -> dict[str, Any]:
     """The StormService as stored once the update of `opting_in` happened."""
-    return service(name, HARD, version=version, uid=f"u-{name}")
+    return service_meta(name, HARD, version=version, uid=f"u-{name}")
 
 
 def test_made_up_creates_list_nothing_read_nothing_and_take_no_room() -> None:
@@ -379,13 +373,13 @@ def test_made_up_creates_list_nothing_read_nothing_and_take_no_room() -> None:
 
     async def scenario() -> None:
         gate, api, cluster, _ = make_gate(limit=4)
-        answers = [await gate.review(review("CREATE", service(f"made-up-{i}", HARD))) for i in range(1000)]
+        answers = [await gate.review(review("CREATE", service_meta(f"made-up-{i}", HARD))) for i in range(1000)]
         assert answers == [None] * 1000
         assert api.data is None and api.writes == 0 and cluster.reads == 0 and gate.unconfirmed.since == {}
         # With roles that reached the gate unlabelled (no policy or webhook labelled them): refused, and still nothing written.
-        refused = await gate.review(review("CREATE", with_roles(service("unlabelled", HARD), {})))
+        refused = await gate.review(review("CREATE", with_roles(service_meta("unlabelled", HARD), {})))
         assert refused is not None and OPTED_IN_LABEL in refused and "feature gate" in refused
-        labelled_roles = with_roles(service("labelled", HARD), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
+        labelled_roles = with_roles(service_meta("labelled", HARD), {"metadata": {"labels": {OPTED_IN_LABEL: "true"}}})
         assert await gate.review(review("CREATE", labelled_roles)) is None
         assert api.data is None and api.writes == 0 and cluster.reads == 0
         assert await gate.review(opting_in(cluster, "real")) is None
@@ -517,7 +511,7 @@ def test_a_review_naming_no_valid_namespace_or_stormservice_lists_nothing_anywhe
 
     async def scenario() -> None:
         gate, api, cluster, _ = make_gate()
-        forged = service(name, HARD)
+        forged = service_meta(name, HARD)
         forged["metadata"]["namespace"] = namespace
         assert await gate.review(review("CREATE", forged)) is None
         assert api.data is None and api.paths == [] and cluster.reads == 0
@@ -540,11 +534,11 @@ def test_stale_listings_of_a_namespace_go_in_one_write_however_many() -> None:
 def test_a_forged_create_or_stale_update_of_another_tenants_service_lists_nothing() -> None:
     async def scenario() -> None:
         gate, api, cluster, _ = make_gate()
-        plain = service("plain", version="42", uid="u-plain")
+        plain = service_meta("plain", version="42", uid="u-plain")
         cluster.put(plain)
-        assert await gate.review(review("CREATE", service("plain", HARD))) is None
-        for old in (service("plain", version="41", uid="u-plain"), service("plain", version="42", uid="guessed"), None):
-            assert await gate.review(review("UPDATE", service("plain", HARD, version="42"), old)) is None
+        assert await gate.review(review("CREATE", service_meta("plain", HARD))) is None
+        for old in (service_meta("plain", version="41", uid="u-plain"), service_meta("plain", version="42", uid="guessed"), None):
+            assert await gate.review(review("UPDATE", service_meta("plain", HARD, version="42"), old)) is None
         assert api.data is None and api.writes == 0
 
     asyncio.run(scenario())
@@ -557,14 +551,14 @@ def test_a_sweep_whose_read_was_overtaken_judges_nothing() -> None:
     async def scenario() -> None:
         gate, api, cluster, clock = make_gate()
         assert await gate.review(opting_in(cluster, "svc")) is None  # claimed for u-svc
-        cluster.put(service("svc", version="3", uid="u-tenant"))  # deleted and made again, plain: contradicted
+        cluster.put(service_meta("svc", version="3", uid="u-tenant"))  # deleted and made again, plain: contradicted
         real_read = cluster.read
 
         async def read_while_it_opts_in(namespace: str, name: str) -> dict[str, Any] | None:
             found = await real_read(namespace, name)
             gate.stored = real_read
-            opted = service("svc", HARD, version="4", uid="u-tenant")
-            assert await gate.review(review("UPDATE", opted, service("svc", version="3", uid="u-tenant"))) is None
+            opted = service_meta("svc", HARD, version="4", uid="u-tenant")
+            assert await gate.review(review("UPDATE", opted, service_meta("svc", version="3", uid="u-tenant"))) is None
             cluster.put(opted)  # stored, and its event confirms the listing at the next review
             assert await gate.review(opting_in(cluster, "other")) is None
             assert "ns.svc" not in gate.unconfirmed.since
@@ -616,7 +610,7 @@ def test_a_genuine_opt_in_is_not_taken_back_while_the_watch_lags_a_recreate() ->
 
     async def scenario() -> None:
         gate, api, cluster, clock = make_gate()
-        cluster.put(service("svc", version="3", uid="u-old"))  # the old one, as the lagging watch still has it
+        cluster.put(service_meta("svc", version="3", uid="u-old"))  # the old one, as the lagging watch still has it
         assert await gate.review(opting_in(cluster, "svc", indexed=False)) is None  # read from the API server
         cluster.put(opted_in("svc"), indexed=False)
         clock.now += 0.5
@@ -630,9 +624,9 @@ def test_a_review_without_annotations_never_unlists() -> None:
     async def scenario() -> None:
         gate, api, cluster, _ = make_gate()
         api.data = {"ns.opted": "RoleSet"}
-        cluster.put(service("opted", HARD, version="3"))
-        assert await gate.review(review("UPDATE", service("opted", version="3"), service("opted", HARD, version="3"))) is None
-        assert await gate.review(review("CREATE", service("opted"))) is None
+        cluster.put(service_meta("opted", HARD, version="3"))
+        assert await gate.review(review("UPDATE", service_meta("opted", version="3"), service_meta("opted", HARD, version="3"))) is None
+        assert await gate.review(review("CREATE", service_meta("opted"))) is None
         assert api.data == {"ns.opted": "RoleSet"} and api.writes == 0
 
     asyncio.run(scenario())
@@ -641,9 +635,9 @@ def test_a_review_without_annotations_never_unlists() -> None:
 def test_an_update_of_the_stored_version_is_listed_also_when_the_index_lags() -> None:
     async def scenario() -> None:
         gate, api, cluster, _ = make_gate()
-        cluster.put(service("svc", version="5"))
-        cluster.put(service("svc", version="6"), indexed=False)  # the index still holds 5
-        assert await gate.review(review("UPDATE", service("svc", HARD, version="6"), service("svc", version="6"))) is None
+        cluster.put(service_meta("svc", version="5"))
+        cluster.put(service_meta("svc", version="6"), indexed=False)  # the index still holds 5
+        assert await gate.review(review("UPDATE", service_meta("svc", HARD, version="6"), service_meta("svc", version="6"))) is None
         assert api.data == {"ns.svc": "RoleSet"} and cluster.reads == 1
 
     asyncio.run(scenario())
@@ -657,9 +651,9 @@ def test_a_replayed_update_is_taken_back_and_never_listed_again() -> None:
 
     async def scenario() -> None:
         gate, api, cluster, clock = make_gate()
-        plain = service("plain", version="9")
+        plain = service_meta("plain", version="9")
         cluster.put(plain)
-        forged = review("UPDATE", service("plain", HARD, version="9"), service("plain", version="9"))
+        forged = review("UPDATE", service_meta("plain", HARD, version="9"), service_meta("plain", version="9"))
         assert await gate.review(forged) is None
         assert api.data == {"ns.plain": "RoleSet"}
         writes = api.writes
@@ -675,14 +669,14 @@ def test_a_replayed_update_is_taken_back_and_never_listed_again() -> None:
         assert api.data == {}  # UPDATE_LAG, not CONFIRM_SECONDS
         assert await gate.review(forged) is None
         assert api.data == {}
-        cluster.put(service("plain", HARD, version="10"))  # a real opt-in later: a new version, listed
-        assert await gate.review(review("UPDATE", service("plain", HARD, version="10"), service("plain", version="10"))) is None
+        cluster.put(service_meta("plain", HARD, version="10"))  # a real opt-in later: a new version, listed
+        assert await gate.review(review("UPDATE", service_meta("plain", HARD, version="10"), service_meta("plain", version="10"))) is None
         assert api.data == {"ns.plain": "RoleSet"}
 
         gate, api, cluster, clock = make_gate()
-        cluster.put(service("slow", version="3"))
-        assert await gate.review(review("UPDATE", service("slow", HARD, version="3"), service("slow", version="3"))) is None
-        cluster.put(service("slow", HARD, version="4"), indexed=False)  # stored; its watch event late
+        cluster.put(service_meta("slow", version="3"))
+        assert await gate.review(review("UPDATE", service_meta("slow", HARD, version="3"), service_meta("slow", version="3"))) is None
+        cluster.put(service_meta("slow", HARD, version="4"), indexed=False)  # stored; its watch event late
         clock.now += UPDATE_LAG + 1.0
         await gate.sweep()
         assert api.data == {"ns.slow": "RoleSet"}  # the update happened: kept
@@ -700,10 +694,10 @@ def test_the_gate_never_lists_heal_so_no_review_makes_pods_evictable() -> None:
 
     async def scenario() -> None:
         gate, api, cluster, _ = make_gate()
-        stored = service("placed", HARD, version="4")
+        stored = service_meta("placed", HARD, version="4")
         cluster.put(stored)
         api.data = {"ns.placed": "RoleSet"}
-        forged = review("UPDATE", service("placed", {**HARD, HEAL_ANNOTATION: "true"}, version="4"), stored)
+        forged = review("UPDATE", service_meta("placed", {**HARD, HEAL_ANNOTATION: "true"}, version="4"), stored)
         assert await gate.review(forged) is None
         assert api.data == {"ns.placed": "RoleSet"} and api.writes == 0
         heals = opting_in(cluster, "healer")
@@ -930,13 +924,13 @@ def test_the_pod_webhook_passes_the_podgroup_of_the_gang_the_pod_joins(tmp_path:
             ({MODE: "hard"}, "svc-roleset-1"),  # invalid, scope RoleSet
             ({MODE: "hard", HIGHEST_TIER: "9", SCOPE: "StormService"}, "svc"),  # invalid, scope StormService as written
         ):
-            index.stormservices[("ns", "svc")] = service("svc", annotations)
+            index.stormservices[("ns", "svc")] = service_meta("svc", annotations)
             admit()
             assert set(seen[-1]) == {gang}
         index.podgroups = {}
         admit()
         assert seen[-1] == {}  # none known: none passed
-        index.stormservices[("ns", "svc")] = service("svc")  # not opted in: no lookups
+        index.stormservices[("ns", "svc")] = service_meta("svc")  # not opted in: no lookups
         index.asked.clear()
         admit()
         assert seen[-1] == {} and index.asked == []
@@ -959,7 +953,7 @@ def test_the_pod_webhook_holds_at_the_room_gate_only_while_a_leader_is_known(tmp
     cert, key, server_ca, _ = _tls_files(tmp_path)
     api = FakeApi()
     index = FakeIndex(api)
-    index.stormservices[("ns", "svc")] = service("svc", HARD)
+    index.stormservices[("ns", "svc")] = service_meta("svc", HARD)
     known = [True]
     app = webhook.build_app(index, OptedInList(api), client_ca="", exact_preemption=True, narrowing=True, leader_known=lambda: known[0])  # type: ignore[arg-type]
     port = processes.free_port()
@@ -995,7 +989,7 @@ def test_while_draining_every_answer_closes_its_connection() -> None:
         gate = Gate(OptedInList(api), lambda ns, n: None, _absent)  # type: ignore[arg-type]
         app = webhook.build_app(FakeIndex(api), OptedInList(api), client_ca="", gate=gate, draining=lambda: draining)  # type: ignore[arg-type]
         async with TestClient(TestServer(app)) as client:
-            body = {"request": review("CREATE", service("new", HARD), dryRun=True)}
+            body = {"request": review("CREATE", service_meta("new", HARD), dryRun=True)}
             answered = await client.post(webhook.STORMSERVICES_PATH, json=body)
             assert (await answered.json())["response"]["allowed"] and answered.headers.get("Connection", "").lower() != "close"
             draining = True
@@ -1079,7 +1073,7 @@ def _pod_webhook(scenario: Callable[[Any, StoredApi, OptedInList], Awaitable[Non
     async def run() -> None:
         api = StoredApi()
         index = FakeIndex(api)
-        index.stormservices[("ns", "svc")] = service("svc")  # asks for nothing, as indexed
+        index.stormservices[("ns", "svc")] = service_meta("svc")  # asks for nothing, as indexed
         opted_in = OptedInList(api)  # type: ignore[arg-type]
         app = webhook.build_app(index, opted_in, client_ca="", gate=Gate(opted_in, lambda ns, n: None, _absent))  # type: ignore[arg-type]
         async with TestClient(TestServer(app)) as client:
@@ -1110,7 +1104,7 @@ def test_a_pod_the_policy_would_hold_for_nothing_is_marked_admitted_and_only_the
         answer = await _answer(client, _pod())
         assert answer["allowed"] and answer["ops"] == [] and api.reads == 0  # not listed: not read, untouched
         _listed_long_ago(opted_in)
-        api.stored = service("svc", version="8")
+        api.stored = service_meta("svc", version="8")
         answer = await _answer(client, _pod())
         assert answer["allowed"] and answer["ops"] == [ADMITTED] and api.reads == 1
         # A pod still carrying the opt-in label of a service that opted out: the label off, and admitted.
@@ -1129,7 +1123,7 @@ def test_a_listed_service_stored_opted_in_ahead_of_the_index_is_refused_until_ca
 
     async def scenario(client: Any, api: StoredApi, opted_in: OptedInList) -> None:
         _listed_long_ago(opted_in)
-        api.stored = service("svc", HARD, version="9")
+        api.stored = service_meta("svc", HARD, version="9")
         answer = await _answer(client, _pod())
         assert not answer["allowed"] and "catching up" in answer["status"]["message"]
 
@@ -1145,7 +1139,7 @@ def test_a_young_listing_is_judged_only_once_a_genuine_opt_in_would_be_stored(mo
         opted_in.seen.on_event("ADDED", {"metadata": {"namespace": "ns"}, "data": {"svc": "RoleSet"}})
         listed_at = opted_in.seen.listed_since("ns", "svc")
         assert listed_at is not None
-        api.stored = service("svc", HARD, version="9")  # stored by the time it is read
+        api.stored = service_meta("svc", HARD, version="9")  # stored by the time it is read
         answer = await _answer(client, _pod())
         assert api.read_at[0] - listed_at >= 0.3 - 0.01
         assert not answer["allowed"]
@@ -1159,14 +1153,14 @@ def test_the_pods_of_one_listed_service_share_reads_but_never_one_older_than_the
 
     async def scenario(client: Any, api: StoredApi, opted_in: OptedInList) -> None:
         _listed_long_ago(opted_in)
-        api.stored, api.delay = service("svc"), 0.3
+        api.stored, api.delay = service_meta("svc"), 0.3
         answers = await asyncio.gather(*(_answer(client, _pod()) for _ in range(5)))
         assert all(a["ops"] == [ADMITTED] for a in answers) and api.reads <= 2
         api.reads = 0
         first = asyncio.ensure_future(_answer(client, _pod()))
         while api.reads == 0:
             await asyncio.sleep(0.01)
-        api.stored = service("svc", HARD, version="9")  # opted in while the first read is under way
+        api.stored = service_meta("svc", HARD, version="9")  # opted in while the first read is under way
         second = await _answer(client, _pod())
         assert (await first)["ops"] == [ADMITTED]
         assert not second["allowed"] and api.reads == 2
