@@ -228,3 +228,67 @@ def test_a_forbidden_watch_lists_again_rather_than_stay_at_its_last_list(tmp_pat
         assert len(lists) >= 2 and loop.failures_total >= 1 and "403" in loop.last_error
 
     asyncio.run(scenario())
+
+
+def test_a_watch_answering_error_is_a_failure_of_its_loop_retried_and_the_watch_resumes(tmp_path: Path) -> None:
+    """Issue 42, item 6: a watch whose stream answers ERROR (an API server failing over: 500 "leader changed", or a
+    403 while RBAC is being changed) ends that watch as a failure the loop counts and backs off from; the next
+    try lists and watches again, and the loop never dies nor counts as stuck."""
+
+    class Failing:
+        def __init__(self) -> None:
+            self.watches = 0
+            self.done = asyncio.Event()
+
+        async def pods(self, request: web.Request) -> web.StreamResponse:
+            if request.query.get("watch") != "true":
+                return web.json_response({"metadata": {"resourceVersion": "10"}, "items": [_pod("a", "5")]})
+            self.watches += 1
+            response = web.StreamResponse()
+            await response.prepare(request)
+            if self.watches <= 2:
+                code, reason = (500, "InternalError") if self.watches == 1 else (403, "Forbidden")
+                error = {
+                    "type": "ERROR",
+                    "object": {"kind": "Status", "code": code, "reason": reason, "message": "etcdserver: leader changed"},
+                }
+                await response.write(json.dumps(error).encode() + b"\n")
+                return response
+            await response.write(json.dumps({"type": "MODIFIED", "object": {"kind": "Pod", **_pod("a", "21")}}).encode() + b"\n")
+            await self.done.wait()
+            return response
+
+    async def scenario() -> None:
+        server = Failing()
+        app = web.Application()
+        app.router.add_get("/api/v1/pods", server.pods)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        api = Api(str(kubeconfig_for(tmp_path, f"http://127.0.0.1:{runner.addresses[0][1]}")))
+        streams = WatchStreams(api)
+        seen: list[tuple[str | None, str]] = []
+        watcher = ListWatch(
+            api, streams, "Pod", "v1", "/api/v1/pods", SELECTOR, lambda k, o: seen.append((k, o["metadata"]["resourceVersion"])), print
+        )
+        loops = Loops()
+        loop = loops.supervise("watch-pods", 330, watcher.run)
+        failures = 0
+        try:
+            for _ in range(500):  # the backoff after two failures: 1 s, then 2 s
+                failures = max(failures, loop.failures)
+                if ("MODIFIED", "21") in seen:
+                    break
+                await asyncio.sleep(0.02)
+            healthy, report = loops.health()
+        finally:
+            await loops.stop()
+            await streams.close()
+            server.done.set()
+            await runner.cleanup()
+        assert ("MODIFIED", "21") in seen and server.watches == 3
+        assert failures == 2  # each ERROR a failure of the loop, backed off from
+        assert loop.failures == 0 and loop.last_success is not None  # the watch that works counts as the loop working again
+        assert healthy, report
+
+    asyncio.run(scenario())
