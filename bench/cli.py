@@ -274,6 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="who labels new opted-in StormServices: the MutatingAdmissionPolicy (default), or stormtopo's webhook "
         "(the policy's binding deleted: as on Kubernetes before 1.34)",
     )
+    p.add_argument(
+        "--change",
+        choices=("create", "update", "heal"),
+        default="create",
+        help="what each round times: creates (default); opt-ins by an update of plain StormServices; healing turned on; "
+        "each against as many plain updates",
+    )
     _operator_source(p, "run the operator")
     p = add(
         "uninstall",
@@ -619,8 +626,12 @@ def run_optin_creates(args: argparse.Namespace, command: str) -> int:
     from bench import optin_creates
 
     _use_operator_source(args)
-    result = {**optin_creates.run(args.background, args.namespaces, args.labelled_by), "operator_source": args.operator_source or ""}
-    path = record.write(args.name or ("optin-creates-before" if args.operator_source else "optin-creates"), command, result)
+    result = {
+        **optin_creates.run(args.background, args.namespaces, args.labelled_by, args.change),
+        "operator_source": args.operator_source or "",
+    }
+    name = "optin-creates" if args.change == "create" else f"optin-{args.change}s"
+    path = record.write(args.name or (f"{name}-before" if args.operator_source else name), command, result)
     print(f"results: {path}")
     _print_json(result)
     return 0

@@ -8,6 +8,9 @@ force), CLIENTS threads create ROUND opted-in StormServices and ROUND plain ones
 more are opted in, spread over `--namespaces` namespaces (the teams of a shared cluster), and the rounds run
 again. Reported: each round's seconds, the opted-in/plain ratio at both sizes (the median of alternating pairs), creates refused, and etcd's
 database growth per opted-in create. The anchor of every ratio is the plain round of the same moment.
+With `--change update`, a round opts ROUND plain StormServices in by an update (listed in their namespace's
+opted-in list, as the gate lists them) against ROUND plain updates; with `--change heal`, it turns healing on for
+ROUND opted-in ones (listed as healing) against ROUND plain updates of the same.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from stormtopo.core.optin import LABEL_POLICY
-from stormtopo.core.vocabulary import AIBRIX, HIGHEST_TIER, MODE, OPTED_IN_LABEL
+from stormtopo.core.vocabulary import AIBRIX, HEAL_ANNOTATION, HIGHEST_TIER, MODE, OPTED_IN_LABEL
 from stormtopo.devenv import cluster
 from stormtopo.devenv.client import DevCluster
 from stormtopo.devenv.workloads import stormservice
@@ -60,6 +63,39 @@ def create_all(admin: DevCluster, names: list[tuple[str, str]], opted_in: bool) 
     return time.monotonic() - started, refused[0]
 
 
+CHANGES = ("create", "update", "heal")  # what a round times: creates; opt-ins by update of plain services; heal turned on
+PLAIN_CHANGE = {"example.com/owner": "team-a"}  # the plain round's update: an annotation stormtopo never reads
+
+
+def patch_all(admin: DevCluster, names: list[tuple[str, str]], annotations: dict[str, str]) -> tuple[float, int]:
+    """Merge these annotations into each (namespace, name) from CLIENTS threads; (seconds, updates refused)."""
+    refused = [0]
+
+    def patch(where: tuple[str, str]) -> None:
+        try:
+            admin.custom.patch_namespaced_custom_object(
+                *AIBRIX, where[0], "stormservices", where[1], {"metadata": {"annotations": annotations}}
+            )
+        except ApiException:
+            refused[0] += 1
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(patch, names))
+    return time.monotonic() - started, refused[0]
+
+
+def timed_round(admin: DevCluster, namespace: str, change: str, opted_in: bool) -> tuple[float, int]:
+    """One round of ROUND changes in `namespace`: creates (opted in or plain); or, over ROUND StormServices made first
+    (untimed: plain ones for "update", opted-in ones for "heal"), the change itself against a plain update."""
+    names = [(namespace, f"svc-{i:05d}") for i in range(ROUND)]
+    if change == "create":
+        return create_all(admin, names, opted_in)
+    create_all(admin, names, change == "heal")
+    asked = (HARD if change == "update" else {HEAL_ANNOTATION: "true"}) if opted_in else PLAIN_CHANGE
+    return patch_all(admin, names, asked)
+
+
 def labelling_in_force(admin: DevCluster, timeout: float = 60.0) -> float:
     """Seconds until the API server labels a new opted-in StormService's role templates (a dry-run create):
     a policy or webhook just registered takes a moment to reach its admission chain, and creates meanwhile
@@ -79,9 +115,9 @@ def labelling_in_force(admin: DevCluster, timeout: float = 60.0) -> float:
 PAIRS = 9  # an opted-in round and a plain one, in alternating order: the machine drifts between rounds
 
 
-def rounds(admin: DevCluster, label: str) -> dict[str, Any]:
-    """PAIRS pairs of ROUND opted-in creates and ROUND plain ones, each round in a fresh namespace, the order
-    alternating (opted-in first, then plain first, ...); the ratio is the median of the pairs' ratios."""
+def rounds(admin: DevCluster, label: str, change: str = "create") -> dict[str, Any]:
+    """PAIRS pairs of ROUND opted-in changes and ROUND plain ones (timed_round), each round in a fresh namespace, the
+    order alternating (opted-in first, then plain first, ...); the ratio is the median of the pairs' ratios."""
     pairs: list[dict[str, Any]] = []
     for pair in range(PAIRS):
         out: dict[str, Any] = {}
@@ -90,8 +126,10 @@ def rounds(admin: DevCluster, label: str) -> dict[str, Any]:
             namespace = f"round-{label}-{pair}-{kind.replace('_', '-')}"
             admin.create_namespace(namespace)
             before = etcd_db_bytes(admin)
-            seconds, refused = create_all(admin, [(namespace, f"svc-{i:05d}") for i in range(ROUND)], opted_in)
+            seconds, refused = timed_round(admin, namespace, change, opted_in)
             out[kind] = {"seconds": round(seconds, 2), "refused": refused, "etcd_db_growth_bytes": etcd_db_bytes(admin) - before}
+            if change != "create":  # (its growth counts the untimed creates too: read the pairs' difference)
+                out[kind]["listed_in_namespace"] = sum(1 for key in admin.opted_in() if key.startswith(f"{namespace}."))
         out["ratio"] = round(out["opted_in"]["seconds"] / out["plain"]["seconds"], 3)
         pairs.append(out)
     middle = sorted(pairs, key=lambda p: p["ratio"])[PAIRS // 2]
@@ -106,7 +144,7 @@ def rounds(admin: DevCluster, label: str) -> dict[str, Any]:
     }
 
 
-def run(background: int = 10_000, namespaces: int = 100, labelled_by: str = "policy") -> dict[str, Any]:
+def run(background: int = 10_000, namespaces: int = 100, labelled_by: str = "policy", change: str = "create") -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="stormtopo-bench-optin-"))
     cluster.up(state, timeout=300)
     try:
@@ -116,7 +154,7 @@ def run(background: int = 10_000, namespaces: int = 100, labelled_by: str = "pol
             admin.custom.delete_cluster_custom_object(*bindings, LABEL_POLICY)
             time.sleep(2)  # the API server drops it from its chain: both label the same, the webhook after
         in_force = labelling_in_force(admin)
-        empty = rounds(admin, "empty")
+        empty = rounds(admin, "empty", change)
         print(f"  nothing opted in: opted-in {empty['opted_in']['seconds']} s, plain {empty['plain']['seconds']} s", flush=True)
         spread = [f"team-{i:03d}" for i in range(namespaces)]
         for namespace in spread:
@@ -125,10 +163,11 @@ def run(background: int = 10_000, namespaces: int = 100, labelled_by: str = "pol
         seconds, refused = create_all(admin, [(spread[i % namespaces], f"bg-{i:05d}") for i in range(background)], True)
         print(f"  {background} more opted in over {namespaces} namespaces in {seconds:.0f} s ({refused} refused)", flush=True)
         listed = len(admin.opted_in())
-        full = rounds(admin, "full")
+        full = rounds(admin, "full", change)
         print(f"  after them: opted-in {full['opted_in']['seconds']} s, plain {full['plain']['seconds']} s", flush=True)
         return {
             "round": ROUND,
+            "change": change,
             "labelled_by": labelled_by,
             "labelling_in_force_seconds": round(in_force, 2),
             "clients": CLIENTS,

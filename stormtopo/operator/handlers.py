@@ -234,6 +234,8 @@ class Operator:
         # kopf's watches of StormServices and RoleSets, as the re-lists see them: what they missed is
         # delivered (never a reason to restart: a watch the API server refuses is not stormtopo's fault).
         self.loops.note("kopf-watches", self.watch_report)
+        for kind in DELIVERED_BY_RELIST:  # a series from the start (0), not only once a re-list found one behind
+            metrics.WATCH_BEHIND.labels(kind).set(int(self._behind.get(kind, False)))
         if self.leadership.api is not None:  # election on (--leader-elect)
             self.loops.supervise("leader-election", self.leadership.retry_period, self.leadership.run)
         self.streams = WatchStreams(self.index.api)
