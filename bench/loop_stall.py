@@ -355,6 +355,11 @@ def _phase(state: Path, pod: dict[str, Any], seconds: float) -> dict[str, Any]:
     }
 
 
+def _status_mib(pid: int, field: str) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith(f"{field}:"))) / 1024
+
+
 def run_on_cluster(services: int, replicas: int, namespaces: int = 100, seconds: float = 60.0, resync: float = 5.0) -> dict[str, Any]:
     """On the local control plane (AIBrix's controller stopped once the cluster is up, so the objects stay
     as created): the operator restarted without a resync in the window (the baseline), then with one every
@@ -376,10 +381,16 @@ def run_on_cluster(services: int, replicas: int, namespaces: int = 100, seconds:
         for label, flags in (("no_resync", ("--resync-seconds=100000",)), ("resync", (f"--resync-seconds={resync:g}",))):
             dev.stop_component(state, "operator")
             started = time.monotonic()
-            dev.start_operator(state, timeout=600, extra=flags)
+            operator = dev.start_operator(state, timeout=600, extra=flags)
             ready = time.monotonic() - started
             delivered = _delivered(Probe(state), started)  # kopf's first events of every object, after the first list
             phases[label] = {"operator_ready_seconds": round(ready, 1), "kopf_delivered_seconds": delivered, **_phase(state, pod, seconds)}
+            # The real process's memory, kopf's per-object state and the watch buffers included (bench/memory.py
+            # simulates the index alone): its peak, and what it holds after the phase.
+            phases[label] |= {
+                "operator_peak_rss_mib": round(_status_mib(operator.pid, "VmHWM"), 1),
+                "operator_rss_mib": round(_status_mib(operator.pid, "VmRSS"), 1),
+            }
             print(f"  {label}: {phases[label]}", flush=True)
         a, b = phases["no_resync"], phases["resync"]
         return {
