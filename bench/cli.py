@@ -226,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="on the local control plane: the operator's own lag metric and its pod webhook, without and with a resync (about 15 minutes)",
     )
     p.add_argument("--seconds", type=float, default=60.0, help="with --cluster: each phase's probing (default 60)")
+    _operator_source(p, "run the operator (with --cluster)")
     p = add(
         "collector",
         run_collector,
@@ -571,7 +572,11 @@ def run_loop_stall(args: argparse.Namespace, command: str) -> int:
     from bench import loop_stall
 
     if args.cluster:
-        result = loop_stall.run_on_cluster(args.services, args.replicas, seconds=args.seconds)
+        _use_operator_source(args)
+        result = {
+            **loop_stall.run_on_cluster(args.services, args.replicas, seconds=args.seconds),
+            "operator_source": args.operator_source or "",
+        }
     else:
         result = loop_stall.run(args.services, args.replicas)
     path = record.write(args.name or ("loop-stall-cluster" if args.cluster else "loop-stall"), command, result)
