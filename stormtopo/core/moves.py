@@ -30,7 +30,6 @@ from stormtopo.core.vocabulary import HEAL_ANNOTATION, MOVES_ANNOTATION, REQUEST
 # A move record's version ("v"): 2 names the wide replica it makes room for as data ({"namespace",
 # "stormService", "replica"}); records without one (the release before) named it in a sentence, still read.
 MOVE_RECORD_VERSION = 2
-_MOVE_VERSIONS_READ = (None, MOVE_RECORD_VERSION)  # None: the release before, which wrote no version
 HOLD = 120.0  # seconds: a moving gang still not bound this long after its move is let go (the healer settles it)
 CLOCK_SKEW = 60.0  # seconds a move's recorded start may be ahead of the reader's clock (replicas' clocks differ)
 MOVE_DEADLINE = 600.0  # seconds: a move not settled by then no longer holds its gang, nor the service's other replicas back
@@ -56,10 +55,10 @@ def heal_annotation_problem(stormservice: Mapping[str, Any], scope_is_roleset: b
 
 
 def recorded_moves(stormservice: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """The last move of each replica (unreadable: none). A record of a version this release does not know (a
-    release after it, rolled back from) is not read, as if that replica had not moved: its hold ends."""
-    table = annotation_table(stormservice, MOVES_ANNOTATION)
-    return {replica: move for replica, move in table.items() if move.get("v") in _MOVE_VERSIONS_READ}
+    """The last move of each replica (unreadable: none). Every version is counted (a later release's record, after a
+    rollback, still holds room and counts against the cap until its deadline); each field is read as this release
+    knows it."""
+    return annotation_table(stormservice, MOVES_ANNOTATION)
 
 
 def annotation_table(obj: Mapping[str, Any], annotation: str) -> dict[str, Mapping[str, Any]]:

@@ -10,6 +10,7 @@ cluster and filter them in the client.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping
@@ -147,11 +148,13 @@ class Operator:
             except (KubeError, OSError) as exc:
                 log.warning("re-list of %s failed, retried in %.0f s: %s", plural, self.relist_seconds, exc)
                 continue
-            for key in await self.index.prune(kind, listed, mark):
-                log.info("forgot %s %s/%s: deleted while a watch was down", kind, *key)
-                self.forget(kind, key)
+            await self.index.prune(kind, listed, mark, functools.partial(self._forgotten, kind))
             if kind in DELIVERED_BY_RELIST:
                 self.index.relisted(kind, mark)
+
+    def _forgotten(self, kind: str, key: Key) -> None:
+        log.info("forgot %s %s/%s: deleted while a watch was down", kind, *key)
+        self.forget(kind, key)
 
     async def _deliver_missed(self, api: Api, kind: str, path: str, mark: int) -> set[Key]:
         """The keys a list of `kind` has, a page at a time; each object the watch missed is followed as

@@ -382,10 +382,11 @@ class Index:
             if key[0] == kind and when <= mark:
                 del self._deleted_since[key]
 
-    async def prune(self, kind: str, listed: set[Key], mark: int) -> list[Key]:
+    async def prune(self, kind: str, listed: set[Key], mark: int, forgotten: Callable[[Key], None] = lambda _: None) -> list[Key]:
         """Forget objects of `kind` that a list (started at `mark`) no longer has: deleted while a watch
         was down, their DELETED event never came. Objects observed after `mark` are kept. Its keys are walked
-        a slice at a time (100,000 admitted pods: 30 ms of the loop in one go), each judged as it is now."""
+        a slice at a time (100,000 admitted pods: 30 ms of the loop in one go), each judged as it is now, and
+        `forgotten` told of each at once: after a yield the name may be back, a new object that must not be."""
         seen = self._seen_of(kind)
         gone: list[Key] = []
         async for key in yielding(list(seen), every=PRUNE_SLICE):
@@ -393,6 +394,7 @@ class Index:
                 namespace, name = key
                 stored = self._store(kind).get(name if kind == "HyperNode" else key)
                 self.observe(kind, "DELETED", stored or {"metadata": {"namespace": namespace, "name": name}})
+                forgotten(key)
                 gone.append(key)
         return gone
 

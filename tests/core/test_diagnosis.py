@@ -414,7 +414,8 @@ def test_an_api_server_without_mutating_admission_policies_is_a_warning_that_say
     registered = tuple(configuration(b"ca", url_base="https://127.0.0.1:9443"))
     findings = check_admission(healthy(expected_admission=without, admission=registered))
     assert [f.level for f in findings] == [Level.OK, Level.WARNING]
-    assert "serves no MutatingAdmissionPolicy" in findings[1].found and "refused while stormtopo is down" in findings[1].found
+    assert "no MutatingAdmissionPolicy of stormtopo's" in findings[1].found and "refused while stormtopo is down" in findings[1].found
+    assert "helm upgrade" in findings[1].todo
     assert "--feature-gates=MutatingAdmissionPolicy=true" in findings[1].todo
     assert exit_code(findings) == 0  # a warning: the webhook does the same work
 

@@ -462,18 +462,6 @@ def test_while_the_service_asks_for_healing_the_moving_replica_stays_held() -> N
     assert planned_topology(moving(SOFT2_HEAL), as_asked) == HELD  # the reconciler holds it too (AIBrix's rewrite)
 
 
-def test_a_move_record_of_a_version_not_known_holds_nothing() -> None:
-    """Move records carry a version: the release before wrote none, this one 2; one of a later release (rolled back
-    from) is not read, rather than read as something it may not mean."""
-    from stormtopo.core.moves import moving_tier
-
-    assert moving_tier(moving(SOFT2_HEAL), "svc-roleset-abcde", NOW) == 1
-    assert moving_tier(moving(SOFT2_HEAL, v=2), "svc-roleset-abcde", NOW) == 1
-    for unknown in (3, "2", 1.5):
-        assert moving_tier(moving(SOFT2_HEAL, v=unknown), "svc-roleset-abcde", NOW) is None
-        assert planned_topology(moving(SOFT2_HEAL, v=unknown), held_podgroup()) == AS_ASKED
-
-
 def test_removing_the_heal_annotation_ends_the_hold() -> None:
     removed = moving({MODE: "soft", HIGHEST_TIER: "2"})
     assert planned_topology(removed, held_podgroup()) == AS_ASKED

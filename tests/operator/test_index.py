@@ -127,6 +127,31 @@ def test_a_prune_of_many_keys_lets_the_loop_run_between_slices_and_keeps_what_ca
     assert ("ns", "r") in index.rolesets  # another kind's keys are not walked, nor forgotten
 
 
+def test_what_a_prune_forgets_is_told_at_once_not_after_a_name_came_back() -> None:
+    """The review: told after the whole walk, a StormService pruned in the first slice and created again under its name
+    before the walk ended had the new one forgotten (taken off its namespace's opted-in list)."""
+    from stormtopo.operator.index import PRUNE_SLICE, Index
+
+    index = Index(api=None)  # type: ignore[arg-type]
+    for i in range(2 * PRUNE_SLICE):
+        index.observe("StormService", None, {"metadata": {"namespace": "ns", "name": f"s-{i:05d}"}})
+    mark = index.mark()
+    told: list[tuple[tuple[str, str], bool]] = []
+
+    async def relist() -> None:
+        async def recreated() -> None:  # s-00000, pruned in the first slice, comes back before the walk ends
+            index.observe("StormService", "ADDED", {"metadata": {"namespace": "ns", "name": "s-00000", "uid": "new"}})
+
+        task = asyncio.get_running_loop().create_task(recreated())
+        await index.prune("StormService", set(), mark, lambda key: told.append((key, key in index.stormservices)))
+        await task
+
+    asyncio.run(relist())
+    assert (("ns", "s-00000"), False) in told  # told while it was gone
+    assert all(not present for _, present in told)  # never of a key present again
+    assert index.stormservices[("ns", "s-00000")]["metadata"]["uid"] == "new"
+
+
 def test_the_opted_in_list_forgets_a_stormservice_only_after_two_checks_without_it() -> None:
     from stormtopo.operator.optin import OptedInList
 

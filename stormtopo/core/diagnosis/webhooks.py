@@ -137,11 +137,12 @@ def check_admission(snapshot: Snapshot) -> list[Finding]:
             Finding(
                 Level.WARNING,
                 check,
-                "the API server serves no MutatingAdmissionPolicy, so stormtopo's webhook labels each new opted-in StormService's "
-                "role templates: each such create waits on a call to stormtopo (1.46 to 1.89 times a plain create, BENCHMARKS.md) "
-                "and is refused while stormtopo is down",
+                "no MutatingAdmissionPolicy of stormtopo's labels new opted-in StormServices (the API server serves none, or the "
+                "chart was installed before it did), so stormtopo's webhook labels each one's role templates: each such create "
+                "waits on a call to stormtopo (1.46 to 1.89 times a plain create, BENCHMARKS.md) and is refused while stormtopo is down",
                 "on Kubernetes 1.34 or 1.35, start the API server with --feature-gates=MutatingAdmissionPolicy=true and "
-                "--runtime-config=admissionregistration.k8s.io/v1beta1=true (1.36 serves it), then helm upgrade the chart",
+                "--runtime-config=admissionregistration.k8s.io/v1beta1=true (1.36 serves it); then helm upgrade the chart, which "
+                "installs the policy where it is served",
             )
         )
     return findings
