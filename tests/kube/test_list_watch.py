@@ -66,18 +66,20 @@ class FakeApiServer:
         return response
 
 
+async def serving(pods: Any, directory: Path) -> tuple[web.AppRunner, Api]:
+    """`pods` answering /api/v1/pods on a local port, and the operator's client with a kubeconfig for it."""
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", pods)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, Api(str(kubeconfig_for(directory, f"http://127.0.0.1:{runner.addresses[0][1]}")))
+
+
 def test_lists_a_page_at_a_time_watches_from_its_version_and_relists_after_410(tmp_path: Path) -> None:
     async def scenario() -> None:
         server = FakeApiServer()
-        app = web.Application()
-        app.router.add_get("/api/v1/pods", server.pods)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        kubeconfig = kubeconfig_for(tmp_path, f"http://127.0.0.1:{port}")
-        api = Api(str(kubeconfig))
+        runner, api = await serving(server.pods, tmp_path)
         streams = WatchStreams(api)
         seen: list[tuple[str | None, str, str]] = []
         gone: list[tuple[str, str]] = []
@@ -260,12 +262,7 @@ def test_a_watch_answering_error_is_a_failure_of_its_loop_retried_and_the_watch_
 
     async def scenario() -> None:
         server = Failing()
-        app = web.Application()
-        app.router.add_get("/api/v1/pods", server.pods)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        api = Api(str(kubeconfig_for(tmp_path, f"http://127.0.0.1:{runner.addresses[0][1]}")))
+        runner, api = await serving(server.pods, tmp_path)
         streams = WatchStreams(api)
         seen: list[tuple[str | None, str]] = []
         watcher = ListWatch(
